@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* edge_xdp.c: ingress of the edge router, on the client-facing interface.
+ * parse -> VIP? -> conntrack or Maglev -> DNAT -> FIB redirect. Traffic that
+ * is not for a VIP passes untouched; every exit is counted (stats.h). */
+#include <uapi/linux/bpf.h>
+#include "include/maps.h"
+#include "include/parse.h"
+#include "include/flow.h"
+#include "include/stats.h"
+#include "include/select.h"
+#include "include/nat.h"
+
+/* Fills pkt for an IPv4 TCP/UDP packet to a VIP address. Returns
+ * EDGE_CONTINUE, or the verdict for everything else. */
+#define EDGE_CONTINUE	(-1)
+
+static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
+{
+	void *data_end = (void *)(long)ctx->data_end;
+	struct hdr_cursor nh = { .pos = (void *)(long)ctx->data };
+	struct ethhdr *eth;
+	struct iphdr *iph;
+	__u32 l4_len;
+	int proto;
+
+	proto = parse_eth(&nh, data_end, &eth, &pkt->vlans);
+	if (proto < 0)
+		return count_drop(EDGE_DROP_MALFORMED);
+	if (proto != bpf_htons(ETH_P_IP))
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+
+	proto = parse_ipv4(&nh, data_end, &iph, 1);
+	if (proto < 0)
+		return count_drop(EDGE_DROP_MALFORMED);
+	if (!edge_vip_addrs.lookup(&iph->daddr))
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+
+	/* From here on the packet is for a VIP address. */
+	if (iph->ihl != 5)
+		return count_drop(EDGE_DROP_IP_OPTIONS);
+	if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return count_drop(EDGE_DROP_FRAGMENT);
+	/* verifier: with IHL known to be 5, restart from a constant offset so
+	 * the L4 pointer keeps its checked range when spilled to the stack. */
+	nh.pos = iph + 1;
+
+	pkt->iph = iph;
+	pkt->l3_len = bpf_ntohs(iph->tot_len);
+	l4_len = pkt->l3_len - sizeof(*iph);
+	pkt->flow.src = iph->saddr;
+	pkt->flow.dst = iph->daddr;
+
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th;
+
+		if (parse_tcp(&nh, data_end, l4_len, &th) < 0)
+			return count_drop(EDGE_DROP_MALFORMED);
+		/* verifier: constants, so later branches on proto are tracked */
+		pkt->flow.proto = IPPROTO_TCP;
+		pkt->flow.sport = th->source;
+		pkt->flow.dport = th->dest;
+	} else if (proto == IPPROTO_UDP) {
+		struct udphdr *uh;
+
+		if (parse_udp(&nh, data_end, l4_len, &uh) < 0)
+			return count_drop(EDGE_DROP_MALFORMED);
+		pkt->flow.proto = IPPROTO_UDP;
+		pkt->flow.sport = uh->source;
+		pkt->flow.dport = uh->dest;
+	} else {
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+	}
+	return EDGE_CONTINUE;
+}
+
+int edge_ingress(struct xdp_md *ctx)
+{
+	struct pkt pkt = {};
+	struct vip_key vk = {};
+	struct vip_info *vip;
+	struct backend_info *be;
+	__u32 bid;
+	int verdict, new_flow;
+
+	verdict = parse_packet(ctx, &pkt);
+	if (verdict != EDGE_CONTINUE)
+		return verdict;
+
+	vk.addr = pkt.flow.dst;
+	vk.port = pkt.flow.dport;
+	vk.proto = pkt.flow.proto;
+	vip = edge_vips.lookup(&vk);
+	if (!vip)
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+
+	/* Let the stack answer an expiring packet with ICMP time exceeded. */
+	if (pkt.iph->ttl <= 1)
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+
+	be = select_backend(vip, &pkt, &bid, &new_flow);
+	if (!be)
+		return count_drop(EDGE_DROP_NO_BACKEND);
+
+	count_traffic(vip->id, bid, pkt.l3_len, new_flow);
+	if (dnat(&pkt, be, (void *)(long)ctx->data_end) < 0)
+		return count_drop(EDGE_DROP_MALFORMED);
+	return forward(ctx, &pkt);
+}

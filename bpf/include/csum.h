@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* csum.h: incremental Internet checksum updates (RFC 1624, eqn. 3) for the
+ * XDP side, where the whole packet is in linear memory. The tc side uses the
+ * kernel's bpf_l3/l4_csum_replace helpers instead (they handle partial
+ * checksums). Values are in network byte order; the one's complement sum
+ * does not care which. */
+#ifndef EDGE_CSUM_H
+#define EDGE_CSUM_H
+
+static __always_inline __u16 csum_fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)sum;
+}
+
+/* HC' = ~(~HC + ~m + m') for a 32-bit field m -> m'. */
+static __always_inline __u16 csum_replace32(__u16 check, __be32 from, __be32 to)
+{
+	__u32 sum = (__u16)~check;
+
+	sum += (~from & 0xffff) + (~from >> 16);
+	sum += (to & 0xffff) + (to >> 16);
+	return (__u16)~csum_fold(sum);
+}
+
+/* The same for a 16-bit field. */
+static __always_inline __u16 csum_replace16(__u16 check, __be16 from, __be16 to)
+{
+	__u32 sum = (__u16)~check;
+
+	sum += (__u16)~from;
+	sum += to;
+	return (__u16)~csum_fold(sum);
+}
+
+#endif /* EDGE_CSUM_H */

@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* maps.h: every map of the data path, pinned under EDGE_PIN_DIR, which the
+ * loader sets to <bpffs>/edge/v<EDGE_ABI_VERSION>/<instance>. Kernel side
+ * only; key and value types come from abi.h. Sizes chosen at deploy time
+ * arrive as -D flags; the defaults below match controlplane/config.py. */
+#ifndef EDGE_MAPS_H
+#define EDGE_MAPS_H
+
+#include "abi.h"
+
+#ifndef EDGE_PIN_DIR
+#error "EDGE_PIN_DIR must be set by the loader"
+#endif
+#ifndef EDGE_MAGLEV_M
+#define EDGE_MAGLEV_M		65537	/* slots per Maglev table; prime; Python builds the same M */
+#endif
+#ifndef EDGE_MAX_SERVICES
+#define EDGE_MAX_SERVICES	16	/* VIPs; each owns two Maglev tables (A/B) */
+#endif
+#ifndef EDGE_MAX_BACKENDS
+#define EDGE_MAX_BACKENDS	1024	/* backend ids, across all VIPs */
+#endif
+#ifndef EDGE_CT_SIZE
+#define EDGE_CT_SIZE		262144	/* conntrack entries (and as many reverse-NAT entries) */
+#endif
+
+#define EDGE_PIN(name)		EDGE_PIN_DIR "/" #name
+
+/* (VIP address, port, protocol) -> vip_info. */
+BPF_TABLE_PINNED("hash", struct vip_key, struct vip_info, edge_vips,
+		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vips));
+/* VIP address -> number of VIPs on it: the cheap "is this for us?" test. */
+BPF_TABLE_PINNED("hash", __be32, __u32, edge_vip_addrs,
+		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vip_addrs));
+/* backend id -> address, port, flags. */
+BPF_TABLE_PINNED("array", __u32, struct backend_info, edge_backends,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_backends));
+/* Maglev tables: [(vip id * 2 + half) * M + slot] -> backend id. mmapable,
+ * so user space writes a whole half with one memcpy before the flip. */
+BPF_TABLE_PINNED("array", __u32, __u32, edge_maglev,
+		 EDGE_MAX_SERVICES * 2 * EDGE_MAGLEV_M, EDGE_PIN(edge_maglev),
+		 BPF_F_MMAPABLE);
+/* Conntrack: client 5-tuple -> backend. */
+BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow_info, edge_ct,
+		 EDGE_CT_SIZE, EDGE_PIN(edge_ct));
+/* Reverse NAT: backend-side 5-tuple -> VIP to restore. */
+BPF_TABLE_PINNED("lru_hash", struct flow_key, struct rnat_info, edge_rnat,
+		 EDGE_CT_SIZE, EDGE_PIN(edge_rnat));
+/* Per-CPU traffic counters per VIP id and per backend id. */
+BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_vip_stats,
+		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vip_stats));
+BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_be_stats,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_be_stats));
+/* Per-CPU packet counts by EDGE_CNT_* and by EDGE_DROP_* reason. */
+BPF_TABLE_PINNED("percpu_array", __u32, __u64, edge_verdicts,
+		 EDGE_CNT_MAX, EDGE_PIN(edge_verdicts));
+BPF_TABLE_PINNED("percpu_array", __u32, __u64, edge_drops,
+		 EDGE_DROP_MAX, EDGE_PIN(edge_drops));
+/* User space only: names, weights, and what deploy did to the node. */
+BPF_TABLE_PINNED("array", __u32, struct service_meta, edge_svc_meta,
+		 EDGE_MAX_SERVICES, EDGE_PIN(edge_svc_meta));
+BPF_TABLE_PINNED("array", __u32, struct backend_meta, edge_be_meta,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_be_meta));
+BPF_TABLE_PINNED("array", __u32, struct node_info, edge_node,
+		 1, EDGE_PIN(edge_node));
+
+#endif /* EDGE_MAPS_H */

@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* stats.h: the one place verdicts, drops and traffic are counted. Every exit
+ * of the data path goes through count_verdict() or count_drop(). */
+#ifndef EDGE_STATS_H
+#define EDGE_STATS_H
+
+#include "maps.h"
+
+static __always_inline void count_index(__u32 idx)
+{
+	__u64 *cnt = edge_verdicts.lookup(&idx);
+
+	if (cnt)
+		*cnt += 1;
+}
+
+/* Counts a packet under EDGE_CNT_* and returns the action to take. */
+static __always_inline int count_verdict(__u32 cnt, int action)
+{
+	count_index(cnt);
+	return action;
+}
+
+/* Counts a drop with its EDGE_DROP_* reason; returns XDP_DROP. */
+static __always_inline int count_drop(__u32 reason)
+{
+	__u64 *cnt = edge_drops.lookup(&reason);
+
+	if (cnt)
+		*cnt += 1;
+	return count_verdict(EDGE_CNT_DROP, XDP_DROP);
+}
+
+static __always_inline void add_traffic(struct traffic_stats *st, __u32 bytes,
+					int new_flow)
+{
+	if (!st)
+		return;
+	st->packets += 1;
+	st->bytes += bytes;
+	st->new_flows += new_flow;
+}
+
+/* Forward-direction traffic of one packet, per VIP and per backend. */
+static __always_inline void count_traffic(__u32 vip_id, __u32 backend_id,
+					  __u32 bytes, int new_flow)
+{
+	add_traffic(edge_vip_stats.lookup(&vip_id), bytes, new_flow);
+	add_traffic(edge_be_stats.lookup(&backend_id), bytes, new_flow);
+}
+
+/* Return-direction packet of one backend (and its VIP). */
+static __always_inline void count_return(__u32 backend_id)
+{
+	struct traffic_stats *st = edge_be_stats.lookup(&backend_id);
+
+	if (st)
+		st->return_packets += 1;
+}
+
+#endif /* EDGE_STATS_H */

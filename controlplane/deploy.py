@@ -1,0 +1,228 @@
+"""What deploy, undeploy and status do to a node: the all-or-nothing sequence
+that wires config, loader and maps together. Each step that changes the node
+pushes its undo, so a failed deploy leaves the interface as it was. Holds no
+packet logic and no map layouts (maps.py), and imports no bcc (loader.py).
+edgectl calls it today; edged will call the same functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from controlplane import abi, loader
+from controlplane.config import Config
+from controlplane.errors import ConfigError, EdgeError, LoaderError, NotDeployed
+from controlplane.maps import Maps
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    iface: str
+    instance: str
+    pin_path: Path
+    mode: str
+    updated: bool  # True when it replaced a deployment already there
+    return_ifaces: tuple[str, ...]
+    report: object
+
+
+def params_of(cfg: Config) -> loader.Params:
+    n = cfg.node
+    return loader.Params(n.maglev_m, n.max_services, n.max_backends, n.ct_size)
+
+
+def open_maps(loaded: loader.Loaded) -> Maps:
+    """Maps over a compiled instance, sized by its node record when it has one."""
+    tables = loaded.tables()
+    leaf = tables[abi.MAP_NODE][tables[abi.MAP_NODE].Key(0)]
+    m = leaf.maglev_m or loaded.params.maglev_m
+    max_services = leaf.max_services or loaded.params.max_services
+    return Maps(tables, loaded.map_fd(abi.MAP_MAGLEV), m, max_services)
+
+
+def backend_routes(cfg: Config) -> list[int]:
+    """Egress ifindex towards every backend; ConfigError naming one without."""
+    oifs = []
+    for i, s in enumerate(cfg.services):
+        for j, b in enumerate(s.backends):
+            oif = loader.route_oif(str(b.address))
+            if oif is None:
+                raise ConfigError(
+                    f"services[{i}].backends[{j}].address: no route to {b.address} ({s.name}/{b.name}) from this node"
+                )
+            if oif not in oifs:
+                oifs.append(oif)
+    return oifs
+
+
+def _check_sizes(maps: Maps, cfg: Config) -> None:
+    node = maps.node()
+    if not node["maglev_m"]:
+        return
+    for key in ("maglev_m", "max_services", "max_backends", "ct_size"):
+        want, have = getattr(cfg.node, key), node[key]
+        if want != have:
+            raise ConfigError(
+                f"node.{key}: {want} differs from the deployed {have}; undeploy first to resize the maps"
+            )
+
+
+def deploy(cfg: Config, iface: str, progress: Progress = _quiet) -> DeployResult:
+    """Loads, attaches and programs the data path on iface, or changes nothing."""
+    pin_dir = cfg.node.pin_dir
+    loader.check_bpffs(pin_dir)
+    ingress = loader.ifindex(iface)
+    return_oifs = backend_routes(cfg)
+    if len(return_oifs) > abi.MAX_RETURN_IFACES:
+        raise ConfigError(f"services: backends sit behind {len(return_oifs)} interfaces; at most {abi.MAX_RETURN_IFACES}")
+
+    current = loader.xdp_state(ingress)
+    if current and current.name != abi.PROG_INGRESS:
+        raise LoaderError(f"{iface} already runs XDP program '{current.name}' (id {current.prog_id}); remove it first")
+    updating = current is not None
+    instance = loader.instance_name(iface)
+    pin_path = loader.instance_dir(pin_dir, instance)
+    if updating and not pin_path.exists():
+        raise LoaderError(f"{iface} runs {abi.PROG_INGRESS} but {pin_path} has no pins; run 'edgectl undeploy --iface {iface}' first")
+
+    undo = loader.Undo()
+    loaded = None
+    try:
+        for d in reversed([pin_path, *pin_path.parents]):
+            if not d.exists():
+                d.mkdir()
+                undo.push(f"remove {d}", lambda d=d: loader.remove_pins(d))
+        progress(f"compiling the data path (M={cfg.node.maglev_m}, {cfg.node.max_services} services, "
+                 f"{cfg.node.max_backends} backends)")
+        loaded = loader.compile_datapath(pin_path, params_of(cfg))
+        maps = open_maps(loaded)
+        _check_sizes(maps, cfg)
+        old_node = maps.node() if updating else None
+        xdp_fn = loaded.load(abi.PROG_INGRESS, "xdp")
+        tc_fn = loaded.load(abi.PROG_RETURN, "tc")
+
+        progress(f"programming {len(cfg.services)} services")
+        report = maps.apply(cfg)
+
+        if old_node and old_node["ip_forward_was"] is not None:
+            forward_was = old_node["ip_forward_was"]
+        else:
+            forward_was = loader.ip_forward()
+        if loader.ip_forward() == 0:
+            loader.set_ip_forward(1)
+            undo.push("restore net.ipv4.ip_forward", lambda: loader.set_ip_forward(0))
+            progress("enabled net.ipv4.ip_forward (the return path is forwarded by the kernel)")
+
+        added = {}
+        for idx in return_oifs:
+            added[idx] = loader.attach_tc(idx, tc_fn, undo)
+        if old_node:  # keep what the first deploy created; detach where no longer needed
+            for idx, was_added in zip(old_node["return_ifindex"], old_node["return_clsact_added"]):
+                if idx in added:
+                    added[idx] = added[idx] or was_added
+                else:
+                    loader.detach_tc(idx, remove_clsact=was_added)
+        names = tuple(loader.ifname(i) for i in return_oifs)
+        progress(f"return path on {', '.join(names)}")
+
+        mode = cfg.node.xdp_mode
+        flags = loader.attach_xdp(iface, xdp_fn, mode, replace=updating)
+        if not updating:
+            undo.push(f"detach XDP from {iface}", lambda: loader.detach_xdp(iface, flags))
+
+        maps.write_node(
+            maglev_m=cfg.node.maglev_m, max_services=cfg.node.max_services,
+            max_backends=cfg.node.max_backends, ct_size=cfg.node.ct_size,
+            ingress_ifindex=ingress, xdp_flags=flags, ip_forward_was=forward_was,
+            return_ifindex=list(added), return_clsact_added=list(added.values()),
+        )
+        maps.close()
+    except BaseException as e:
+        failed = undo.rollback()
+        if failed and isinstance(e, EdgeError):
+            raise type(e)(f"{e} (and undo failed: {failed[0]})") from e
+        raise
+    finally:
+        if loaded is not None:
+            loaded.close()
+    undo.forget()
+    return DeployResult(iface, instance, pin_path, mode, updating, names, report)
+
+
+def undeploy(iface: str, pin_dir: str, progress: Progress = _quiet) -> bool:
+    """Removes what deploy put on iface; False when nothing was there."""
+    loader.check_bpffs(pin_dir)
+    pin_path = loader.instance_dir(pin_dir, loader.instance_name(iface))
+    try:
+        ingress = loader.ifindex(iface)
+        current = loader.xdp_state(ingress)
+    except LoaderError:  # the interface is gone; its pins may not be
+        ingress, current = None, None
+    ours = current is not None and current.name == abi.PROG_INGRESS
+    if not pin_path.exists() and not ours:
+        return False
+
+    node = None
+    if pin_path.exists():
+        loaded = loader.open_pinned(pin_path)
+        try:
+            maps = open_maps(loaded)
+            node = maps.node()
+            maps.close()
+        finally:
+            loaded.close()
+    if ours:
+        flags = node["xdp_flags"] if node and node["xdp_flags"] else loader.XDP_MODES.get(current.mode, 0)
+        loader.detach_xdp(iface, flags)
+        progress(f"detached XDP from {iface}")
+    if node:
+        for idx, added in zip(node["return_ifindex"], node["return_clsact_added"]):
+            loader.detach_tc(idx, remove_clsact=added)
+        others = [i for i in loader.instances_here(pin_dir) if loader.instance_dir(pin_dir, i) != pin_path]
+        if node["ip_forward_was"] == 0 and not others:
+            loader.set_ip_forward(0)
+            progress("restored net.ipv4.ip_forward = 0")
+    loader.remove_pins(pin_path)
+    for parent in (pin_path.parent, pin_path.parent.parent):
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+    progress(f"removed pins under {pin_path}")
+    return True
+
+
+def status(pin_dir: str, iface: str | None = None) -> list[dict]:
+    """Snapshots of the instances deployed in this network namespace."""
+    loader.check_bpffs(pin_dir)
+    names = [loader.instance_name(iface)] if iface else loader.instances_here(pin_dir)
+    out = []
+    for name in names:
+        pin_path = loader.instance_dir(pin_dir, name)
+        loaded = loader.open_pinned(pin_path)
+        try:
+            maps = open_maps(loaded)
+            snap = maps.snapshot()
+            maps.close()
+        finally:
+            loaded.close()
+        node = snap["node"]
+        snap["instance"] = name
+        snap["pin_path"] = str(pin_path)
+        snap["iface"] = loader.ifname(node["ingress_ifindex"]) if node["ingress_ifindex"] else None
+        xdp = loader.xdp_state(node["ingress_ifindex"]) if node["ingress_ifindex"] else None
+        snap["xdp"] = {"attached": bool(xdp and xdp.name == abi.PROG_INGRESS),
+                       "mode": xdp.mode if xdp else None, "prog_id": xdp.prog_id if xdp else None}
+        snap["return_ifaces"] = [loader.ifname(i) for i in node["return_ifindex"]]
+        out.append(snap)
+    if iface and not out:
+        raise NotDeployed(f"nothing deployed on {iface}")
+    return out
+

@@ -1,0 +1,436 @@
+"""The only module that imports bcc: compile bpf/, load, attach XDP and tc,
+pin, and re-open pinned maps. It decides nothing: callers say what to attach
+where, and every step that changes the node pushes its undo onto an Undo, so
+a failed deploy can leave the node as it was. bcc raises bare Exception; it
+is caught here only and turned into LoaderError with the step's context."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+from controlplane import abi
+from controlplane.errors import LoaderError, NotDeployed
+
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+SOURCES = ("edge_xdp.c", "edge_tc.c")
+BPF_FS_MAGIC = 0xCAFE4A11
+
+XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
+XDP_FLAGS_SKB_MODE = 1 << 1
+XDP_FLAGS_DRV_MODE = 1 << 2
+XDP_MODES = {"native": XDP_FLAGS_DRV_MODE, "generic": XDP_FLAGS_SKB_MODE}
+
+TC_INGRESS_PARENT = "ffff:fff2"
+TC_PRIO = 0xED  # our filter's priority on clsact ingress; identifies it
+TC_HANDLE = 1
+
+_INCLUDE = re.compile(r'^#include\s+"([^"]+)"\s*$', re.M)
+
+
+@dataclass(frozen=True)
+class Params:
+    """Sizes compiled into the data path (they also size the pinned maps)."""
+
+    maglev_m: int = 65537
+    max_services: int = 16
+    max_backends: int = 1024
+    ct_size: int = 262144
+
+
+class Undo:
+    """Steps that reverse what was done, run newest first by rollback()."""
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[str, Callable[[], None]]] = []
+
+    def push(self, what: str, step: Callable[[], None]) -> None:
+        self._steps.append((what, step))
+
+    def rollback(self) -> list[str]:
+        """Runs every step; returns the ones that failed, as messages."""
+        failed = []
+        while self._steps:
+            what, step = self._steps.pop()
+            try:
+                step()
+            except Exception as e:  # keep undoing the rest whatever one step raised
+                failed.append(f"{what}: {e}")
+        return failed
+
+    def forget(self) -> None:
+        self._steps.clear()
+
+
+# ---------------------------------------------------------------- bpffs, pins
+
+def _mount_fstype(path: Path) -> tuple[str, str]:
+    """(mount point, fs type) of the mount holding path, for this process."""
+    best = ("/", "?")
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        mnt = fields[4].replace("\\040", " ")
+        fstype = fields[fields.index("-") + 1]
+        inside = str(path) == mnt or str(path).startswith(mnt.rstrip("/") + "/")
+        if inside and len(mnt) >= len(best[0]):
+            best = (mnt, fstype)
+    return best
+
+
+def check_bpffs(pin_dir: str) -> None:
+    """Raises LoaderError unless pin_dir lies on a bpffs this process sees."""
+    mnt, fstype = _mount_fstype(Path(pin_dir).resolve())
+    if fstype != "bpf":
+        raise LoaderError(
+            f"{pin_dir} is not on a bpffs here ({mnt} is {fstype}); under 'ip netns exec', "
+            f"which remounts /sys, use 'nsenter --net=/run/netns/NAME' instead, "
+            f"or mount one: mount -t bpf bpf /sys/fs/bpf"
+        )
+
+
+def netns_id() -> int:
+    """Inode of this process's network namespace: unique per namespace."""
+    return os.stat("/proc/self/ns/net").st_ino
+
+
+def instance_name(iface: str) -> str:
+    """Default instance name: unique per interface and network namespace."""
+    return f"{iface}-{netns_id()}"
+
+
+def instance_dir(pin_dir: str, instance: str) -> Path:
+    return Path(pin_dir) / f"v{abi.ABI_VERSION}" / instance
+
+
+def instances_here(pin_dir: str) -> list[str]:
+    """Instances pinned for the current network namespace."""
+    base = Path(pin_dir) / f"v{abi.ABI_VERSION}"
+    suffix = f"-{netns_id()}"
+    if not base.is_dir():
+        return []
+    return sorted(p.name for p in base.iterdir() if p.name.endswith(suffix))
+
+
+def older_abi_pins(pin_dir: str) -> list[Path]:
+    """Pin directories of other ABI versions (an older build left them)."""
+    base = Path(pin_dir)
+    if not base.is_dir():
+        return []
+    return sorted(p for p in base.glob("v*") if p.name != f"v{abi.ABI_VERSION}")
+
+
+def remove_pins(path: Path) -> None:
+    """Unpins every map of an instance and removes its directory."""
+    if not path.exists():
+        return
+    for entry in path.iterdir():
+        entry.unlink()
+    path.rmdir()
+
+
+# ---------------------------------------------------------------- compile
+
+def _amalgamate(path: Path, seen: set[Path]) -> str:
+    # bcc rewrites map helpers (map.lookup()) only in its main file, so our
+    # own headers are pasted in; their include guards stay in force.
+    def paste(match: re.Match) -> str:
+        inc = (path.parent / match.group(1)).resolve()
+        if inc in seen:
+            return f"/* {match.group(1)} already included */"
+        seen.add(inc)
+        return _amalgamate(inc, seen)
+
+    return _INCLUDE.sub(paste, path.read_text())
+
+
+def source_text() -> str:
+    seen: set[Path] = set()
+    return "".join(_amalgamate(BPF_DIR / name, seen) for name in SOURCES)
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[Callable[[], str]]:
+    """Routes fd 2 (where clang and libbpf write) to a buffer while inside."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as buf:
+        os.dup2(buf.fileno(), 2)
+
+        def text() -> str:
+            buf.seek(0)
+            return buf.read().decode(errors="replace")
+
+        try:
+            yield text
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _first_error(log: str) -> str:
+    for line in log.splitlines():
+        if "error:" in line or "invalid" in line.lower() or "outside" in line:
+            return line.strip()
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    return lines[-1] if lines else "no details"
+
+
+class Loaded:
+    """A compiled data path whose maps are open (created or re-used pins)."""
+
+    def __init__(self, bpf, pin_path: Path, params: Params):
+        self._bpf = bpf
+        self.pin_path = pin_path
+        self.params = params
+        self.compile_log = ""
+
+    def tables(self) -> Mapping[str, object]:
+        return {name: self._bpf[name] for name in abi.MAP_NAMES}
+
+    def map_fd(self, name: str) -> int:
+        return self._bpf[name].map_fd
+
+    def load(self, func: str, kind: str):
+        from bcc import BPF
+
+        prog_type = {"xdp": BPF.XDP, "tc": BPF.SCHED_CLS}[kind]
+        with _captured_stderr() as log:
+            try:
+                return self._bpf.load_func(func, prog_type)
+            except Exception as e:  # bcc raises bare Exception
+                raise LoaderError(f"load {func}: {_first_error(log())} ({e})") from e
+
+    def close(self) -> None:
+        # Drops our fds; pinned maps and attached programs stay in the kernel.
+        self._bpf.cleanup()
+
+
+def compile_datapath(pin_path: Path, params: Params, debug: bool = False) -> Loaded:
+    """Compiles bpf/ with params; maps are opened from pin_path or created there."""
+    try:
+        from bcc import BPF
+    except ImportError as e:
+        raise LoaderError(f"bcc is not importable ({e}); run tools/bootstrap") from e
+
+    cflags = [
+        f"-I{BPF_DIR}",
+        f'-DEDGE_PIN_DIR="{pin_path}"',
+        f"-DEDGE_MAGLEV_M={params.maglev_m}",
+        f"-DEDGE_MAX_SERVICES={params.max_services}",
+        f"-DEDGE_MAX_BACKENDS={params.max_backends}",
+        f"-DEDGE_CT_SIZE={params.ct_size}",
+    ]
+    with _captured_stderr() as log:
+        try:
+            bpf = BPF(text=source_text(), cflags=cflags)
+        except Exception as e:  # bcc raises bare Exception
+            raise LoaderError(f"compile bpf/: {_first_error(log())}") from e
+    loaded = Loaded(bpf, pin_path, params)
+    loaded.compile_log = log() if debug else ""
+    return loaded
+
+
+def open_pinned(pin_path: Path, params: Params | None = None) -> Loaded:
+    """Re-opens the maps of a deployed instance; never creates a pin."""
+    missing = [name for name in abi.MAP_NAMES if not (pin_path / name).exists()]
+    if missing:
+        if len(missing) == len(abi.MAP_NAMES):
+            raise NotDeployed(f"nothing pinned at {pin_path}")
+        raise LoaderError(f"{pin_path}: incomplete pins, missing {', '.join(missing)} (undeploy and deploy again)")
+    return compile_datapath(pin_path, params or Params())
+
+
+# ---------------------------------------------------------------- netlink
+
+def _ipr():
+    from pyroute2 import IPRoute
+
+    return IPRoute()
+
+
+def ifindex(name: str) -> int:
+    """ifindex of an interface in this network namespace, or LoaderError."""
+    with _ipr() as ipr:
+        found = ipr.link_lookup(ifname=name)
+    if not found:
+        raise LoaderError(f"interface {name}: no such interface in this network namespace")
+    return found[0]
+
+
+def ifname(index: int) -> str:
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    with _ipr() as ipr:
+        try:
+            return ipr.get_links(index)[0].get_attr("IFLA_IFNAME")
+        except NetlinkError as e:
+            if e.code == errno.ENODEV:
+                return f"ifindex {index}"
+            raise
+
+
+def route_oif(address: str) -> int | None:
+    """Egress ifindex of this namespace's route to address; None if unrouted."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    with _ipr() as ipr:
+        try:
+            routes = ipr.route("get", dst=address)
+        except NetlinkError as e:
+            if e.code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
+                return None
+            raise
+    for route in routes:
+        if route.get_attr("RTA_TYPE", route["type"]) not in (1, 2):  # unicast, local
+            return None
+        oif = route.get_attr("RTA_OIF")
+        if oif:
+            return oif
+    return None
+
+
+@dataclass(frozen=True)
+class XdpState:
+    prog_id: int
+    name: str
+    mode: str  # native | generic | offload
+
+
+def xdp_state(index: int) -> XdpState | None:
+    """The XDP program attached to an interface, if any."""
+    with _ipr() as ipr:
+        link = ipr.get_links(index)[0]
+    xdp = link.get_attr("IFLA_XDP")
+    if not xdp:
+        return None
+    prog_id = xdp.get_attr("IFLA_XDP_PROG_ID")
+    if not prog_id:
+        return None
+    attached = xdp.get_attr("IFLA_XDP_ATTACHED")
+    # pyroute2 decodes the attach mode to a name; older versions give the number
+    mode = {1: "native", 2: "generic", 3: "offload", "xdp": "native",
+            "xdpgeneric": "generic", "xdpoffload": "offload"}.get(attached, "multi")
+    return XdpState(prog_id, prog_name(prog_id), mode)
+
+
+def prog_name(prog_id: int) -> str:
+    out = subprocess.run(
+        ["bpftool", "-j", "prog", "show", "id", str(prog_id)], capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        return "?"
+    return json.loads(out.stdout).get("name", "?")
+
+
+def attach_xdp(iface: str, fn, mode: str, replace: bool) -> int:
+    """Attaches (or atomically replaces) the ingress program; returns flags."""
+    from bcc import BPF
+
+    flags = XDP_MODES[mode] | (0 if replace else XDP_FLAGS_UPDATE_IF_NOEXIST)
+    with _captured_stderr() as log:
+        try:
+            BPF.attach_xdp(iface, fn, flags)
+        except Exception as e:  # bcc raises bare Exception
+            hint = ""
+            if mode == "native":
+                hint = " (driver without native XDP? set node.xdp_mode: generic)"
+            raise LoaderError(f"attach XDP ({mode}) on {iface}: {_first_error(log()) or e}{hint}") from e
+    return flags & ~XDP_FLAGS_UPDATE_IF_NOEXIST
+
+
+def detach_xdp(iface: str, flags: int) -> None:
+    from bcc import BPF
+
+    with _captured_stderr() as log:
+        try:
+            BPF.remove_xdp(iface, flags)
+        except Exception as e:  # bcc raises bare Exception
+            raise LoaderError(f"detach XDP on {iface}: {_first_error(log()) or e}") from e
+
+
+def has_clsact(index: int) -> bool:
+    with _ipr() as ipr:
+        return any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index))
+
+
+def return_filter(index: int) -> str | None:
+    """Name of the program in our return-path filter slot, if one is there."""
+    with _ipr() as ipr:
+        filters = ipr.get_filters(index=index, parent=TC_INGRESS_PARENT)
+    for f in filters:
+        if f.get_attr("TCA_KIND") != "bpf" or (f["info"] >> 16) != TC_PRIO:
+            continue
+        opts = f.get_attr("TCA_OPTIONS")
+        if opts is not None:
+            return opts.get_attr("TCA_BPF_NAME") or "?"
+    return None
+
+
+def attach_tc(index: int, fn, undo: Undo) -> bool:
+    """Puts the return-path program on clsact ingress of index (replacing
+    ours if present). Returns whether clsact had to be added."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    added = False
+    with _ipr() as ipr:
+        try:
+            if not has_clsact(index):
+                ipr.tc("add", "clsact", index)
+                added = True
+                undo.push(f"remove clsact from ifindex {index}", lambda: _del_clsact(index))
+            had = return_filter(index) is not None
+            ipr.tc(
+                "replace-filter", "bpf", index, TC_HANDLE, fd=fn.fd, name=fn.name,
+                parent=TC_INGRESS_PARENT, prio=TC_PRIO, classid=1, direct_action=True,
+            )
+            if not had:
+                undo.push(f"remove return filter from ifindex {index}", lambda: detach_tc(index))
+        except NetlinkError as e:
+            raise LoaderError(f"attach tc on {ifname(index)}: {os.strerror(e.code)}") from e
+    return added
+
+
+def detach_tc(index: int, remove_clsact: bool = False) -> None:
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    with _ipr() as ipr:
+        try:
+            if return_filter(index) is not None:
+                ipr.tc("del-filter", "bpf", index, TC_HANDLE, parent=TC_INGRESS_PARENT, prio=TC_PRIO)
+        except NetlinkError as e:
+            if e.code not in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
+                raise
+    if remove_clsact:
+        _del_clsact(index)
+
+
+def _del_clsact(index: int) -> None:
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    with _ipr() as ipr:
+        try:
+            ipr.tc("del", "clsact", index)
+        except NetlinkError as e:
+            if e.code not in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
+                raise
+
+
+# ---------------------------------------------------------------- sysctl
+
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+def ip_forward() -> int:
+    return int(IP_FORWARD.read_text().strip())
+
+
+def set_ip_forward(value: int) -> None:
+    IP_FORWARD.write_text(f"{value}\n")
+

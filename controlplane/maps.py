@@ -1,0 +1,375 @@
+"""The only module that knows map layouts: it writes services, backends and
+Maglev tables into the pinned maps and reads them back for status. Field
+names are the C names of bpf/include/abi.h through bcc's generated types.
+
+Writes are ordered so that no packet sees a half-made state: backends are
+written before any table names them, a VIP's new Maglev table goes into the
+inactive half (one memcpy through mmap) before one hash update flips
+vip_info.table, and a removed backend is invalidated only after no table
+points at it. Ids are stable across updates (keyed by service and backend
+name), so conntrack entries keep pointing at the same backend."""
+
+from __future__ import annotations
+
+import mmap
+import socket
+import struct
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+from typing import Mapping
+
+import numpy as np
+
+from controlplane import abi, maglev
+from controlplane.config import Config, Service
+from controlplane.errors import MapError
+
+PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
+PROTO_NAMES = {v: k for k, v in PROTOS.items()}
+# Array maps store each value in round_up(value_size, 8) bytes; edge_maglev's
+# u32 values are therefore 8 bytes apart in the mmap'd region (x86/arm64 are
+# little-endian, so the id is the low half of each 64-bit word).
+MAGLEV_STRIDE = 8
+
+
+def be32(addr: IPv4Address) -> int:
+    """An address as the integer whose memory image is network order."""
+    return struct.unpack("=I", addr.packed)[0]
+
+
+def be16(port: int) -> int:
+    return socket.htons(port)
+
+
+def from_be32(value: int) -> IPv4Address:
+    return IPv4Address(struct.pack("=I", value))
+
+
+def from_be16(value: int) -> int:
+    return socket.ntohs(value)
+
+
+def _name_bytes(name: str) -> bytes:
+    return name.encode()[: abi.NAME_LEN - 1]
+
+
+@dataclass
+class ApplyReport:
+    """What one apply() changed, for the CLI's progress lines."""
+
+    added_services: list[str] = field(default_factory=list)
+    removed_services: list[str] = field(default_factory=list)
+    updated_services: list[str] = field(default_factory=list)
+    added_backends: list[str] = field(default_factory=list)
+    removed_backends: list[str] = field(default_factory=list)
+
+
+class Maps:
+    """Typed access to one instance's maps (the handles loader returns)."""
+
+    def __init__(self, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int):
+        self.t = tables
+        self.m = maglev_m
+        self.max_services = max_services
+        self.max_backends = len(tables[abi.MAP_BACKENDS])
+        self._maglev_fd = maglev_fd
+        self._mm: mmap.mmap | None = None
+
+    # ------------------------------------------------------------ maglev mmap
+
+    def _maglev_words(self) -> np.ndarray:
+        if self._mm is None:
+            size = self.max_services * 2 * self.m * MAGLEV_STRIDE
+            size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+            try:
+                self._mm = mmap.mmap(self._maglev_fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            except OSError as e:
+                raise MapError(f"{abi.MAP_MAGLEV}: mmap failed: {e.strerror}") from e
+        return np.frombuffer(self._mm, dtype=np.uint64)
+
+    def write_table(self, vip_id: int, half: int, backend_ids: np.ndarray) -> None:
+        """Writes one Maglev half; the caller flips to it afterwards."""
+        words = self._maglev_words()
+        base = (vip_id * 2 + half) * self.m
+        words[base : base + self.m] = backend_ids.astype(np.uint64)
+
+    def read_table(self, vip_id: int, half: int) -> np.ndarray:
+        words = self._maglev_words()
+        base = (vip_id * 2 + half) * self.m
+        return (words[base : base + self.m] & 0xFFFFFFFF).astype(np.uint32)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    # ------------------------------------------------------------ node record
+
+    def node(self) -> dict:
+        t = self.t[abi.MAP_NODE]
+        v = t[t.Key(0)]
+        return {
+            "maglev_m": v.maglev_m,
+            "max_services": v.max_services,
+            "max_backends": v.max_backends,
+            "ct_size": v.ct_size,
+            "ingress_ifindex": v.ingress_ifindex,
+            "xdp_flags": v.xdp_flags,
+            "ip_forward_was": v.ip_forward_was - 1 if v.ip_forward_was else None,
+            "return_ifindex": [v.return_ifindex[i] for i in range(v.n_return)],
+            "return_clsact_added": [bool(v.return_clsact_added >> i & 1) for i in range(v.n_return)],
+        }
+
+    def write_node(self, *, maglev_m: int, max_services: int, max_backends: int, ct_size: int,
+                   ingress_ifindex: int, xdp_flags: int, ip_forward_was: int | None,
+                   return_ifindex: list[int], return_clsact_added: list[bool]) -> None:
+        if len(return_ifindex) > abi.MAX_RETURN_IFACES:
+            raise MapError(f"{abi.MAP_NODE}: more than {abi.MAX_RETURN_IFACES} backend-facing interfaces")
+        t = self.t[abi.MAP_NODE]
+        v = t.Leaf()
+        v.maglev_m, v.max_services, v.max_backends, v.ct_size = maglev_m, max_services, max_backends, ct_size
+        v.ingress_ifindex, v.xdp_flags = ingress_ifindex, xdp_flags
+        v.ip_forward_was = 0 if ip_forward_was is None else ip_forward_was + 1
+        v.n_return = len(return_ifindex)
+        for i, idx in enumerate(return_ifindex):
+            v.return_ifindex[i] = idx
+        v.return_clsact_added = sum(1 << i for i, added in enumerate(return_clsact_added) if added)
+        t[t.Key(0)] = v
+
+    # ------------------------------------------------------------ ids
+
+    def _services_in_maps(self) -> dict[str, int]:
+        t = self.t[abi.MAP_SVC_META]
+        out = {}
+        for i in range(self.max_services):
+            v = t[t.Key(i)]
+            if v.in_use:
+                out[v.name.decode()] = i
+        return out
+
+    def _backends_in_maps(self) -> dict[tuple[int, str], int]:
+        info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
+        out = {}
+        for i in range(self.max_backends):
+            b = info[info.Key(i)]
+            if b.flags & abi.BE_F_VALID:
+                out[(b.vip_id, meta[meta.Key(i)].name.decode())] = i
+        return out
+
+    def _vip_keys_in_maps(self) -> dict[int, tuple]:
+        """vip id -> (key ctypes object, vip_info)."""
+        t = self.t[abi.MAP_VIPS]
+        return {v.id: (k, v) for k, v in t.items()}
+
+    @staticmethod
+    def _lowest_free(used: set[int], limit: int, what: str) -> int:
+        for i in range(limit):
+            if i not in used:
+                used.add(i)
+                return i
+        raise MapError(f"{what}: all {limit} ids in use")
+
+    def _zero_stats(self, name: str, index: int) -> None:
+        t = self.t[name]
+        t[t.Key(index)] = t.Leaf()  # for per-CPU maps bcc's Leaf is one value per CPU
+
+    # ------------------------------------------------------------ apply
+
+    def apply(self, cfg: Config) -> ApplyReport:
+        """Makes the maps describe cfg; see the module docstring for order."""
+        report = ApplyReport()
+        old_svcs = self._services_in_maps()
+        old_bes = self._backends_in_maps()
+        old_vips = self._vip_keys_in_maps()
+        used_svc = {i for n, i in old_svcs.items() if n in {s.name for s in cfg.services}}
+        svc_ids: dict[str, int] = {}
+        for s in cfg.services:
+            if s.name in old_svcs:
+                svc_ids[s.name] = old_svcs[s.name]
+            else:
+                svc_ids[s.name] = self._lowest_free(used_svc, self.max_services, "services")
+                report.added_services.append(s.name)
+
+        wanted = {(svc_ids[s.name], b.name) for s in cfg.services for b in s.backends}
+        used_be = {i for key, i in old_bes.items() if key in wanted}
+        be_ids: dict[tuple[int, str], int] = {}
+        for s in cfg.services:
+            vid = svc_ids[s.name]
+            for b in s.backends:
+                key = (vid, b.name)
+                if key in old_bes:
+                    be_ids[key] = old_bes[key]
+                else:
+                    be_ids[key] = self._lowest_free(used_be, self.max_backends, "backends")
+                    self._zero_stats(abi.MAP_BE_STATS, be_ids[key])
+                    report.added_backends.append(f"{s.name}/{b.name}")
+
+        # 1. service names and backends, before any table refers to them
+        for s in cfg.services:
+            vid = svc_ids[s.name]
+            if s.name in report.added_services:
+                self._zero_stats(abi.MAP_VIP_STATS, vid)
+            self._write_service_meta(vid, s.name)
+            for b in s.backends:
+                self._write_backend(be_ids[(vid, b.name)], vid, b)
+
+        # 2. tables into the inactive half, then the flip
+        for s in cfg.services:
+            vid = svc_ids[s.name]
+            ids = [be_ids[(vid, b.name)] for b in s.backends]
+            old = old_vips.get(vid)
+            half = 1 - old[1].table if old else 0
+            slots = self._write_service_table(vid, half, s, ids)
+            for bid, n in zip(ids, slots):
+                self._set_slots(bid, n)
+            self._write_vip(s, vid, half, old)
+            if old and s.name not in report.added_services:
+                report.updated_services.append(s.name)
+
+        # 3. VIP addresses: how many VIPs each address carries
+        self._write_vip_addrs(cfg)
+
+        # 4. what the config no longer has
+        for name, vid in old_svcs.items():
+            if name not in svc_ids:
+                if vid in old_vips:
+                    del self.t[abi.MAP_VIPS][old_vips[vid][0]]
+                self._write_service_meta(vid, None)
+                report.removed_services.append(name)
+        for (vid, name), bid in old_bes.items():
+            if (vid, name) not in be_ids:
+                self._clear_backend(bid)
+                report.removed_backends.append(name)
+        return report
+
+    def _write_service_meta(self, vid: int, name: str | None) -> None:
+        t = self.t[abi.MAP_SVC_META]
+        v = t.Leaf()
+        if name is not None:
+            v.name = _name_bytes(name)
+            v.in_use = 1
+        t[t.Key(vid)] = v
+
+    def _write_backend(self, bid: int, vid: int, b) -> None:
+        info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
+        flags = abi.BE_F_VALID | abi.BE_F_UP
+        if b.standby:
+            flags |= abi.BE_F_STANDBY
+        if b.weight == 0:
+            flags |= abi.BE_F_DRAINING
+        v = info.Leaf()
+        v.addr, v.port, v.flags, v.vip_id = be32(b.address), be16(b.port), flags, vid
+        info[info.Key(bid)] = v
+        old = meta[meta.Key(bid)]
+        m = meta.Leaf()
+        m.name, m.weight, m.slots = _name_bytes(b.name), b.weight, old.slots
+        meta[meta.Key(bid)] = m
+
+    def _set_slots(self, bid: int, slots: int) -> None:
+        meta = self.t[abi.MAP_BE_META]
+        m = meta[meta.Key(bid)]
+        m.slots = slots
+        meta[meta.Key(bid)] = m
+
+    def _clear_backend(self, bid: int) -> None:
+        for name in (abi.MAP_BACKENDS, abi.MAP_BE_META):
+            t = self.t[name]
+            t[t.Key(bid)] = t.Leaf()
+
+    def _write_service_table(self, vid: int, half: int, s: Service, ids: list[int]) -> list[int]:
+        """Builds and writes the VIP's table; returns slots per backend."""
+        primaries = [b for b in s.backends if not b.standby]
+        names = [b.name for b in primaries]
+        weights = [b.weight for b in primaries]
+        if not any(weights):  # every primary draining: standbys take new flows
+            names = [b.name for b in s.backends if b.standby]
+            weights = [b.weight for b in s.backends if b.standby]
+        positions = maglev.build_table(names, weights, self.m)
+        by_name = {b.name: bid for b, bid in zip(s.backends, ids)}
+        lut = np.array([by_name[n] for n in names] + [abi.NO_BACKEND], dtype=np.uint32)
+        table = lut[positions]  # position -1 picks the NO_BACKEND entry
+        self.write_table(vid, half, table)
+        counts = np.bincount(positions[positions >= 0], minlength=len(names))
+        per_name = dict(zip(names, counts.tolist()))
+        return [per_name.get(b.name, 0) for b in s.backends]
+
+    def _write_vip(self, s: Service, vid: int, half: int, old) -> None:
+        t = self.t[abi.MAP_VIPS]
+        k = t.Key()
+        k.addr, k.port, k.proto = be32(s.vip), be16(s.port), PROTOS[s.protocol]
+        v = t.Leaf()
+        v.id, v.table = vid, half
+        v.flags = abi.VIP_F_KEEP_FLOWS if s.existing_flows == "keep" else 0
+        t[k] = v  # one hash update: the flip
+        if old and bytes(old[0]) != bytes(k):  # the service moved to a new VIP
+            del t[old[0]]
+
+    def _write_vip_addrs(self, cfg: Config) -> None:
+        t = self.t[abi.MAP_VIP_ADDRS]
+        want: dict[int, int] = {}
+        for s in cfg.services:
+            want[be32(s.vip)] = want.get(be32(s.vip), 0) + 1
+        for addr, n in want.items():
+            t[t.Key(addr)] = t.Leaf(n)
+        for k in list(t.keys()):
+            if k.value not in want:
+                del t[k]
+
+    # ------------------------------------------------------------ reading
+
+    def _sum_percpu(self, name: str, index: int) -> dict[str, int]:
+        t = self.t[name]
+        per_cpu = t.getvalue(t.Key(index))
+        fields = [f for f, _ in t.sLeaf._fields_ if not f.startswith("pad")]
+        return {f: sum(getattr(v, f) for v in per_cpu) for f in fields}
+
+    def _sum_counter(self, name: str, index: int) -> int:
+        t = self.t[name]
+        return sum(int(v) for v in t.getvalue(t.Key(index)))
+
+    def snapshot(self) -> dict:
+        """Everything status shows, as plain data."""
+        node = self.node()
+        vips = self._vip_keys_in_maps()
+        svc_names = self._services_in_maps()
+        info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
+        backends_by_vip: dict[int, list] = {}
+        for bid in range(self.max_backends):
+            b = info[info.Key(bid)]
+            if not b.flags & abi.BE_F_VALID:
+                continue
+            m = meta[meta.Key(bid)]
+            backends_by_vip.setdefault(b.vip_id, []).append({
+                "id": bid,
+                "name": m.name.decode(),
+                "address": str(from_be32(b.addr)),
+                "port": from_be16(b.port),
+                "weight": m.weight,
+                "standby": bool(b.flags & abi.BE_F_STANDBY),
+                "state": "draining" if b.flags & abi.BE_F_DRAINING else (
+                    "up" if b.flags & abi.BE_F_UP else "down"),
+                "slots": m.slots,
+                **self._sum_percpu(abi.MAP_BE_STATS, bid),
+            })
+        services = []
+        for name, vid in sorted(svc_names.items(), key=lambda kv: kv[1]):
+            key, v = vips.get(vid, (None, None))
+            services.append({
+                "name": name,
+                "id": vid,
+                "vip": str(from_be32(key.addr)) if key else None,
+                "port": from_be16(key.port) if key else None,
+                "protocol": PROTO_NAMES.get(key.proto, "?") if key else None,
+                "table": v.table if v else None,
+                "existing_flows": "keep" if v and v.flags & abi.VIP_F_KEEP_FLOWS else "reselect",
+                **self._sum_percpu(abi.MAP_VIP_STATS, vid),
+                "backends": backends_by_vip.get(vid, []),
+            })
+        return {
+            "node": node,
+            "services": services,
+            "verdicts": {n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()},
+            "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()},
+            "conntrack_entries": sum(1 for _ in self.t[abi.MAP_CT].keys()),
+        }
+
