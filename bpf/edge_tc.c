@@ -70,6 +70,6 @@ int edge_return(struct __sk_buff *skb)
 	bpf_skb_store_bytes(skb, l3_off + IP_SADDR_OFF, &ri->vip_addr,
 			    sizeof(old_addr), 0);
 
-	count_return(ri->backend_id);
+	count_return(ri->vip_id, ri->backend_id);
 	return count_verdict(EDGE_CNT_RETURN_NAT, TC_ACT_OK);
 }

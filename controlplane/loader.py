@@ -7,6 +7,7 @@ is caught here only and turned into LoaderError with the step's context."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -212,8 +213,9 @@ class Loaded:
         self._bpf.cleanup()
 
 
-def compile_datapath(pin_path: Path, params: Params, debug: bool = False) -> Loaded:
-    """Compiles bpf/ with params; maps are opened from pin_path or created there."""
+def compile_datapath(pin_path: Path, params: Params, debug: bool = False, text: str | None = None) -> Loaded:
+    """Compiles bpf/ with params; maps are opened from pin_path or created there.
+    text replaces the source (benchmarks wrap the entry points)."""
     try:
         from bcc import BPF
     except ImportError as e:
@@ -229,7 +231,7 @@ def compile_datapath(pin_path: Path, params: Params, debug: bool = False) -> Loa
     ]
     with _captured_stderr() as log:
         try:
-            bpf = BPF(text=source_text(), cflags=cflags)
+            bpf = BPF(text=source_text() if text is None else text, cflags=cflags)
         except Exception as e:  # bcc raises bare Exception
             raise LoaderError(f"compile bpf/: {_first_error(log())}") from e
     loaded = Loaded(bpf, pin_path, params)
@@ -245,6 +247,57 @@ def open_pinned(pin_path: Path, params: Params | None = None) -> Loaded:
             raise NotDeployed(f"nothing pinned at {pin_path}")
         raise LoaderError(f"{pin_path}: incomplete pins, missing {', '.join(missing)} (undeploy and deploy again)")
     return compile_datapath(pin_path, params or Params())
+
+
+# ---------------------------------------------------------------- test run
+
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}
+_BPF_PROG_TEST_RUN = 10
+BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
+
+
+class _TestRunAttr(ctypes.Structure):
+    # the BPF_PROG_TEST_RUN member of union bpf_attr (uapi/linux/bpf.h)
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
+        ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+        ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
+        ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
+        ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+        ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
+        ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32), ("batch_size", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32 * 5),
+    ]
+
+
+@dataclass(frozen=True)
+class TestRun:
+    retval: int
+    duration_ns: int  # the kernel's mean per repetition
+    data_out: bytes
+
+
+def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, ctx: bytes | None = None,
+                  flags: int = 0, batch_size: int = 0) -> TestRun:
+    """Runs a loaded program on data through BPF_PROG_TEST_RUN."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    data_in = ctypes.create_string_buffer(data, len(data))
+    live = bool(flags & BPF_F_TEST_XDP_LIVE_FRAMES)
+    data_out = ctypes.create_string_buffer(len(data) + 256)
+    ctx_in = ctypes.create_string_buffer(ctx, len(ctx)) if ctx else None
+    attr = _TestRunAttr(
+        prog_fd=prog_fd, data_size_in=len(data), data_in=ctypes.addressof(data_in),
+        data_size_out=0 if live else len(data_out), data_out=0 if live else ctypes.addressof(data_out),
+        repeat=repeat, flags=flags, batch_size=batch_size,
+        ctx_size_in=len(ctx) if ctx else 0, ctx_in=ctypes.addressof(ctx_in) if ctx_in else 0,
+    )
+    nr = _SYS_BPF.get(os.uname().machine)
+    if nr is None:
+        raise LoaderError(f"BPF_PROG_TEST_RUN: unknown syscall number on {os.uname().machine}")
+    if libc.syscall(nr, _BPF_PROG_TEST_RUN, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
+        err = ctypes.get_errno()
+        raise LoaderError(f"BPF_PROG_TEST_RUN: {os.strerror(err)}")
+    return TestRun(attr.retval, attr.duration, data_out.raw[: attr.data_size_out])
 
 
 # ---------------------------------------------------------------- netlink

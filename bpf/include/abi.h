@@ -75,6 +75,7 @@ struct rnat_info {
 	__be16	vip_port;	/* network byte order */
 	__u16	pad;
 	__u32	backend_id;
+	__u32	vip_id;
 };
 
 /* Value of edge_vip_stats and edge_be_stats (per CPU). */
@@ -136,7 +137,7 @@ _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
 _Static_assert(sizeof(struct backend_info) == 16, "abi: backend_info");
 _Static_assert(sizeof(struct flow_key) == 16, "abi: flow_key");
 _Static_assert(sizeof(struct flow_info) == 8, "abi: flow_info");
-_Static_assert(sizeof(struct rnat_info) == 12, "abi: rnat_info");
+_Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
 _Static_assert(sizeof(struct traffic_stats) == 32, "abi: traffic_stats");
 _Static_assert(sizeof(struct service_meta) == 40, "abi: service_meta");
 _Static_assert(sizeof(struct backend_meta) == 40, "abi: backend_meta");

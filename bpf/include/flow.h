@@ -56,6 +56,7 @@ static __always_inline void flow_insert(const struct pkt *pkt,
 		.vip_addr = pkt->flow.dst,
 		.vip_port = pkt->flow.dport,
 		.backend_id = backend_id,
+		.vip_id = vip->id,
 	};
 
 	edge_ct.update((struct flow_key *)&pkt->flow, &fi);

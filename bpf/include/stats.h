@@ -49,11 +49,14 @@ static __always_inline void count_traffic(__u32 vip_id, __u32 backend_id,
 	add_traffic(edge_be_stats.lookup(&backend_id), bytes, new_flow);
 }
 
-/* Return-direction packet of one backend (and its VIP). */
-static __always_inline void count_return(__u32 backend_id)
+/* Return-direction packet of one backend and its VIP. */
+static __always_inline void count_return(__u32 vip_id, __u32 backend_id)
 {
-	struct traffic_stats *st = edge_be_stats.lookup(&backend_id);
+	struct traffic_stats *st = edge_vip_stats.lookup(&vip_id);
 
+	if (st)
+		st->return_packets += 1;
+	st = edge_be_stats.lookup(&backend_id);
 	if (st)
 		st->return_packets += 1;
 }
