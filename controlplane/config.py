@@ -1,0 +1,520 @@
+"""The edge config: YAML in, frozen dataclasses out, every error one line naming its path.
+
+Each key is declared once, as a dataclass field made by option(): its default,
+a help string and the check that turns the YAML value into the field's value
+(ExaBGP's option()). Unknown keys are errors that list the allowed ones.
+Pure: no kernel, no network; load_config() only reads the file it is given.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import MISSING, dataclass, field, fields
+from ipaddress import IPv4Address
+from typing import Any, Callable, Optional
+
+import yaml
+
+from controlplane.errors import ConfigError
+from controlplane.maglev import is_prime
+
+Check = Callable[[Any, str], Any]
+
+MAX_MS = 3_600_000  # upper bound of every *_ms value: one hour
+TOKEN_MAX = 2**64 - 1
+
+
+def option(help: str, check: Check, default: Any = MISSING, required: bool | None = None) -> Any:
+    """Declare a config key: help text, check(value, path) -> value, and its default.
+
+    required: whether the YAML must give the key; by default, when it has no
+    default. (A required key after optional ones keeps a dataclass default.)
+    """
+    metadata = {"help": help, "check": check, "required": default is MISSING if required is None else required}
+    if default is MISSING:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# ---- value checks: each takes (value, path) and returns the value to store ----
+
+
+def _show(value: Any) -> str:
+    """A value as an error message quotes it: short, one line, in YAML's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value) if value.bit_length() <= 64 else f"a {value.bit_length()}-bit integer"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        text = repr(value)
+        return text if len(text) <= 48 else text[:44] + "...'"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
+
+
+def _join(path: str, key: Any) -> str:
+    if not (isinstance(key, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", key)):
+        key = _show(key)
+    return f"{path}.{key}" if path else key
+
+
+def _integer(value: Any, path: str) -> int:
+    # bool is an int in Python, but `port: yes` is a mistake, not port 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{path}: expected an integer, got {_show(value)}")
+    return int(value)
+
+
+def _int(lo: int, hi: int, what: str | None = None) -> Check:
+    """An integer in lo..hi; `what` names the kind in the error ("a port")."""
+
+    def check(value: Any, path: str) -> int:
+        number = _integer(value, path)
+        if not lo <= number <= hi:
+            problem = f"is not {what}" if what else f"is out of range {lo}..{hi}"
+            raise ConfigError(f"{path}: {_show(number)} {problem}")
+        return number
+
+    return check
+
+
+_port = _int(1, 65535, "a port")
+_ms = _int(1, MAX_MS)
+
+
+def _bool(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{path}: expected true or false, got {_show(value)}")
+    return value
+
+
+def _one_of(*choices: str) -> Check:
+    def check(value: Any, path: str) -> str:
+        if not (isinstance(value, str) and value in choices):
+            raise ConfigError(f"{path}: expected one of {', '.join(choices)}, got {_show(value)}")
+        return str(value)
+
+    return check
+
+
+def _string(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{path}: expected a string, got {_show(value)}")
+    return str(value)
+
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}")
+
+
+def _name(value: Any, path: str) -> str:
+    name = _string(value, path)
+    if not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"{path}: {_show(name)} is not a name "
+            "(1 to 32 of a-z 0-9 _ . -, starting with a letter or digit)"
+        )
+    return name
+
+
+def _abs_path(value: Any, path: str) -> str:
+    text = _string(value, path)
+    if not text.startswith("/") or "\0" in text:
+        raise ConfigError(f"{path}: expected an absolute path, got {_show(text)}")
+    return text
+
+
+def _url_path(value: Any, path: str) -> str:
+    text = _string(value, path)
+    if not re.fullmatch(r"/[!-~]*", text):
+        raise ConfigError(f"{path}: expected a URL path starting with '/', got {_show(text)}")
+    return text
+
+
+_LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9][A-Za-z0-9.-]*)):(?P<port>[0-9]{1,5})")
+
+
+def _listen(value: Any, path: str) -> str:
+    text = _string(value, path)
+    match = _LISTEN.fullmatch(text)
+    ok = match is not None and 1 <= int(match["port"]) <= 65535
+    if ok and match["v6"]:
+        try:
+            ipaddress.IPv6Address(match["v6"])
+        except ValueError:
+            ok = False
+    if not ok:
+        raise ConfigError(f"{path}: expected HOST:PORT (e.g. 127.0.0.1:9470), got {_show(text)}")
+    return text
+
+
+def _ipv4(role: str) -> Check:
+    """A unicast IPv4 address; role names what it is for in the IPv6 error ("VIPs")."""
+
+    def check(value: Any, path: str) -> IPv4Address:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected an IPv4 address, got {_show(value)}")
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            raise ConfigError(f"{path}: {_show(value)} is not an IPv4 address") from None
+        if address.version == 6:
+            raise ConfigError(f"{path}: IPv6 {role} are not supported yet")
+        unusable = (
+            (address.is_unspecified, "the unspecified address"),
+            (address.is_loopback, "a loopback address"),
+            (address.is_multicast, "a multicast address"),
+            (address.is_reserved, "a reserved address"),
+        )
+        for found, kind in unusable:
+            if found:
+                raise ConfigError(f"{path}: {address} is {kind}")
+        return address
+
+    return check
+
+
+def _token(value: Any, path: str) -> int:
+    if isinstance(value, str):
+        try:
+            number = int(value, 0)
+        except ValueError:
+            raise ConfigError(f"{path}: {_show(value)} is not an integer (e.g. 0x5eed0001)") from None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = int(value)
+    else:
+        raise ConfigError(f"{path}: expected an integer or a string like '0x5eed0001', got {_show(value)}")
+    if not 0 <= number <= TOKEN_MAX:
+        raise ConfigError(f"{path}: {_show(value)} is out of range 0..2**64-1")
+    return number
+
+
+def _maglev_m(value: Any, path: str) -> int:
+    m = _int(1009, 1_000_003)(value, path)
+    if not is_prime(m):
+        raise ConfigError(f"{path}: {m} is not prime")
+    return m
+
+
+def _version(value: Any, path: str) -> int:
+    version = _integer(value, path)
+    if version != 1:
+        raise ConfigError(f"{path}: {_show(version)} is not supported (expected 1)")
+    return version
+
+
+# ---- sections: a dataclass is the schema of one YAML mapping ----
+
+
+def _parse(cls: type, value: Any, path: str) -> Any:
+    """Build cls from the mapping at path: keys, then each field's check, then cls._validate."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {_show(value)}")
+    options = fields(cls)
+    names = {f.name for f in options}
+    for key in value:
+        if not (isinstance(key, str) and key in names):
+            allowed = ", ".join(f.name for f in options)
+            raise ConfigError(f"{_join(path, key)}: unknown key (allowed: {allowed})")
+    values = {}
+    for f in options:
+        where = _join(path, f.name)
+        if f.name in value:
+            values[f.name] = f.metadata["check"](value[f.name], where)
+        elif f.metadata["required"]:
+            raise ConfigError(f"{where}: missing")
+    built = cls(**values)
+    validate = getattr(built, "_validate", None)
+    if validate is not None:
+        validate(path)
+    return built
+
+
+def _section(cls: type) -> Check:
+    return lambda value, path: _parse(cls, value, path)
+
+
+def _sections(cls: type) -> Check:
+    """A non-empty list of cls mappings, as a tuple."""
+
+    def check(value: Any, path: str) -> tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {_show(value)}")
+        if not value:
+            raise ConfigError(f"{path}: must not be empty")
+        return tuple(_parse(cls, item, f"{path}[{i}]") for i, item in enumerate(value))
+
+    return check
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """UDP heartbeats from the backends, consumed by the XDP program."""
+
+    port: int = option("UDP port the backends send heartbeats to", _port, 7946)
+    interval_ms: int = option("how often a backend sends one", _ms, 100)
+    timeout_ms: int = option("silence after which a backend is down; > interval_ms", _ms, 300)
+    rise: int = option("heartbeats in a row that bring a down backend back", _int(1, 100), 3)
+
+    def _validate(self, path: str) -> None:
+        if self.timeout_ms <= self.interval_ms:
+            raise ConfigError(
+                f"{path}.timeout_ms: {self.timeout_ms} must be greater than interval_ms ({self.interval_ms})"
+            )
+
+
+@dataclass(frozen=True)
+class Passive:
+    """Passive health: eject a backend whose new connections go unanswered."""
+
+    syn_timeout_ms: int = option("a SYN unanswered this long counts as a failure", _ms, 200)
+    consecutive: int = option("failures in a row that eject the backend", _int(1, 1000), 3)
+    ejection_ms: int = option("how long an ejected backend stays out", _ms, 1000)
+    max_ejected_percent: int = option(
+        "never eject more than this share of a service's backends", _int(0, 100), 50
+    )
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Active probes from the control plane: TCP connect, HTTP GET or gRPC health."""
+
+    kind: str = option("tcp, http or grpc", _one_of("tcp", "http", "grpc"), "tcp")
+    path: str = option("HTTP path of the readiness endpoint (kind http)", _url_path, "/v2/health/ready")
+    interval_ms: int = option("time between two probes of one backend", _ms, 100)
+    timeout_ms: int = option("a probe slower than this fails; <= interval_ms", _ms, 50)
+    window: int = option("samples kept per backend for RTT and health", _int(1, 1000), 10)
+
+    def _validate(self, path: str) -> None:
+        # A probe that may outlive its interval lets probes pile up on a slow backend.
+        if self.timeout_ms > self.interval_ms:
+            raise ConfigError(
+                f"{path}.timeout_ms: {self.timeout_ms} must not be greater than interval_ms ({self.interval_ms})"
+            )
+
+
+@dataclass(frozen=True)
+class MetricsScrape:
+    """Load signals scraped from the backend's Prometheus endpoint (vLLM, SGLang, TGI)."""
+
+    path: str = option("HTTP path of the backend's metrics", _url_path, "/metrics")
+    interval_ms: int = option("time between two scrapes of one backend", _ms, 100)
+    stale_ms: int = option("load signals older than this are ignored; > interval_ms", _ms, 2000)
+
+    def _validate(self, path: str) -> None:
+        if self.stale_ms <= self.interval_ms:
+            raise ConfigError(
+                f"{path}.stale_ms: {self.stale_ms} must be greater than interval_ms ({self.interval_ms})"
+            )
+
+
+@dataclass(frozen=True)
+class Health:
+    """How a service's backends are judged; a sub-section that is absent is off (None)."""
+
+    heartbeat: Optional[Heartbeat] = option("kernel-side liveness from UDP heartbeats", _section(Heartbeat), None)
+    passive: Optional[Passive] = option("ejection on unanswered connections", _section(Passive), None)
+    probe: Optional[Probe] = option("active probes from the control plane", _section(Probe), None)
+    metrics: Optional[MetricsScrape] = option("load signals from the backend", _section(MetricsScrape), None)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """How backend weights are computed."""
+
+    policy: str = option(
+        "static (the configured weights) or latency_inverse",
+        _one_of("static", "latency_inverse"),
+        "static",
+    )
+    floor: int = option("no computed weight goes below this", _int(1, 65535), 1)
+    max_ratio: int = option("largest weight / smallest weight", _int(1, 65535), 20)
+    hysteresis_pct: int = option("changes smaller than this are not applied", _int(0, 100), 10)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One inference server behind a service."""
+
+    name: str = option("unique in its service; shown in status and metrics", _name)
+    address: IPv4Address = option("IPv4 address of the backend", _ipv4("backends"))
+    port: int = option("port the backend serves the service on", _port)
+    weight: int = option("relative share of new flows; 0 drains (no new flows)", _int(0, 65535), 1)
+    standby: bool = option("gets new flows only while no primary is usable", _bool, False)
+    token: Optional[int] = option(
+        "64-bit value the backend's heartbeats carry, e.g. '0x5eed0001'", _token, None
+    )
+
+
+@dataclass(frozen=True)
+class Service:
+    """A VIP:port/protocol and its backends."""
+
+    name: str = option("unique in the config; shown in status and metrics", _name)
+    vip: IPv4Address = option("virtual IPv4 address clients connect to", _ipv4("VIPs"))
+    port: int = option("port on the VIP", _port)
+    protocol: str = option("tcp or udp", _one_of("tcp", "udp"), "tcp")
+    existing_flows: str = option(
+        "when a backend becomes unusable its flows move (reselect) or stay (keep)",
+        _one_of("reselect", "keep"),
+        "reselect",
+    )
+    health: Optional[Health] = option("health checks; none when absent", _section(Health), None)
+    weights: Weights = option("weight policy", _section(Weights), Weights())
+    backends: tuple[Backend, ...] = option(
+        "the backends; at least one not standby", _sections(Backend), (), required=True
+    )
+
+    @property
+    def key(self) -> tuple[IPv4Address, int, str]:
+        """What identifies the service in the data path: (vip, port, protocol)."""
+        return (self.vip, self.port, self.protocol)
+
+    def _validate(self, path: str) -> None:
+        names: dict[str, int] = {}
+        endpoints: dict[tuple[IPv4Address, int], int] = {}
+        for i, backend in enumerate(self.backends):
+            where = f"{path}.backends[{i}]"
+            if backend.name in names:
+                raise ConfigError(f"{where}.name: duplicate name {backend.name!r}")
+            names[backend.name] = i
+            endpoint = (backend.address, backend.port)
+            if endpoint in endpoints:
+                raise ConfigError(
+                    f"{where}.address: {backend.address}:{backend.port} is already used by "
+                    f"{path}.backends[{endpoints[endpoint]}]"
+                )
+            endpoints[endpoint] = i
+        if all(backend.standby for backend in self.backends):
+            raise ConfigError(f"{path}.backends: service {self.name!r} has no primary backend (all are standby)")
+
+
+@dataclass(frozen=True)
+class Node:
+    """Settings of this edge node; sizes here are compiled into the BPF programs."""
+
+    maglev_m: int = option("Maglev table size per VIP; a prime in 1009..1000003", _maglev_m, 65537)
+    max_services: int = option("capacity of the per-VIP maps", _int(1, 256), 16)
+    max_backends: int = option("capacity of the backend maps, all services together", _int(1, 65536), 1024)
+    ct_size: int = option("conntrack entries (and as many reverse-NAT entries)", _int(1024, 16777216), 262144)
+    pin_dir: str = option("bpffs directory the maps are pinned under", _abs_path, "/sys/fs/bpf/edge")
+    api_socket: str = option("unix socket edged serves edgectl on", _abs_path, "/run/edge/edged.sock")
+    metrics_listen: str = option("HOST:PORT of the Prometheus endpoint", _listen, "127.0.0.1:9470")
+    xdp_mode: str = option("native (driver) or generic (skb) XDP", _one_of("native", "generic"), "native")
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole config file."""
+
+    version: int = option("format version; must be 1", _version)
+    node: Node = option("settings of this edge node", _section(Node), Node())
+    services: tuple[Service, ...] = option("the services; at least one", _sections(Service), (), required=True)
+
+    def _validate(self, path: str) -> None:
+        names: dict[str, int] = {}
+        keys: dict[tuple[IPv4Address, int, str], int] = {}
+        for i, service in enumerate(self.services):
+            if service.name in names:
+                raise ConfigError(f"services[{i}].name: duplicate name {service.name!r}")
+            names[service.name] = i
+            if service.key in keys:
+                raise ConfigError(
+                    f"services[{i}].vip: {service.vip}:{service.port}/{service.protocol} "
+                    f"is already used by services[{keys[service.key]}]"
+                )
+            keys[service.key] = i
+        node = self.node
+        if len(self.services) > node.max_services:
+            raise ConfigError(
+                f"services: {len(self.services)} services, more than node.max_services ({node.max_services})"
+            )
+        total = sum(len(service.backends) for service in self.services)
+        if total > node.max_backends:
+            raise ConfigError(
+                f"services: {total} backends in all services, more than node.max_backends ({node.max_backends})"
+            )
+        for i, service in enumerate(self.services):
+            # Maglev gives every backend at least one slot only while M >= N.
+            if len(service.backends) > node.maglev_m:
+                raise ConfigError(
+                    f"services[{i}].backends: {len(service.backends)} backends, "
+                    f"more than node.maglev_m ({node.maglev_m}) table slots"
+                )
+
+
+# ---- YAML ----
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping instead of keeping the last."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = e.problem or e.context or "invalid YAML"
+        if e.problem and e.context and not e.context.startswith("while "):
+            problem = f"{e.context}, {e.problem}"  # "expected a single document ..., but found another"
+        raise ConfigError(f"config: {source}{where}: {problem}") from e
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        character = e.character if isinstance(e.character, int) else ord(e.character)
+        raise ConfigError(f"config: {source} line {line}: unacceptable character #x{character:04x}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config: {source}: {e}") from e
+    except ValueError as e:
+        # PyYAML calls int() and datetime() on scalars without catching: an integer
+        # literal over Python's digit limit (3.11+) or a date like 2024-13-01.
+        raise ConfigError(f"config: {source}: {e}") from e
+    except RecursionError as e:
+        # PyYAML composes nested collections recursively.
+        raise ConfigError(f"config: {source}: nested too deeply") from e
+
+
+def parse_config(doc: object, source: str = "<config>") -> Config:
+    """Validate an already-loaded YAML document; source names it in top-level errors."""
+    if doc is None:
+        raise ConfigError(f"config: {source} is empty")
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config: {source}: expected a mapping at the top level, got {_show(doc)}")
+    return _parse(Config, doc, "")
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """Read, parse and validate the YAML config file at path."""
+    source = os.fsdecode(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config: cannot read {source}: not UTF-8 (byte {e.start})") from e
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigError(f"config: cannot read {source}: {reason}") from e
+    return parse_config(_load_yaml(text, source), source)

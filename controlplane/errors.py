@@ -1,0 +1,38 @@
+"""The control plane's exceptions: EdgeError and one subclass per boundary.
+
+Every message is one line that carries its own context (a config path, an
+interface, a map name), so edgectl can print `edgectl: <message>` as it is.
+Raising and catching stay with the modules; this file only defines the types.
+"""
+
+from __future__ import annotations
+
+
+class EdgeError(Exception):
+    """Base of every error edgectl reports as one line."""
+
+    def __init__(self, message: str) -> None:
+        # One line by construction: text quoted from outside (YAML, bcc, netlink)
+        # may carry line breaks of its own.
+        lines = (line.strip() for line in str(message).splitlines())
+        super().__init__(" ".join(line for line in lines if line))
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ConfigError(EdgeError):
+    """The config file is unreadable or invalid; the message names the field path."""
+
+
+class LoaderError(EdgeError):
+    """Compiling, loading, attaching or pinning the BPF programs failed."""
+
+
+class MapError(EdgeError):
+    """Reading or writing a BPF map failed."""
+
+
+class NotDeployed(EdgeError):
+    """Nothing is deployed where the operation expected a deployed router."""
