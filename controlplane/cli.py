@@ -72,7 +72,8 @@ def _print_status(snap: dict) -> None:
     xdp = snap["xdp"]
     attached = f"XDP {xdp['mode']}, prog {xdp['prog_id']}" if xdp["attached"] else "XDP NOT ATTACHED"
     print(f"{snap['iface']}  ({attached}; instance {snap['instance']})")
-    print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}   conntrack entries: {snap['conntrack_entries']}")
+    ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
+    print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{ct_entries}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
     print("  drops:    " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["drops"].items()))
     for s in snap["services"]:
@@ -95,7 +96,7 @@ def _print_status(snap: dict) -> None:
 def cmd_status(args) -> int:
     from controlplane import deploy
 
-    snaps = deploy.status(args.pin_dir, args.iface)
+    snaps = deploy.status(args.pin_dir, args.iface, count_conntrack=args.conntrack)
     if args.json:
         json.dump(snaps, sys.stdout, indent=2)
         print()
@@ -146,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Read the pinned maps and show what is deployed in this network namespace.")
     s.add_argument("--iface", help="only the router deployed on this interface")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--conntrack", action="store_true",
+                   help="also count conntrack entries (walks the table: slow when it is full)")
     s.add_argument("--pin-dir", default=default_pin_dir(), help="bpffs directory of the pins (default %(default)s)")
     s.set_defaults(func=cmd_status)
 
