@@ -1,0 +1,112 @@
+"""Fixtures for the namespace tests: a privilege gate, `net` (client, router, 3 backends) and
+`router` (edgectl on the net's router namespace, always undeployed in teardown), plus module-scoped
+`shared_net` / `shared_router` for table-driven files whose cases share one deployment.
+
+Namespace tests need root and bcc. Without them they skip with the reason, except under CI
+(CI=true), where they fail loudly: a CI run that skipped them would prove nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+import pytest
+
+from controlplane.testbed.router import Router
+from controlplane.testbed.topo import Net, Topo
+
+BACKEND_PORT = 8000
+
+
+@functools.lru_cache(maxsize=None)
+def missing_privileges() -> str | None:
+    """Why namespace tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "namespace tests need root (network namespaces, veths, XDP)"
+    try:
+        # A capability probe only: loader.py stays the one module that uses bcc.
+        importlib.import_module("bcc")
+    except Exception as e:  # bcc fails with ImportError, or OSError when libbcc is missing
+        return f"namespace tests need bcc (Debian python3-bpfcc; run tools/bootstrap): {e}"
+    return None
+
+
+def require_privileges() -> None:
+    reason = missing_privileges()
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def privileges() -> None:
+    require_privileges()
+
+
+@contextmanager
+def built_net() -> Iterator[Net]:
+    net = Net(Topo(backends=3))
+    try:
+        net.build()
+        net.start_backends(port=BACKEND_PORT)
+        yield net
+    finally:
+        net.close()
+
+
+@contextmanager
+def undeployed_after(net: Net) -> Iterator[Router]:
+    """A Router on net; on exit it is undeployed (whatever the test did) and its pins must be gone.
+
+    Runs before the net is closed, so undeploy still finds the interfaces it has to clean.
+    """
+    router = Router(net)
+    try:
+        yield router
+    finally:
+        done = router.undeploy(check=False)  # "nothing deployed on IF" is exit 0 too
+        leftover = sorted(p.name for p in router.pin_path.iterdir()) if router.pin_path.exists() else []
+        if leftover:  # what this test pinned must not outlive it, even when edgectl failed
+            for name in leftover:
+                (router.pin_path / name).unlink()
+            router.pin_path.rmdir()
+            for parent in (router.pin_path.parent, router.pin_path.parent.parent):
+                if parent.exists() and not any(parent.iterdir()):
+                    parent.rmdir()
+        assert done.returncode == 0, f"undeploy in teardown: {done.stderr.strip()}"
+        assert not leftover, f"pins left after undeploy under {router.pin_path}: {leftover}"
+
+
+@pytest.fixture
+def net(privileges: None) -> Iterator[Net]:
+    """Client, router and three backends, each backend serving HTTP and UDP on BACKEND_PORT."""
+    with built_net() as net:
+        yield net
+
+
+@pytest.fixture
+def router(net: Net) -> Iterator[Router]:
+    """edgectl on net's router namespace (nothing deployed yet); undeployed again in teardown."""
+    with undeployed_after(net) as router:
+        yield router
+
+
+@pytest.fixture(scope="module")
+def shared_net() -> Iterator[Net]:
+    """Like net, for all tests of one module."""
+    require_privileges()
+    with built_net() as net:
+        yield net
+
+
+@pytest.fixture(scope="module")
+def shared_router(shared_net: Net) -> Iterator[Router]:
+    """Like router, on shared_net, for all tests of one module."""
+    with undeployed_after(shared_net) as router:
+        yield router
