@@ -12,6 +12,7 @@ import functools
 import importlib
 import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -62,7 +63,8 @@ def built_net() -> Iterator[Net]:
 
 @contextmanager
 def undeployed_after(net: Net) -> Iterator[Router]:
-    """A Router on net; on exit it is undeployed (whatever the test did) and its pins must be gone.
+    """A Router on net; on exit every instance pinned in its namespace is undeployed (whatever the
+    test did, on whichever interface) and no pins may remain.
 
     Runs before the net is closed, so undeploy still finds the interfaces it has to clean.
     """
@@ -70,17 +72,27 @@ def undeployed_after(net: Net) -> Iterator[Router]:
     try:
         yield router
     finally:
-        done = router.undeploy(check=False)  # "nothing deployed on IF" is exit 0 too
-        leftover = sorted(p.name for p in router.pin_path.iterdir()) if router.pin_path.exists() else []
-        if leftover:  # what this test pinned must not outlive it, even when edgectl failed
-            for name in leftover:
-                (router.pin_path / name).unlink()
-            router.pin_path.rmdir()
-            for parent in (router.pin_path.parent, router.pin_path.parent.parent):
-                if parent.exists() and not any(parent.iterdir()):
-                    parent.rmdir()
-        assert done.returncode == 0, f"undeploy in teardown: {done.stderr.strip()}"
-        assert not leftover, f"pins left after undeploy under {router.pin_path}: {leftover}"
+        failed = []
+        for iface in sorted({router.iface, *router.pinned_ifaces()}):
+            done = router.undeploy(iface, check=False)  # "nothing deployed on IF" is exit 0 too
+            if done.returncode != 0:
+                failed.append(f"{iface}: {done.stderr.strip()}")
+        leftover = {iface: remove_pins(router.pin_path_of(iface)) for iface in router.pinned_ifaces()}
+        assert failed == [], f"undeploy in teardown failed: {failed}"
+        assert leftover == {}, f"pins left after undeploy (removed now): {leftover}"
+
+
+def remove_pins(path: Path) -> list[str]:
+    """Unpin what a failed undeploy left in one instance directory (and empty parents); return the names."""
+    names = sorted(p.name for p in path.iterdir())
+    for name in names:
+        (path / name).unlink()
+    path.rmdir()
+    for parent in (path.parent, path.parent.parent):
+        if any(parent.iterdir()):
+            break
+        parent.rmdir()
+    return names
 
 
 @pytest.fixture

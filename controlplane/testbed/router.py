@@ -196,8 +196,17 @@ class Router:
         return self.pin_path_of(self.iface)
 
     def pin_path_of(self, iface: str) -> Path:
-        netns_inode = os.stat(self.net.router.path).st_ino  # the bind mount shows the namespace's inode
-        return Path(Node().pin_dir) / f"v{abi.ABI_VERSION}" / f"{iface}-{netns_inode}"
+        return _pin_base() / f"{iface}-{self._netns_inode()}"
+
+    def pinned_ifaces(self) -> list[str]:
+        """Interfaces of the router namespace that have an instance pinned (deployed or left over)."""
+        base, suffix = _pin_base(), f"-{self._netns_inode()}"
+        if not base.is_dir():
+            return []
+        return sorted(p.name[: -len(suffix)] for p in base.iterdir() if p.name.endswith(suffix))
+
+    def _netns_inode(self) -> int:
+        return os.stat(self.net.router.path).st_ino  # the bind mount shows the namespace's inode
 
     def iface_state(self, ifname: str) -> IfaceState:
         """XDP program and clsact ingress filters of a router interface, read over netlink in its namespace."""
@@ -211,6 +220,10 @@ class Router:
     def mac(self, ifname: str | None = None) -> str:
         """MAC address of a router interface (default: the client-facing one)."""
         return link_mac(self.net.router, ifname or self.iface)
+
+
+def _pin_base() -> Path:
+    return Path(Node().pin_dir) / f"v{abi.ABI_VERSION}"
 
 
 def link_mac(ns: "Ns", ifname: str) -> str:
