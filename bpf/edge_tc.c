@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* edge_tc.c: clsact ingress of the backend-facing interfaces. Consumes
  * heartbeats (heartbeat.h); gives a backend's reply to a client the VIP back
- * as its source (NAT mode), noting SYN-ACKs and RSTs for passive detection;
+ * as its source (NAT mode) when conntrack pins that client's connection to
+ * this backend, noting SYN-ACKs and RSTs for passive detection;
  * everything else continues untouched. Uses the kernel's checksum helpers,
  * which also handle partial checksums. */
 #include <uapi/linux/bpf.h>
@@ -40,6 +41,8 @@ int edge_return(struct __sk_buff *skb)
 	void *data_end = (void *)(long)skb->data_end;
 	struct hdr_cursor nh = { .pos = (void *)(long)skb->data };
 	struct backend_key rk = {};
+	struct flow_key fk = {};
+	struct flow_info *fi;
 	struct rnat_info *ri;
 	struct ethhdr *eth;
 	struct iphdr *iph;
@@ -69,16 +72,35 @@ int edge_return(struct __sk_buff *skb)
 			return verdict;
 	}
 
+	l4_off = nh.pos - (void *)(long)skb->data;
 	rk.addr = iph->saddr;
 	rk.port = ((__be16 *)nh.pos)[0];
 	rk.proto = proto;
 	ri = edge_rnat.lookup(&rk);
 	if (!ri)
 		return TC_ACT_UNSPEC;
-
-	l4_off = nh.pos - (void *)(long)skb->data;
+	/* Only replies of a VIP connection pinned to this backend: the router's
+	 * own probes and direct connections to the backend stay untouched. */
+	fk.src = iph->daddr;
+	fk.dst = ri->vip_addr;
+	fk.sport = ((__be16 *)nh.pos)[1];
+	fk.dport = ri->vip_port;
+	fk.proto = proto;
+	fi = edge_ct.lookup(&fk);
+	if (!fi || fi->backend_id != ri->backend_id)
+		return TC_ACT_UNSPEC;
 	if (proto == IPPROTO_TCP)
 		bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1);
+	if ((tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) {
+		/* A SYN-ACK nobody asked for through the VIP: the client reused
+		 * the port of a finished VIP connection for a direct one. */
+		if (!(fi->flags & EDGE_CT_F_SYN)) {
+			edge_ct.delete(&fk);
+			return TC_ACT_UNSPEC;
+		}
+		fi->flags &= ~EDGE_CT_F_SYN;
+	}
+
 	if (proto == IPPROTO_TCP) {
 		csum_off = l4_off + offsetof(struct tcphdr, check);
 		csum_flags = 0;

@@ -123,6 +123,8 @@ int edge_ingress(struct xdp_md *ctx)
 		return count_drop(EDGE_DROP_NO_BACKEND);
 
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
+	if (pkt.syn && !new_flow)
+		flow_mark_syn(&pkt);
 	if (pkt.syn && (sc->flags & EDGE_SVC_F_PASSIVE))
 		note_syn(be, now);
 	if (dnat(&pkt, be, (void *)(long)ctx->data_end) < 0)

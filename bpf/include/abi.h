@@ -130,7 +130,12 @@ struct flow_key {
 struct flow_info {
 	__u32	backend_id;
 	__u32	vip_id;
+	__u32	flags;		/* EDGE_CT_F_* */
+	__u32	pad;
 };
+
+/* flow_info.flags */
+#define EDGE_CT_F_SYN		0x1	/* a SYN went through the VIP; its SYN-ACK is ours */
 
 /* Key of edge_rnat: a backend endpoint. Each endpoint serves one service
  * (config enforces it), so replies need no per-flow state. */
@@ -222,7 +227,7 @@ _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
 _Static_assert(sizeof(struct backend_info) == 16, "abi: backend_info");
 _Static_assert(sizeof(struct flow_key) == 16, "abi: flow_key");
-_Static_assert(sizeof(struct flow_info) == 8, "abi: flow_info");
+_Static_assert(sizeof(struct flow_info) == 16, "abi: flow_info");
 _Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
 _Static_assert(sizeof(struct backend_key) == 8, "abi: backend_key");
 _Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");

@@ -45,9 +45,23 @@ static __always_inline void flow_insert(const struct pkt *pkt,
 					const struct vip_info *vip,
 					__u32 backend_id)
 {
-	struct flow_info fi = { .backend_id = backend_id, .vip_id = vip->id };
+	struct flow_info fi = {
+		.backend_id = backend_id,
+		.vip_id = vip->id,
+		.flags = pkt->syn ? EDGE_CT_F_SYN : 0,
+	};
 
 	edge_ct.update((struct flow_key *)&pkt->flow, &fi);
+}
+
+/* A SYN for an existing entry (the client reuses its port): its SYN-ACK
+ * will be ours. */
+static __always_inline void flow_mark_syn(const struct pkt *pkt)
+{
+	struct flow_info *fi = edge_ct.lookup((struct flow_key *)&pkt->flow);
+
+	if (fi)
+		fi->flags |= EDGE_CT_F_SYN;
 }
 
 #endif /* EDGE_FLOW_H */
