@@ -2,8 +2,8 @@
 /* select.h: which backend a packet goes to. An established flow keeps its
  * conntrack backend (unless that became unusable and the service reselects).
  * A new flow takes slot hash(5-tuple) % M of the VIP's active Maglev table,
- * walks on EDGE_MAX_WALK slots past unusable backends, then picks among the
- * service's usable primaries by hash, then among its usable standbys. */
+ * tries EDGE_MAX_WALK more (rehashed) slots past unusable backends, then
+ * picks among the service's usable primaries by hash, then its standbys. */
 #ifndef EDGE_SELECT_H
 #define EDGE_SELECT_H
 
@@ -98,8 +98,10 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 		return be;
 	}
 	*failover = 1;
+	/* Further picks come from independent hashes, not neighbouring slots, so
+	 * a dead backend's flows spread over the others by their weights. */
 	for (i = 0; i < EDGE_MAX_WALK; i++) {
-		slot = slot + 1 < EDGE_MAGLEV_M ? slot + 1 : 0;
+		slot = hash_mix(hash + i + 1) % EDGE_MAGLEV_M;
 		idx = base + slot;
 		id = edge_maglev.lookup(&idx);
 		if (!id)
