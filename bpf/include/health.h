@@ -46,6 +46,29 @@ static __always_inline int backend_usable(const struct backend_info *be,
 	return 1;
 }
 
+/* For an established flow: the backend has not been silent for twice the
+ * timeout (rise is not asked again) and is not ejected. One late heartbeat
+ * must not move live connections; a dead backend loses them one timeout
+ * later than it loses new flows. */
+static __always_inline int backend_alive(const struct backend_info *be,
+					 const struct service_cfg *sc, __u64 now)
+{
+	struct backend_health *h;
+
+	if ((be->flags & (EDGE_BE_F_VALID | EDGE_BE_F_UP)) !=
+	    (EDGE_BE_F_VALID | EDGE_BE_F_UP))
+		return 0;
+	if (!(sc->flags & (EDGE_SVC_F_HEARTBEAT | EDGE_SVC_F_PASSIVE)))
+		return 1;
+	h = health_of(be);
+	if (!h || h->ejected_until_ns > now)
+		return 0;
+	if ((sc->flags & EDGE_SVC_F_HEARTBEAT) &&
+	    now - h->last_seen_ns > 2 * sc->hb_timeout_ns)
+		return 0;
+	return 1;
+}
+
 /* Ejects h unless that would take out more than max_ejected_pct of the
  * service's backends. Returns 1 when it ejected. */
 static __always_inline int try_eject(const struct service_cfg *sc,

@@ -43,9 +43,10 @@ hb_lookup(const struct heartbeat *hb, __be32 saddr, __be16 dport)
 	return edge_hb.lookup(&key);
 }
 
-/* XDP ingress: 1 when this UDP packet is a heartbeat that may not enter
- * here (unregistered, or registered to another interface). Valid ones go
- * on to the stack, where the return-path program consumes them. */
+/* XDP ingress: 1 when this UDP packet is a heartbeat (magic and version)
+ * that may not enter here: unregistered, or registered to another
+ * interface. Valid ones go on to the stack, where the return-path program
+ * consumes them; other traffic to the port is not ours and passes. */
 static __always_inline int hb_misrouted(struct xdp_md *ctx, struct iphdr *iph,
 					void *data_end)
 {
@@ -55,8 +56,10 @@ static __always_inline int hb_misrouted(struct xdp_md *ctx, struct iphdr *iph,
 
 	if ((void *)(uh + 1) > data_end || !is_hb_port(uh->dest))
 		return 0;
-	if ((void *)(hb + 1) > data_end)
-		return 1;
+	if ((void *)(hb + 1) > data_end ||
+	    hb->magic != bpf_htonl(EDGE_HB_MAGIC) ||
+	    hb->version != bpf_htons(EDGE_HB_VERSION))
+		return 0;
 	t = hb_lookup(hb, iph->saddr, uh->dest);
 	return !t || t->ifindex != ctx->ingress_ifindex;
 }

@@ -90,26 +90,28 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 	slot = hash % EDGE_MAGLEV_M;
 	idx = base + slot;
 	id = edge_maglev.lookup(&idx);
-	if (!id || *id == EDGE_NO_BACKEND)	/* every primary drains */
-		return scan_backends(sc, hash, now, bid);
-	be = edge_backends.lookup(id);
-	if (be && takes_new_flows(be, sc, now) && passive_ok(be, sc, now)) {
-		*bid = *id;
-		return be;
-	}
-	*failover = 1;
-	/* Further picks come from independent hashes, not neighbouring slots, so
-	 * a dead backend's flows spread over the others by their weights. */
-	for (i = 0; i < EDGE_MAX_WALK; i++) {
-		slot = hash_mix(hash + i + 1) % EDGE_MAGLEV_M;
-		idx = base + slot;
-		id = edge_maglev.lookup(&idx);
-		if (!id)
-			break;
+	/* An empty table (every primary drains) goes straight to the scan.
+	 * verifier: the scan has one call site; each inlined copy costs. */
+	if (id && *id != EDGE_NO_BACKEND) {
 		be = edge_backends.lookup(id);
-		if (be && takes_new_flows(be, sc, now)) {
+		if (be && takes_new_flows(be, sc, now) && passive_ok(be, sc, now)) {
 			*bid = *id;
 			return be;
+		}
+		*failover = 1;
+		/* Further picks come from independent hashes, not neighbouring
+		 * slots, so a dead backend's flows spread by the others' weights. */
+		for (i = 0; i < EDGE_MAX_WALK; i++) {
+			slot = hash_mix(hash + i + 1) % EDGE_MAGLEV_M;
+			idx = base + slot;
+			id = edge_maglev.lookup(&idx);
+			if (!id)
+				break;
+			be = edge_backends.lookup(id);
+			if (be && takes_new_flows(be, sc, now)) {
+				*bid = *id;
+				return be;
+			}
 		}
 	}
 	return scan_backends(sc, hash, now, bid);
@@ -131,8 +133,10 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 		be = edge_backends.lookup(bid);
 		if (be && (be->flags & EDGE_BE_F_VALID)) {
 			*new_flow = 0;
-			if ((vip->flags & EDGE_VIP_F_KEEP_FLOWS) ||
-			    backend_usable(be, sc, now))
+			/* "keep" keeps connections, not a tuple: a SYN reusing
+			 * one is a new connection and leaves a dead backend. */
+			if (((vip->flags & EDGE_VIP_F_KEEP_FLOWS) && !pkt->syn) ||
+			    backend_alive(be, sc, now))
 				return be;
 		}
 	}
