@@ -37,8 +37,10 @@ static __always_inline int backend_usable(const struct backend_info *be,
 		return 0;
 	if (h->ejected_until_ns > now)
 		return 0;
+	/* Times are compared as "stamp + span < now", never "now - stamp":
+	 * another CPU may stamp a heartbeat after this packet read now. */
 	if (sc->flags & EDGE_SVC_F_HEARTBEAT) {
-		if (now - h->last_seen_ns > sc->hb_timeout_ns)
+		if (h->last_seen_ns + sc->hb_timeout_ns < now)
 			return 0;
 		if (h->rise_count < sc->rise)
 			return 0;
@@ -64,7 +66,7 @@ static __always_inline int backend_alive(const struct backend_info *be,
 	if (!h || h->ejected_until_ns > now)
 		return 0;
 	if ((sc->flags & EDGE_SVC_F_HEARTBEAT) &&
-	    now - h->last_seen_ns > 2 * sc->hb_timeout_ns)
+	    h->last_seen_ns + 2 * sc->hb_timeout_ns < now)
 		return 0;
 	return 1;
 }
@@ -118,7 +120,7 @@ static __always_inline int passive_ok(const struct backend_info *be,
 	if (!h)
 		return 1;
 	if (h->syn_outstanding >= sc->consecutive &&
-	    now - h->first_syn_ns > sc->syn_timeout_ns)
+	    h->first_syn_ns + sc->syn_timeout_ns < now)
 		return !try_eject(sc, h, now);
 	return 1;
 }

@@ -87,7 +87,7 @@ static __always_inline int consume_heartbeat(struct __sk_buff *skb,
 	if (!h)
 		goto spoofed;
 	now = bpf_ktime_get_ns();
-	if (now - h->last_seen_ns > t->timeout_ns)
+	if (h->last_seen_ns + t->timeout_ns < now)	/* not now - last: see health.h */
 		h->rise_count = 1;
 	else if (h->rise_count < EDGE_HB_RISE_CAP)
 		h->rise_count++;

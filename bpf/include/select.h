@@ -133,10 +133,13 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 		be = edge_backends.lookup(bid);
 		if (be && (be->flags & EDGE_BE_F_VALID)) {
 			*new_flow = 0;
-			/* "keep" keeps connections, not a tuple: a SYN reusing
-			 * one is a new connection and leaves a dead backend. */
-			if (((vip->flags & EDGE_VIP_F_KEEP_FLOWS) && !pkt->syn) ||
-			    backend_alive(be, sc, now))
+			/* "keep" keeps connections, not tuples: a SYN reusing
+			 * one is a new connection, held to the new-flow rules
+			 * (a standby is re-picked: maybe a primary is back). */
+			if (pkt->syn ? !(be->flags & EDGE_BE_F_STANDBY) &&
+				       takes_new_flows(be, sc, now) :
+			    ((vip->flags & EDGE_VIP_F_KEEP_FLOWS) ||
+			     backend_alive(be, sc, now)))
 				return be;
 		}
 	}
