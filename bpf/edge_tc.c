@@ -1,30 +1,56 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* edge_tc.c: return path of NAT mode, on clsact ingress of the
- * backend-facing interfaces. A reply from a backend to a client gets the
- * VIP back as its source; everything else continues untouched. Uses the
- * kernel's checksum helpers, which also handle partial checksums. */
+/* edge_tc.c: clsact ingress of the backend-facing interfaces. Consumes
+ * heartbeats (heartbeat.h); gives a backend's reply to a client the VIP back
+ * as its source (NAT mode) when conntrack pins that client's connection to
+ * this backend, noting SYN-ACKs and RSTs for passive detection;
+ * everything else continues untouched. Uses the kernel's checksum helpers,
+ * which also handle partial checksums. */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
 #include <linux/stddef.h>
 #include "include/maps.h"
 #include "include/parse.h"
 #include "include/stats.h"
+#include "include/health.h"
+#include "include/heartbeat.h"
 
 #define IP_CSUM_OFF	offsetof(struct iphdr, check)
 #define IP_SADDR_OFF	offsetof(struct iphdr, saddr)
+
+#define TCP_FLAG_SYN_	0x02
+#define TCP_FLAG_RST_	0x04
+#define TCP_FLAG_ACK_	0x10
+
+/* Passive detection: a backend answered a SYN (SYN-ACK) or refused (RST). */
+static __always_inline void note_answer(const struct rnat_info *ri, __u8 flags)
+{
+	__u32 bid = ri->backend_id, vid = ri->vip_id;
+	struct backend_info *be = edge_backends.lookup(&bid);
+	struct service_cfg *sc = edge_svc_cfg.lookup(&vid);
+
+	if (!be || !sc || !(sc->flags & EDGE_SVC_F_PASSIVE))
+		return;
+	if ((flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == (TCP_FLAG_SYN_ | TCP_FLAG_ACK_))
+		note_syn_answer(be, sc, 1, bpf_ktime_get_ns());
+	else if (flags & TCP_FLAG_RST_)
+		note_syn_answer(be, sc, 0, bpf_ktime_get_ns());
+}
 
 int edge_return(struct __sk_buff *skb)
 {
 	void *data_end = (void *)(long)skb->data_end;
 	struct hdr_cursor nh = { .pos = (void *)(long)skb->data };
-	struct flow_key rk = {};
+	struct backend_key rk = {};
+	struct flow_key fk = {};
+	struct flow_info *fi;
 	struct rnat_info *ri;
 	struct ethhdr *eth;
 	struct iphdr *iph;
 	__u32 l3_off, l4_off, csum_off, port_off, csum_flags;
 	__be32 old_addr;
 	__be16 old_port;
-	int proto, vlans;
+	int proto, vlans, verdict;
+	__u8 tcp_flags = 0;
 
 	proto = parse_eth(&nh, data_end, &eth, &vlans);
 	if (proto != bpf_htons(ETH_P_IP))
@@ -39,16 +65,42 @@ int edge_return(struct __sk_buff *skb)
 	if (nh.pos + 4 > data_end)
 		return TC_ACT_UNSPEC;
 
-	rk.src = iph->saddr;
-	rk.dst = iph->daddr;
-	rk.sport = ((__be16 *)nh.pos)[0];
-	rk.dport = ((__be16 *)nh.pos)[1];
+	if (proto == IPPROTO_UDP) {
+		verdict = consume_heartbeat(skb, iph, nh.pos - (void *)(long)skb->data,
+					    ((__be16 *)nh.pos)[1]);
+		if (verdict != TC_ACT_UNSPEC)
+			return verdict;
+	}
+
+	l4_off = nh.pos - (void *)(long)skb->data;
+	rk.addr = iph->saddr;
+	rk.port = ((__be16 *)nh.pos)[0];
 	rk.proto = proto;
 	ri = edge_rnat.lookup(&rk);
 	if (!ri)
 		return TC_ACT_UNSPEC;
+	/* Only replies of a VIP connection pinned to this backend: the router's
+	 * own probes and direct connections to the backend stay untouched. */
+	fk.src = iph->daddr;
+	fk.dst = ri->vip_addr;
+	fk.sport = ((__be16 *)nh.pos)[1];
+	fk.dport = ri->vip_port;
+	fk.proto = proto;
+	fi = edge_ct.lookup(&fk);
+	if (!fi || fi->backend_id != ri->backend_id)
+		return TC_ACT_UNSPEC;
+	if (proto == IPPROTO_TCP)
+		bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1);
+	if ((tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) {
+		/* A SYN-ACK nobody asked for through the VIP: the client reused
+		 * the port of a finished VIP connection for a direct one. */
+		if (!(fi->flags & EDGE_CT_F_SYN)) {
+			edge_ct.delete(&fk);
+			return TC_ACT_UNSPEC;
+		}
+		fi->flags &= ~EDGE_CT_F_SYN;
+	}
 
-	l4_off = nh.pos - (void *)(long)skb->data;
 	if (proto == IPPROTO_TCP) {
 		csum_off = l4_off + offsetof(struct tcphdr, check);
 		csum_flags = 0;
@@ -57,8 +109,8 @@ int edge_return(struct __sk_buff *skb)
 		csum_flags = BPF_F_MARK_MANGLED_0;
 	}
 	port_off = l4_off;	/* source port */
-	old_addr = rk.src;
-	old_port = rk.sport;
+	old_addr = rk.addr;
+	old_port = rk.port;
 
 	bpf_l4_csum_replace(skb, csum_off, old_addr, ri->vip_addr,
 			    BPF_F_PSEUDO_HDR | csum_flags | sizeof(old_addr));
@@ -70,6 +122,8 @@ int edge_return(struct __sk_buff *skb)
 	bpf_skb_store_bytes(skb, l3_off + IP_SADDR_OFF, &ri->vip_addr,
 			    sizeof(old_addr), 0);
 
+	if (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_))
+		note_answer(ri, tcp_flags);
 	count_return(ri->vip_id, ri->backend_id);
 	return count_verdict(EDGE_CNT_RETURN_NAT, TC_ACT_OK);
 }

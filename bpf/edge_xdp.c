@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* edge_xdp.c: ingress of the edge router, on the client-facing interface.
- * parse -> VIP? -> conntrack or Maglev -> DNAT -> FIB redirect. Traffic that
- * is not for a VIP passes untouched; every exit is counted (stats.h). */
+ * parse -> VIP? -> conntrack or Maglev, judged by per-packet health -> DNAT
+ * -> FIB redirect. Traffic that is not for a VIP passes untouched, except
+ * heartbeats arriving where their backend is not; every exit is counted. */
 #include <uapi/linux/bpf.h>
 #include "include/maps.h"
 #include "include/parse.h"
@@ -9,11 +10,22 @@
 #include "include/stats.h"
 #include "include/select.h"
 #include "include/nat.h"
+#include "include/heartbeat.h"
 
-/* Fills pkt for an IPv4 TCP/UDP packet to a VIP address. Returns
- * EDGE_CONTINUE, or the verdict for everything else. */
 #define EDGE_CONTINUE	(-1)
 
+/* Verdict for a packet the fast path cannot take (IPv4 options, fragment,
+ * L4 header cut short): dropped with its reason when it is for a VIP
+ * address, else left to the stack. */
+static __always_inline int unusual(struct iphdr *iph, __u32 reason)
+{
+	if (!edge_vip_addrs.lookup(&iph->daddr))
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+	return count_drop(reason);
+}
+
+/* Fills pkt for a well-formed IPv4 TCP/UDP packet. Returns EDGE_CONTINUE,
+ * or the verdict for everything else. */
 static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 {
 	void *data_end = (void *)(long)ctx->data_end;
@@ -32,14 +44,12 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 	proto = parse_ipv4(&nh, data_end, &iph, 1);
 	if (proto < 0)
 		return count_drop(EDGE_DROP_MALFORMED);
-	if (!edge_vip_addrs.lookup(&iph->daddr))
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
-
-	/* From here on the packet is for a VIP address. */
 	if (iph->ihl != 5)
-		return count_drop(EDGE_DROP_IP_OPTIONS);
+		return unusual(iph, EDGE_DROP_IP_OPTIONS);
 	if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-		return count_drop(EDGE_DROP_FRAGMENT);
+		return unusual(iph, EDGE_DROP_FRAGMENT);
 	/* verifier: with IHL known to be 5, restart from a constant offset so
 	 * the L4 pointer keeps its checked range when spilled to the stack. */
 	nh.pos = iph + 1;
@@ -54,21 +64,20 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 		struct tcphdr *th;
 
 		if (parse_tcp(&nh, data_end, l4_len, &th) < 0)
-			return count_drop(EDGE_DROP_MALFORMED);
+			return unusual(iph, EDGE_DROP_MALFORMED);
 		/* verifier: constants, so later branches on proto are tracked */
 		pkt->flow.proto = IPPROTO_TCP;
 		pkt->flow.sport = th->source;
 		pkt->flow.dport = th->dest;
-	} else if (proto == IPPROTO_UDP) {
+		pkt->syn = th->syn && !th->ack;
+	} else {
 		struct udphdr *uh;
 
 		if (parse_udp(&nh, data_end, l4_len, &uh) < 0)
-			return count_drop(EDGE_DROP_MALFORMED);
+			return unusual(iph, EDGE_DROP_MALFORMED);
 		pkt->flow.proto = IPPROTO_UDP;
 		pkt->flow.sport = uh->source;
 		pkt->flow.dport = uh->dest;
-	} else {
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
 	}
 	return EDGE_CONTINUE;
 }
@@ -78,9 +87,11 @@ int edge_ingress(struct xdp_md *ctx)
 	struct pkt pkt = {};
 	struct vip_key vk = {};
 	struct vip_info *vip;
+	struct service_cfg *sc;
 	struct backend_info *be;
+	__u64 now = 0;
 	__u32 bid;
-	int verdict, new_flow;
+	int verdict, new_flow, failover;
 
 	verdict = parse_packet(ctx, &pkt);
 	if (verdict != EDGE_CONTINUE)
@@ -90,19 +101,33 @@ int edge_ingress(struct xdp_md *ctx)
 	vk.port = pkt.flow.dport;
 	vk.proto = pkt.flow.proto;
 	vip = edge_vips.lookup(&vk);
-	if (!vip)
+	if (!vip) {
+		if (pkt.flow.proto == IPPROTO_UDP &&
+		    hb_misrouted(ctx, pkt.iph, (void *)(long)ctx->data_end))
+			return count_drop(EDGE_DROP_SPOOFED_HB);
 		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+	}
 
 	/* Let the stack answer an expiring packet with ICMP time exceeded. */
 	if (pkt.iph->ttl <= 1)
 		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
 
-	be = select_backend(vip, &pkt, &bid, &new_flow);
+	sc = edge_svc_cfg.lookup(&vip->id);
+	if (!sc)
+		return count_drop(EDGE_DROP_NO_BACKEND);
+	if (sc->flags)
+		now = bpf_ktime_get_ns();
+
+	be = select_backend(vip, sc, &pkt, now, &bid, &new_flow, &failover);
 	if (!be)
 		return count_drop(EDGE_DROP_NO_BACKEND);
 
-	count_traffic(vip->id, bid, pkt.l3_len, new_flow);
+	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
+	if (pkt.syn && !new_flow)
+		flow_mark_syn(&pkt);
+	if (pkt.syn && (sc->flags & EDGE_SVC_F_PASSIVE))
+		note_syn(be, now);
 	if (dnat(&pkt, be, (void *)(long)ctx->data_end) < 0)
 		return count_drop(EDGE_DROP_MALFORMED);
-	return forward(ctx, &pkt);
+	return forward(ctx, &pkt, bid);
 }

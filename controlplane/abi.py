@@ -1,13 +1,17 @@
 """Mirror of bpf/include/abi.h: the same constants without the EDGE_ prefix,
 and the map names of bpf/include/maps.h. Nothing else lives here; struct
-layouts are not copied (maps.py uses the types bcc generates from the C).
+layouts are not copied (maps.py uses the types bcc generates from the C),
+except the heartbeat wire format, which senders build without bcc.
 controlplane/tests/test_abi.py compares this file with the headers."""
 
-ABI_VERSION = 1
+import struct
+
+ABI_VERSION = 2
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
 NO_BACKEND = 0xFFFFFFFF
+MAX_PER_SERVICE = 64
 
 VIP_F_KEEP_FLOWS = 0x1
 
@@ -16,18 +20,32 @@ BE_F_UP = 0x2
 BE_F_STANDBY = 0x4
 BE_F_DRAINING = 0x8
 
+CT_F_SYN = 0x1
+
+SVC_F_HEARTBEAT = 0x1
+SVC_F_PASSIVE = 0x2
+
+HB_MAGIC = 0x45444745
+HB_VERSION = 1
+HEARTBEAT_SIZE = 24
+# struct heartbeat: magic, version, service port, seq, pad, token (network order)
+HEARTBEAT = struct.Struct("!IHHIIQ")
+
 CNT_PASS = 0
 CNT_REDIRECT = 1
 CNT_NAT_PASS = 2
 CNT_DROP = 3
 CNT_RETURN_NAT = 4
-CNT_MAX = 5
+CNT_HEARTBEAT = 5
+CNT_EJECTION = 6
+CNT_MAX = 7
 
 DROP_MALFORMED = 1
 DROP_NO_BACKEND = 2
 DROP_IP_OPTIONS = 3
 DROP_FRAGMENT = 4
-DROP_MAX = 5
+DROP_SPOOFED_HB = 5
+DROP_MAX = 6
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -35,12 +53,15 @@ CNT_NAMES = {
     CNT_NAT_PASS: "nat_pass",
     CNT_DROP: "drop",
     CNT_RETURN_NAT: "return_nat",
+    CNT_HEARTBEAT: "heartbeat",
+    CNT_EJECTION: "ejection",
 }
 DROP_NAMES = {
     DROP_MALFORMED: "malformed",
     DROP_NO_BACKEND: "no_backend",
     DROP_IP_OPTIONS: "ip_options",
     DROP_FRAGMENT: "fragment",
+    DROP_SPOOFED_HB: "spoofed_heartbeat",
 }
 
 MAP_VIPS = "edge_vips"
@@ -56,12 +77,22 @@ MAP_DROPS = "edge_drops"
 MAP_SVC_META = "edge_svc_meta"
 MAP_BE_META = "edge_be_meta"
 MAP_NODE = "edge_node"
+MAP_SVC_CFG = "edge_svc_cfg"
+MAP_HEALTH = "edge_health"
+MAP_HB = "edge_hb"
+MAP_HB_PORTS = "edge_hb_ports"
+MAP_NEXTHOP = "edge_nexthop"
 
 MAP_NAMES = (
     MAP_VIPS, MAP_VIP_ADDRS, MAP_BACKENDS, MAP_MAGLEV, MAP_CT, MAP_RNAT,
     MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
-    MAP_BE_META, MAP_NODE,
+    MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
 )
+
+
+def heartbeat(port: int, seq: int, token: int) -> bytes:
+    """The UDP payload of one heartbeat for the backend serving port."""
+    return HEARTBEAT.pack(HB_MAGIC, HB_VERSION, port, seq & 0xFFFFFFFF, 0, token)
 
 # Program entry points (edge_xdp.c, edge_tc.c).
 PROG_INGRESS = "edge_ingress"

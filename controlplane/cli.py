@@ -72,7 +72,8 @@ def _print_status(snap: dict) -> None:
     xdp = snap["xdp"]
     attached = f"XDP {xdp['mode']}, prog {xdp['prog_id']}" if xdp["attached"] else "XDP NOT ATTACHED"
     print(f"{snap['iface']}  ({attached}; instance {snap['instance']})")
-    print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}   conntrack entries: {snap['conntrack_entries']}")
+    ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
+    print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{ct_entries}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
     print("  drops:    " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["drops"].items()))
     for s in snap["services"]:
@@ -80,12 +81,17 @@ def _print_status(snap: dict) -> None:
               f"packets {_fmt_count(s['packets'])}  bytes {_fmt_count(s['bytes'])}  "
               f"new flows {_fmt_count(s['new_flows'])}  returned {_fmt_count(s['return_packets'])}")
         total = sum(b["slots"] for b in s["backends"]) or 1
-        rows = [("backend", "address", "weight", "share", "state", "packets", "new flows", "returned")]
+        rows = [("backend", "address", "weight", "share", "state", "heartbeat", "packets", "new flows",
+                 "failovers", "returned")]
         for b in s["backends"]:
+            h = b["health"]
+            age = h["heartbeat_age_s"]
+            beat = "-" if not h["heartbeat"] else ("never" if age is None else f"{age * 1000:.0f}ms ago")
             rows.append((
                 b["name"] + (" (standby)" if b["standby"] else ""), f"{b['address']}:{b['port']}",
-                str(b["weight"]), f"{100 * b['slots'] / total:.1f}%", b["state"], _fmt_count(b["packets"]),
-                _fmt_count(b["new_flows"]), _fmt_count(b["return_packets"]),
+                str(b["weight"]), f"{100 * b['slots'] / total:.1f}%", b["state"], beat,
+                _fmt_count(b["packets"]), _fmt_count(b["new_flows"]), _fmt_count(b["failovers"]),
+                _fmt_count(b["return_packets"]),
             ))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
@@ -95,7 +101,7 @@ def _print_status(snap: dict) -> None:
 def cmd_status(args) -> int:
     from controlplane import deploy
 
-    snaps = deploy.status(args.pin_dir, args.iface)
+    snaps = deploy.status(args.pin_dir, args.iface, count_conntrack=args.conntrack)
     if args.json:
         json.dump(snaps, sys.stdout, indent=2)
         print()
@@ -107,6 +113,24 @@ def cmd_status(args) -> int:
         if i:
             print()
         _print_status(snap)
+    return 0
+
+
+def cmd_drill_failover(args) -> int:
+    from controlplane import drill
+    from controlplane.config import load_config
+
+    cfg = load_config(args.config)
+    if args.plot:
+        drill.require_matplotlib()
+    plan = drill.Plan(backend=args.backend, mode=args.mode, rate=args.rate, duration_s=args.duration,
+                      service=args.service)
+    report = drill.failover(cfg, plan, progress=_progress(args))
+    print(drill.format_table(report))
+    if args.json:
+        drill.write_json(report, args.json)
+    if args.plot:
+        drill.write_plot(report, args.plot)
     return 0
 
 
@@ -146,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Read the pinned maps and show what is deployed in this network namespace.")
     s.add_argument("--iface", help="only the router deployed on this interface")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--conntrack", action="store_true",
+                   help="also count conntrack entries (walks the table: slow when it is full)")
     s.add_argument("--pin-dir", default=default_pin_dir(), help="bpffs directory of the pins (default %(default)s)")
     s.set_defaults(func=cmd_status)
 
@@ -154,6 +180,33 @@ def build_parser() -> argparse.ArgumentParser:
                                    "services[1].backends[0].port.")
     s.add_argument("--config", required=True, metavar="FILE", help="YAML config")
     s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("drill", help="experiments that check the router's behaviour in a namespace testbed",
+                       description="Self-contained experiments: each builds network namespaces of its own, "
+                                   "deploys the router there, sends real traffic and removes everything again. "
+                                   "Needs root; touches nothing outside the namespaces it makes.")
+    drills = s.add_subparsers(dest="drill", metavar="DRILL", required=True)
+    d = drills.add_parser("failover", help="silence one backend under a stream of new flows; measure the failover",
+                          description="Build a testbed for one service of FILE (one namespace per backend; the "
+                                      "config's addresses are replaced by the testbed's, names, weights, standby, "
+                                      "tokens and health settings are kept), start backends and heartbeat agents, "
+                                      "deploy the router, send new flows to the VIP at RATE, silence BACKEND a "
+                                      "third into the run, and report detection and failover times, lost flows "
+                                      "and flows that reached the dead backend late.")
+    d.add_argument("--config", required=True, metavar="FILE", help="YAML config (see edge/edge.yaml)")
+    d.add_argument("--backend", required=True, metavar="NAME", help="the backend to silence")
+    d.add_argument("--mode", required=True, choices=("heartbeat", "link", "kill"),
+                   help="heartbeat: stop its heartbeat agent; link: set its veth down; "
+                        "kill: kill its server while heartbeats go on")
+    d.add_argument("--service", metavar="NAME", help="the service to drill (default: the config's first)")
+    d.add_argument("--rate", type=int, default=2000, metavar="PPS",
+                   help="new flows per second, one packet each (default %(default)s)")
+    d.add_argument("--duration", type=float, default=2.0, metavar="S",
+                   help="seconds of traffic; the backend is silenced after a third (default %(default)s)")
+    d.add_argument("--json", metavar="OUT", help="write the full report, every flow included, as JSON to OUT")
+    d.add_argument("--plot", metavar="OUT.png",
+                   help="draw the timeline (which backend got each flow) to OUT.png; needs matplotlib")
+    d.set_defaults(func=cmd_drill_failover)
     return p
 
 

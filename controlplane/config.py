@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
+from controlplane.abi import MAX_PER_SERVICE
 from controlplane.errors import ConfigError
 from controlplane.maglev import is_prime
 
@@ -395,6 +396,15 @@ class Service:
             endpoints[endpoint] = i
         if all(backend.standby for backend in self.backends):
             raise ConfigError(f"{path}.backends: service {self.name!r} has no primary backend (all are standby)")
+        if len(self.backends) > MAX_PER_SERVICE:
+            raise ConfigError(f"{path}.backends: {len(self.backends)} backends; at most {MAX_PER_SERVICE} per service")
+        if self.health and self.health.heartbeat:
+            for i, backend in enumerate(self.backends):
+                if backend.token is None:
+                    raise ConfigError(
+                        f"{path}.backends[{i}].token: required when {path}.health.heartbeat is set "
+                        f"(heartbeats without the backend's token are rejected)"
+                    )
 
 
 @dataclass(frozen=True)
@@ -442,13 +452,17 @@ class Config:
             raise ConfigError(
                 f"services: {total} backends in all services, more than node.max_backends ({node.max_backends})"
             )
+        endpoints: dict[tuple[IPv4Address, int, str], str] = {}
         for i, service in enumerate(self.services):
-            # Maglev gives every backend at least one slot only while M >= N.
-            if len(service.backends) > node.maglev_m:
-                raise ConfigError(
-                    f"services[{i}].backends: {len(service.backends)} backends, "
-                    f"more than node.maglev_m ({node.maglev_m}) table slots"
-                )
+            for j, backend in enumerate(service.backends):
+                endpoint = (backend.address, backend.port, service.protocol)
+                if endpoint in endpoints:
+                    raise ConfigError(
+                        f"services[{i}].backends[{j}]: {backend.address}:{backend.port}/{service.protocol} "
+                        f"already serves {endpoints[endpoint]}; in NAT mode a backend endpoint serves one "
+                        f"service (its replies say which VIP they belong to)"
+                    )
+                endpoints[endpoint] = f"services[{i}]"
 
 
 # ---- YAML ----

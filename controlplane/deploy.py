@@ -47,18 +47,20 @@ def open_maps(loaded: loader.Loaded) -> Maps:
     return Maps(tables, loaded.map_fd(abi.MAP_MAGLEV), m, max_services)
 
 
-def backend_routes(cfg: Config) -> list[int]:
-    """Egress ifindex towards every backend; ConfigError naming one without."""
-    oifs = []
+def backend_routes(cfg: Config) -> dict:
+    """Egress ifindex towards every backend address; ConfigError naming one
+    without a route."""
+    oifs = {}
     for i, s in enumerate(cfg.services):
         for j, b in enumerate(s.backends):
+            if b.address in oifs:
+                continue
             oif = loader.route_oif(str(b.address))
             if oif is None:
                 raise ConfigError(
                     f"services[{i}].backends[{j}].address: no route to {b.address} ({s.name}/{b.name}) from this node"
                 )
-            if oif not in oifs:
-                oifs.append(oif)
+            oifs[b.address] = oif
     return oifs
 
 
@@ -79,7 +81,8 @@ def deploy(cfg: Config, iface: str, progress: Progress = _quiet) -> DeployResult
     pin_dir = cfg.node.pin_dir
     loader.check_bpffs(pin_dir)
     ingress = loader.ifindex(iface)
-    return_oifs = backend_routes(cfg)
+    routes = backend_routes(cfg)
+    return_oifs = list(dict.fromkeys(routes.values()))
     if len(return_oifs) > abi.MAX_RETURN_IFACES:
         raise ConfigError(f"services: backends sit behind {len(return_oifs)} interfaces; at most {abi.MAX_RETURN_IFACES}")
 
@@ -109,7 +112,7 @@ def deploy(cfg: Config, iface: str, progress: Progress = _quiet) -> DeployResult
         tc_fn = loaded.load(abi.PROG_RETURN, "tc")
 
         progress(f"programming {len(cfg.services)} services")
-        report = maps.apply(cfg)
+        report = maps.apply(cfg, routes)
 
         if old_node and old_node["ip_forward_was"] is not None:
             forward_was = old_node["ip_forward_was"]
@@ -199,7 +202,7 @@ def undeploy(iface: str, pin_dir: str, progress: Progress = _quiet) -> bool:
     return True
 
 
-def status(pin_dir: str, iface: str | None = None) -> list[dict]:
+def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False) -> list[dict]:
     """Snapshots of the instances deployed in this network namespace."""
     loader.check_bpffs(pin_dir)
     names = [loader.instance_name(iface)] if iface else loader.instances_here(pin_dir)
@@ -209,7 +212,7 @@ def status(pin_dir: str, iface: str | None = None) -> list[dict]:
         loaded = loader.open_pinned(pin_path)
         try:
             maps = open_maps(loaded)
-            snap = maps.snapshot()
+            snap = maps.snapshot(count_conntrack)
             maps.close()
         finally:
             loaded.close()

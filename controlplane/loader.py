@@ -176,6 +176,8 @@ def _captured_stderr() -> Iterator[Callable[[], str]]:
 
 
 def _first_error(log: str) -> str:
+    if "Argument list too long" in log:  # bcc words E2BIG as a size problem; it is the verifier's budget
+        return "the verifier gave up: program too complex (E2BIG); simplify the last change to bpf/"
     for line in log.splitlines():
         if "error:" in line or "invalid" in line.lower() or "outside" in line:
             return line.strip()

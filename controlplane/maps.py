@@ -14,6 +14,7 @@ from __future__ import annotations
 import mmap
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from typing import Mapping
@@ -147,6 +148,16 @@ class Maps:
                 out[v.name.decode()] = i
         return out
 
+    def _health_in_maps(self) -> dict[tuple[int, int], int]:
+        """(addr, port) in map byte order -> health id, of valid backends."""
+        info = self.t[abi.MAP_BACKENDS]
+        out = {}
+        for i in range(self.max_backends):
+            b = info[info.Key(i)]
+            if b.flags & abi.BE_F_VALID:
+                out[(b.addr, b.port)] = b.health_id
+        return out
+
     def _backends_in_maps(self) -> dict[tuple[int, str], int]:
         info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
         out = {}
@@ -175,8 +186,10 @@ class Maps:
 
     # ------------------------------------------------------------ apply
 
-    def apply(self, cfg: Config) -> ApplyReport:
-        """Makes the maps describe cfg; see the module docstring for order."""
+    def apply(self, cfg: Config, oifs: Mapping[IPv4Address, int] | None = None) -> ApplyReport:
+        """Makes the maps describe cfg; see the module docstring for order.
+        oifs: backend address -> the interface its heartbeats must arrive on."""
+        oifs = oifs or {}
         report = ApplyReport()
         old_svcs = self._services_in_maps()
         old_bes = self._backends_in_maps()
@@ -204,14 +217,31 @@ class Maps:
                     self._zero_stats(abi.MAP_BE_STATS, be_ids[key])
                     report.added_backends.append(f"{s.name}/{b.name}")
 
-        # 1. service names and backends, before any table refers to them
+        # health ids: one per backend address:port, kept across updates
+        old_health = self._health_in_maps()
+        wanted_h = {(be32(b.address), be16(b.port)) for s in cfg.services for b in s.backends}
+        used_h = {h for key, h in old_health.items() if key in wanted_h}
+        health_ids: dict[tuple[int, int], int] = {}
+        for key in sorted(wanted_h):
+            if key in old_health:
+                health_ids[key] = old_health[key]
+            else:
+                health_ids[key] = self._lowest_free(used_h, self.max_backends, "health ids")
+                t = self.t[abi.MAP_HEALTH]
+                t[t.Key(health_ids[key])] = t.Leaf()  # down until it proves itself
+
+        # 1. service names, backends and health settings, before any table refers to them
         for s in cfg.services:
             vid = svc_ids[s.name]
             if s.name in report.added_services:
                 self._zero_stats(abi.MAP_VIP_STATS, vid)
             self._write_service_meta(vid, s.name)
             for b in s.backends:
-                self._write_backend(be_ids[(vid, b.name)], vid, b)
+                hid = health_ids[(be32(b.address), be16(b.port))]
+                self._write_backend(be_ids[(vid, b.name)], vid, b, hid)
+            self._write_service_cfg(vid, s, [be_ids[(vid, b.name)] for b in s.backends])
+        self._write_heartbeats(cfg, health_ids, oifs)
+        self._write_reverse_nat(cfg, svc_ids, be_ids)
 
         # 2. tables into the inactive half, then the flip
         for s in cfg.services:
@@ -250,7 +280,83 @@ class Maps:
             v.in_use = 1
         t[t.Key(vid)] = v
 
-    def _write_backend(self, bid: int, vid: int, b) -> None:
+    def _write_service_cfg(self, vid: int, s: Service, ids: list[int]) -> None:
+        t = self.t[abi.MAP_SVC_CFG]
+        v = t.Leaf()
+        health = s.health
+        if health and health.heartbeat:
+            v.flags |= abi.SVC_F_HEARTBEAT
+            v.hb_timeout_ns = health.heartbeat.timeout_ms * 1_000_000
+            v.rise = health.heartbeat.rise
+        if health and health.passive:
+            p = health.passive
+            v.flags |= abi.SVC_F_PASSIVE
+            v.syn_timeout_ns = p.syn_timeout_ms * 1_000_000
+            v.ejection_ns = p.ejection_ms * 1_000_000
+            v.consecutive = p.consecutive
+            v.max_ejected_pct = p.max_ejected_percent
+        ordered = [bid for b, bid in zip(s.backends, ids) if not b.standby]
+        ordered += [bid for b, bid in zip(s.backends, ids) if b.standby]
+        if len(ordered) > abi.MAX_PER_SERVICE:
+            raise MapError(f"{s.name}: more than {abi.MAX_PER_SERVICE} backends in one service")
+        v.n_backends = len(ordered)
+        for i, bid in enumerate(ordered):
+            v.backends[i] = bid
+        t[t.Key(vid)] = v
+
+    def _write_heartbeats(self, cfg: Config, health_ids: dict, oifs: Mapping[IPv4Address, int]) -> None:
+        """edge_hb and edge_hb_ports for every service that uses heartbeats."""
+        hb, ports = self.t[abi.MAP_HB], self.t[abi.MAP_HB_PORTS]
+        want: dict[bytes, object] = {}
+        want_ports: set[int] = set()
+        for s in cfg.services:
+            if not (s.health and s.health.heartbeat):
+                continue
+            h = s.health.heartbeat
+            want_ports.add(be16(h.port))
+            for b in s.backends:
+                k = hb.Key()
+                k.addr, k.port, k.hb_port = be32(b.address), be16(b.port), be16(h.port)
+                v = want.get(bytes(k), (k, None))[1]
+                timeout_ns = h.timeout_ms * 1_000_000
+                if v is None:
+                    v = hb.Leaf()
+                    v.timeout_ns = timeout_ns
+                v.token = b.token or 0
+                v.health_id = health_ids[(k.addr, k.port)]
+                v.ifindex = oifs.get(b.address, 0)
+                v.timeout_ns = min(v.timeout_ns, timeout_ns)  # shared by services: the strictest
+                want[bytes(k)] = (k, v)
+        for k, v in want.values():
+            hb[k] = v
+        for k in list(hb.keys()):
+            if bytes(k) not in want:
+                del hb[k]
+        for port in want_ports:
+            ports[ports.Key(port)] = ports.Leaf(1)
+        for k in list(ports.keys()):
+            if k.value not in want_ports:
+                del ports[k]
+
+    def _write_reverse_nat(self, cfg: Config, svc_ids: dict, be_ids: dict) -> None:
+        """edge_rnat: each backend endpoint -> the VIP its replies come from."""
+        t = self.t[abi.MAP_RNAT]
+        want = set()
+        for s in cfg.services:
+            vid = svc_ids[s.name]
+            for b in s.backends:
+                k = t.Key()
+                k.addr, k.port, k.proto = be32(b.address), be16(b.port), PROTOS[s.protocol]
+                v = t.Leaf()
+                v.vip_addr, v.vip_port = be32(s.vip), be16(s.port)
+                v.backend_id, v.vip_id = be_ids[(vid, b.name)], vid
+                t[k] = v
+                want.add(bytes(k))
+        for k in list(t.keys()):
+            if bytes(k) not in want:
+                del t[k]
+
+    def _write_backend(self, bid: int, vid: int, b, health_id: int) -> None:
         info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
         flags = abi.BE_F_VALID | abi.BE_F_UP
         if b.standby:
@@ -259,6 +365,7 @@ class Maps:
             flags |= abi.BE_F_DRAINING
         v = info.Leaf()
         v.addr, v.port, v.flags, v.vip_id = be32(b.address), be16(b.port), flags, vid
+        v.health_id = health_id
         info[info.Key(bid)] = v
         old = meta[meta.Key(bid)]
         m = meta.Leaf()
@@ -277,13 +384,11 @@ class Maps:
             t[t.Key(bid)] = t.Leaf()
 
     def _write_service_table(self, vid: int, half: int, s: Service, ids: list[int]) -> list[int]:
-        """Builds and writes the VIP's table; returns slots per backend."""
+        """Builds and writes the VIP's table of primaries (standbys are found
+        by the data path's fallback scan); returns slots per backend."""
         primaries = [b for b in s.backends if not b.standby]
         names = [b.name for b in primaries]
         weights = [b.weight for b in primaries]
-        if not any(weights):  # every primary draining: standbys take new flows
-            names = [b.name for b in s.backends if b.standby]
-            weights = [b.weight for b in s.backends if b.standby]
         positions = maglev.build_table(names, weights, self.m)
         by_name = {b.name: bid for b, bid in zip(s.backends, ids)}
         lut = np.array([by_name[n] for n in names] + [abi.NO_BACKEND], dtype=np.uint32)
@@ -317,6 +422,34 @@ class Maps:
 
     # ------------------------------------------------------------ reading
 
+    def _health(self, b, sc, now: int) -> dict:
+        """What the data path thinks of a backend right now, and why."""
+        h = self.t[abi.MAP_HEALTH][self.t[abi.MAP_HEALTH].Key(b.health_id)]
+        hb_on, passive_on = bool(sc.flags & abi.SVC_F_HEARTBEAT), bool(sc.flags & abi.SVC_F_PASSIVE)
+        age_s = (now - h.last_seen_ns) / 1e9 if h.last_seen_ns else None
+        ejected = h.ejected_until_ns > now
+        state = "up"
+        if not b.flags & abi.BE_F_UP:
+            state = "admin-down"
+        elif ejected:
+            state = "ejected"
+        elif hb_on and (age_s is None or now - h.last_seen_ns > sc.hb_timeout_ns):
+            state = "down"
+        elif hb_on and h.rise_count < sc.rise:
+            state = "rising"
+        return {
+            "state": state,
+            "usable": state == "up",
+            "heartbeat": hb_on,
+            "heartbeat_age_s": age_s if hb_on else None,
+            "rise_count": h.rise_count,
+            "heartbeat_seq": h.hb_seq,
+            "passive": passive_on,
+            "ejected_for_s": (h.ejected_until_ns - now) / 1e9 if ejected else 0.0,
+            "ejections": h.ejections,
+            "syn_outstanding": h.syn_outstanding,
+        }
+
     def _sum_percpu(self, name: str, index: int) -> dict[str, int]:
         t = self.t[name]
         per_cpu = t.getvalue(t.Key(index))
@@ -327,18 +460,22 @@ class Maps:
         t = self.t[name]
         return sum(int(v) for v in t.getvalue(t.Key(index)))
 
-    def snapshot(self) -> dict:
-        """Everything status shows, as plain data."""
+    def snapshot(self, count_conntrack: bool = False) -> dict:
+        """Everything status shows, as plain data. Counting conntrack entries
+        walks the whole table (seconds when it is full), so it is asked for."""
         node = self.node()
         vips = self._vip_keys_in_maps()
         svc_names = self._services_in_maps()
         info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
+        cfgs = self.t[abi.MAP_SVC_CFG]
+        now = time.monotonic_ns()  # CLOCK_MONOTONIC, as bpf_ktime_get_ns()
         backends_by_vip: dict[int, list] = {}
         for bid in range(self.max_backends):
             b = info[info.Key(bid)]
             if not b.flags & abi.BE_F_VALID:
                 continue
             m = meta[meta.Key(bid)]
+            health = self._health(b, cfgs[cfgs.Key(b.vip_id)], now)
             backends_by_vip.setdefault(b.vip_id, []).append({
                 "id": bid,
                 "name": m.name.decode(),
@@ -346,8 +483,8 @@ class Maps:
                 "port": from_be16(b.port),
                 "weight": m.weight,
                 "standby": bool(b.flags & abi.BE_F_STANDBY),
-                "state": "draining" if b.flags & abi.BE_F_DRAINING else (
-                    "up" if b.flags & abi.BE_F_UP else "down"),
+                "state": "draining" if b.flags & abi.BE_F_DRAINING and health["usable"] else health["state"],
+                "health": health,
                 "slots": m.slots,
                 **self._sum_percpu(abi.MAP_BE_STATS, bid),
             })
@@ -370,6 +507,6 @@ class Maps:
             "services": services,
             "verdicts": {n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()},
             "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()},
-            "conntrack_entries": sum(1 for _ in self.t[abi.MAP_CT].keys()),
+            "conntrack_entries": sum(1 for _ in self.t[abi.MAP_CT].keys()) if count_conntrack else None,
         }
 

@@ -120,11 +120,6 @@ def connect_from(net, port: int, addr, timeout_s: float = 2.0) -> Conn:
         raise
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router bug: edge_rnat entries outlive their connection (only LRU eviction removes them), and "
-    "edge_return reverse-NATs every backend->client packet matching one, so the SYN-ACK of a later "
-    "direct connection from the same client port to that backend comes back from VIP:8000; the "
-    "client drops it and connect() times out"))
 def test_a_direct_connection_to_a_backend_passes_from_a_port_a_vip_flow_used_before(net, router):
     """The client reaches backend X through the VIP from port 45000 and closes; then it connects
     from the same port to X's own address. That connection is not for a VIP, so it must work and

@@ -1,7 +1,9 @@
 """The README's demo: a client, the router and three simulated inference
 backends in network namespaces; deploy the router, send requests through the
 VIP, show who served them, drain one backend while connections stay up, and
-tear everything down. Run it as root through tools/demo (which bootstraps)."""
+tear everything down. It ends with a short failover drill (controlplane/drill.py):
+one backend's heartbeats stop under a stream of new flows. Run it as root
+through tools/demo (which bootstraps)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import yaml  # noqa: E402
 
+from controlplane import drill  # noqa: E402
+from controlplane.config import parse_config  # noqa: E402
+from controlplane.errors import EdgeError  # noqa: E402
 from controlplane.testbed.topo import Net, Topo  # noqa: E402
 from controlplane.testbed.traffic import backends_seen, open_connections, close_all  # noqa: E402
 
@@ -69,10 +74,28 @@ def deploy(net: Net, cfg: dict) -> None:
         os.unlink(f.name)
 
 
+def failover_drill(rate: int, duration_s: float) -> None:
+    """Heartbeats every 1 ms, down after 5 ms: stop h100-b's and watch its new flows move."""
+    cfg = parse_config({"version": 1, "services": [{
+        "name": "chat", "vip": "198.18.255.1", "port": PORT, "protocol": "tcp",
+        "health": {"heartbeat": {"interval_ms": 1, "timeout_ms": 5, "rise": 3}},
+        "backends": [{"name": f"h100-{c}", "address": f"198.18.{i + 1}.2", "port": PORT, "token": hex(0x5EED0001 + i)}
+                     for i, c in enumerate("abc")],
+    }]}, "demo")
+    plan = drill.Plan(backend="h100-b", mode="heartbeat", rate=rate, duration_s=duration_s)
+    try:
+        report = drill.failover(cfg, plan, progress=lambda line: say(f"    {line}"))
+    except EdgeError as e:
+        raise SystemExit(f"demo: failover drill: {e}")
+    for line in drill.format_table(report).splitlines():
+        say("    " + line)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--flows", type=int, default=3000, help="new connections per round (default %(default)s)")
     p.add_argument("--keep", type=int, default=100, help="long-lived connections held across the drain")
+    p.add_argument("--drill-rate", type=int, default=2000, help="new flows/s of the closing failover drill; 0 skips it")
     args = p.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("demo: run as root (namespaces, XDP)")
@@ -113,6 +136,11 @@ def main() -> int:
         finally:
             edgectl(net, "undeploy", "--iface", net.router_client_iface)
             say("== undeployed; removing the namespaces")
+
+    if args.drill_rate:
+        say(f"== failover drill: h100-b's heartbeats stop under {args.drill_rate} new flows/s "
+            f"(a testbed of its own; edgectl drill failover does the same from a config)")
+        failover_drill(args.drill_rate, 1.0)
     return 0
 
 

@@ -12,11 +12,12 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	1
+#define EDGE_ABI_VERSION	2
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
 #define EDGE_NO_BACKEND		0xffffffff	/* empty Maglev slot */
+#define EDGE_MAX_PER_SERVICE	64	/* backends of one service (fallback scan, ejection cap) */
 
 /* Key of edge_vips: what a client addresses. */
 struct vip_key {
@@ -44,7 +45,7 @@ struct backend_info {
 	__be16	port;		/* network byte order */
 	__u16	flags;		/* EDGE_BE_F_* */
 	__u32	vip_id;		/* the service this backend serves */
-	__u32	pad;
+	__u32	health_id;	/* index into edge_health, shared by one address:port */
 };
 
 /* backend_info.flags */
@@ -53,7 +54,69 @@ struct backend_info {
 #define EDGE_BE_F_STANDBY	0x4	/* used only when no primary is usable */
 #define EDGE_BE_F_DRAINING	0x8	/* weight 0: keeps its flows, gets no new ones */
 
-/* Key of edge_ct (client -> VIP) and edge_rnat (backend -> client). */
+/* Value of edge_svc_cfg, indexed by VIP id: what the data path needs to
+ * judge health for this service, and its backends for the fallback scan. */
+struct service_cfg {
+	__u64	hb_timeout_ns;	/* heartbeat silence that makes a backend down */
+	__u64	syn_timeout_ns;	/* passive: a SYN unanswered this long is a failure */
+	__u64	ejection_ns;	/* passive: base ejection time, doubled on repeat */
+	__u32	flags;		/* EDGE_SVC_F_* */
+	__u32	rise;		/* heartbeats in a row that bring a backend up */
+	__u32	consecutive;	/* passive: failures in a row that eject */
+	__u32	max_ejected_pct; /* passive: cap on ejected backends, percent */
+	__u32	n_backends;	/* entries used in backends[] */
+	__u32	pad;
+	__u32	backends[EDGE_MAX_PER_SERVICE];	/* backend ids, primaries first */
+};
+
+/* service_cfg.flags */
+#define EDGE_SVC_F_HEARTBEAT	0x1	/* backends are down without heartbeats */
+#define EDGE_SVC_F_PASSIVE	0x2	/* passive outlier detection on */
+
+/* Value of edge_health, indexed by health id. Written by the data path
+ * (heartbeats, SYN / SYN-ACK tracking); user space only reads it. */
+struct backend_health {
+	__u64	last_seen_ns;	/* bpf_ktime_get_ns() of the last valid heartbeat */
+	__u64	ejected_until_ns; /* passive ejection ends at this time */
+	__u64	first_syn_ns;	/* oldest SYN still unanswered */
+	__u32	rise_count;	/* valid heartbeats in a row (no gap > timeout) */
+	__u32	syn_outstanding; /* SYNs forwarded since the last SYN-ACK */
+	__u32	rst_count;	/* RSTs answering SYNs since the last SYN-ACK */
+	__u32	ejections;	/* times ejected; doubles the next ejection */
+	__u32	hb_seq;		/* sequence number of the last heartbeat */
+	__u32	pad;
+};
+
+/* Key of edge_hb: who may send a heartbeat, for which backend, to which port. */
+struct hb_key {
+	__be32	addr;		/* the backend's registered address */
+	__be16	port;		/* the backend's service port (from the payload) */
+	__be16	hb_port;	/* UDP port of the router the heartbeat went to */
+};
+
+/* Value of edge_hb. */
+struct hb_target {
+	__u64	token;		/* must match heartbeat.token (host order here) */
+	__u64	timeout_ns;	/* gap that restarts the rise count */
+	__u32	health_id;
+	__u32	ifindex;	/* backend-facing interface it must arrive on */
+};
+
+/* Heartbeat wire format: the UDP payload a backend's agent sends. All fields
+ * in network byte order. */
+#define EDGE_HB_MAGIC		0x45444745	/* "EDGE" */
+#define EDGE_HB_VERSION		1
+#define EDGE_HEARTBEAT_SIZE	24
+struct heartbeat {
+	__be32	magic;
+	__be16	version;
+	__be16	port;		/* service port of the backend it speaks for */
+	__be32	seq;
+	__be32	pad;
+	__be64	token;		/* per-backend secret from the config */
+};
+
+/* Key of edge_ct: a client's connection to a VIP. */
 struct flow_key {
 	__be32	src;
 	__be32	dst;
@@ -67,6 +130,20 @@ struct flow_key {
 struct flow_info {
 	__u32	backend_id;
 	__u32	vip_id;
+	__u32	flags;		/* EDGE_CT_F_* */
+	__u32	pad;
+};
+
+/* flow_info.flags */
+#define EDGE_CT_F_SYN		0x1	/* a SYN went through the VIP; its SYN-ACK is ours */
+
+/* Key of edge_rnat: a backend endpoint. Each endpoint serves one service
+ * (config enforces it), so replies need no per-flow state. */
+struct backend_key {
+	__be32	addr;		/* network byte order */
+	__be16	port;		/* network byte order */
+	__u8	proto;
+	__u8	pad;
 };
 
 /* Value of edge_rnat: what the return path rewrites the source back to. */
@@ -78,12 +155,23 @@ struct rnat_info {
 	__u32	vip_id;
 };
 
+/* Value of edge_nexthop (per CPU), indexed by backend id: a cached
+ * bpf_fib_lookup result, so most packets skip the FIB. */
+struct nexthop {
+	__u64	expires_ns;	/* bpf_ktime_get_coarse_ns() after which it is looked up again */
+	__u32	ifindex;
+	__u8	smac[6];
+	__u8	dmac[6];
+};
+
 /* Value of edge_vip_stats and edge_be_stats (per CPU). */
 struct traffic_stats {
 	__u64	packets;	/* forwarded client -> backend */
 	__u64	bytes;		/* L3 bytes of those packets */
 	__u64	new_flows;	/* conntrack misses that picked this VIP/backend */
 	__u64	return_packets;	/* reverse-NATed backend -> client */
+	__u64	failovers;	/* flows sent elsewhere because the pick was unusable */
+	__u64	pad;
 };
 
 /* Value of edge_svc_meta, indexed by VIP id. User space only: names and
@@ -123,22 +211,32 @@ struct node_info {
 #define EDGE_CNT_NAT_PASS	2	/* NATed, handed to the stack (neighbour unresolved, VLAN) */
 #define EDGE_CNT_DROP		3	/* dropped; edge_drops says why */
 #define EDGE_CNT_RETURN_NAT	4	/* return path: reverse NAT applied */
-#define EDGE_CNT_MAX		5
+#define EDGE_CNT_HEARTBEAT	5	/* valid heartbeat consumed */
+#define EDGE_CNT_EJECTION	6	/* passive detection ejected a backend */
+#define EDGE_CNT_MAX		7
 
 /* Drop reasons: index into edge_drops. Never reuse a number; retire it. */
 #define EDGE_DROP_MALFORMED	1	/* truncated or inconsistent headers */
 #define EDGE_DROP_NO_BACKEND	2	/* the VIP has no usable backend */
 #define EDGE_DROP_IP_OPTIONS	3	/* IPv4 options on VIP traffic (not handled) */
 #define EDGE_DROP_FRAGMENT	4	/* IPv4 fragment for a VIP (not handled) */
-#define EDGE_DROP_MAX		5
+#define EDGE_DROP_SPOOFED_HB	5	/* heartbeat from the wrong address, port, interface or token */
+#define EDGE_DROP_MAX		6
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
 _Static_assert(sizeof(struct backend_info) == 16, "abi: backend_info");
 _Static_assert(sizeof(struct flow_key) == 16, "abi: flow_key");
-_Static_assert(sizeof(struct flow_info) == 8, "abi: flow_info");
+_Static_assert(sizeof(struct flow_info) == 16, "abi: flow_info");
 _Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
-_Static_assert(sizeof(struct traffic_stats) == 32, "abi: traffic_stats");
+_Static_assert(sizeof(struct backend_key) == 8, "abi: backend_key");
+_Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");
+_Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
+_Static_assert(sizeof(struct service_cfg) == 304, "abi: service_cfg");
+_Static_assert(sizeof(struct backend_health) == 48, "abi: backend_health");
+_Static_assert(sizeof(struct hb_key) == 8, "abi: hb_key");
+_Static_assert(sizeof(struct hb_target) == 24, "abi: hb_target");
+_Static_assert(sizeof(struct heartbeat) == EDGE_HEARTBEAT_SIZE, "abi: heartbeat");
 _Static_assert(sizeof(struct service_meta) == 40, "abi: service_meta");
 _Static_assert(sizeof(struct backend_meta) == 40, "abi: backend_meta");
 _Static_assert(sizeof(struct node_info) == 104, "abi: node_info");

@@ -14,6 +14,7 @@ struct pkt {
 	struct iphdr *iph;
 	__u32 l3_len;		/* IPv4 total length, for byte counters */
 	int vlans;		/* 802.1Q tags in front of IPv4 */
+	int syn;		/* TCP SYN without ACK: a connection attempt */
 };
 
 /* 32-bit finaliser of MurmurHash3 (public domain): full avalanche. */
@@ -38,29 +39,29 @@ static __always_inline __u32 hash_flow(const struct flow_key *k)
 	return hash_mix(h ^ k->proto);
 }
 
-/* Pins a new connection to a backend, in both directions. */
+/* Pins a new connection to a backend. The reply direction needs no entry:
+ * edge_rnat is keyed by the backend endpoint. */
 static __always_inline void flow_insert(const struct pkt *pkt,
 					const struct vip_info *vip,
-					__u32 backend_id,
-					const struct backend_info *be)
+					__u32 backend_id)
 {
-	struct flow_info fi = { .backend_id = backend_id, .vip_id = vip->id };
-	struct flow_key rk = {
-		.src = be->addr,
-		.dst = pkt->flow.src,
-		.sport = be->port,
-		.dport = pkt->flow.sport,
-		.proto = pkt->flow.proto,
-	};
-	struct rnat_info ri = {
-		.vip_addr = pkt->flow.dst,
-		.vip_port = pkt->flow.dport,
+	struct flow_info fi = {
 		.backend_id = backend_id,
 		.vip_id = vip->id,
+		.flags = pkt->syn ? EDGE_CT_F_SYN : 0,
 	};
 
 	edge_ct.update((struct flow_key *)&pkt->flow, &fi);
-	edge_rnat.update(&rk, &ri);
+}
+
+/* A SYN for an existing entry (the client reuses its port): its SYN-ACK
+ * will be ours. */
+static __always_inline void flow_mark_syn(const struct pkt *pkt)
+{
+	struct flow_info *fi = edge_ct.lookup((struct flow_key *)&pkt->flow);
+
+	if (fi)
+		fi->flags |= EDGE_CT_F_SYN;
 }
 
 #endif /* EDGE_FLOW_H */

@@ -21,7 +21,7 @@
 #define EDGE_MAX_BACKENDS	1024	/* backend ids, across all VIPs */
 #endif
 #ifndef EDGE_CT_SIZE
-#define EDGE_CT_SIZE		262144	/* conntrack entries (and as many reverse-NAT entries) */
+#define EDGE_CT_SIZE		262144	/* conntrack entries */
 #endif
 
 #define EDGE_PIN(name)		EDGE_PIN_DIR "/" #name
@@ -35,6 +35,18 @@ BPF_TABLE_PINNED("hash", __be32, __u32, edge_vip_addrs,
 /* backend id -> address, port, flags. */
 BPF_TABLE_PINNED("array", __u32, struct backend_info, edge_backends,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_backends));
+/* VIP id -> health settings and backend list of the service. */
+BPF_TABLE_PINNED("array", __u32, struct service_cfg, edge_svc_cfg,
+		 EDGE_MAX_SERVICES, EDGE_PIN(edge_svc_cfg));
+/* health id -> heartbeat and passive-detection state (kernel-written). */
+BPF_TABLE_PINNED("array", __u32, struct backend_health, edge_health,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_health));
+/* (backend address, service port, heartbeat port) -> who it stamps. */
+BPF_TABLE_PINNED("hash", struct hb_key, struct hb_target, edge_hb,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_hb));
+/* UDP ports heartbeats are sent to (network order) -> 1. */
+BPF_TABLE_PINNED("hash", __be16, __u32, edge_hb_ports,
+		 EDGE_MAX_SERVICES, EDGE_PIN(edge_hb_ports));
 /* Maglev tables: [(vip id * 2 + half) * M + slot] -> backend id. mmapable,
  * so user space writes a whole half with one memcpy before the flip. */
 BPF_TABLE_PINNED("array", __u32, __u32, edge_maglev,
@@ -43,9 +55,12 @@ BPF_TABLE_PINNED("array", __u32, __u32, edge_maglev,
 /* Conntrack: client 5-tuple -> backend. */
 BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow_info, edge_ct,
 		 EDGE_CT_SIZE, EDGE_PIN(edge_ct));
-/* Reverse NAT: backend-side 5-tuple -> VIP to restore. */
-BPF_TABLE_PINNED("lru_hash", struct flow_key, struct rnat_info, edge_rnat,
-		 EDGE_CT_SIZE, EDGE_PIN(edge_rnat));
+/* Reverse NAT: backend endpoint -> VIP to restore. */
+BPF_TABLE_PINNED("hash", struct backend_key, struct rnat_info, edge_rnat,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_rnat));
+/* backend id -> cached egress interface and MACs (per CPU). */
+BPF_TABLE_PINNED("percpu_array", __u32, struct nexthop, edge_nexthop,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_nexthop));
 /* Per-CPU traffic counters per VIP id and per backend id. */
 BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_vip_stats,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vip_stats));

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* nat.h: destination NAT of a VIP packet to its backend, and the way out:
- * bpf_fib_lookup picks the egress interface and MACs and the frame is
- * redirected; when the kernel has no neighbour entry yet (or the frame is
- * VLAN tagged) the rewritten packet goes to the stack, which resolves it. */
+ * bpf_fib_lookup (cached per backend and CPU) picks the egress interface
+ * and MACs and the frame is redirected; when the kernel has no neighbour
+ * entry yet (or the frame is VLAN tagged) the rewritten packet goes to the
+ * stack, which resolves it. */
 #ifndef EDGE_NAT_H
 #define EDGE_NAT_H
 
@@ -68,18 +69,27 @@ static __always_inline void decrease_ttl(struct iphdr *iph)
 	iph->check = csum_replace16(iph->check, old, *(__be16 *)&iph->ttl);
 }
 
-/* Sends the rewritten packet towards the backend. */
-static __always_inline int forward(struct xdp_md *ctx, struct pkt *pkt)
+#ifndef EDGE_NEXTHOP_TTL_NS
+#define EDGE_NEXTHOP_TTL_NS	1000000000	/* a cached FIB result is used this long */
+#endif
+
+/* Egress interface and MACs towards the backend: the per-CPU cache, or a
+ * FIB lookup that refills it. Returns 0, or -1 to let the stack deliver
+ * (no neighbour entry yet, or no route). The cache is per backend, so
+ * source-based policy routing is applied once per TTL, not per client. */
+static __always_inline int next_hop(struct xdp_md *ctx, struct iphdr *iph,
+				    __u32 bid, struct nexthop **out)
 {
+	struct nexthop *nh = edge_nexthop.lookup(&bid);
 	struct bpf_fib_lookup fib = {};
-	struct iphdr *iph = pkt->iph;
-	struct ethhdr *eth = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	int rc;
+	__u64 now = bpf_ktime_get_coarse_ns();
 
-	if (pkt->vlans)
-		return count_verdict(EDGE_CNT_NAT_PASS, XDP_PASS);
-
+	if (!nh)
+		return -1;
+	if (nh->ifindex && now < nh->expires_ns) {
+		*out = nh;
+		return 0;
+	}
 	fib.family = AF_INET;
 	fib.tos = iph->tos;
 	fib.l4_protocol = iph->protocol;
@@ -87,17 +97,34 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *pkt)
 	fib.ipv4_src = iph->saddr;
 	fib.ipv4_dst = iph->daddr;
 	fib.ifindex = ctx->ingress_ifindex;
+	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS) {
+		nh->ifindex = 0;
+		return -1;
+	}
+	nh->ifindex = fib.ifindex;
+	__builtin_memcpy(nh->smac, fib.smac, ETH_ALEN);
+	__builtin_memcpy(nh->dmac, fib.dmac, ETH_ALEN);
+	nh->expires_ns = now + EDGE_NEXTHOP_TTL_NS;
+	*out = nh;
+	return 0;
+}
 
-	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+/* Sends the rewritten packet towards backend bid. */
+static __always_inline int forward(struct xdp_md *ctx, struct pkt *pkt, __u32 bid)
+{
+	struct iphdr *iph = pkt->iph;
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct nexthop *nh;
+
+	if (pkt->vlans || next_hop(ctx, iph, bid, &nh) < 0)
 		return count_verdict(EDGE_CNT_NAT_PASS, XDP_PASS);
-
 	if ((void *)(eth + 1) > data_end)
 		return count_drop(EDGE_DROP_MALFORMED);
 	decrease_ttl(iph);
-	__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
-	return count_verdict(EDGE_CNT_REDIRECT, bpf_redirect(fib.ifindex, 0));
+	__builtin_memcpy(eth->h_dest, nh->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, nh->smac, ETH_ALEN);
+	return count_verdict(EDGE_CNT_REDIRECT, bpf_redirect(nh->ifindex, 0));
 }
 
 #endif /* EDGE_NAT_H */

@@ -1,54 +1,155 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* select.h: which backend a packet goes to: its conntrack entry when it has
- * one, else slot hash(5-tuple) % M of the VIP's active Maglev table. */
+/* select.h: which backend a packet goes to. An established flow keeps its
+ * conntrack backend (unless that became unusable and the service reselects).
+ * A new flow takes slot hash(5-tuple) % M of the VIP's active Maglev table,
+ * tries EDGE_MAX_WALK more (rehashed) slots past unusable backends, then
+ * picks among the service's usable primaries by hash, then its standbys. */
 #ifndef EDGE_SELECT_H
 #define EDGE_SELECT_H
 
 #include "flow.h"
+#include "health.h"
 
-static __always_inline int backend_usable(const struct backend_info *be)
+#ifndef EDGE_MAX_WALK
+#define EDGE_MAX_WALK	4	/* extra Maglev slots tried before the fallback scan */
+#endif
+
+/* Usable and allowed new flows (not draining). */
+static __always_inline int takes_new_flows(const struct backend_info *be,
+					   const struct service_cfg *sc, __u64 now)
 {
-	return (be->flags & (EDGE_BE_F_VALID | EDGE_BE_F_UP)) ==
-	       (EDGE_BE_F_VALID | EDGE_BE_F_UP);
+	return !(be->flags & EDGE_BE_F_DRAINING) && backend_usable(be, sc, now);
 }
 
-/* Backend id from the active Maglev half, or EDGE_NO_BACKEND. */
-static __always_inline __u32 maglev_pick(const struct vip_info *vip,
-					 const struct pkt *pkt)
-{
-	__u32 idx, *bid;
-
-	if (vip->id >= EDGE_MAX_SERVICES)
-		return EDGE_NO_BACKEND;
-	idx = ((vip->id << 1) | (vip->table & 1)) * EDGE_MAGLEV_M +
-	      hash_flow(&pkt->flow) % EDGE_MAGLEV_M;
-	bid = edge_maglev.lookup(&idx);
-	return bid ? *bid : EDGE_NO_BACKEND;
-}
-
-/* Resolves the backend of this packet. Returns it (and its id in *bid) or
- * NULL when the VIP has none; *new_flow tells whether conntrack was missed. */
+/* Deterministic pick among the service's usable backends: the
+ * (hash % count)-th primary, or if no primary is usable the
+ * (hash % count)-th standby. Slow path only. */
 static __always_inline struct backend_info *
-select_backend(const struct vip_info *vip, struct pkt *pkt, __u32 *bid,
-	       int *new_flow)
+scan_backends(const struct service_cfg *sc, __u32 hash, __u64 now, __u32 *bid)
+{
+	__u32 i, n = sc->n_backends, primaries = 0, standbys = 0, want;
+	__u16 kind;
+
+	for (i = 0; i < EDGE_MAX_PER_SERVICE; i++) {
+		struct backend_info *be;
+		__u32 id;
+
+		if (i >= n)
+			break;
+		id = sc->backends[i];
+		be = edge_backends.lookup(&id);
+		if (!be || !takes_new_flows(be, sc, now))
+			continue;
+		if (be->flags & EDGE_BE_F_STANDBY)
+			standbys++;
+		else
+			primaries++;
+	}
+	if (primaries) {
+		kind = 0;
+		want = hash % primaries;
+	} else if (standbys) {
+		kind = EDGE_BE_F_STANDBY;
+		want = hash % standbys;
+	} else {
+		return NULL;
+	}
+	for (i = 0; i < EDGE_MAX_PER_SERVICE; i++) {
+		struct backend_info *be;
+		__u32 id;
+
+		if (i >= n)
+			break;
+		id = sc->backends[i];
+		be = edge_backends.lookup(&id);
+		if (!be || (be->flags & EDGE_BE_F_STANDBY) != kind ||
+		    !takes_new_flows(be, sc, now))
+			continue;
+		if (want-- == 0) {
+			*bid = id;
+			return be;
+		}
+	}
+	return NULL;
+}
+
+/* Backend for a flow without a (usable) conntrack entry. Passive detection
+ * is judged on the Maglev pick itself (it may eject it there); *failover is
+ * set when that pick could not be used. */
+static __always_inline struct backend_info *
+pick_new(const struct vip_info *vip, const struct service_cfg *sc,
+	 const struct pkt *pkt, __u64 now, __u32 *bid, int *failover)
+{
+	__u32 hash = hash_flow(&pkt->flow), slot, i, base, idx, *id;
+	struct backend_info *be;
+
+	*failover = 0;
+	if (vip->id >= EDGE_MAX_SERVICES)
+		return NULL;
+	base = ((vip->id << 1) | (vip->table & 1)) * EDGE_MAGLEV_M;
+	slot = hash % EDGE_MAGLEV_M;
+	idx = base + slot;
+	id = edge_maglev.lookup(&idx);
+	/* An empty table (every primary drains) goes straight to the scan.
+	 * verifier: the scan has one call site; each inlined copy costs. */
+	if (id && *id != EDGE_NO_BACKEND) {
+		be = edge_backends.lookup(id);
+		if (be && takes_new_flows(be, sc, now) && passive_ok(be, sc, now)) {
+			*bid = *id;
+			return be;
+		}
+		*failover = 1;
+		/* Further picks come from independent hashes, not neighbouring
+		 * slots, so a dead backend's flows spread by the others' weights. */
+		for (i = 0; i < EDGE_MAX_WALK; i++) {
+			slot = hash_mix(hash + i + 1) % EDGE_MAGLEV_M;
+			idx = base + slot;
+			id = edge_maglev.lookup(&idx);
+			if (!id)
+				break;
+			be = edge_backends.lookup(id);
+			if (be && takes_new_flows(be, sc, now)) {
+				*bid = *id;
+				return be;
+			}
+		}
+	}
+	return scan_backends(sc, hash, now, bid);
+}
+
+/* Resolves the backend of this packet, or NULL when the VIP has none usable.
+ * *new_flow: conntrack was missed or replaced; *failover: see pick_new. */
+static __always_inline struct backend_info *
+select_backend(const struct vip_info *vip, const struct service_cfg *sc,
+	       struct pkt *pkt, __u64 now, __u32 *bid, int *new_flow,
+	       int *failover)
 {
 	struct flow_info *fi = edge_ct.lookup(&pkt->flow);
 	struct backend_info *be;
 
+	*failover = 0;
 	if (fi) {
 		*bid = fi->backend_id;
 		be = edge_backends.lookup(bid);
 		if (be && (be->flags & EDGE_BE_F_VALID)) {
 			*new_flow = 0;
-			return be;
+			/* "keep" keeps connections, not tuples: a SYN reusing
+			 * one is a new connection, held to the new-flow rules
+			 * (a standby is re-picked: maybe a primary is back). */
+			if (pkt->syn ? !(be->flags & EDGE_BE_F_STANDBY) &&
+				       takes_new_flows(be, sc, now) :
+			    ((vip->flags & EDGE_VIP_F_KEEP_FLOWS) ||
+			     backend_alive(be, sc, now)))
+				return be;
 		}
 	}
 	*new_flow = 1;
-	*bid = maglev_pick(vip, pkt);
-	be = edge_backends.lookup(bid);
-	if (!be || !backend_usable(be))
+	be = pick_new(vip, sc, pkt, now, bid, failover);
+	if (!be)
 		return NULL;
-	flow_insert(pkt, vip, *bid, be);
+	if (fi)
+		*failover = 1;	/* an established flow moved */
+	flow_insert(pkt, vip, *bid);
 	return be;
 }
 

@@ -21,32 +21,40 @@ static __always_inline int count_verdict(__u32 cnt, int action)
 	return action;
 }
 
-/* Counts a drop with its EDGE_DROP_* reason; returns XDP_DROP. */
-static __always_inline int count_drop(__u32 reason)
+/* Counts a drop under its EDGE_DROP_* reason (and as a drop verdict). */
+static __always_inline void count_reason(__u32 reason)
 {
 	__u64 *cnt = edge_drops.lookup(&reason);
 
 	if (cnt)
 		*cnt += 1;
-	return count_verdict(EDGE_CNT_DROP, XDP_DROP);
+	count_index(EDGE_CNT_DROP);
+}
+
+/* XDP: counts a drop with its reason; returns XDP_DROP. */
+static __always_inline int count_drop(__u32 reason)
+{
+	count_reason(reason);
+	return XDP_DROP;
 }
 
 static __always_inline void add_traffic(struct traffic_stats *st, __u32 bytes,
-					int new_flow)
+					int new_flow, int failover)
 {
 	if (!st)
 		return;
 	st->packets += 1;
 	st->bytes += bytes;
 	st->new_flows += new_flow;
+	st->failovers += failover;
 }
 
 /* Forward-direction traffic of one packet, per VIP and per backend. */
 static __always_inline void count_traffic(__u32 vip_id, __u32 backend_id,
-					  __u32 bytes, int new_flow)
+					  __u32 bytes, int new_flow, int failover)
 {
-	add_traffic(edge_vip_stats.lookup(&vip_id), bytes, new_flow);
-	add_traffic(edge_be_stats.lookup(&backend_id), bytes, new_flow);
+	add_traffic(edge_vip_stats.lookup(&vip_id), bytes, new_flow, failover);
+	add_traffic(edge_be_stats.lookup(&backend_id), bytes, new_flow, failover);
 }
 
 /* Return-direction packet of one backend and its VIP. */

@@ -147,7 +147,7 @@ class Router:
 
     def status_all(self) -> list[dict]:
         """`edgectl status --json` with no --iface: every instance in the router namespace."""
-        done = self.edgectl("status", "--json")
+        done = self.edgectl("status", "--json", "--conntrack")
         if done.returncode != 0:
             raise EdgectlError(f"edgectl status exited {done.returncode}: {done.stderr.strip()}")
         return json.loads(done.stdout)
@@ -155,7 +155,7 @@ class Router:
     def status(self, iface: str | None = None) -> dict:
         """The `edgectl status --json` instance deployed on iface (default: the client-facing one)."""
         iface = iface or self.iface
-        done = self.edgectl("status", "--iface", iface, "--json")
+        done = self.edgectl("status", "--iface", iface, "--json", "--conntrack")
         if done.returncode != 0:
             raise EdgectlError(f"edgectl status exited {done.returncode}: {done.stderr.strip()}")
         found = [snap for snap in json.loads(done.stdout) if snap["iface"] == iface]

@@ -63,7 +63,7 @@ def valid_doc() -> dict:
                 "backends": [
                     {"name": "b0", "address": "198.18.1.2", "port": 8000, "token": "0x5eed0001"},
                     {"name": "b1", "address": "198.18.2.2", "port": 8000, "weight": 2, "token": 7},
-                    {"name": "spare", "address": "198.18.3.2", "port": 8000, "standby": True},
+                    {"name": "spare", "address": "198.18.3.2", "port": 8000, "standby": True, "token": 9},
                 ],
             },
             {
@@ -126,7 +126,7 @@ def expected_full_config() -> Config:
                 backends=(
                     Backend("b0", IPv4Address("198.18.1.2"), 8000, weight=1, standby=False, token=0x5EED0001),
                     Backend("b1", IPv4Address("198.18.2.2"), 8000, weight=2, standby=False, token=7),
-                    Backend("spare", IPv4Address("198.18.3.2"), 8000, weight=1, standby=True, token=None),
+                    Backend("spare", IPv4Address("198.18.3.2"), 8000, weight=1, standby=True, token=9),
                 ),
             ),
             Service(
@@ -239,7 +239,7 @@ def test_empty_health_sub_sections_get_their_defaults_and_absent_ones_are_off():
     [
         {"services[2].vip": "198.18.255.1"},  # same VIP and port as chat, but udp
         {"services[1].port": 8000, "services[1].protocol": "udp"},
-        {"services[0].backends[1].address": "198.18.1.2", "services[0].backends[1].port": 8001},
+        {"services[0].backends[1].address": "198.18.1.2", "services[0].backends[1].port": 8002},
         {"services[0].backends[0].token": "18446744073709551615"},
         {"services[0].backends[0].token": 0},
         {"services[0].backends[0].weight": 0, "services[0].backends[1].weight": 0},  # all draining
@@ -571,10 +571,26 @@ def test_error_descriptions_are_unique():
     assert len(descriptions) == len(set(descriptions))
 
 
-def test_service_with_more_backends_than_maglev_slots_is_rejected():
-    backends = [{"name": f"b{i}", "address": "198.18.1.2", "port": 1 + i} for i in range(1010)]
+def test_service_with_more_backends_than_the_data_path_scans_is_rejected():
+    backends = [{"name": f"b{i}", "address": "198.18.1.2", "port": 10000 + i} for i in range(65)]
     doc = edited(valid_doc(), {"services[1].backends": backends, "node.max_backends": 2000})
-    assert error_of(doc) == "services[1].backends: 1010 backends, more than node.maglev_m (1009) table slots"
+    assert error_of(doc) == "services[1].backends: 65 backends; at most 64 per service"
+
+
+def test_backend_endpoint_serving_two_services_is_rejected():
+    doc = edited(valid_doc(), {"services[1].backends[0].port": 8000})
+    assert error_of(doc) == (
+        "services[1].backends[0]: 198.18.1.2:8000/tcp already serves services[0]; in NAT mode a backend "
+        "endpoint serves one service (its replies say which VIP they belong to)"
+    )
+
+
+def test_heartbeats_need_every_backend_token():
+    doc = edited(valid_doc(), {"services[0].backends[2].token": DELETE})
+    assert error_of(doc) == (
+        "services[0].backends[2].token: required when services[0].health.heartbeat is set "
+        "(heartbeats without the backend's token are rejected)"
+    )
 
 
 @pytest.mark.parametrize(

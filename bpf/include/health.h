@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* health.h: is a backend usable right now? Decided per packet from what the
+ * data path itself saw: heartbeats (stamped by the return-path program on
+ * backend-facing interfaces), and passive outlier detection (SYNs forwarded
+ * against SYN-ACKs and RSTs seen coming back). No user-space round trip. */
+#ifndef EDGE_HEALTH_H
+#define EDGE_HEALTH_H
+
+#include "maps.h"
+#include "stats.h"
+
+#ifndef EDGE_MAX_EJECT_SHIFT
+#define EDGE_MAX_EJECT_SHIFT	4	/* ejection time doubles at most 4 times (x16) */
+#endif
+
+static __always_inline struct backend_health *health_of(const struct backend_info *be)
+{
+	__u32 hid = be->health_id;
+
+	return edge_health.lookup(&hid);
+}
+
+/* Admin-up, heartbeats fresh and risen (when the service uses them), and
+ * not ejected. Draining and standby are the caller's business. */
+static __always_inline int backend_usable(const struct backend_info *be,
+					  const struct service_cfg *sc, __u64 now)
+{
+	struct backend_health *h;
+
+	if ((be->flags & (EDGE_BE_F_VALID | EDGE_BE_F_UP)) !=
+	    (EDGE_BE_F_VALID | EDGE_BE_F_UP))
+		return 0;
+	if (!(sc->flags & (EDGE_SVC_F_HEARTBEAT | EDGE_SVC_F_PASSIVE)))
+		return 1;
+	h = health_of(be);
+	if (!h)
+		return 0;
+	if (h->ejected_until_ns > now)
+		return 0;
+	/* Times are compared as "stamp + span < now", never "now - stamp":
+	 * another CPU may stamp a heartbeat after this packet read now. */
+	if (sc->flags & EDGE_SVC_F_HEARTBEAT) {
+		if (h->last_seen_ns + sc->hb_timeout_ns < now)
+			return 0;
+		if (h->rise_count < sc->rise)
+			return 0;
+	}
+	return 1;
+}
+
+/* For an established flow: the backend has not been silent for twice the
+ * timeout (rise is not asked again) and is not ejected. One late heartbeat
+ * must not move live connections; a dead backend loses them one timeout
+ * later than it loses new flows. */
+static __always_inline int backend_alive(const struct backend_info *be,
+					 const struct service_cfg *sc, __u64 now)
+{
+	struct backend_health *h;
+
+	if ((be->flags & (EDGE_BE_F_VALID | EDGE_BE_F_UP)) !=
+	    (EDGE_BE_F_VALID | EDGE_BE_F_UP))
+		return 0;
+	if (!(sc->flags & (EDGE_SVC_F_HEARTBEAT | EDGE_SVC_F_PASSIVE)))
+		return 1;
+	h = health_of(be);
+	if (!h || h->ejected_until_ns > now)
+		return 0;
+	if ((sc->flags & EDGE_SVC_F_HEARTBEAT) &&
+	    h->last_seen_ns + 2 * sc->hb_timeout_ns < now)
+		return 0;
+	return 1;
+}
+
+/* Ejects h unless that would take out more than max_ejected_pct of the
+ * service's backends. Returns 1 when it ejected. */
+static __always_inline int try_eject(const struct service_cfg *sc,
+				     struct backend_health *h, __u64 now)
+{
+	__u32 i, ejected = 0, n = sc->n_backends, shift;
+
+	if (n > EDGE_MAX_PER_SERVICE)
+		n = EDGE_MAX_PER_SERVICE;
+	for (i = 0; i < EDGE_MAX_PER_SERVICE; i++) {
+		struct backend_info *other;
+		struct backend_health *oh;
+		__u32 bid;
+
+		if (i >= n)
+			break;
+		bid = sc->backends[i];
+		other = edge_backends.lookup(&bid);
+		if (!other)
+			continue;
+		oh = health_of(other);
+		if (oh && oh != h && oh->ejected_until_ns > now)
+			ejected++;
+	}
+	if ((ejected + 1) * 100 > (__u64)sc->max_ejected_pct * n)
+		return 0;
+	shift = h->ejections < EDGE_MAX_EJECT_SHIFT ? h->ejections : EDGE_MAX_EJECT_SHIFT;
+	h->ejected_until_ns = now + (sc->ejection_ns << shift);
+	h->ejections++;
+	h->syn_outstanding = 0;
+	h->rst_count = 0;
+	count_index(EDGE_CNT_EJECTION);
+	return 1;
+}
+
+/* Passive check before a new flow is given to this backend: consecutive
+ * SYNs unanswered for longer than syn_timeout eject it. Returns 1 if the
+ * backend may take the flow. */
+static __always_inline int passive_ok(const struct backend_info *be,
+				      const struct service_cfg *sc, __u64 now)
+{
+	struct backend_health *h;
+
+	if (!(sc->flags & EDGE_SVC_F_PASSIVE))
+		return 1;
+	h = health_of(be);
+	if (!h)
+		return 1;
+	if (h->syn_outstanding >= sc->consecutive &&
+	    h->first_syn_ns + sc->syn_timeout_ns < now)
+		return !try_eject(sc, h, now);
+	return 1;
+}
+
+/* A SYN is being forwarded to this backend. */
+static __always_inline void note_syn(const struct backend_info *be, __u64 now)
+{
+	struct backend_health *h = health_of(be);
+
+	if (!h)
+		return;
+	if (h->syn_outstanding == 0)
+		h->first_syn_ns = now;
+	h->syn_outstanding++;
+}
+
+/* The return path saw this backend answer a SYN: with SYN-ACK (healthy) or
+ * with RST (refusing: a dead server behind a live host). */
+static __always_inline void note_syn_answer(const struct backend_info *be,
+					    const struct service_cfg *sc,
+					    int syn_ack, __u64 now)
+{
+	struct backend_health *h = health_of(be);
+
+	if (!h)
+		return;
+	if (syn_ack) {
+		h->syn_outstanding = 0;
+		h->rst_count = 0;
+		/* a long healthy stretch forgets past ejections */
+		if (h->ejections && now > h->ejected_until_ns + (sc->ejection_ns << EDGE_MAX_EJECT_SHIFT))
+			h->ejections = 0;
+		return;
+	}
+	if (!h->syn_outstanding)
+		return;
+	h->rst_count++;
+	if ((sc->flags & EDGE_SVC_F_PASSIVE) && h->rst_count >= sc->consecutive)
+		try_eject(sc, h, now);
+}
+
+#endif /* EDGE_HEALTH_H */

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* heartbeat.h: backends' heartbeats. The return-path program on the
+ * backend-facing interfaces validates each one (registered address and
+ * service port, heartbeat port, arrival interface, version, token), stamps
+ * the backend's health and consumes it. The ingress program drops any
+ * heartbeat that arrives on an interface other than its backend's, so a
+ * client cannot keep a dead backend alive. Every rejection is counted. */
+#ifndef EDGE_HEARTBEAT_H
+#define EDGE_HEARTBEAT_H
+
+#include <uapi/linux/pkt_cls.h>
+#include "maps.h"
+#include "stats.h"
+
+#define EDGE_HB_RISE_CAP	1000000	/* rise_count stops counting here */
+
+static __always_inline __u64 be64_to_host(__u64 x)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	return __builtin_bswap64(x);
+#else
+	return x;
+#endif
+}
+
+static __always_inline int is_hb_port(__be16 port)
+{
+	return edge_hb_ports.lookup(&port) != NULL;
+}
+
+/* Where this heartbeat is registered, or NULL; checks magic and version. */
+static __always_inline struct hb_target *
+hb_lookup(const struct heartbeat *hb, __be32 saddr, __be16 dport)
+{
+	struct hb_key key = {};
+
+	if (hb->magic != bpf_htonl(EDGE_HB_MAGIC) ||
+	    hb->version != bpf_htons(EDGE_HB_VERSION))
+		return NULL;
+	key.addr = saddr;
+	key.port = hb->port;
+	key.hb_port = dport;
+	return edge_hb.lookup(&key);
+}
+
+/* XDP ingress: 1 when this UDP packet is a heartbeat (magic and version)
+ * that may not enter here: unregistered, or registered to another
+ * interface. Valid ones go on to the stack, where the return-path program
+ * consumes them; other traffic to the port is not ours and passes. */
+static __always_inline int hb_misrouted(struct xdp_md *ctx, struct iphdr *iph,
+					void *data_end)
+{
+	struct udphdr *uh = (void *)(iph + 1);
+	struct heartbeat *hb = (void *)(uh + 1);
+	struct hb_target *t;
+
+	if ((void *)(uh + 1) > data_end || !is_hb_port(uh->dest))
+		return 0;
+	if ((void *)(hb + 1) > data_end ||
+	    hb->magic != bpf_htonl(EDGE_HB_MAGIC) ||
+	    hb->version != bpf_htons(EDGE_HB_VERSION))
+		return 0;
+	t = hb_lookup(hb, iph->saddr, uh->dest);
+	return !t || t->ifindex != ctx->ingress_ifindex;
+}
+
+/* tc, backend-facing ingress. Returns TC_ACT_SHOT for a heartbeat (stamped
+ * or rejected) and TC_ACT_UNSPEC for anything else. */
+static __always_inline int consume_heartbeat(struct __sk_buff *skb,
+					     struct iphdr *iph, __u32 l4_off,
+					     __be16 dport)
+{
+	struct heartbeat hb;
+	struct hb_target *t;
+	struct backend_health *h;
+	__u64 now;
+
+	if (!is_hb_port(dport))
+		return TC_ACT_UNSPEC;
+	if (bpf_skb_load_bytes(skb, l4_off + sizeof(struct udphdr), &hb, sizeof(hb)) < 0 ||
+	    hb.magic != bpf_htonl(EDGE_HB_MAGIC))
+		return TC_ACT_UNSPEC;	/* not a heartbeat after all */
+	t = hb_lookup(&hb, iph->saddr, dport);
+	if (!t || t->ifindex != skb->ingress_ifindex || be64_to_host(hb.token) != t->token)
+		goto spoofed;
+	h = edge_health.lookup(&t->health_id);
+	if (!h)
+		goto spoofed;
+	now = bpf_ktime_get_ns();
+	if (h->last_seen_ns + t->timeout_ns < now)	/* not now - last: see health.h */
+		h->rise_count = 1;
+	else if (h->rise_count < EDGE_HB_RISE_CAP)
+		h->rise_count++;
+	h->last_seen_ns = now;
+	h->hb_seq = bpf_ntohl(hb.seq);
+	count_index(EDGE_CNT_HEARTBEAT);
+	return TC_ACT_SHOT;
+spoofed:
+	count_reason(EDGE_DROP_SPOOFED_HB);
+	return TC_ACT_SHOT;
+}
+
+#endif /* EDGE_HEARTBEAT_H */
