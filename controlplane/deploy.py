@@ -18,7 +18,7 @@ from controlplane.maps import Maps
 Progress = Callable[[str], None]
 
 
-def _quiet(_: str) -> None:
+def quiet(_: str) -> None:
     pass
 
 
@@ -76,7 +76,7 @@ def _check_sizes(maps: Maps, cfg: Config) -> None:
             )
 
 
-def deploy(cfg: Config, iface: str, progress: Progress = _quiet) -> DeployResult:
+def deploy(cfg: Config, iface: str, progress: Progress = quiet) -> DeployResult:
     """Loads, attaches and programs the data path on iface, or changes nothing."""
     pin_dir = cfg.node.pin_dir
     loader.check_bpffs(pin_dir)
@@ -159,7 +159,7 @@ def deploy(cfg: Config, iface: str, progress: Progress = _quiet) -> DeployResult
     return DeployResult(iface, instance, pin_path, mode, updating, names, report)
 
 
-def undeploy(iface: str, pin_dir: str, progress: Progress = _quiet) -> bool:
+def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
     """Removes what deploy put on iface; False when nothing was there."""
     loader.check_bpffs(pin_dir)
     pin_path = loader.instance_dir(pin_dir, loader.instance_name(iface))

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from controlplane.config import Config, Service
+from controlplane.deploy import Progress, quiet
 from controlplane.errors import EdgeError
 
 if TYPE_CHECKING:
@@ -94,13 +95,6 @@ PROTO = {"tcp": 6, "udp": 17}
 
 class DrillError(EdgeError):
     """The drill cannot run (bad arguments, a missing tool) or its testbed failed."""
-
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 # ------------------------------------------------------------ plan
@@ -706,7 +700,7 @@ def _check_agents(agents: list, names: list[str]) -> None:
             raise DrillError(f"heartbeat agent of {name} (pid {agent.pid}) exited: {said[-1] if said else 'no output'}")
 
 
-def failover(cfg: Config, plan: Plan, progress: Progress = _quiet) -> dict:
+def failover(cfg: Config, plan: Plan, progress: Progress = quiet) -> dict:
     """Run one drill in a testbed of its own and return its report (see the module docstring).
 
     Everything it builds (namespaces, processes, the router) is gone again when it returns or raises.

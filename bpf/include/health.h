@@ -20,40 +20,13 @@ static __always_inline struct backend_health *health_of(const struct backend_inf
 	return edge_health.lookup(&hid);
 }
 
-/* Admin-up, heartbeats fresh and risen (when the service uses them), and
- * not ejected. Draining and standby are the caller's business. */
-static __always_inline int backend_usable(const struct backend_info *be,
-					  const struct service_cfg *sc, __u64 now)
-{
-	struct backend_health *h;
-
-	if ((be->flags & (EDGE_BE_F_VALID | EDGE_BE_F_UP)) !=
-	    (EDGE_BE_F_VALID | EDGE_BE_F_UP))
-		return 0;
-	if (!(sc->flags & (EDGE_SVC_F_HEARTBEAT | EDGE_SVC_F_PASSIVE)))
-		return 1;
-	h = health_of(be);
-	if (!h)
-		return 0;
-	if (h->ejected_until_ns > now)
-		return 0;
-	/* Times are compared as "stamp + span < now", never "now - stamp":
-	 * another CPU may stamp a heartbeat after this packet read now. */
-	if (sc->flags & EDGE_SVC_F_HEARTBEAT) {
-		if (h->last_seen_ns + sc->hb_timeout_ns < now)
-			return 0;
-		if (h->rise_count < sc->rise)
-			return 0;
-	}
-	return 1;
-}
-
-/* For an established flow: the backend has not been silent for twice the
- * timeout (rise is not asked again) and is not ejected. One late heartbeat
- * must not move live connections; a dead backend loses them one timeout
- * later than it loses new flows. */
-static __always_inline int backend_alive(const struct backend_info *be,
-					 const struct service_cfg *sc, __u64 now)
+/* Admin-up, not ejected, and (when the service uses heartbeats) heard from
+ * within silence_mult timeouts, with rise heartbeats in a row if need_rise.
+ * Times are compared as "stamp + span < now", never "now - stamp": another
+ * CPU may stamp a heartbeat after this packet read now. */
+static __always_inline int backend_health_ok(const struct backend_info *be,
+					     const struct service_cfg *sc, __u64 now,
+					     __u32 silence_mult, int need_rise)
 {
 	struct backend_health *h;
 
@@ -65,10 +38,30 @@ static __always_inline int backend_alive(const struct backend_info *be,
 	h = health_of(be);
 	if (!h || h->ejected_until_ns > now)
 		return 0;
-	if ((sc->flags & EDGE_SVC_F_HEARTBEAT) &&
-	    h->last_seen_ns + 2 * sc->hb_timeout_ns < now)
-		return 0;
+	if (sc->flags & EDGE_SVC_F_HEARTBEAT) {
+		if (h->last_seen_ns + silence_mult * sc->hb_timeout_ns < now)
+			return 0;
+		if (need_rise && h->rise_count < sc->rise)
+			return 0;
+	}
 	return 1;
+}
+
+/* For new flows: heartbeats fresh and risen, not ejected. Draining and
+ * standby are the caller's business. */
+static __always_inline int backend_usable(const struct backend_info *be,
+					  const struct service_cfg *sc, __u64 now)
+{
+	return backend_health_ok(be, sc, now, 1, 1);
+}
+
+/* For an established flow: not silent for twice the timeout (rise is not
+ * asked again), not ejected. One late heartbeat must not move live
+ * connections; a dead backend loses them one timeout after new flows. */
+static __always_inline int backend_alive(const struct backend_info *be,
+					 const struct service_cfg *sc, __u64 now)
+{
+	return backend_health_ok(be, sc, now, 2, 0);
 }
 
 /* Ejects h unless that would take out more than max_ejected_pct of the
