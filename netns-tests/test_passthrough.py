@@ -18,7 +18,7 @@ import socket
 import pytest
 
 from controlplane.testbed.frames import Capture
-from controlplane.testbed.traffic import Conn, http_get, ping, udp_query
+from controlplane.testbed.traffic import Conn, http_get, ping, udp_query, wait_until
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
 OTHER_PORT = 9000  # on the VIP address, but no service
@@ -127,6 +127,11 @@ def test_a_direct_connection_to_a_backend_passes_from_a_port_a_vip_flow_used_bef
     router.deploy([router.service("web")])
     with connect_from(net, 45000, net.vip) as conn:
         via_vip = conn.request()
+    # The backend's FIN is reverse-NATed after close() returns; count from when it arrived
+    # (the client's side of the VIP connection is then in TIME_WAIT).
+    wait_until(lambda: net.client.run(
+        ["ss", "-Htn", "state", "time-wait", "( sport = :45000 )"]).stdout.strip(),
+        timeout_s=5, what="the VIP connection from port 45000 to reach TIME_WAIT")
     backend = net.backend_addr(int(via_vip.backend[1:]))
     before = router.counters()["verdicts"]
 
