@@ -56,7 +56,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from controlplane.config import Config, Service
 from controlplane.deploy import Progress, quiet

@@ -511,8 +511,6 @@ def test_established_connections_to_a_heartbeating_backend_never_move(shared_net
     connections make 2000 requests each; each answer must come from the backend that answered the
     connection's first. Seen on a 2-CPU VM: 4 to 6 of the 6 reset within 2000 requests. Reuses
     the rise test's deployment, so it comes after it (its heartbeats spoil the fresh endpoints)."""
-    if not hb.HAVE_AGENT:
-        pytest.skip("20 000 heartbeats a second need the heartbeat agent (controlplane.testbed.heartbeats)")
     net = shared_net
     shared.ensure([service(shared.router, timeout_ms=SLOW_TIMEOUT_MS, backend_port=fresh_endpoints)])
     for i in range(3):

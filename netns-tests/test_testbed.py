@@ -64,7 +64,7 @@ def test_topo_address_plan_follows_the_roles():
 @pytest.mark.parametrize("kwargs, message", [
     ({"backends": 0}, "backends: 0 is not in 1..254"),
     ({"backends": 255}, "backends: 255 is not in 1..254"),
-    ({"vip": "10.0.0.1"}, "not in 198.18.0.0/15"),
+    ({"vip": "198.20.0.1"}, "not in 198.18.0.0/15"),
     ({"vip": "198.18.2.9"}, "overlaps link network 198.18.2.0/24"),
 ], ids=["no backends", "too many backends", "vip outside the test range", "vip on a link"])
 def test_topo_rejects_impossible_plans(kwargs, message):
