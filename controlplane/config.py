@@ -256,6 +256,13 @@ def _sections(cls: type) -> Check:
     return check
 
 
+def _longer_than_interval(section: object, path: str, key: str) -> None:
+    """ConfigError unless section.<key> exceeds section.interval_ms."""
+    value, interval = getattr(section, key), getattr(section, "interval_ms")
+    if value <= interval:
+        raise ConfigError(f"{path}.{key}: {value} must be greater than interval_ms ({interval})")
+
+
 @dataclass(frozen=True)
 class Heartbeat:
     """UDP heartbeats from the backends, consumed by the XDP program."""
@@ -266,10 +273,7 @@ class Heartbeat:
     rise: int = option("heartbeats in a row that bring a down backend back", _int(1, 100), 3)
 
     def _validate(self, path: str) -> None:
-        if self.timeout_ms <= self.interval_ms:
-            raise ConfigError(
-                f"{path}.timeout_ms: {self.timeout_ms} must be greater than interval_ms ({self.interval_ms})"
-            )
+        _longer_than_interval(self, path, "timeout_ms")
 
 
 @dataclass(frozen=True)
@@ -311,10 +315,7 @@ class MetricsScrape:
     stale_ms: int = option("load signals older than this are ignored; > interval_ms", _ms, 2000)
 
     def _validate(self, path: str) -> None:
-        if self.stale_ms <= self.interval_ms:
-            raise ConfigError(
-                f"{path}.stale_ms: {self.stale_ms} must be greater than interval_ms ({self.interval_ms})"
-            )
+        _longer_than_interval(self, path, "stale_ms")
 
 
 @dataclass(frozen=True)
