@@ -143,6 +143,13 @@ def _url_path(value: Any, path: str) -> str:
 _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9][A-Za-z0-9.-]*)):(?P<port>[0-9]{1,5})")
 
 
+def _ifname(value: Any, path: str) -> str:
+    text = _string(value, path)
+    if not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", text):
+        raise ConfigError(f"{path}: {_show(text)} is not an interface name")
+    return text
+
+
 def _listen(value: Any, path: str) -> str:
     text = _string(value, path)
     match = _LISTEN.fullmatch(text)
@@ -297,6 +304,9 @@ class Probe:
     interval_ms: int = option("time between two probes of one backend", _ms, 100)
     timeout_ms: int = option("a probe slower than this fails; <= interval_ms", _ms, 50)
     window: int = option("samples kept per backend for RTT and health", _int(1, 1000), 10)
+    fall: int = option("failed probes in a row that take a backend out of the weights", _int(1, 100), 3)
+    rise: int = option("good probes in a row that bring it back (then slow start)", _int(1, 100), 2)
+    grpc_service: str = option("service name sent in the grpc.health.v1 Check (kind grpc); '' is the server", _string, "")
 
     def _validate(self, path: str) -> None:
         # A probe that may outlive its interval lets probes pile up on a slow backend.
@@ -340,6 +350,16 @@ class Weights:
     floor: int = option("no computed weight goes below this", _int(1, 65535), 1)
     max_ratio: int = option("largest weight / smallest weight", _int(1, 65535), 20)
     hysteresis_pct: int = option("changes smaller than this are not applied", _int(0, 100), 10)
+    smoothing: str = option(
+        "RTT smoothing: peak_ewma (a slower sample counts at once, a faster one decays in) or ewma",
+        _one_of("peak_ewma", "ewma"),
+        "peak_ewma",
+    )
+    decay_ms: int = option("time constant of the RTT smoothing", _ms, 500)
+    load_aware: bool = option("scale weights down by queue depth and KV-cache use (needs health.metrics)", _bool, True)
+    hung_ms: int = option("work outstanding with no progress this long marks the engine hung", _ms, 2000)
+    slow_start_ms: int = option("a recovered backend ramps from the floor to its weight over this long; 0 is off",
+                                _int(0, MAX_MS), 5000)
 
 
 @dataclass(frozen=True)
@@ -419,6 +439,7 @@ class Node:
     pin_dir: str = option("bpffs directory the maps are pinned under", _abs_path, "/sys/fs/bpf/edge")
     api_socket: str = option("unix socket edged serves edgectl on", _abs_path, "/run/edge/edged.sock")
     metrics_listen: str = option("HOST:PORT of the Prometheus endpoint", _listen, "127.0.0.1:9470")
+    iface: Optional[str] = option("interface edged deploys on when it finds nothing deployed", _ifname, None)
     xdp_mode: str = option("native (driver) or generic (skb) XDP", _one_of("native", "generic"), "native")
 
 

@@ -306,8 +306,9 @@ ERROR_CASES = [
         "node unknown key",
         {"node.maglev": 7},
         "node.maglev: unknown key (allowed: maglev_m, max_services, max_backends, ct_size, pin_dir, "
-        "api_socket, metrics_listen, xdp_mode)",
+        "api_socket, metrics_listen, iface, xdp_mode)",
     ),
+    Case("iface not a name", {"node.iface": "eth 0"}, "node.iface: 'eth 0' is not an interface name"),
     Case("maglev_m not prime", {"node.maglev_m": 65536}, "node.maglev_m: 65536 is not prime"),
     Case("maglev_m too small", {"node.maglev_m": 1007}, "node.maglev_m: 1007 is out of range 1009..1000003"),
     Case("maglev_m too large", {"node.maglev_m": 1000033}, "node.maglev_m: 1000033 is out of range 1009..1000003"),
@@ -538,11 +539,17 @@ ERROR_CASES = [
         "services[0].health.metrics.path: expected a string, got a list",
     ),
     # weights
+    Case(
+        "smoothing unknown",
+        {"services[0].weights.smoothing": "median"},
+        "services[0].weights.smoothing: expected one of peak_ewma, ewma, got 'median'",
+    ),
     Case("weights null", {"services[0].weights": None}, "services[0].weights: expected a mapping, got null"),
     Case(
         "weights unknown key",
         {"services[0].weights.ewma": 0.5},
-        "services[0].weights.ewma: unknown key (allowed: policy, floor, max_ratio, hysteresis_pct)",
+        "services[0].weights.ewma: unknown key (allowed: policy, floor, max_ratio, hysteresis_pct, "
+        "smoothing, decay_ms, load_aware, hung_ms, slow_start_ms)",
     ),
     Case(
         "weights policy random",

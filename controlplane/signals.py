@@ -1,0 +1,99 @@
+"""What the prober hands to the weight policy: one probe result (Sample), one
+scrape of a backend's load signals (Load), and the window of recent samples
+kept per backend. Plain data, no I/O: prober.py makes these, weights.py and
+status read them.
+
+Times are CLOCK_MONOTONIC nanoseconds (time.monotonic_ns(), the clock the data
+path uses), so they compare directly with what the maps hold.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One probe of one backend. A failed probe is a data point, not an error:
+    ok is False, rtt_s is None and error says why in a few words."""
+
+    t_ns: int
+    ok: bool
+    rtt_s: Optional[float] = None
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Load:
+    """One scrape of a backend's metrics endpoint. ok is False when the scrape
+    failed (refused, timed out, 404, unparsable); a signal the backend does not
+    export is None. kv_usage is a fraction 0..1. progress is a counter that
+    grows while the engine serves (generated tokens, or finished requests when
+    tokens are not exported); a hung engine stops it."""
+
+    t_ns: int
+    ok: bool
+    waiting: Optional[float] = None
+    running: Optional[float] = None
+    kv_usage: Optional[float] = None
+    progress: Optional[float] = None
+    error: Optional[str] = None
+
+
+def quantile(values: Iterable[float], q: float) -> Optional[float]:
+    """The q-quantile (0..1) by nearest rank; None for no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    rank = min(len(ordered) - 1, max(0, int(-(-q * len(ordered) // 1)) - 1))
+    return ordered[rank]
+
+
+class Window:
+    """The last `size` samples of one backend, newest last."""
+
+    def __init__(self, size: int = 10):
+        if size < 1:
+            raise ValueError("window size must be at least 1")
+        self.samples: deque[Sample] = deque(maxlen=size)
+
+    @property
+    def size(self) -> int:
+        return self.samples.maxlen or 0
+
+    def add(self, sample: Sample) -> None:
+        self.samples.append(sample)
+
+    def resize(self, size: int) -> None:
+        if size != self.size:
+            self.samples = deque(self.samples, maxlen=size)
+
+    def rtts(self) -> list[float]:
+        return [s.rtt_s for s in self.samples if s.ok and s.rtt_s is not None]
+
+    def p50(self) -> Optional[float]:
+        return quantile(self.rtts(), 0.50)
+
+    def p99(self) -> Optional[float]:
+        return quantile(self.rtts(), 0.99)
+
+    def last(self) -> Optional[Sample]:
+        return self.samples[-1] if self.samples else None
+
+    def failures_in_a_row(self) -> int:
+        n = 0
+        for s in reversed(self.samples):
+            if s.ok:
+                break
+            n += 1
+        return n
+
+    def successes_in_a_row(self) -> int:
+        n = 0
+        for s in reversed(self.samples):
+            if not s.ok:
+                break
+            n += 1
+        return n
