@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -21,6 +21,10 @@ BE_F_STANDBY = 0x4
 BE_F_DRAINING = 0x8
 
 CT_F_SYN = 0x1
+
+UNKNOWN = 0xFFFFFFFF
+PROBE_F_DRAINED = 0x1
+PROBE_F_OVERRIDE = 0x2
 
 SVC_F_HEARTBEAT = 0x1
 SVC_F_PASSIVE = 0x2
@@ -82,11 +86,13 @@ MAP_HEALTH = "edge_health"
 MAP_HB = "edge_hb"
 MAP_HB_PORTS = "edge_hb_ports"
 MAP_NEXTHOP = "edge_nexthop"
+MAP_BE_PROBE = "edge_be_probe"
 
 MAP_NAMES = (
     MAP_VIPS, MAP_VIP_ADDRS, MAP_BACKENDS, MAP_MAGLEV, MAP_CT, MAP_RNAT,
     MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
     MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
+    MAP_BE_PROBE,
 )
 
 

@@ -81,21 +81,44 @@ def _print_status(snap: dict) -> None:
               f"packets {_fmt_count(s['packets'])}  bytes {_fmt_count(s['bytes'])}  "
               f"new flows {_fmt_count(s['new_flows'])}  returned {_fmt_count(s['return_packets'])}")
         total = sum(b["slots"] for b in s["backends"]) or 1
-        rows = [("backend", "address", "weight", "share", "state", "heartbeat", "packets", "new flows",
-                 "failovers", "returned")]
+        rows = [("backend", "address", "weight", "share", "state", "heartbeat", "rtt p50/p99", "load",
+                 "probe", "packets", "new flows", "failovers", "returned")]
+        notes = []
         for b in s["backends"]:
-            h = b["health"]
+            h, p = b["health"], b["probe"]
             age = h["heartbeat_age_s"]
             beat = "-" if not h["heartbeat"] else ("never" if age is None else f"{age * 1000:.0f}ms ago")
             rows.append((
                 b["name"] + (" (standby)" if b["standby"] else ""), f"{b['address']}:{b['port']}",
                 str(b["weight"]), f"{100 * b['slots'] / total:.1f}%", b["state"], beat,
+                _fmt_rtt(p), _fmt_load(p), p["state"] or "-",
                 _fmt_count(b["packets"]), _fmt_count(b["new_flows"]), _fmt_count(b["failovers"]),
                 _fmt_count(b["return_packets"]),
             ))
+            if p["reason"]:
+                notes.append(f"{b['name']}: {p['reason']}")
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             print("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        for note in notes:
+            print(f"    {note}")
+
+
+def _fmt_rtt(p: dict) -> str:
+    """The probe window's p50/p99 RTT, in ms."""
+    if not p["rtt_p50_us"]:
+        return "-"
+    return f"{p['rtt_p50_us'] / 1000:.1f}/{p['rtt_p99_us'] / 1000:.1f}ms"
+
+
+def _fmt_load(p: dict) -> str:
+    """Queue (waiting+running) and KV-cache use as the backend last reported them."""
+    parts = []
+    if p["waiting"] is not None or p["running"] is not None:
+        parts.append(f"q {p['waiting'] if p['waiting'] is not None else '?'}+{p['running'] if p['running'] is not None else '?'}")
+    if p["kv_permille"] is not None:
+        parts.append(f"kv {p['kv_permille'] / 10:.0f}%")
+    return " ".join(parts) or "-"
 
 
 def cmd_status(args) -> int:

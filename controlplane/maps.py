@@ -15,7 +15,7 @@ import mmap
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
 from typing import Mapping
 
@@ -75,6 +75,7 @@ class Maps:
         self.max_backends = len(tables[abi.MAP_BACKENDS])
         self._maglev_fd = maglev_fd
         self._mm: mmap.mmap | None = None
+        self._ids: dict[str, tuple[int, dict[str, int]]] | None = None  # set by apply(), else read once
 
     # ------------------------------------------------------------ maglev mmap
 
@@ -215,6 +216,9 @@ class Maps:
                 else:
                     be_ids[key] = self._lowest_free(used_be, self.max_backends, "backends")
                     self._zero_stats(abi.MAP_BE_STATS, be_ids[key])
+                    probe = self.t[abi.MAP_BE_PROBE]
+                    probe[probe.Key(be_ids[key])] = probe.Leaf()
+                    self.write_probe(be_ids[key], waiting=None, running=None, kv_permille=None)
                     report.added_backends.append(f"{s.name}/{b.name}")
 
         # health ids: one per backend address:port, kept across updates
@@ -239,6 +243,7 @@ class Maps:
             for b in s.backends:
                 hid = health_ids[(be32(b.address), be16(b.port))]
                 self._write_backend(be_ids[(vid, b.name)], vid, b, hid)
+                self.write_probe(be_ids[(vid, b.name)], config_weight=b.weight)
             self._write_service_cfg(vid, s, [be_ids[(vid, b.name)] for b in s.backends])
         self._write_heartbeats(cfg, health_ids, oifs)
         self._write_reverse_nat(cfg, svc_ids, be_ids)
@@ -270,7 +275,104 @@ class Maps:
             if (vid, name) not in be_ids:
                 self._clear_backend(bid)
                 report.removed_backends.append(name)
+        self._ids = {s.name: (svc_ids[s.name], {b.name: be_ids[(svc_ids[s.name], b.name)] for b in s.backends})
+                     for s in cfg.services}
         return report
+
+    # ------------------------------------------------------------ weights
+
+    def ids(self, service: str) -> tuple[int, dict[str, int]]:
+        """(VIP id, backend name -> backend id) of a deployed service."""
+        if self._ids is None:
+            names = {vid: name for name, vid in self._services_in_maps().items()}
+            self._ids = {name: (vid, {}) for vid, name in names.items()}
+            for (vid, bname), bid in self._backends_in_maps().items():
+                if vid in names:
+                    self._ids[names[vid]][1][bname] = bid
+        if service not in self._ids:
+            raise MapError(f"service {service!r} is not deployed")
+        return self._ids[service]
+
+    def weights(self, service: str) -> dict[str, int]:
+        """Backend name -> the weight its slots in the active table were built with."""
+        _, bids = self.ids(service)
+        meta = self.t[abi.MAP_BE_META]
+        return {name: meta[meta.Key(bid)].weight for name, bid in bids.items()}
+
+    def set_weights(self, s: Service, weights: Mapping[str, int]) -> dict[str, int]:
+        """Rebuilds service s's Maglev table with these weights (backend name ->
+        0..65535; absent names keep their configured weight) into the inactive
+        half and flips to it. Established flows keep their backends: conntrack
+        names backends, not slots. Returns the slots each backend got."""
+        vid, bids = self.ids(s.name)
+        backends = tuple(replace(b, weight=int(weights.get(b.name, b.weight))) for b in s.backends)
+        s = replace(s, backends=backends)
+        ids = [bids[b.name] for b in backends]
+        vips = self.t[abi.MAP_VIPS]
+        key = vips.Key()
+        key.addr, key.port, key.proto = be32(s.vip), be16(s.port), PROTOS[s.protocol]
+        try:
+            old = vips[key]
+        except KeyError:
+            raise MapError(f"service {s.name!r} has no VIP entry {s.vip}:{s.port}/{s.protocol}") from None
+        info = self.t[abi.MAP_BACKENDS]
+        # a backend going to 0 stops getting new flows before the flip ...
+        for b, bid in zip(backends, ids):
+            if b.weight == 0:
+                self._set_draining(info, bid, True)
+        half = 1 - old.table
+        slots = self._write_service_table(vid, half, s, ids)
+        self._write_vip(s, vid, half, (key, old))
+        # ... and one coming back from 0 is in the fallback scan again after it
+        for b, bid in zip(backends, ids):
+            if b.weight != 0:
+                self._set_draining(info, bid, False)
+        meta = self.t[abi.MAP_BE_META]
+        for b, bid, n in zip(backends, ids, slots):
+            m = meta[meta.Key(bid)]
+            m.weight, m.slots = b.weight, n
+            meta[meta.Key(bid)] = m
+        return {b.name: n for b, n in zip(backends, slots)}
+
+    @staticmethod
+    def _set_draining(info, bid: int, draining: bool) -> None:
+        v = info[info.Key(bid)]
+        flags = (v.flags | abi.BE_F_DRAINING) if draining else (v.flags & ~abi.BE_F_DRAINING)
+        if flags != v.flags:
+            v.flags = flags
+            info[info.Key(bid)] = v
+
+    # ------------------------------------------------------------ probe state
+
+    PROBE_TEXT = {"state": 16, "reason": 64}
+
+    def write_probe(self, bid: int, **values) -> None:
+        """Sets fields of backend bid's edge_be_probe entry (C names of struct
+        backend_probe); strings are cut to fit, None load signals are UNKNOWN."""
+        t = self.t[abi.MAP_BE_PROBE]
+        v = t[t.Key(bid)]
+        for name, value in values.items():
+            if name in self.PROBE_TEXT:
+                value = value.encode()[: self.PROBE_TEXT[name] - 1]
+            elif value is None:
+                value = abi.UNKNOWN
+            setattr(v, name, value)
+        t[t.Key(bid)] = v
+
+    def read_probe(self, bid: int) -> dict:
+        t = self.t[abi.MAP_BE_PROBE]
+        v = t[t.Key(bid)]
+        out = {}
+        for name, _ in t.Leaf._fields_:
+            if name.startswith("pad"):
+                continue
+            value = getattr(v, name)
+            if name in self.PROBE_TEXT:
+                value = value.decode(errors="replace")
+            elif name in ("waiting", "running", "kv_permille") and value == abi.UNKNOWN:
+                value = None
+            out[name] = value
+        return out
 
     def _write_service_meta(self, vid: int, name: str | None) -> None:
         t = self.t[abi.MAP_SVC_META]
@@ -379,7 +481,7 @@ class Maps:
         meta[meta.Key(bid)] = m
 
     def _clear_backend(self, bid: int) -> None:
-        for name in (abi.MAP_BACKENDS, abi.MAP_BE_META):
+        for name in (abi.MAP_BACKENDS, abi.MAP_BE_META, abi.MAP_BE_PROBE):
             t = self.t[name]
             t[t.Key(bid)] = t.Leaf()
 
@@ -486,6 +588,7 @@ class Maps:
                 "state": "draining" if b.flags & abi.BE_F_DRAINING and health["usable"] else health["state"],
                 "health": health,
                 "slots": m.slots,
+                "probe": self.read_probe(bid),
                 **self._sum_percpu(abi.MAP_BE_STATS, bid),
             })
         services = []

@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	2
+#define EDGE_ABI_VERSION	3
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -189,6 +189,30 @@ struct backend_meta {
 	__u32	slots;		/* Maglev slots owned in the active table */
 };
 
+/* Value of edge_be_probe, indexed by backend id. User space only: what edged
+ * measured and decided, so that status reads it without edged and a
+ * restarted edged adopts it instead of starting over. Strings NUL padded. */
+#define EDGE_UNKNOWN		0xffffffff	/* a load signal not known */
+#define EDGE_PROBE_F_DRAINED	0x1	/* operator drain: weight 0 until undrained */
+#define EDGE_PROBE_F_OVERRIDE	0x2	/* operator weight override in override_weight */
+struct backend_probe {
+	__u64	updated_ns;	/* CLOCK_MONOTONIC of edged's last write; 0 = never */
+	__u32	config_weight;	/* weight in the config; backend_meta.weight is the table's */
+	__u32	rtt_p50_us;	/* over the probe window; 0 = no sample */
+	__u32	rtt_p99_us;
+	__u32	rtt_smoothed_us;	/* what the weight policy uses */
+	__u32	waiting;	/* requests queued on the engine, or EDGE_UNKNOWN */
+	__u32	running;	/* requests being served, or EDGE_UNKNOWN */
+	__u32	kv_permille;	/* KV-cache use x 1000, or EDGE_UNKNOWN */
+	__u32	probes_ok;	/* since edged adopted the backend */
+	__u32	probes_failed;
+	__u32	flags;		/* EDGE_PROBE_F_* */
+	__u32	override_weight;
+	__u32	pad;
+	char	state[16];	/* up, down, hung, slow-start, ... */
+	char	reason[64];	/* why, in a few words */
+};
+
 /* Value of edge_node (one entry). User space only: what undeploy must undo
  * and the sizes the pinned maps were made with. */
 struct node_info {
@@ -240,5 +264,6 @@ _Static_assert(sizeof(struct heartbeat) == EDGE_HEARTBEAT_SIZE, "abi: heartbeat"
 _Static_assert(sizeof(struct service_meta) == 40, "abi: service_meta");
 _Static_assert(sizeof(struct backend_meta) == 40, "abi: backend_meta");
 _Static_assert(sizeof(struct node_info) == 104, "abi: node_info");
+_Static_assert(sizeof(struct backend_probe) == 136, "abi: backend_probe");
 
 #endif /* EDGE_ABI_H */

@@ -76,6 +76,8 @@ BPF_TABLE_PINNED("array", __u32, struct service_meta, edge_svc_meta,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_svc_meta));
 BPF_TABLE_PINNED("array", __u32, struct backend_meta, edge_be_meta,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_be_meta));
+BPF_TABLE_PINNED("array", __u32, struct backend_probe, edge_be_probe,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_be_probe));
 BPF_TABLE_PINNED("array", __u32, struct node_info, edge_node,
 		 1, EDGE_PIN(edge_node));
 
