@@ -2,17 +2,17 @@
 that wires config, loader and maps together. Each step that changes the node
 pushes its undo, so a failed deploy leaves the interface as it was. Holds no
 packet logic and no map layouts (maps.py), and imports no bcc (loader.py).
-edgectl calls it today; edged will call the same functions."""
+edgectl and edged call the same functions."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from controlplane import abi, loader
 from controlplane.config import Config
-from controlplane.errors import ConfigError, EdgeError, LoaderError, NotDeployed
+from controlplane.errors import ConfigError, EdgeError, LoaderError, MapError, NotDeployed
 from controlplane.maps import Maps
 
 Progress = Callable[[str], None]
@@ -31,6 +31,33 @@ class DeployResult:
     updated: bool  # True when it replaced a deployment already there
     return_ifaces: tuple[str, ...]
     report: object
+    held: loader.Loaded | None = None  # with hold=True: the open data path; the caller closes it
+    maps: Maps | None = None
+
+
+def adopted(maps: Maps, cfg: Config) -> Config:
+    """cfg with the weights the deployed tables were built with, for services and
+    backends already there whose weights are computed (policy other than static).
+    A restarted edged programs this instead of cfg, so no weight jumps back to
+    the configured one. A configured weight 0 (drain) still wins."""
+    deployed = {}
+    for s in cfg.services:
+        if s.weights.policy == "static":
+            continue
+        try:
+            deployed[s.name] = maps.weights(s.name)
+        except MapError:
+            continue  # a new service: configured weights
+    if not deployed:
+        return cfg
+    services = []
+    for s in cfg.services:
+        now = deployed.get(s.name, {})
+        backends = tuple(
+            replace(b, weight=now[b.name]) if b.name in now and b.weight != 0 else b for b in s.backends
+        )
+        services.append(replace(s, backends=backends))
+    return replace(cfg, services=tuple(services))
 
 
 def params_of(cfg: Config) -> loader.Params:
@@ -76,8 +103,11 @@ def _check_sizes(maps: Maps, cfg: Config) -> None:
             )
 
 
-def deploy(cfg: Config, iface: str, progress: Progress = quiet) -> DeployResult:
-    """Loads, attaches and programs the data path on iface, or changes nothing."""
+def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: bool = False,
+           hold: bool = False) -> DeployResult:
+    """Loads, attaches and programs the data path on iface, or changes nothing.
+    adopt_weights: keep the computed weights already in the tables (see adopted()).
+    hold: return the open data path and maps in the result instead of closing them."""
     pin_dir = cfg.node.pin_dir
     loader.check_bpffs(pin_dir)
     ingress = loader.ifindex(iface)
@@ -112,7 +142,7 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet) -> DeployResult:
         tc_fn = loaded.load(abi.PROG_RETURN, "tc")
 
         progress(f"programming {len(cfg.services)} services")
-        report = maps.apply(cfg, routes)
+        report = maps.apply(adopted(maps, cfg) if updating and adopt_weights else cfg, routes)
 
         if old_node and old_node["ip_forward_was"] is not None:
             forward_was = old_node["ip_forward_was"]
@@ -146,16 +176,20 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet) -> DeployResult:
             ingress_ifindex=ingress, xdp_flags=flags, ip_forward_was=forward_was,
             return_ifindex=list(added), return_clsact_added=list(added.values()),
         )
-        maps.close()
+        if not hold:
+            maps.close()
     except BaseException as e:
         failed = undo.rollback()
+        if loaded is not None:
+            loaded.close()
         if failed and isinstance(e, EdgeError):
             raise type(e)(f"{e} (and undo failed: {failed[0]})") from e
         raise
-    finally:
-        if loaded is not None:
-            loaded.close()
+    if not hold:
+        loaded.close()
     undo.forget()
+    if hold:
+        return DeployResult(iface, instance, pin_path, mode, updating, names, report, loaded, maps)
     return DeployResult(iface, instance, pin_path, mode, updating, names, report)
 
 

@@ -1,0 +1,360 @@
+"""edged: the control-plane daemon of one edge node.
+
+It deploys the data path (or adopts the one already pinned, keeping its
+weights and conntrack), probes every backend (prober.py), turns what it
+measures into weights (weights.py) and writes only what changed into the
+Maglev tables (maps.set_weights: inactive half, then one flip). What it
+measured goes into edge_be_probe once a second, so `edgectl status` shows it
+without asking edged. Everything runs on one asyncio loop; nothing here
+blocks it for long (a table rebuild for 64 backends is a few ms).
+
+    edged --config /etc/edge/edge.yaml [--iface eth0]
+
+Stopping edged leaves the data path forwarding with the last weights; a new
+edged picks up from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from controlplane import __version__, abi, deploy, loader, weights
+from controlplane.config import Config, Service, load_config
+from controlplane.errors import ConfigError, EdgeError
+from controlplane.prober import Prober, Target
+from controlplane.signals import Load, Sample
+
+PROG = "edged"
+STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
+EVENTS_KEPT = 512
+
+
+def _log(line: str) -> None:
+    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+
+
+def _log_json(event: dict) -> None:
+    print(json.dumps(event, default=str), file=sys.stderr, flush=True)
+
+
+class Events:
+    """What edged did and saw, in order: for the log, tests and API watchers.
+    Each event is a dict with t (UNIX time), kind, and fields of its own."""
+
+    def __init__(self, json_lines: bool = False, keep: int = EVENTS_KEPT):
+        self.recent: deque[dict] = deque(maxlen=keep)
+        self._queues: set[asyncio.Queue] = set()
+        self.json_lines = json_lines
+
+    def emit(self, kind: str, text: str, **fields) -> dict:
+        event = {"t": time.time(), "kind": kind, "text": text, **fields}
+        self.recent.append(event)
+        if self.json_lines:
+            _log_json(event)
+        else:
+            _log(text)
+        for q in list(self._queues):
+            try:
+                q.put_nowait(event)
+            except asyncio.QueueFull:  # a watcher that does not read loses events, not edged
+                pass
+        return event
+
+    def subscribe(self, size: int = 1024) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue(size)
+        self._queues.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue) -> None:
+        self._queues.discard(q)
+
+
+@dataclass
+class Steered:
+    """One service as edged drives it."""
+
+    service: Service
+    trackers: dict[str, weights.Tracker] = field(default_factory=dict)
+    pushed: Optional[dict[str, int]] = None  # weights in the active table
+    states: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    pushes: int = 0
+
+    @property
+    def computed(self) -> bool:
+        return self.service.weights.policy != "static"
+
+
+class Daemon:
+    """One edged: a deployed data path and the loop that steers it."""
+
+    def __init__(self, cfg: Config, iface: str, events: Events | None = None):
+        self.cfg = cfg
+        self.iface = iface
+        self.events = events or Events()
+        self.prober = Prober(on_sample=self._on_sample, on_load=self._on_load)
+        self.services: dict[str, Steered] = {}
+        self.counts: dict[tuple[str, str], list[int]] = {}  # (service, backend) -> [ok, failed]
+        self.maps = None
+        self._held = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = asyncio.Event()
+
+    # ------------------------------------------------------------ start, stop
+
+    def start(self) -> None:
+        """Deploys or adopts the data path and starts probing. Raises EdgeError."""
+        res = deploy.deploy(self.cfg, self.iface, progress=lambda line: self.events.emit("progress", line),
+                            adopt_weights=True, hold=True)
+        self._held, self.maps = res.held, res.maps
+        verb = "adopted the data path on" if res.updated else "deployed on"
+        self.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
+                                     f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",
+                         iface=res.iface, adopted=res.updated)
+        self._set_services(self.cfg)
+
+    def _set_services(self, cfg: Config) -> None:
+        old = self.services
+        self.services = {}
+        for s in cfg.services:
+            st = old.get(s.name) or Steered(s)
+            st.service = s
+            st.trackers = {b.name: st.trackers.get(b.name) or weights.Tracker() for b in s.backends}
+            if st.pushed is None or set(st.pushed) != {b.name for b in s.backends}:
+                st.pushed = self.maps.weights(s.name)
+            self.services[s.name] = st
+            for b in s.backends:
+                self.counts.setdefault((s.name, b.name), [0, 0])
+        self.prober.set_targets(self._targets(cfg))
+
+    @staticmethod
+    def _targets(cfg: Config) -> list[Target]:
+        out = []
+        for s in cfg.services:
+            health = s.health
+            probe = health.probe if health else None
+            metrics = health.metrics if health else None
+            if probe is None and metrics is None:
+                continue
+            for b in s.backends:
+                out.append(Target((s.name, b.name), str(b.address), b.port, probe, metrics))
+        return out
+
+    async def run(self) -> None:
+        """Steers until stop() is called."""
+        for st in self.services.values():
+            self._tasks.append(asyncio.create_task(self._steer_loop(st.service.name)))
+        self._tasks.append(asyncio.create_task(self._status_loop()))
+        await self._stopping.wait()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.prober.close()
+        if self.maps is not None:
+            self._write_status(time.monotonic_ns())
+            self.maps.close()
+            self.maps = None
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
+    # ------------------------------------------------------------ signals in
+
+    def _on_sample(self, key, sample: Sample) -> None:
+        name, backend = key
+        st = self.services.get(name)
+        if st is None or backend not in st.trackers:
+            return
+        self.counts[key][0 if sample.ok else 1] += 1
+        weights.observe_sample(st.trackers[backend], sample, st.service.weights, st.service.health.probe)
+
+    def _on_load(self, key, load: Load) -> None:
+        name, backend = key
+        st = self.services.get(name)
+        if st is None or backend not in st.trackers:
+            return
+        weights.observe_load(st.trackers[backend], load, st.service.weights)
+
+    # ------------------------------------------------------------ steering
+
+    @staticmethod
+    def _interval_s(s: Service) -> float:
+        health = s.health
+        if health and health.probe:
+            return health.probe.interval_ms / 1000
+        if health and health.metrics:
+            return health.metrics.interval_ms / 1000
+        return 1.0
+
+    async def _steer_loop(self, name: str) -> None:
+        while True:
+            st = self.services.get(name)
+            if st is None:
+                return
+            try:
+                self.step(st, time.monotonic_ns())
+            except EdgeError as e:
+                self.events.emit("error", f"{name}: {e}", service=name)
+            await asyncio.sleep(self._interval_s(st.service))
+
+    def step(self, st: Steered, now_ns: int) -> bool:
+        """One decision for one service; pushes it when the policy says so."""
+        s = st.service
+        health = s.health
+        d = weights.decide(s, st.trackers, st.pushed, now_ns, health.metrics if health else None)
+        for b in s.backends:
+            state, reason = d.states.get(b.name, ""), d.reasons.get(b.name, "")
+            if state != st.states.get(b.name):
+                if b.name in st.states:
+                    self.events.emit("state", f"{s.name}/{b.name}: {st.states[b.name]} -> {state}"
+                                              + (f" ({reason})" if reason else ""),
+                                     service=s.name, backend=b.name, old=st.states[b.name], new=state,
+                                     reason=reason)
+                st.states[b.name] = state
+            st.reasons[b.name] = reason
+        if not d.push or d.weights == st.pushed:
+            return False
+        t0 = time.perf_counter()
+        self.maps.set_weights(s, d.weights)
+        took_ms = (time.perf_counter() - t0) * 1000
+        changes = ", ".join(f"{n} {st.pushed.get(n, '-')}->{w}" for n, w in d.weights.items()
+                            if st.pushed.get(n) != w)
+        st.pushed = dict(d.weights)
+        st.pushes += 1
+        self.events.emit("weights", f"{s.name}: weights {changes} ({took_ms:.1f} ms)",
+                         service=s.name, weights=dict(d.weights), took_ms=took_ms)
+        return True
+
+    # ------------------------------------------------------------ status out
+
+    async def _status_loop(self) -> None:
+        while True:
+            try:
+                self._write_status(time.monotonic_ns())
+            except EdgeError as e:
+                self.events.emit("error", f"status: {e}")
+            await asyncio.sleep(STATUS_EVERY_S)
+
+    def backend_view(self, name: str, backend: str, now_ns: int) -> dict:
+        """What edged knows of one backend: window, smoothing, load, state."""
+        st = self.services[name]
+        window = self.prober.window((name, backend))
+        view = weights.describe(st.trackers[backend], now_ns)
+        ok, failed = self.counts.get((name, backend), (0, 0))
+        view.update({
+            "rtt_p50_s": window.p50() if window else None,
+            "rtt_p99_s": window.p99() if window else None,
+            "rtt_window": window.rtts() if window else [],
+            "probes_ok": ok,
+            "probes_failed": failed,
+            "weight": (st.pushed or {}).get(backend),
+            "config_weight": next(b.weight for b in st.service.backends if b.name == backend),
+            "state": st.states.get(backend, "static" if not st.computed else ""),
+            "reason": st.reasons.get(backend, ""),
+        })
+        return view
+
+    def _write_status(self, now_ns: int) -> None:
+        def us(seconds):
+            return 0 if seconds is None else max(1, min(int(seconds * 1e6), 0xFFFFFFFE))
+
+        def count(value):
+            return None if value is None else min(int(value), 0xFFFFFFFE)
+
+        for name, st in self.services.items():
+            _, bids = self.maps.ids(name)
+            for b in st.service.backends:
+                v = self.backend_view(name, b.name, now_ns)
+                kv = v.get("kv_usage")
+                self.maps.write_probe(
+                    bids[b.name], updated_ns=now_ns, config_weight=b.weight,
+                    rtt_p50_us=us(v["rtt_p50_s"]), rtt_p99_us=us(v["rtt_p99_s"]),
+                    rtt_smoothed_us=us(v.get("rtt_smoothed_s")),
+                    waiting=count(v.get("waiting")), running=count(v.get("running")),
+                    kv_permille=None if kv is None else min(1000, int(kv * 1000)),
+                    probes_ok=v["probes_ok"] & 0xFFFFFFFF, probes_failed=v["probes_failed"] & 0xFFFFFFFF,
+                    state=v["state"], reason=v["reason"],
+                )
+
+
+# ---------------------------------------------------------------- command line
+
+
+def pick_iface(cfg: Config, given: str | None) -> str:
+    """--iface, else node.iface, else the one router already deployed here."""
+    if given:
+        return given
+    if cfg.node.iface:
+        return cfg.node.iface
+    loader.check_bpffs(cfg.node.pin_dir)
+    here = loader.instances_here(cfg.node.pin_dir)
+    if len(here) == 1:
+        return here[0].rsplit("-", 1)[0]
+    raise ConfigError("node.iface: not set, and no --iface given (edged needs the interface to deploy on)")
+
+
+async def serve(cfg: Config, iface: str, events: Events | None = None,
+                ready: Callable[[Daemon], None] | None = None) -> int:
+    daemon = Daemon(cfg, iface, events)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.stop)
+    try:
+        daemon.start()
+        if ready:
+            ready(daemon)
+        await daemon.run()
+    finally:
+        await daemon.close()
+    daemon.events.emit("stopped", "stopped; the data path keeps forwarding with the last weights")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="The edge router's daemon: deploys (or adopts) the data path, probes every backend "
+                    "and steers new flows by latency and GPU load. Runs in the foreground; stop it with "
+                    "SIGTERM. The data path keeps forwarding while edged is down.",
+    )
+    p.add_argument("--config", required=True, metavar="FILE", help="YAML config (see edge/edge.yaml)")
+    p.add_argument("--iface", help="client-facing interface (default: node.iface, or the one deployed here)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="stderr lines: text, or one JSON event per line (default %(default)s)")
+    p.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        iface = pick_iface(cfg, args.iface)
+        return asyncio.run(serve(cfg, iface, Events(json_lines=args.log_format == "json")))
+    except EdgeError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
