@@ -363,6 +363,13 @@ class Weights:
 
 
 @dataclass(frozen=True)
+class Sla:
+    """Service-level marks: probe windows over the target are counted (edge_sla_violations_total)."""
+
+    p99_rtt_ms: int = option("p99 of a backend's probe window above this counts as a violation", _ms)
+
+
+@dataclass(frozen=True)
 class Backend:
     """One inference server behind a service."""
 
@@ -391,6 +398,11 @@ class Service:
     )
     health: Optional[Health] = option("health checks; none when absent", _section(Health), None)
     weights: Weights = option("weight policy", _section(Weights), Weights())
+    sla: Optional[Sla] = option("SLA marks; none when absent", _section(Sla), None)
+    drain_timeout_ms: int = option(
+        "on reload, connections of a removed backend are kept this long (0: until they end)",
+        _int(0, MAX_MS), 30000,
+    )
     backends: tuple[Backend, ...] = option(
         "the backends; at least one not standby", _sections(Backend), (), required=True
     )
