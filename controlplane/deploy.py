@@ -122,6 +122,14 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
     updating = current is not None
     instance = loader.instance_name(iface)
     pin_path = loader.instance_dir(pin_dir, instance)
+    other = loader.other_abi_pins(pin_dir, instance)
+    if other and not pin_path.exists():
+        # Reading maps of another layout would misread every entry: refuse, say how to move on.
+        raise LoaderError(
+            f"{iface}: the data path pinned at {other[0]} has ABI {other[0].parent.name}, this build uses "
+            f"v{abi.ABI_VERSION}; migrate with 'edgectl undeploy --iface {iface}' (removes the old version; "
+            f"its connections reset) and deploy again"
+        )
     if updating and not pin_path.exists():
         raise LoaderError(f"{iface} runs {abi.PROG_INGRESS} but {pin_path} has no pins; run 'edgectl undeploy --iface {iface}' first")
 
@@ -196,13 +204,17 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
 def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
     """Removes what deploy put on iface; False when nothing was there."""
     loader.check_bpffs(pin_dir)
-    pin_path = loader.instance_dir(pin_dir, loader.instance_name(iface))
+    instance = loader.instance_name(iface)
+    pin_path = loader.instance_dir(pin_dir, instance)
     try:
         ingress = loader.ifindex(iface)
         current = loader.xdp_state(ingress)
     except LoaderError:  # the interface is gone; its pins may not be
         ingress, current = None, None
     ours = current is not None and current.name == abi.PROG_INGRESS
+    other = loader.other_abi_pins(pin_dir, instance)
+    if other and not pin_path.exists():
+        return _undeploy_other_abi(iface, current if ours else None, other, progress)
     if not pin_path.exists() and not ours:
         return False
 
@@ -236,6 +248,28 @@ def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
     return True
 
 
+def _undeploy_other_abi(iface: str, current, pins: list[Path], progress: Progress) -> bool:
+    """Removes a data path of another ABI version without reading its maps: its XDP
+    program, our return-path filters (known by priority and name) on every interface
+    of this namespace, and its pins. A clsact qdisc it added stays (harmless)."""
+    if current is not None:
+        loader.detach_xdp(iface, loader.XDP_MODES.get(current.mode, 0))
+        progress(f"detached XDP ({pins[0].parent.name}) from {iface}")
+    for index in loader.ifindexes():
+        if loader.has_clsact(index) and (loader.return_filter(index) or "").startswith(abi.PROG_RETURN):
+            loader.detach_tc(index)
+            progress(f"detached the return path from {loader.ifname(index)}")
+    for path in pins:
+        loader.remove_pins(path)
+        for parent in (path.parent, path.parent.parent):
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+        progress(f"removed pins under {path}")
+    return True
+
+
 def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False) -> list[dict]:
     """Snapshots of the instances deployed in this network namespace."""
     loader.check_bpffs(pin_dir)
@@ -246,20 +280,26 @@ def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False
         loaded = loader.open_pinned(pin_path)
         try:
             maps = open_maps(loaded)
-            snap = maps.snapshot(count_conntrack)
+            out.append(describe(maps, name, pin_path, count_conntrack))
             maps.close()
         finally:
             loaded.close()
-        node = snap["node"]
-        snap["instance"] = name
-        snap["pin_path"] = str(pin_path)
-        snap["iface"] = loader.ifname(node["ingress_ifindex"]) if node["ingress_ifindex"] else None
-        xdp = loader.xdp_state(node["ingress_ifindex"]) if node["ingress_ifindex"] else None
-        snap["xdp"] = {"attached": bool(xdp and xdp.name == abi.PROG_INGRESS),
-                       "mode": xdp.mode if xdp else None, "prog_id": xdp.prog_id if xdp else None}
-        snap["return_ifaces"] = [loader.ifname(i) for i in node["return_ifindex"]]
-        out.append(snap)
     if iface and not out:
         raise NotDeployed(f"nothing deployed on {iface}")
     return out
+
+
+def describe(maps: Maps, instance: str, pin_path: Path, count_conntrack: bool = False) -> dict:
+    """One instance as `edgectl status --json` shows it: the maps' snapshot plus
+    what is attached where."""
+    snap = maps.snapshot(count_conntrack)
+    node = snap["node"]
+    snap["instance"] = instance
+    snap["pin_path"] = str(pin_path)
+    snap["iface"] = loader.ifname(node["ingress_ifindex"]) if node["ingress_ifindex"] else None
+    xdp = loader.xdp_state(node["ingress_ifindex"]) if node["ingress_ifindex"] else None
+    snap["xdp"] = {"attached": bool(xdp and xdp.name == abi.PROG_INGRESS),
+                   "mode": xdp.mode if xdp else None, "prog_id": xdp.prog_id if xdp else None}
+    snap["return_ifaces"] = [loader.ifname(i) for i in node["return_ifindex"]]
+    return snap
 

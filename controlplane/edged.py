@@ -24,7 +24,7 @@ import sys
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from controlplane import __version__, abi, deploy, loader, weights
@@ -35,6 +35,7 @@ from controlplane.signals import Load, Sample
 
 PROG = "edged"
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
+LEAVING_IDLE_S = 3.0  # a removed backend with no packets this long has no connections left
 EVENTS_KEPT = 512
 
 
@@ -79,6 +80,19 @@ class Events:
 
 
 @dataclass
+class Leaving:
+    """A backend (or a whole service) a reload removed: it stays in the tables with
+    weight 0, keeping its connections, until it is idle or its drain timeout passes."""
+
+    service: Service  # the service as it was, for backends of a removed service
+    backend: object  # config.Backend
+    deadline_ns: int
+    packets: int = -1
+    quiet_since_ns: int = 0
+    whole_service: bool = False
+
+
+@dataclass
 class Steered:
     """One service as edged drives it."""
 
@@ -97,9 +111,15 @@ class Steered:
 class Daemon:
     """One edged: a deployed data path and the loop that steers it."""
 
-    def __init__(self, cfg: Config, iface: str, events: Events | None = None):
+    def __init__(self, cfg: Config, iface: str, events: Events | None = None, config_path: str | None = None):
         self.cfg = cfg
         self.iface = iface
+        self.config_path = config_path
+        self.drained: set[tuple[str, str]] = set()  # operator drains (API), kept across restarts
+        self.overrides: dict[tuple[str, str], int] = {}  # operator weights (API)
+        self.leaving: dict[tuple[str, str], Leaving] = {}  # removed by a reload, draining out
+        self.instance = loader.instance_name(iface)
+        self.pin_path = loader.instance_dir(cfg.node.pin_dir, self.instance)
         self.events = events or Events()
         self.prober = Prober(on_sample=self._on_sample, on_load=self._on_load)
         self.services: dict[str, Steered] = {}
@@ -116,11 +136,27 @@ class Daemon:
         res = deploy.deploy(self.cfg, self.iface, progress=lambda line: self.events.emit("progress", line),
                             adopt_weights=True, hold=True)
         self._held, self.maps = res.held, res.maps
+        self._adopt_operator_state()
         verb = "adopted the data path on" if res.updated else "deployed on"
         self.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
                                      f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",
                          iface=res.iface, adopted=res.updated)
         self._set_services(self.cfg)
+
+    def _adopt_operator_state(self) -> None:
+        """Drains and weight overrides set through the API live in edge_be_probe, so a
+        restarted edged keeps them."""
+        for s in self.cfg.services:
+            _, bids = self.maps.ids(s.name)
+            for name, bid in bids.items():
+                p = self.maps.read_probe(bid)
+                if p["flags"] & abi.PROBE_F_DRAINED:
+                    self.drained.add((s.name, name))
+                if p["flags"] & abi.PROBE_F_OVERRIDE:
+                    self.overrides[(s.name, name)] = p["override_weight"]
+        if self.drained or self.overrides:
+            self.events.emit("adopted", f"kept {len(self.drained)} drains and {len(self.overrides)} weight "
+                                        f"overrides from before the restart")
 
     def _set_services(self, cfg: Config) -> None:
         old = self.services
@@ -152,7 +188,8 @@ class Daemon:
     async def run(self) -> None:
         """Steers until stop() is called."""
         for st in self.services.values():
-            self._tasks.append(asyncio.create_task(self._steer_loop(st.service.name)))
+            name = st.service.name
+            self._tasks.append(asyncio.create_task(self._steer_loop(name), name=f"steer:{name}"))
         self._tasks.append(asyncio.create_task(self._status_loop()))
         await self._stopping.wait()
 
@@ -227,6 +264,12 @@ class Daemon:
                                      reason=reason)
                 st.states[b.name] = state
             st.reasons[b.name] = reason
+        wanted = self._operator_weights(s, d.weights)
+        if wanted != d.weights:
+            # the operator's word beats the policy's; push whenever they differ from the table
+            if wanted == st.pushed:
+                return False
+            d = weights.Decision(wanted, d.states, d.reasons, True)
         if not d.push or d.weights == st.pushed:
             return False
         t0 = time.perf_counter()
@@ -240,12 +283,191 @@ class Daemon:
                          service=s.name, weights=dict(d.weights), took_ms=took_ms)
         return True
 
+    def _operator_weights(self, s: Service, computed: dict[str, int]) -> dict[str, int]:
+        out = dict(computed)
+        for b in s.backends:
+            key = (s.name, b.name)
+            if key in self.drained or key in self.leaving:
+                out[b.name] = 0
+            elif key in self.overrides:
+                out[b.name] = self.overrides[key]
+        return out
+
+    # ------------------------------------------------------------ operator actions (API)
+
+    def _find(self, service: str, backend: str) -> Steered:
+        st = self.services.get(service)
+        if st is None:
+            raise LookupError(f"no service {service!r}")
+        if backend not in st.trackers:
+            raise LookupError(f"service {service!r} has no backend {backend!r}")
+        return st
+
+    def drain(self, service: str, backend: str) -> None:
+        """Weight 0 for backend until undrained: no new flows, its connections stay."""
+        st = self._find(service, backend)
+        self.drained.add((service, backend))
+        self.events.emit("drain", f"{service}/{backend}: drained by the operator", service=service, backend=backend)
+        self.step(st, time.monotonic_ns())
+        self._write_status(time.monotonic_ns())
+
+    def undrain(self, service: str, backend: str) -> None:
+        st = self._find(service, backend)
+        self.drained.discard((service, backend))
+        self.events.emit("undrain", f"{service}/{backend}: undrained by the operator", service=service,
+                         backend=backend)
+        self.step(st, time.monotonic_ns())
+        self._write_status(time.monotonic_ns())
+
+    def set_override(self, service: str, backend: str, weight: int | None) -> None:
+        """A fixed weight for backend, beating the policy; None gives it back to the policy."""
+        st = self._find(service, backend)
+        if weight is None:
+            self.overrides.pop((service, backend), None)
+            text = "weight override cleared"
+        else:
+            if not 0 <= int(weight) <= 65535:
+                raise ValueError(f"weight: {weight} is out of range 0..65535")
+            self.overrides[(service, backend)] = int(weight)
+            text = f"weight overridden to {int(weight)}"
+        self.events.emit("override", f"{service}/{backend}: {text}", service=service, backend=backend,
+                         weight=weight)
+        self.step(st, time.monotonic_ns())
+        self._write_status(time.monotonic_ns())
+
+    def snapshot(self) -> dict:
+        """This instance as `edgectl status --json` shows it, plus edged's view per backend."""
+        snap = deploy.describe(self.maps, self.instance, self.pin_path)
+        now = time.monotonic_ns()
+        for svc in snap["services"]:
+            st = self.services.get(svc["name"])
+            svc["pushes"] = st.pushes if st else 0
+            for b in svc["backends"]:
+                if st and b["name"] in st.trackers:
+                    b["edged"] = self.backend_view(svc["name"], b["name"], now)
+        return snap
+
+    async def reload(self, path: str | None = None) -> dict:
+        """Validates the config at path (default: the one edged started with) and applies it
+        as a diff. A bad config raises ConfigError and changes nothing. Removed backends and
+        services drain: weight 0, connections kept until idle or drain_timeout_ms."""
+        path = path or self.config_path
+        if path is None:
+            raise ConfigError("reload: edged was started without a config file")
+        new = load_config(path)
+        for key in ("maglev_m", "max_services", "max_backends", "ct_size", "pin_dir", "xdp_mode"):
+            if getattr(new.node, key) != getattr(self.cfg.node, key):
+                raise ConfigError(f"node.{key}: changed from {getattr(self.cfg.node, key)} to "
+                                  f"{getattr(new.node, key)}; a reload cannot resize the data path "
+                                  f"(restart edged after 'edgectl undeploy')")
+        now = time.monotonic_ns()
+        old = self.cfg
+        new_names = {s.name: s for s in new.services}
+        leaving = dict(self.leaving)
+        for s in old.services:
+            kept = new_names.get(s.name)
+            for b in s.backends:
+                key = (s.name, b.name)
+                if kept is not None and any(nb.name == b.name for nb in kept.backends):
+                    leaving.pop(key, None)
+                    continue
+                if key not in leaving:
+                    leaving[key] = Leaving(s, b, now + s.drain_timeout_ms * 1_000_000,
+                                           whole_service=kept is None)
+        applied = self._with_leaving(new, leaving)
+        report = await self._apply(applied)
+        self.cfg, self.leaving = new, leaving
+        if path != self.config_path and path is not None:
+            self.config_path = path
+        summary = {
+            "added_services": report.added_services,
+            "removed_services": [],
+            "updated_services": report.updated_services,
+            "added_backends": report.added_backends,
+            "removed_backends": [],
+            "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving),
+        }
+        self.events.emit("reload", f"reloaded {path}: " + "; ".join(
+            f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in summary.items() if v) or "no change",
+                         **{k: ",".join(v) for k, v in summary.items()})
+        return summary
+
+    @staticmethod
+    def _with_leaving(cfg: Config, leaving: dict) -> Config:
+        """cfg plus what is draining out, each at weight 0."""
+        if not leaving:
+            return cfg
+        services = {s.name: s for s in cfg.services}
+        order = [s.name for s in cfg.services]
+        for (sname, _), gone in sorted(leaving.items()):
+            b = replace(gone.backend, weight=0, standby=False)
+            if sname in services:
+                s = services[sname]
+                if all(x.name != b.name for x in s.backends):
+                    services[sname] = replace(s, backends=s.backends + (b,))
+            else:
+                services[sname] = replace(gone.service, backends=(b,))
+                order.append(sname)
+            if sname not in order:
+                order.append(sname)
+        return replace(cfg, services=tuple(services[n] for n in order))
+
+    async def _apply(self, applied: Config):
+        """Programs applied into the maps; a full deploy when it needs a new return interface."""
+        routes = deploy.backend_routes(applied)
+        node = self.maps.node()
+        if set(routes.values()) <= set(node["return_ifindex"]):
+            report = self.maps.apply(deploy.adopted(self.maps, applied), routes)
+        else:  # new backend-facing interface: deploy attaches the return path there
+            res = await asyncio.to_thread(deploy.deploy, applied, self.iface, adopt_weights=True, hold=True)
+            old_held, old_maps = self._held, self.maps
+            self._held, self.maps = res.held, res.maps
+            old_maps.close()
+            old_held.close()
+            report = res.report
+        self._set_services(applied)
+        for name in self.services:
+            if not any(t.get_name() == f"steer:{name}" for t in self._tasks if not t.done()):
+                self._tasks.append(asyncio.create_task(self._steer_loop(name), name=f"steer:{name}"))
+        return report
+
+    async def _retire_leaving(self, now_ns: int) -> None:
+        """Removes what a reload took out once it is idle (no packets for LEAVING_IDLE_S) or
+        its drain timeout has passed."""
+        if not self.leaving:
+            return
+        done = []
+        for key, gone in self.leaving.items():
+            try:
+                _, bids = self.maps.ids(key[0])
+                stats = self.maps.backend_stats(bids[key[1]])
+            except (LookupError, EdgeError):
+                done.append((key, "gone"))
+                continue
+            if stats["packets"] != gone.packets:
+                gone.packets, gone.quiet_since_ns = stats["packets"], now_ns
+            if now_ns >= gone.deadline_ns:
+                done.append((key, "drain timeout"))
+            elif now_ns - gone.quiet_since_ns >= LEAVING_IDLE_S * 1e9:
+                done.append((key, "idle"))
+        if not done:
+            return
+        leaving = dict(self.leaving)
+        for key, _ in done:
+            leaving.pop(key)
+        await self._apply(self._with_leaving(self.cfg, leaving))
+        self.leaving = leaving
+        for key, why in done:
+            self.events.emit("removed", f"{key[0]}/{key[1]}: removed after draining ({why})",
+                             service=key[0], backend=key[1], why=why)
+
     # ------------------------------------------------------------ status out
 
     async def _status_loop(self) -> None:
         while True:
             try:
                 self._write_status(time.monotonic_ns())
+                await self._retire_leaving(time.monotonic_ns())
             except EdgeError as e:
                 self.events.emit("error", f"status: {e}")
             await asyncio.sleep(STATUS_EVERY_S)
@@ -266,7 +488,14 @@ class Daemon:
             "config_weight": next(b.weight for b in st.service.backends if b.name == backend),
             "state": st.states.get(backend, "static" if not st.computed else ""),
             "reason": st.reasons.get(backend, ""),
+            "drained": (name, backend) in self.drained,
+            "override": self.overrides.get((name, backend)),
+            "leaving": (name, backend) in self.leaving,
         })
+        if view["leaving"]:
+            view["state"], view["reason"] = "leaving", "removed by reload; draining its connections"
+        elif view["drained"]:
+            view["state"], view["reason"] = "drained", "drained by the operator"
         return view
 
     def _write_status(self, now_ns: int) -> None:
@@ -289,6 +518,9 @@ class Daemon:
                     kv_permille=None if kv is None else min(1000, int(kv * 1000)),
                     probes_ok=v["probes_ok"] & 0xFFFFFFFF, probes_failed=v["probes_failed"] & 0xFFFFFFFF,
                     state=v["state"], reason=v["reason"],
+                    flags=(abi.PROBE_F_DRAINED if v["drained"] else 0)
+                    | (abi.PROBE_F_OVERRIDE if v["override"] is not None else 0),
+                    override_weight=v["override"] or 0,
                 )
 
 
@@ -308,12 +540,13 @@ def pick_iface(cfg: Config, given: str | None) -> str:
     raise ConfigError("node.iface: not set, and no --iface given (edged needs the interface to deploy on)")
 
 
-async def serve(cfg: Config, iface: str, events: Events | None = None,
+async def serve(cfg: Config, iface: str, events: Events | None = None, config_path: str | None = None,
                 ready: Callable[[Daemon], None] | None = None) -> int:
-    daemon = Daemon(cfg, iface, events)
+    daemon = Daemon(cfg, iface, events, config_path)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stop)
+    loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(_reload_logged(daemon)))
     try:
         daemon.start()
         if ready:
@@ -323,6 +556,14 @@ async def serve(cfg: Config, iface: str, events: Events | None = None,
         await daemon.close()
     daemon.events.emit("stopped", "stopped; the data path keeps forwarding with the last weights")
     return 0
+
+
+async def _reload_logged(daemon: Daemon) -> None:
+    """SIGHUP: reload, and on a bad config say why in one line and keep running."""
+    try:
+        await daemon.reload()
+    except EdgeError as e:
+        daemon.events.emit("reload-rejected", f"reload rejected, the running config stays: {e}", error=str(e))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -346,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
         iface = pick_iface(cfg, args.iface)
-        return asyncio.run(serve(cfg, iface, Events(json_lines=args.log_format == "json")))
+        return asyncio.run(serve(cfg, iface, Events(json_lines=args.log_format == "json"), args.config))
     except EdgeError as e:
         if args.debug:
             traceback.print_exc()

@@ -120,12 +120,13 @@ def instances_here(pin_dir: str) -> list[str]:
     return sorted(p.name for p in base.iterdir() if p.name.endswith(suffix))
 
 
-def older_abi_pins(pin_dir: str) -> list[Path]:
-    """Pin directories of other ABI versions (an older build left them)."""
+def other_abi_pins(pin_dir: str, instance: str) -> list[Path]:
+    """Pin directories of this instance made by a build with another ABI version."""
     base = Path(pin_dir)
     if not base.is_dir():
         return []
-    return sorted(p for p in base.glob("v*") if p.name != f"v{abi.ABI_VERSION}")
+    return sorted(p / instance for p in base.glob("v*")
+                  if p.name != f"v{abi.ABI_VERSION}" and (p / instance).is_dir())
 
 
 def remove_pins(path: Path) -> None:
@@ -317,6 +318,12 @@ def ifindex(name: str) -> int:
     if not found:
         raise LoaderError(f"interface {name}: no such interface in this network namespace")
     return found[0]
+
+
+def ifindexes() -> list[int]:
+    """Every interface of this network namespace."""
+    with _ipr() as ipr:
+        return [link["index"] for link in ipr.get_links()]
 
 
 def ifname(index: int) -> str:

@@ -558,6 +558,10 @@ class Maps:
         fields = [f for f, _ in t.sLeaf._fields_ if not f.startswith("pad")]
         return {f: sum(getattr(v, f) for v in per_cpu) for f in fields}
 
+    def backend_stats(self, bid: int) -> dict[str, int]:
+        """Traffic counters of one backend, summed over CPUs."""
+        return self._sum_percpu(abi.MAP_BE_STATS, bid)
+
     def _sum_counter(self, name: str, index: int) -> int:
         t = self.t[name]
         return sum(int(v) for v in t.getvalue(t.Key(index)))
