@@ -113,7 +113,7 @@ def _string(value: Any, path: str) -> str:
     return str(value)
 
 
-_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}")
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,30}")  # the maps keep 31 bytes and a NUL
 
 
 def _name(value: Any, path: str) -> str:
@@ -121,7 +121,7 @@ def _name(value: Any, path: str) -> str:
     if not _NAME.fullmatch(name):
         raise ConfigError(
             f"{path}: {_show(name)} is not a name "
-            "(1 to 32 of a-z 0-9 _ . -, starting with a letter or digit)"
+            "(1 to 31 of a-z 0-9 _ . -, starting with a letter or digit)"
         )
     return name
 

@@ -286,7 +286,7 @@ class Case(NamedTuple):
 
 SERVICE_KEYS = "name, vip, port, protocol, existing_flows, health, weights, sla, drain_timeout_ms, backends"
 BACKEND_KEYS = "name, address, port, weight, standby, token"
-NAME_RULE = "(1 to 32 of a-z 0-9 _ . -, starting with a letter or digit)"
+NAME_RULE = "(1 to 31 of a-z 0-9 _ . -, starting with a letter or digit)"
 
 ERROR_CASES = [
     # top level
