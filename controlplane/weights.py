@@ -1,0 +1,377 @@
+"""The weight policy: probe samples and load scrapes in, integer backend weights out.
+
+Owns the per-backend state between steps (Tracker), the steps that feed it
+(observe_sample, observe_load), the decision for one service (decide: weights,
+states, reasons, and whether a push is due) and describe() for status. Pure: no
+I/O, no clock reads (every time comes in as CLOCK_MONOTONIC ns), no kernel; the
+daemon probes, scrapes, calls these, and writes decide()'s weights when it says so.
+
+Rules, per service (w = service.weights; weights are integers 0..65535, 0 = no new flows):
+
+static      weight = backend.weight as configured; probes and load change nothing.
+            push when pushed is None or any weight differs from the pushed one.
+
+latency_inverse, per backend b (base_b = backend.weight):
+  drained   base_b == 0 -> 0 always (operator drain), state "draining".
+  RTT       smoothed per backend, tau = decay_ms, dt = time since the previous sample:
+              alpha = 1 - exp(-dt / tau)
+              ewma:      rtt <- rtt + alpha * (x - rtt)
+              peak_ewma: rtt <- x if x > rtt, else rtt + alpha * (x - rtt)
+            the first sample sets rtt = x. A failed probe feeds x = probe.timeout_ms (a
+            penalty) and counts toward probe.fall. A backend with no RTT yet uses the
+            median smoothed RTT of the backends being computed, or, when none has one,
+            the same RTT for all (weights follow base alone).
+  health    probe.fall failed probes in a row -> "down", weight 0; probe.rise good ones
+            in a row -> up again, with slow start. A new backend starts up.
+  fail-open when no non-drained backend (primary or standby) is up by its probes, the
+            down ones get their computed weights from their last smoothed RTT, state
+            "fail-open"; the kernel's heartbeats still gate liveness. A standby that is
+            up is not failed open over: the data path serves from it while every
+            primary has weight 0.
+  hung      metrics fresh, waiting + running > 0 and the progress counter unchanged for
+            hung_ms (measured between scrapes; a gap between two good scrapes longer
+            than hung_ms, or an idle scrape, restarts the clock) while the probe says
+            up -> weight = floor exactly (no max_ratio lift: effectively drained),
+            state "hung". Detected whenever health.metrics is set, load_aware or not.
+            When it ends (progress moves, or no work outstanding) slow start follows.
+  latency   lat_b = base_b / max(rtt_b, 1 us)
+            raw_b = SCALE * lat_b / max(lat_c over computed backends c) * load_b
+            (computed = non-drained, up or failed open, not hung; standbys included).
+            The best backend of an idle service gets SCALE; the load factor is not
+            normalised away, so a backend's weight moves with its own load only.
+  load      load_b = 1 when load_aware is off or health.metrics is unset. Otherwise,
+            from the newest good scrape while it is younger than metrics.stale_ms:
+              queue = 1 / (1 + waiting / max(running, 1))
+              kv    = 1 below KV_KNEE, falling linearly to KV_MIN at kv_usage 1.0
+              load  = queue * kv          (1 idle, -> 0 saturated; a signal the
+                                           backend doesn't export counts as no pressure)
+            stale (had a good scrape, now older than stale_ms; failed scrapes don't
+            refresh it): load = NEUTRAL_LOAD, state "unknown-load". Never scraped:
+            NEUTRAL_LOAD too, state "no-metrics" - unless no backend of the service
+            ever had a good scrape, then load = 1 for all (state still "no-metrics").
+  bounds    r_b = min(65535, round(raw_b)); lo = max(floor, ceil(max(r) / max_ratio));
+            weight_b = max(lo, r_b).
+  slow start after down -> up or hung -> not hung at time t0, while now - t0 < slow_start_ms:
+            weight_b = floor + (weight_b - floor) * (now - t0) / slow_start_ms, state
+            "slow-start" (below lo by design; slow_start_ms 0 turns it off).
+  hysteresis push when pushed is None, the backend names differ, a weight crosses
+            between 0 and non-zero, or for some backend
+              |weight_b - pushed_b| > hysteresis_pct% of max(pushed_b, max(pushed) / max_ratio)
+            (relative to its own weight, but weights near the floor don't churn: the
+            threshold never drops below that of the smallest weight the bounds allow).
+            When no push is due, Decision.weights is pushed unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+from controlplane import config
+from controlplane.signals import Load, Sample, Window
+
+SCALE = 10_000  # weight of the best backend of an idle service
+MAX_WEIGHT = 65535
+RTT_MIN_S = 1e-6  # an RTT of 0 would be an infinite weight
+KV_KNEE = 0.8  # KV-cache use below this costs nothing
+KV_MIN = 0.1  # KV factor at a full cache
+NEUTRAL_LOAD = 0.5  # unknown load: as loaded as one queued request per running one
+
+_NS_PER_MS = 1_000_000
+_NS_PER_S = 1e9
+
+
+@dataclass
+class Tracker:
+    """What one backend's past probes and scrapes left behind; mutated by observe_*."""
+
+    window: Window = field(default_factory=Window)  # recent samples, for p50/p99 in status
+    rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
+    rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
+    fails: int = 0  # failed probes in a row
+    oks: int = 0  # good probes in a row
+    down: bool = False  # probe.fall failures seen, probe.rise successes not yet
+    last_error: Optional[str] = None  # of the newest failed probe
+    load: Optional[Load] = None  # newest good scrape
+    scrape_failures: int = 0  # failed scrapes since the newest good one
+    scrape_error: Optional[str] = None
+    stall_since_ns: Optional[int] = None  # first scrape of the current stretch of work without progress
+    hung: bool = False  # as of the newest good scrape
+    ramp_since_ns: Optional[int] = None  # start of the current slow start
+
+
+@dataclass(frozen=True)
+class Decision:
+    """decide()'s answer for one service; every dict is keyed by backend name."""
+
+    weights: dict[str, int]  # what to use: computed when push, else pushed
+    computed: dict[str, int]  # what the policy wants right now
+    states: dict[str, str]  # static, draining, down, fail-open, hung, slow-start, unknown-load, no-metrics, up
+    reasons: dict[str, str]  # a few words for status and events
+    push: bool  # write weights to the data path
+
+
+# ---- steps ----
+
+
+def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Probe) -> None:
+    """Feed one probe result: RTT smoothing and the fall/rise counters."""
+    tr.window.resize(probe.window)
+    tr.window.add(s)
+    x = s.rtt_s if s.ok else probe.timeout_ms / 1000
+    if x is not None:
+        _smooth(tr, x, s.t_ns, w)
+    if s.ok:
+        tr.oks, tr.fails = tr.oks + 1, 0
+        if tr.down and tr.oks >= probe.rise:
+            tr.down, tr.ramp_since_ns = False, s.t_ns
+    else:
+        tr.oks, tr.fails = 0, tr.fails + 1
+        tr.last_error = s.error or "failed"
+        if not tr.down and tr.fails >= probe.fall:
+            tr.down, tr.ramp_since_ns = True, None
+
+
+def _smooth(tr: Tracker, x: float, t_ns: int, w: config.Weights) -> None:
+    if tr.rtt_s is None or tr.rtt_t_ns is None:
+        tr.rtt_s, tr.rtt_t_ns = x, t_ns
+        return
+    dt_ns = max(0, t_ns - tr.rtt_t_ns)  # a late, out-of-order sample moves the average no further
+    alpha = 1.0 - math.exp(-dt_ns / (w.decay_ms * _NS_PER_MS))
+    if w.smoothing == "peak_ewma" and x > tr.rtt_s:
+        tr.rtt_s = x
+    else:
+        tr.rtt_s += alpha * (x - tr.rtt_s)
+    tr.rtt_t_ns = max(tr.rtt_t_ns, t_ns)
+
+
+def observe_load(tr: Tracker, l: Load, w: config.Weights) -> None:
+    """Feed one scrape: the newest load signals and the hung-engine clock."""
+    if not l.ok:
+        tr.scrape_failures += 1
+        tr.scrape_error = l.error or "failed"
+        return
+    prev = tr.load
+    if prev is not None and l.t_ns < prev.t_ns:
+        return  # older than what we have
+    hung_ns = w.hung_ms * _NS_PER_MS
+    if l.progress is None or _outstanding(l) <= 0:
+        tr.stall_since_ns = None
+    elif (
+        tr.stall_since_ns is None
+        or prev is None
+        or prev.progress != l.progress
+        or l.t_ns - prev.t_ns > hung_ns
+    ):
+        tr.stall_since_ns = l.t_ns
+    hung = tr.stall_since_ns is not None and l.t_ns - tr.stall_since_ns >= hung_ns
+    if tr.hung and not hung:
+        tr.ramp_since_ns = l.t_ns
+    tr.hung, tr.load = hung, l
+    tr.scrape_failures, tr.scrape_error = 0, None
+
+
+def _outstanding(l: Load) -> float:
+    return (l.waiting or 0.0) + (l.running or 0.0)
+
+
+# ---- per-backend views at a time ----
+
+
+def load_state(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape]) -> str:
+    """fresh, stale or none (never a good scrape, or no metrics configured)."""
+    if metrics is None or tr.load is None:
+        return "none"
+    return "fresh" if now_ns - tr.load.t_ns < metrics.stale_ms * _NS_PER_MS else "stale"
+
+
+def is_hung(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape]) -> bool:
+    """Hung as of the newest scrape, and that scrape is still fresh."""
+    return tr.hung and load_state(tr, now_ns, metrics) == "fresh"
+
+
+def load_factor(l: Load) -> float:
+    """queue * kv factor of one good scrape: 1 idle, towards 0 saturated."""
+    waiting = max(0.0, l.waiting or 0.0)
+    running = max(0.0, l.running or 0.0)
+    queue = 1.0 / (1.0 + waiting / max(running, 1.0))
+    kv = 1.0
+    if l.kv_usage is not None and l.kv_usage > KV_KNEE:
+        over = (min(l.kv_usage, 1.0) - KV_KNEE) / (1.0 - KV_KNEE)
+        kv = 1.0 - (1.0 - KV_MIN) * over
+    return queue * kv
+
+
+def describe(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape] = None) -> dict:
+    """One backend's signals for status: RTTs in seconds, health, load and its state."""
+    l = tr.load
+    state = load_state(tr, now_ns, metrics)
+    return {
+        "health": "down" if tr.down else "up",
+        "rtt_s": tr.rtt_s,
+        "rtt_p50_s": tr.window.p50(),
+        "rtt_p99_s": tr.window.p99(),
+        "fails_in_a_row": tr.fails,
+        "oks_in_a_row": tr.oks,
+        "last_error": tr.last_error,
+        "load_state": state,
+        "load_age_s": None if l is None else (now_ns - l.t_ns) / _NS_PER_S,
+        "waiting": None if l is None else l.waiting,
+        "running": None if l is None else l.running,
+        "kv_usage": None if l is None else l.kv_usage,
+        "progress": None if l is None else l.progress,
+        "load_factor": load_factor(l) if state == "fresh" and l is not None else None,
+        "scrape_failures": tr.scrape_failures,
+        "scrape_error": tr.scrape_error,
+        "hung": is_hung(tr, now_ns, metrics),
+        "slow_start_since_ns": tr.ramp_since_ns,
+    }
+
+
+# ---- the decision ----
+
+
+def decide(
+    service: config.Service,
+    trackers: dict[str, Tracker],
+    pushed: Optional[dict[str, int]],
+    now_ns: int,
+) -> Decision:
+    """Weights for every backend of service now; trackers are read, never changed.
+
+    pushed: the weights last written to the data path, None when nothing was.
+    A backend without a tracker is treated as never probed nor scraped.
+    """
+    w = service.weights
+    if w.policy == "static":
+        computed = {b.name: b.weight for b in service.backends}
+        states = {b.name: "static" if b.weight else "draining" for b in service.backends}
+        reasons = {b.name: f"configured weight {b.weight}" for b in service.backends}
+    else:
+        computed, states, reasons = _latency_inverse(service, trackers, now_ns)
+    push = _push_due(computed, pushed, w)
+    weights = dict(computed) if push or pushed is None else dict(pushed)
+    return Decision(weights=weights, computed=computed, states=states, reasons=reasons, push=push)
+
+
+def _latency_inverse(
+    service: config.Service, trackers: dict[str, Tracker], now_ns: int
+) -> tuple[dict[str, int], dict[str, str], dict[str, str]]:
+    w = service.weights
+    health = service.health
+    metrics = health.metrics if health else None
+    scaled = w.load_aware and metrics is not None
+    trs = {b.name: trackers[b.name] if b.name in trackers else Tracker() for b in service.backends}
+    live = [b for b in service.backends if b.weight > 0]
+    fail_open = bool(live) and all(trs[b.name].down for b in live)
+    any_metrics = any(tr.load is not None for tr in trs.values())
+
+    weights: dict[str, int] = {}
+    states: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    computed = []
+    for b in service.backends:
+        tr = trs[b.name]
+        if b.weight == 0:
+            weights[b.name], states[b.name], reasons[b.name] = 0, "draining", "weight 0 in config"
+        elif tr.down and not fail_open:
+            weights[b.name], states[b.name] = 0, "down"
+            reasons[b.name] = f"{tr.fails} failed probes in a row: {tr.last_error}"
+        elif not tr.down and is_hung(tr, now_ns, metrics):
+            assert tr.load is not None and tr.stall_since_ns is not None
+            stalled_s = (tr.load.t_ns - tr.stall_since_ns) / _NS_PER_S
+            weights[b.name], states[b.name] = w.floor, "hung"
+            reasons[b.name] = (
+                f"hung: {_num(tr.load.waiting)} waiting, {_num(tr.load.running)} running, "
+                f"no progress for {stalled_s:.1f} s"
+            )
+        else:
+            computed.append(b)
+
+    known = [trs[b.name].rtt_s for b in computed if trs[b.name].rtt_s is not None]
+    fill_s = statistics.median(known) if known else 1.0
+    lat = {}
+    for b in computed:
+        rtt = trs[b.name].rtt_s
+        lat[b.name] = b.weight / max(rtt if rtt is not None else fill_s, RTT_MIN_S)
+    best = max(lat.values(), default=1.0)
+
+    raw: dict[str, int] = {}
+    for b in computed:
+        tr = trs[b.name]
+        rtt = tr.rtt_s
+        words = [f"rtt {rtt * 1000:.2f} ms" if rtt is not None else (
+            f"no probe data: median rtt {fill_s * 1000:.2f} ms" if known else "no probe data")]
+        state = "fail-open" if tr.down else "up"
+        if tr.down:
+            words.insert(0, "every backend fails its probes: failing open")
+        factor = 1.0
+        if scaled:
+            factor, load_state_name, load_words = _load(tr, now_ns, metrics, any_metrics)
+            words.append(load_words)
+            if state == "up" and load_state_name != "up":
+                state = load_state_name
+        raw[b.name] = min(MAX_WEIGHT, _round(SCALE * lat[b.name] / best * factor))
+        states[b.name] = state
+        reasons[b.name] = ", ".join(words)
+
+    lo = max(w.floor, math.ceil(max(raw.values(), default=0) / w.max_ratio))
+    ramp_ns = w.slow_start_ms * _NS_PER_MS
+    for b in computed:
+        tr = trs[b.name]
+        weights[b.name] = max(lo, raw[b.name])
+        if ramp_ns and tr.ramp_since_ns is not None and not tr.down:
+            frac = (now_ns - tr.ramp_since_ns) / ramp_ns
+            if frac < 1.0:
+                frac = max(0.0, frac)
+                target = weights[b.name]
+                weights[b.name] = _round(w.floor + (target - w.floor) * frac)
+                states[b.name] = "slow-start"
+                reasons[b.name] += f", slow start {frac:.0%} of {target}"
+    return {b.name: weights[b.name] for b in service.backends}, states, reasons
+
+
+def _load(
+    tr: Tracker, now_ns: int, metrics: config.MetricsScrape, any_metrics: bool
+) -> tuple[float, str, str]:
+    """(factor, state, words) of one backend's load signals."""
+    state = load_state(tr, now_ns, metrics)
+    if state == "fresh":
+        assert tr.load is not None
+        l = tr.load
+        words = f"{_num(l.waiting)} waiting, {_num(l.running)} running"
+        if l.kv_usage is not None:
+            words += f", kv {l.kv_usage:.0%}"
+        factor = load_factor(l)
+        return factor, "up", f"{words}: load x{factor:.2f}"
+    if state == "stale":
+        assert tr.load is not None
+        age_s = (now_ns - tr.load.t_ns) / _NS_PER_S
+        failing = f" ({tr.scrape_failures} failed scrapes: {tr.scrape_error})" if tr.scrape_failures else ""
+        return NEUTRAL_LOAD, "unknown-load", f"metrics {age_s:.1f} s old{failing}: load x{NEUTRAL_LOAD} (unknown)"
+    if any_metrics:
+        return NEUTRAL_LOAD, "no-metrics", f"no metrics yet: load x{NEUTRAL_LOAD} (unknown)"
+    return 1.0, "no-metrics", "no backend has metrics yet: not scaled"
+
+
+def _push_due(computed: dict[str, int], pushed: Optional[dict[str, int]], w: config.Weights) -> bool:
+    if pushed is None or set(pushed) != set(computed):
+        return True
+    if any((computed[n] == 0) != (pushed[n] == 0) for n in computed):
+        return True
+    if w.policy == "static":
+        return computed != pushed
+    least = max(pushed.values(), default=0) / w.max_ratio
+    return any(
+        abs(computed[n] - pushed[n]) > w.hysteresis_pct / 100 * max(pushed[n], least) for n in computed
+    )
+
+
+def _round(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def _num(x: Optional[float]) -> str:
+    return "?" if x is None else f"{x:g}"
