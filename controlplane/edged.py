@@ -253,7 +253,7 @@ class Daemon:
         """One decision for one service; pushes it when the policy says so."""
         s = st.service
         health = s.health
-        d = weights.decide(s, st.trackers, st.pushed, now_ns, health.metrics if health else None)
+        d = weights.decide(s, st.trackers, st.pushed, now_ns)
         for b in s.backends:
             state, reason = d.states.get(b.name, ""), d.reasons.get(b.name, "")
             if state != st.states.get(b.name):
@@ -269,7 +269,7 @@ class Daemon:
             # the operator's word beats the policy's; push whenever they differ from the table
             if wanted == st.pushed:
                 return False
-            d = weights.Decision(wanted, d.states, d.reasons, True)
+            d = replace(d, weights=wanted, push=True)
         if not d.push or d.weights == st.pushed:
             return False
         t0 = time.perf_counter()
@@ -475,13 +475,13 @@ class Daemon:
     def backend_view(self, name: str, backend: str, now_ns: int) -> dict:
         """What edged knows of one backend: window, smoothing, load, state."""
         st = self.services[name]
-        window = self.prober.window((name, backend))
-        view = weights.describe(st.trackers[backend], now_ns)
+        tracker = st.trackers[backend]
+        health = st.service.health
+        view = weights.describe(tracker, now_ns, health.metrics if health else None)
         ok, failed = self.counts.get((name, backend), (0, 0))
         view.update({
-            "rtt_p50_s": window.p50() if window else None,
-            "rtt_p99_s": window.p99() if window else None,
-            "rtt_window": window.rtts() if window else [],
+            "rtt_smoothed_s": view["rtt_s"],
+            "rtt_window": tracker.window.rtts(),
             "probes_ok": ok,
             "probes_failed": failed,
             "weight": (st.pushed or {}).get(backend),
