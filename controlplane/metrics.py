@@ -1,0 +1,412 @@
+"""edged's Prometheus metrics: a collector that reads the data path's counters
+at scrape time, the few things only edged sees (RTT histograms, SLA windows,
+probe and push counts, kept by Observer), and the HTTP endpoint serving them.
+
+It decides nothing and writes no map. The source is duck-typed: anything with
+snapshot() -> dict shaped like maps.Maps.snapshot(), each backend optionally
+carrying "edged" (what edged measured). METRICS below is the list of names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import concurrent.futures
+import re
+import socket
+import threading
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
+from typing import Callable, Iterable, Iterator, Optional
+
+from prometheus_client import MetricsHandler, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from controlplane import __version__, abi
+from controlplane.errors import EdgeError
+from controlplane.signals import Sample, quantile
+
+# 0.1 ms (a probe on the same rack) to 1 s (far beyond any probe timeout worth having).
+RTT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+LOOP_TIMEOUT_S = 2.0  # LoopSource: longest a scrape waits for edged's loop
+
+BE = ("service", "backend")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One metric family: name as scraped (counters end in _total), kind, help, labels."""
+
+    name: str
+    kind: str
+    doc: str
+    labels: tuple[str, ...] = ()
+
+    def family(self) -> Metric:
+        labels = list(self.labels)
+        if self.kind == "counter":
+            return CounterMetricFamily(self.name, self.doc, labels=labels)
+        if self.kind == "gauge":
+            return GaugeMetricFamily(self.name, self.doc, labels=labels)
+        if self.kind == "histogram":
+            return HistogramMetricFamily(self.name, self.doc, labels=labels)
+        if self.kind == "info":
+            return InfoMetricFamily(self.name.removesuffix("_info"), self.doc, labels=labels)
+        raise ValueError(f"unknown metric kind {self.kind!r}")
+
+
+METRICS = (
+    # from the maps, read at scrape time
+    Spec("edge_packets_total", "counter", "Client-to-backend packets forwarded", BE),
+    Spec("edge_bytes_total", "counter", "L3 bytes of the forwarded client-to-backend packets", BE),
+    Spec("edge_new_flows_total", "counter", "Flows (conntrack misses) that were sent to this backend", BE),
+    Spec("edge_return_packets_total", "counter", "Backend-to-client packets reverse-NATed", BE),
+    Spec("edge_failovers_total", "counter",
+         "New flows this backend took because their Maglev pick was unusable", BE),
+    Spec("edge_drops_total", "counter", "Packets the data path dropped, by reason", ("reason",)),
+    Spec("edge_verdicts_total", "counter", "Packets by the data path's verdict", ("verdict",)),
+    Spec("edge_backend_up", "gauge", "1 when the data path considers the backend usable for new flows", BE),
+    Spec("edge_backend_weight", "gauge", "Weight the backend's slots in the active Maglev table were built with", BE),
+    Spec("edge_backend_config_weight", "gauge", "Weight the config gives the backend", BE),
+    Spec("edge_backend_heartbeat_age_seconds", "gauge",
+         "Time since the backend's last valid heartbeat (absent without heartbeats)", BE),
+    # what edged measured, in the snapshot (absent when unknown)
+    Spec("edge_backend_rtt_smoothed_seconds", "gauge", "Smoothed probe RTT the weights are computed from", BE),
+    Spec("edge_backend_queue_waiting", "gauge", "Requests waiting in the backend's queue, as it reports", BE),
+    Spec("edge_backend_queue_running", "gauge", "Requests the backend is running, as it reports", BE),
+    Spec("edge_backend_kv_cache_usage_ratio", "gauge", "KV-cache use the backend reports, 0..1", BE),
+    Spec("edge_backend_hung", "gauge", "1 when work is outstanding and the engine makes no progress", BE),
+    # kept by Observer
+    Spec("edge_backend_rtt_seconds", "histogram", "RTT of successful probes", BE),
+    Spec("edge_probes_total", "counter", "Probes of the backend, by result", BE + ("result",)),
+    Spec("edge_sla_windows_total", "counter",
+         "Probe windows judged against the service's sla.p99_rtt_ms (windows with a successful probe)",
+         ("service",)),
+    Spec("edge_sla_violations_total", "counter",
+         "Probe windows whose p99 RTT was over the service's sla.p99_rtt_ms", ("service",)),
+    Spec("edge_weight_pushes_total", "counter", "Maglev table rebuilds with new computed weights", ("service",)),
+    # of the exporter itself
+    Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
+    Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
+)
+SPECS = {spec.name: spec for spec in METRICS}
+
+
+# ---------------------------------------------------------------- what edged observes
+
+
+@dataclass
+class _BackendStats:
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(RTT_BUCKETS_S) + 1))  # last: above all
+    rtt_sum_s: float = 0.0
+    ok: int = 0
+    failed: int = 0
+    window: list[Optional[float]] = field(default_factory=list)  # the SLA window being filled
+    window_size: int = 0
+
+
+@dataclass
+class _ServiceStats:
+    sla: bool = False  # a sample came with an SLA target
+    sla_windows: int = 0
+    sla_violations: int = 0
+    pushes: int = 0
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A consistent copy of what Observer holds, for one scrape."""
+
+    rtt: dict[tuple[str, str], tuple[list[int], float]]  # cumulative bucket counts (last is +Inf), sum
+    probes: dict[tuple[str, str], tuple[int, int]]  # ok, failed
+    sla: dict[str, tuple[int, int]]  # windows, violations
+    pushes: dict[str, int]
+
+
+class Observer:
+    """What edged sees between scrapes: RTT histograms, SLA windows, probe and
+    push counts. edged calls it from its asyncio loop; scrapes read it from
+    the HTTP thread, so every method takes the lock.
+
+    SLA window: `window` consecutive probe samples of one backend (ok or
+    failed), not overlapping. A full window is judged by the p99 (nearest
+    rank, as `edgectl status` shows it) of its successful RTTs: over the
+    service's target, it counts one violation. Failed probes are counted by
+    edge_probes_total, not here; a window without a successful probe is not
+    judged. A change of window size starts a new window."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._backends: dict[tuple[str, str], _BackendStats] = {}
+        self._services: dict[str, _ServiceStats] = {}
+
+    def observe_sample(self, service: str, backend: str, sample: Sample, window: int,
+                       sla_p99_s: float | None) -> None:
+        """One probe result. window: the service's probe.window (>= 1);
+        sla_p99_s: its sla.p99_rtt_ms in seconds, or None without an SLA."""
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        rtt_s = sample.rtt_s if sample.ok else None
+        with self._lock:
+            b = self._backends.setdefault((service, backend), _BackendStats())
+            svc = self._services.setdefault(service, _ServiceStats())
+            if sample.ok:
+                b.ok += 1
+            else:
+                b.failed += 1
+            if rtt_s is not None:
+                b.buckets[bisect.bisect_left(RTT_BUCKETS_S, rtt_s)] += 1
+                b.rtt_sum_s += rtt_s
+            if window != b.window_size:
+                b.window, b.window_size = [], window
+            svc.sla = svc.sla or sla_p99_s is not None
+            b.window.append(rtt_s)
+            if len(b.window) < window:
+                return
+            p99 = quantile((r for r in b.window if r is not None), 0.99)
+            b.window = []
+            if sla_p99_s is not None and p99 is not None:
+                svc.sla_windows += 1
+                svc.sla_violations += p99 > sla_p99_s
+
+    def weight_pushed(self, service: str) -> None:
+        """edged flipped service's table to newly computed weights."""
+        with self._lock:
+            self._services.setdefault(service, _ServiceStats()).pushes += 1
+
+    def retain(self, backends: Iterable[tuple[str, str]]) -> None:
+        """Forgets backends (and services) not in backends: call on reload."""
+        keep = set(backends)
+        services = {s for s, _ in keep}
+        with self._lock:
+            self._backends = {k: v for k, v in self._backends.items() if k in keep}
+            self._services = {k: v for k, v in self._services.items() if k in services}
+
+    def read(self) -> Observed:
+        with self._lock:
+            rtt = {}
+            for key, b in self._backends.items():
+                cumulative, total = [], 0
+                for n in b.buckets:
+                    total += n
+                    cumulative.append(total)
+                rtt[key] = (cumulative, b.rtt_sum_s)
+            return Observed(
+                rtt=rtt,
+                probes={key: (b.ok, b.failed) for key, b in self._backends.items()},
+                sla={name: (s.sla_windows, s.sla_violations) for name, s in self._services.items() if s.sla},
+                pushes={name: s.pushes for name, s in self._services.items()},
+            )
+
+
+# ---------------------------------------------------------------- the collector
+
+
+class EdgeCollector(Collector):
+    """Reads source.snapshot() at every scrape and turns it, with what observer
+    holds, into METRICS. A failing snapshot never fails the scrape: it counts
+    edge_scrape_errors_total, calls on_error(one line) when the error is new
+    (on the scrape thread), and the scrape carries everything that does not
+    come from the maps."""
+
+    def __init__(self, source, observer: Observer | None = None, iface: str = "",
+                 on_error: Callable[[str], None] | None = None):
+        self.source = source
+        self.observer = observer or Observer()
+        self.iface = iface
+        self.on_error = on_error
+        self._lock = threading.Lock()
+        self._errors = 0
+        self._last_error: str | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        for spec in METRICS:
+            yield spec.family()
+
+    def collect(self) -> Iterator[Metric]:
+        fams = {spec.name: spec.family() for spec in METRICS}
+        services: list[str] = []
+        try:
+            services = _add_snapshot(fams, self.source.snapshot())
+        # The endpoint outlives whatever reading the maps raises (bcc raises
+        # bare Exception, a source may time out or hand a malformed dict):
+        # counted, reported once, and none of a half-read snapshot is shown.
+        except Exception as e:
+            fams = {spec.name: spec.family() for spec in METRICS}
+            self._failed(f"metrics: reading the maps failed: {type(e).__name__}: {e}")
+        else:
+            with self._lock:
+                self._last_error = None
+        _add_observed(fams, self.observer.read(), services)
+        fams["edge_info"].add_metric([], {"version": __version__, "iface": self.iface,
+                                          "abi": str(abi.ABI_VERSION)})
+        with self._lock:
+            fams["edge_scrape_errors_total"].add_metric([], self._errors)
+        yield from fams.values()
+
+    def _failed(self, text: str) -> None:
+        text = EdgeError(text).message  # one line
+        with self._lock:
+            self._errors += 1
+            new = text != self._last_error
+            self._last_error = text
+        if new and self.on_error is not None:
+            self.on_error(text)
+
+
+def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
+    """Adds the maps' counters and edged's view; returns the service names."""
+    for reason, n in snap["drops"].items():
+        fams["edge_drops_total"].add_metric([reason], n)
+    for verdict, n in snap["verdicts"].items():
+        fams["edge_verdicts_total"].add_metric([verdict], n)
+    counters = (("edge_packets_total", "packets"), ("edge_bytes_total", "bytes"),
+                ("edge_new_flows_total", "new_flows"), ("edge_return_packets_total", "return_packets"),
+                ("edge_failovers_total", "failovers"))
+    gauges = (("edge_backend_rtt_smoothed_seconds", "rtt_smoothed_s"), ("edge_backend_queue_waiting", "waiting"),
+              ("edge_backend_queue_running", "running"), ("edge_backend_kv_cache_usage_ratio", "kv_usage"),
+              ("edge_backend_hung", "hung"))
+    services = []
+    for s in snap["services"]:
+        services.append(s["name"])
+        for b in s["backends"]:
+            labels = [s["name"], b["name"]]
+            for metric, key in counters:
+                fams[metric].add_metric(labels, b[key])
+            health, edged = b["health"], b.get("edged") or {}
+            fams["edge_backend_up"].add_metric(labels, 1 if health["usable"] else 0)
+            fams["edge_backend_weight"].add_metric(labels, b["weight"])
+            config_weight = edged.get("config_weight")
+            if config_weight is None:
+                config_weight = (b.get("probe") or {}).get("config_weight")
+            if config_weight is not None:
+                fams["edge_backend_config_weight"].add_metric(labels, config_weight)
+            if health.get("heartbeat_age_s") is not None:
+                fams["edge_backend_heartbeat_age_seconds"].add_metric(labels, health["heartbeat_age_s"])
+            for metric, key in gauges:
+                value = edged.get(key)
+                if value is not None:
+                    fams[metric].add_metric(labels, float(value))
+    return services
+
+
+def _add_observed(fams: dict[str, Metric], seen: Observed, services: list[str]) -> None:
+    les = [floatToGoString(le) for le in RTT_BUCKETS_S] + ["+Inf"]
+    for key, (cumulative, sum_s) in sorted(seen.rtt.items()):
+        fams["edge_backend_rtt_seconds"].add_metric(list(key), list(zip(les, cumulative)), sum_s)
+    for key, (ok, failed) in sorted(seen.probes.items()):
+        fams["edge_probes_total"].add_metric([*key, "ok"], ok)
+        fams["edge_probes_total"].add_metric([*key, "failed"], failed)
+    for name, (windows, violations) in sorted(seen.sla.items()):
+        fams["edge_sla_windows_total"].add_metric([name], windows)
+        fams["edge_sla_violations_total"].add_metric([name], violations)
+    # every deployed service has a push counter from the start, so rate() sees the first push
+    for name in sorted(set(services) | set(seen.pushes)):
+        fams["edge_weight_pushes_total"].add_metric([name], seen.pushes.get(name, 0))
+
+
+def make_registry(collector: EdgeCollector, process: bool = True) -> CollectorRegistry:
+    """A registry of its own holding collector (and process_* metrics)."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    if process:
+        ProcessCollector(registry=registry)
+    return registry
+
+
+class LoopSource:
+    """A source that runs fn() on an asyncio loop (edged's) and waits for it
+    from the scrape thread, so the maps and edged's state are read where they
+    are written. Never call snapshot() on the loop's own thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], dict],
+                 timeout_s: float = LOOP_TIMEOUT_S):
+        self.loop, self.fn, self.timeout_s = loop, fn, timeout_s
+
+    def snapshot(self) -> dict:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # the scrape stopped waiting
+            try:
+                future.set_result(self.fn())
+            except Exception as e:  # handed to the scrape thread, which counts it
+                future.set_exception(e)
+
+        self.loop.call_soon_threadsafe(run)
+        try:
+            return future.result(self.timeout_s)
+        except concurrent.futures.TimeoutError:  # not yet the builtin before Python 3.11
+            future.cancel()
+            raise EdgeError(f"the daemon's loop did not answer within {self.timeout_s:g}s") from None
+
+
+# ---------------------------------------------------------------- the endpoint
+
+_LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9][A-Za-z0-9.-]*)):(?P<port>[0-9]{1,5})")
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """HOST:PORT or [IPv6]:PORT -> (host, port); port 0 picks a free one."""
+    m = _LISTEN.fullmatch(listen)
+    if m is None or int(m["port"]) > 65535:
+        raise EdgeError(f"metrics: {listen!r} is not HOST:PORT")
+    return m["v6"] or m["host"], int(m["port"])
+
+
+class _Server4(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _Server6(_Server4):
+    address_family = socket.AF_INET6
+
+
+class MetricsServer:
+    """The running endpoint; close() stops it and frees the port."""
+
+    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread):
+        self._httpd, self._thread = httpd, thread
+        host, port = httpd.server_address[:2]
+        self.port: int = port
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def close(self) -> None:
+        if self._httpd is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+        self._httpd = None
+
+    def __enter__(self) -> "MetricsServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def start_http(listen: str, registry: CollectorRegistry) -> MetricsServer:
+    """Serves registry at /metrics on listen (node.metrics_listen) from a thread."""
+    host, port = split_listen(listen)
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]
+        server = _Server6 if family == socket.AF_INET6 else _Server4
+        httpd = server(addr[:2], MetricsHandler.factory(registry))
+    except OSError as e:
+        raise EdgeError(f"metrics: cannot listen on {listen}: {e.strerror or e}") from None
+    # a short poll keeps close() quick
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                              name=f"metrics {listen}", daemon=True)
+    thread.start()
+    return MetricsServer(httpd, thread)

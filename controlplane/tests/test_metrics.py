@@ -1,0 +1,499 @@
+"""metrics.py over real HTTP: a stand-in source shaped like maps.snapshot()
+plus edged's view, the endpoint on 127.0.0.1, scrapes parsed by
+prometheus_client's own parser. Every server is closed in a finally."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import socket
+import threading
+import urllib.request
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane import __version__, abi, metrics
+from controlplane.errors import EdgeError
+from controlplane.signals import Sample
+
+SCRAPE_TIMEOUT_S = 5
+
+
+def _probe(config_weight: int, **fields) -> dict:
+    """One backend's edge_be_probe entry as maps.read_probe() gives it."""
+    out = {"updated_ns": 5_000_000_000, "config_weight": config_weight, "rtt_p50_us": 0, "rtt_p99_us": 0,
+           "rtt_smoothed_us": 0, "waiting": None, "running": None, "kv_permille": None, "probes_ok": 0,
+           "probes_failed": 0, "flags": 0, "override_weight": 0, "state": "", "reason": ""}
+    out.update(fields)
+    return out
+
+
+def _health(usable: bool, state: str, heartbeat_age_s: float | None, heartbeat: bool = True) -> dict:
+    return {"state": state, "usable": usable, "heartbeat": heartbeat, "heartbeat_age_s": heartbeat_age_s,
+            "rise_count": 3 if usable else 0, "heartbeat_seq": 1234, "passive": False, "ejected_for_s": 0.0,
+            "ejections": 0, "syn_outstanding": 0}
+
+
+def _traffic(packets: int, bytes_: int, new_flows: int, return_packets: int, failovers: int) -> dict:
+    return {"packets": packets, "bytes": bytes_, "new_flows": new_flows, "return_packets": return_packets,
+            "failovers": failovers}
+
+
+def _edged(**fields) -> dict:
+    out = {"rtt_p50_s": None, "rtt_p99_s": None, "rtt_smoothed_s": None, "waiting": None, "running": None,
+           "kv_usage": None, "hung": None, "weight": None, "config_weight": None, "state": "",
+           "probes_ok": 0, "probes_failed": 0}
+    out.update(fields)
+    return out
+
+
+def realistic_snapshot() -> dict:
+    """One node: llama-70b on two H100 boxes and a standby (heartbeats, probes
+    and load signals), and an embedding service with static weights and no
+    health checks. h100-b's heartbeats stopped and its metrics endpoint never
+    answered, so its load signals are unknown."""
+    llama = [
+        {"id": 0, "name": "h100-a", "address": "198.18.1.2", "port": 8000, "weight": 700, "standby": False,
+         "state": "up", "health": _health(True, "up", 0.0042), "slots": 45875,
+         "probe": _probe(1, rtt_p50_us=850, rtt_p99_us=2100, rtt_smoothed_us=900, waiting=3, running=12,
+                         kv_permille=625, probes_ok=1500, probes_failed=2, state="up"),
+         **_traffic(120_000, 96_000_000, 800, 110_000, 0),
+         "edged": _edged(rtt_p50_s=0.00085, rtt_p99_s=0.0021, rtt_smoothed_s=0.0009, waiting=3.0, running=12.0,
+                         kv_usage=0.625, hung=False, weight=700, config_weight=1, state="up",
+                         probes_ok=1500, probes_failed=2)},
+        {"id": 1, "name": "h100-b", "address": "198.18.2.2", "port": 8000, "weight": 300, "standby": False,
+         "state": "down", "health": _health(False, "down", None), "slots": 19662,
+         "probe": _probe(1, probes_ok=40, probes_failed=310, state="down", reason="3 probes failed"),
+         **_traffic(50_000, 41_000_000, 350, 47_000, 0),
+         "edged": _edged(config_weight=1, weight=300, state="down", probes_ok=40, probes_failed=310)},
+        {"id": 2, "name": "h100-spare", "address": "198.18.3.2", "port": 8000, "weight": 1, "standby": True,
+         "state": "up", "health": _health(True, "up", 0.0971), "slots": 0,
+         "probe": _probe(1, state="up"),
+         **_traffic(900, 700_000, 12, 850, 12),
+         "edged": _edged(config_weight=1, weight=1, state="up", hung=True, waiting=0.0, running=4.0)},
+    ]
+    embed = [
+        {"id": 3, "name": "l4-0", "address": "198.18.4.2", "port": 9000, "weight": 2, "standby": False,
+         "state": "up", "health": _health(True, "up", None, heartbeat=False), "slots": 1009,
+         "probe": _probe(2), **_traffic(3_000, 2_500_000, 40, 2_900, 0)},
+    ]
+    return {
+        "node": {"maglev_m": 65537, "max_services": 16, "max_backends": 1024, "ct_size": 262144,
+                 "ingress_ifindex": 4, "xdp_flags": 2, "ip_forward_was": 0, "return_ifindex": [5, 6],
+                 "return_clsact_added": [True, True]},
+        "services": [
+            {"name": "llama-70b", "id": 0, "vip": "198.18.0.10", "port": 8000, "protocol": "tcp", "table": 1,
+             "existing_flows": "reselect", **_traffic(170_900, 137_700_000, 1162, 157_850, 12),
+             "backends": llama},
+            {"name": "embed", "id": 1, "vip": "198.18.0.11", "port": 9000, "protocol": "tcp", "table": 0,
+             "existing_flows": "keep", **_traffic(3_000, 2_500_000, 40, 2_900, 0), "backends": embed},
+        ],
+        "verdicts": {"pass": 90, "redirect": 173_900, "nat_pass": 0, "drop": 7, "return_nat": 160_750,
+                     "heartbeat": 52_000, "ejection": 0},
+        "drops": {"malformed": 2, "no_backend": 4, "ip_options": 0, "fragment": 1, "spoofed_heartbeat": 0},
+        "conntrack_entries": None,
+    }
+
+
+class Source:
+    """Stand-in for edged's source: hands out a copy of snap, or raises."""
+
+    def __init__(self, snap: dict | None = None):
+        self.snap = snap if snap is not None else realistic_snapshot()
+        self.fail: Exception | None = None
+
+    def snapshot(self) -> dict:
+        if self.fail is not None:
+            raise self.fail
+        return copy.deepcopy(self.snap)
+
+
+@contextmanager
+def endpoint(source, observer: metrics.Observer | None = None, **kw):
+    collector = metrics.EdgeCollector(source, observer, iface="eth1", **kw)
+    server = metrics.start_http("127.0.0.1:0", metrics.make_registry(collector, process=False))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def scrape(server: metrics.MetricsServer) -> dict:
+    """name -> family, parsed from one GET /metrics."""
+    url = f"http://{server.address}/metrics"
+    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def samples(fams: dict, name: str) -> dict:
+    """sample name's values keyed by their labels (a frozenset of items)."""
+    return {frozenset(s.labels.items()): s.value for f in fams.values() for s in f.samples if s.name == name}
+
+
+def value(fams: dict, name: str, **labels):
+    return samples(fams, name).get(frozenset(labels.items()))
+
+
+def be(service: str, backend: str) -> dict:
+    return {"service": service, "backend": backend}
+
+
+def ok(rtt_ms: float, t_ns: int = 0) -> Sample:
+    return Sample(t_ns, True, rtt_ms / 1000)
+
+
+FAILED = Sample(0, False, None, "timeout after 0.05s")
+
+
+# ---------------------------------------------------------------- from the maps
+
+
+def test_traffic_counters_are_totals_per_service_and_backend():
+    with endpoint(Source()) as server:
+        fams = scrape(server)
+    for name in ("edge_packets", "edge_bytes", "edge_new_flows", "edge_return_packets", "edge_failovers"):
+        assert fams[name].type == "counter"
+        assert {s.name for s in fams[name].samples} == {name + "_total"}
+        assert {s.labels["service"] + "/" + s.labels["backend"] for s in fams[name].samples} == {
+            "llama-70b/h100-a", "llama-70b/h100-b", "llama-70b/h100-spare", "embed/l4-0"}
+    assert value(fams, "edge_packets_total", **be("llama-70b", "h100-a")) == 120_000
+    assert value(fams, "edge_bytes_total", **be("llama-70b", "h100-b")) == 41_000_000
+    assert value(fams, "edge_new_flows_total", **be("embed", "l4-0")) == 40
+    assert value(fams, "edge_return_packets_total", **be("llama-70b", "h100-a")) == 110_000
+    assert value(fams, "edge_failovers_total", **be("llama-70b", "h100-spare")) == 12
+
+
+def test_drops_by_reason_and_verdicts_cover_every_abi_name():
+    with endpoint(Source()) as server:
+        fams = scrape(server)
+    drops = samples(fams, "edge_drops_total")
+    assert {dict(k)["reason"] for k in drops} == set(abi.DROP_NAMES.values())
+    assert value(fams, "edge_drops_total", reason="no_backend") == 4
+    assert {dict(k)["verdict"] for k in samples(fams, "edge_verdicts_total")} == set(abi.CNT_NAMES.values())
+    assert value(fams, "edge_verdicts_total", verdict="redirect") == 173_900
+    assert fams["edge_drops"].type == fams["edge_verdicts"].type == "counter"
+
+
+def test_backend_gauges_up_weights_and_heartbeat_age():
+    with endpoint(Source()) as server:
+        fams = scrape(server)
+    assert fams["edge_backend_up"].type == "gauge"
+    assert value(fams, "edge_backend_up", **be("llama-70b", "h100-a")) == 1
+    assert value(fams, "edge_backend_up", **be("llama-70b", "h100-b")) == 0
+    assert value(fams, "edge_backend_weight", **be("llama-70b", "h100-a")) == 700
+    assert value(fams, "edge_backend_config_weight", **be("llama-70b", "h100-a")) == 1
+    # embed has no edged view: the config weight comes from edge_be_probe
+    assert value(fams, "edge_backend_config_weight", **be("embed", "l4-0")) == 2
+    ages = samples(fams, "edge_backend_heartbeat_age_seconds")
+    # h100-b never sent a heartbeat, l4-0's service has none: both omitted
+    assert ages == {frozenset(be("llama-70b", "h100-a").items()): pytest.approx(0.0042),
+                    frozenset(be("llama-70b", "h100-spare").items()): pytest.approx(0.0971)}
+
+
+def test_load_signals_are_exported_when_known_and_omitted_when_not():
+    with endpoint(Source()) as server:
+        fams = scrape(server)
+    a = be("llama-70b", "h100-a")
+    assert value(fams, "edge_backend_queue_waiting", **a) == 3
+    assert value(fams, "edge_backend_queue_running", **a) == 12
+    assert value(fams, "edge_backend_kv_cache_usage_ratio", **a) == 0.625
+    assert value(fams, "edge_backend_hung", **a) == 0
+    assert value(fams, "edge_backend_rtt_smoothed_seconds", **a) == pytest.approx(0.0009)
+    assert value(fams, "edge_backend_hung", **be("llama-70b", "h100-spare")) == 1
+    # h100-spare knows its queue but not its KV cache
+    assert value(fams, "edge_backend_queue_waiting", **be("llama-70b", "h100-spare")) == 0
+    assert value(fams, "edge_backend_kv_cache_usage_ratio", **be("llama-70b", "h100-spare")) is None
+    for name in ("edge_backend_queue_waiting", "edge_backend_queue_running", "edge_backend_kv_cache_usage_ratio",
+                 "edge_backend_hung", "edge_backend_rtt_smoothed_seconds"):
+        for unknown in (be("llama-70b", "h100-b"), be("embed", "l4-0")):
+            assert value(fams, name, **unknown) is None, (name, unknown)
+
+
+def test_labels_are_bounded_names_never_addresses():
+    with endpoint(Source()) as server:
+        fams = scrape(server)
+    label_values = {v for f in fams.values() for s in f.samples for v in s.labels.values()}
+    addresses = {"198.18.0.10", "198.18.0.11", "198.18.1.2", "198.18.2.2", "198.18.3.2", "198.18.4.2"}
+    assert not label_values & addresses
+    label_names = {k for f in fams.values() for s in f.samples for k in s.labels}
+    assert label_names <= {"service", "backend", "reason", "verdict", "result", "le", "version", "iface", "abi"}
+
+
+def test_info_names_version_interface_and_abi():
+    with endpoint(Source()) as server:
+        fams = scrape(server)
+    assert samples(fams, "edge_info") == {
+        frozenset({"version": __version__, "iface": "eth1", "abi": str(abi.ABI_VERSION)}.items()): 1}
+
+
+# ---------------------------------------------------------------- kept by the observer
+
+
+def test_rtt_histogram_buckets_are_cumulative_and_count_only_successful_probes():
+    observer = metrics.Observer()
+    rtts_ms = [0.05, 0.3, 0.3, 0.9, 4, 40, 700, 2500]  # 2.5 s lands above the last bucket, in +Inf only
+    for rtt in rtts_ms:
+        observer.observe_sample("llama-70b", "h100-a", ok(rtt), 10, None)
+    observer.observe_sample("llama-70b", "h100-a", FAILED, 10, None)
+    with endpoint(Source(), observer) as server:
+        fams = scrape(server)
+    assert fams["edge_backend_rtt_seconds"].type == "histogram"
+    labels = be("llama-70b", "h100-a")
+    buckets = {float(dict(k)["le"]): v for k, v in samples(fams, "edge_backend_rtt_seconds_bucket").items()
+               if dict(k)["backend"] == "h100-a"}
+    assert sorted(buckets) == [*metrics.RTT_BUCKETS_S, float("inf")]
+    counts = [buckets[le] for le in sorted(buckets)]
+    assert counts == sorted(counts), "buckets must be cumulative"
+    # le=0.0001: 0.05 ms; le=0.0005: + two 0.3 ms; le=0.001: + 0.9 ms; le=0.005: + 4 ms; ...
+    assert buckets[0.0001] == 1 and buckets[0.0005] == 3 and buckets[0.001] == 4 and buckets[0.005] == 5
+    assert buckets[0.05] == 6 and buckets[1.0] == 7 and buckets[float("inf")] == 8
+    assert value(fams, "edge_backend_rtt_seconds_count", **labels) == 8
+    assert value(fams, "edge_backend_rtt_seconds_sum", **labels) == pytest.approx(sum(rtts_ms) / 1000)
+
+
+def test_a_sample_exactly_on_a_bound_is_in_that_bucket():
+    observer = metrics.Observer()
+    observer.observe_sample("s", "b", Sample(0, True, 0.001), 1, None)
+    cumulative, _ = observer.read().rtt[("s", "b")]
+    assert cumulative[metrics.RTT_BUCKETS_S.index(0.001)] == 1
+    assert cumulative[metrics.RTT_BUCKETS_S.index(0.0005)] == 0
+
+
+def test_probes_are_counted_by_result():
+    observer = metrics.Observer()
+    for _ in range(5):
+        observer.observe_sample("llama-70b", "h100-b", ok(1), 10, None)
+    for _ in range(3):
+        observer.observe_sample("llama-70b", "h100-b", FAILED, 10, None)
+    with endpoint(Source(), observer) as server:
+        fams = scrape(server)
+    assert fams["edge_probes"].type == "counter"
+    assert value(fams, "edge_probes_total", **be("llama-70b", "h100-b"), result="ok") == 5
+    assert value(fams, "edge_probes_total", **be("llama-70b", "h100-b"), result="failed") == 3
+
+
+def test_sla_violations_count_windows_whose_p99_is_over_target():
+    observer = metrics.Observer()
+    target_s = 0.010
+
+    def window(backend, *rtts_ms):
+        for rtt in rtts_ms:
+            observer.observe_sample("llama-70b", backend, FAILED if rtt is None else ok(rtt), 4, target_s)
+
+    window("h100-a", 2, 3, 2, 9)  # p99 of 4 samples is the largest: 9 ms, under
+    window("h100-a", 2, 3, 2, 10)  # exactly on target is not over
+    window("h100-a", 2, 3, 11, 2)  # 11 ms: one violation
+    window("h100-b", 30, 40, 50, 60)  # another backend, same service: one more
+    window("h100-b", None, 5, None, None)  # failures are not RTTs: p99 is 5 ms, under
+    window("h100-b", None, None, None, None)  # nothing to judge: not a window of the SLA
+    window("h100-a", 50, 50, 50)  # three of four: not full, not judged yet
+    with endpoint(Source(), observer) as server:
+        fams = scrape(server)
+        assert value(fams, "edge_sla_windows_total", service="llama-70b") == 5
+        assert value(fams, "edge_sla_violations_total", service="llama-70b") == 2
+        window("h100-a", 1)  # completes the 50 ms window
+        fams = scrape(server)
+    assert value(fams, "edge_sla_windows_total", service="llama-70b") == 6
+    assert value(fams, "edge_sla_violations_total", service="llama-70b") == 3
+    assert fams["edge_sla_violations"].type == "counter"
+
+
+def test_sla_windows_do_not_overlap_and_restart_when_the_size_changes():
+    observer = metrics.Observer()
+    for rtt in (50, 1, 1, 1, 1, 1):  # windows of 3: [50 1 1] [1 1 1]: one violation, not four
+        observer.observe_sample("s", "b", ok(rtt), 3, 0.010)
+    assert observer.read().sla["s"] == (2, 1)
+    observer.observe_sample("s", "b", ok(50), 3, 0.010)
+    observer.observe_sample("s", "b", ok(1), 2, 0.010)  # probe.window reloaded: [50] is dropped
+    observer.observe_sample("s", "b", ok(1), 2, 0.010)
+    assert observer.read().sla["s"] == (3, 1)
+
+
+def test_a_service_without_sla_has_no_sla_series():
+    observer = metrics.Observer()
+    for _ in range(4):
+        observer.observe_sample("embed", "l4-0", ok(500), 2, None)
+        observer.observe_sample("llama-70b", "h100-a", ok(1), 2, 0.010)
+    with endpoint(Source(), observer) as server:
+        fams = scrape(server)
+    assert samples(fams, "edge_sla_violations_total") == {frozenset({"service": "llama-70b"}.items()): 0}
+
+
+def test_weight_pushes_start_at_zero_for_every_deployed_service():
+    observer = metrics.Observer()
+    with endpoint(Source(), observer) as server:
+        assert samples(scrape(server), "edge_weight_pushes_total") == {
+            frozenset({"service": "llama-70b"}.items()): 0, frozenset({"service": "embed"}.items()): 0}
+        observer.weight_pushed("llama-70b")
+        observer.weight_pushed("llama-70b")
+        fams = scrape(server)
+    assert value(fams, "edge_weight_pushes_total", service="llama-70b") == 2
+    assert value(fams, "edge_weight_pushes_total", service="embed") == 0
+
+
+def test_retain_forgets_backends_removed_from_the_config():
+    observer = metrics.Observer()
+    observer.observe_sample("llama-70b", "h100-a", ok(1), 1, 0.01)
+    observer.observe_sample("llama-70b", "h100-old", ok(1), 1, 0.01)
+    observer.observe_sample("gone", "x", ok(1), 1, 0.01)
+    observer.retain([("llama-70b", "h100-a"), ("llama-70b", "h100-b")])
+    seen = observer.read()
+    assert set(seen.probes) == {("llama-70b", "h100-a")}
+    assert set(seen.sla) == {"llama-70b"}
+
+
+def test_observer_rejects_an_empty_window():
+    with pytest.raises(ValueError):
+        metrics.Observer().observe_sample("s", "b", ok(1), 0, None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rtts=st.lists(st.one_of(st.none(), st.floats(0, 3.0)), max_size=60), window=st.integers(1, 8),
+       target_s=st.floats(0.0001, 1.0))
+def test_observer_counts_stay_consistent(rtts, window, target_s):
+    observer = metrics.Observer()
+    for rtt in rtts:
+        observer.observe_sample("s", "b", FAILED if rtt is None else Sample(0, True, rtt), window, target_s)
+    seen = observer.read()
+    cumulative, total_s = seen.rtt[("s", "b")] if rtts else ([0], 0.0)
+    good = [r for r in rtts if r is not None]
+    assert cumulative == sorted(cumulative) and cumulative[-1] == len(good)
+    assert total_s == pytest.approx(sum(good))
+    windows, violations = seen.sla.get("s", (0, 0))
+    assert violations <= windows <= len(rtts) // window
+    full = [rtts[i:i + window] for i in range(0, len(rtts) - window + 1, window)]
+    assert windows == sum(1 for w in full if any(r is not None for r in w))
+    # for windows of up to 100 samples the nearest-rank p99 is the largest RTT
+    assert violations == sum(1 for w in full if any(r is not None and r > target_s for r in w))
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_a_failing_snapshot_counts_an_error_and_the_endpoint_keeps_serving():
+    source, observer, errors = Source(), metrics.Observer(), []
+    observer.observe_sample("llama-70b", "h100-a", ok(1), 10, None)
+    with endpoint(source, observer, on_error=errors.append) as server:
+        assert value(scrape(server), "edge_scrape_errors_total") == 0
+        source.fail = OSError("edge_be_stats: lookup failed\nsecond line")
+        first, second = scrape(server), scrape(server)
+        source.fail = None
+        recovered = scrape(server)
+    assert value(first, "edge_scrape_errors_total") == 1
+    assert value(second, "edge_scrape_errors_total") == 2
+    # what does not come from the maps is still there; nothing from the maps is
+    assert value(second, "edge_probes_total", **be("llama-70b", "h100-a"), result="ok") == 1
+    assert len(samples(second, "edge_info")) == 1
+    assert samples(second, "edge_packets_total") == {} and samples(second, "edge_drops_total") == {}
+    assert value(recovered, "edge_packets_total", **be("llama-70b", "h100-a")) == 120_000
+    assert value(recovered, "edge_scrape_errors_total") == 2
+    # reported once per new error, on one line
+    assert errors == ["metrics: reading the maps failed: OSError: edge_be_stats: lookup failed second line"]
+
+
+def test_a_malformed_snapshot_shows_nothing_half_read():
+    snap = realistic_snapshot()
+    del snap["services"][1]["backends"][0]["packets"]  # embed is read after llama-70b
+    with endpoint(Source(snap)) as server:
+        fams = scrape(server)
+    assert value(fams, "edge_scrape_errors_total") == 1
+    assert samples(fams, "edge_packets_total") == {}
+
+
+def test_bind_failure_is_one_line_naming_the_address():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(EdgeError) as e:
+            metrics.start_http(listen, metrics.make_registry(metrics.EdgeCollector(Source()), process=False))
+    assert listen in str(e.value) and "\n" not in str(e.value)
+
+
+def test_close_frees_the_port():
+    registry = metrics.make_registry(metrics.EdgeCollector(Source()), process=False)
+    server = metrics.start_http("127.0.0.1:0", registry)
+    listen = server.address
+    server.close()
+    server.close()  # twice is harmless
+    again = metrics.start_http(listen, registry)
+    again.close()
+
+
+def test_ipv6_loopback_literal():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("::1 is not configured here")
+    server = metrics.start_http("[::1]:0", metrics.make_registry(metrics.EdgeCollector(Source()), process=False))
+    try:
+        assert server.address.startswith("[::1]:")
+        assert value(scrape(server), "edge_packets_total", **be("embed", "l4-0")) == 3_000
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("listen, expected", [
+    ("127.0.0.1:9470", ("127.0.0.1", 9470)),
+    ("[::1]:9470", ("::1", 9470)),
+    ("localhost:0", ("localhost", 0)),
+])
+def test_split_listen(listen, expected):
+    assert metrics.split_listen(listen) == expected
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1", "::1:9470", "127.0.0.1:70000", "", "[::1]"])
+def test_split_listen_rejects(listen):
+    with pytest.raises(EdgeError):
+        metrics.split_listen(listen)
+
+
+# ---------------------------------------------------------------- edged's loop
+
+
+@contextmanager
+def running_loop():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield loop, thread
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        loop.close()
+
+
+def test_loop_source_reads_on_the_loop_thread():
+    with running_loop() as (loop, loop_thread):
+        threads = []
+
+        def snap():
+            threads.append(threading.current_thread())
+            return realistic_snapshot()
+
+        with endpoint(metrics.LoopSource(loop, snap)) as server:
+            fams = scrape(server)
+        assert value(fams, "edge_packets_total", **be("llama-70b", "h100-a")) == 120_000
+    assert threads == [loop_thread]
+
+
+def test_loop_source_times_out_when_the_loop_is_busy():
+    with running_loop() as (loop, _):
+        release = threading.Event()
+        loop.call_soon_threadsafe(release.wait, SCRAPE_TIMEOUT_S)  # the loop is stuck until released
+        try:
+            with endpoint(metrics.LoopSource(loop, realistic_snapshot, timeout_s=0.1)) as server:
+                fams = scrape(server)
+        finally:
+            release.set()
+    assert value(fams, "edge_scrape_errors_total") == 1
