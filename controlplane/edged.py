@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from controlplane import __version__, abi, deploy, loader, weights
+from controlplane import __version__, abi, deploy, loader, metrics, weights
 from controlplane.config import Config, Service, load_config
 from controlplane.errors import ConfigError, EdgeError
 from controlplane.prober import Prober, Target
@@ -122,6 +122,8 @@ class Daemon:
         self.pin_path = loader.instance_dir(cfg.node.pin_dir, self.instance)
         self.events = events or Events()
         self.prober = Prober(on_sample=self._on_sample, on_load=self._on_load)
+        self.observer = metrics.Observer()
+        self._metrics: metrics.MetricsServer | None = None
         self.services: dict[str, Steered] = {}
         self.counts: dict[tuple[str, str], list[int]] = {}  # (service, backend) -> [ok, failed]
         self.maps = None
@@ -132,7 +134,16 @@ class Daemon:
     # ------------------------------------------------------------ start, stop
 
     def start(self) -> None:
-        """Deploys or adopts the data path and starts probing. Raises EdgeError."""
+        """Serves metrics, deploys or adopts the data path and starts probing. Raises
+        EdgeError; must run on the loop that will run run()."""
+        loop = asyncio.get_running_loop()
+        collector = metrics.EdgeCollector(
+            metrics.LoopSource(loop, self.snapshot), self.observer, iface=self.iface,
+            # scrapes run on prometheus_client's thread; Events belongs to the loop
+            on_error=lambda text: loop.call_soon_threadsafe(self.events.emit, "error", f"metrics: {text}"),
+        )
+        # before deploy: a bad metrics_listen fails with the kernel untouched
+        self._metrics = metrics.start_http(self.cfg.node.metrics_listen, metrics.make_registry(collector))
         res = deploy.deploy(self.cfg, self.iface, progress=lambda line: self.events.emit("progress", line),
                             adopt_weights=True, hold=True)
         self._held, self.maps = res.held, res.maps
@@ -171,6 +182,7 @@ class Daemon:
             for b in s.backends:
                 self.counts.setdefault((s.name, b.name), [0, 0])
         self.prober.set_targets(self._targets(cfg))
+        self.observer.retain((s.name, b.name) for s in cfg.services for b in s.backends)
 
     @staticmethod
     def _targets(cfg: Config) -> list[Target]:
@@ -197,6 +209,9 @@ class Daemon:
         self._stopping.set()
 
     async def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -218,7 +233,10 @@ class Daemon:
         if st is None or backend not in st.trackers:
             return
         self.counts[key][0 if sample.ok else 1] += 1
-        weights.observe_sample(st.trackers[backend], sample, st.service.weights, st.service.health.probe)
+        probe, sla = st.service.health.probe, st.service.sla
+        weights.observe_sample(st.trackers[backend], sample, st.service.weights, probe)
+        self.observer.observe_sample(name, backend, sample, probe.window if probe else 1,
+                                     sla.p99_rtt_ms / 1000 if sla else None)
 
     def _on_load(self, key, load: Load) -> None:
         name, backend = key
@@ -279,6 +297,7 @@ class Daemon:
                             if st.pushed.get(n) != w)
         st.pushed = dict(d.weights)
         st.pushes += 1
+        self.observer.weight_pushed(s.name)
         self.events.emit("weights", f"{s.name}: weights {changes} ({took_ms:.1f} ms)",
                          service=s.name, weights=dict(d.weights), took_ms=took_ms)
         return True
@@ -337,6 +356,8 @@ class Daemon:
 
     def snapshot(self) -> dict:
         """This instance as `edgectl status --json` shows it, plus edged's view per backend."""
+        if self.maps is None:
+            raise EdgeError("edged has no data path open (starting or stopping)")
         snap = deploy.describe(self.maps, self.instance, self.pin_path)
         now = time.monotonic_ns()
         for svc in snap["services"]:
