@@ -148,11 +148,12 @@ class Daemon:
                             adopt_weights=True, hold=True)
         self._held, self.maps = res.held, res.maps
         self._adopt_operator_state()
+        self._set_services(self.cfg)
         verb = "adopted the data path on" if res.updated else "deployed on"
         self.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
                                      f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",
-                         iface=res.iface, adopted=res.updated)
-        self._set_services(self.cfg)
+                         iface=res.iface, adopted=res.updated,
+                         weights={name: dict(st.pushed or {}) for name, st in self.services.items()})
 
     def _adopt_operator_state(self) -> None:
         """Drains and weight overrides set through the API live in edge_be_probe, so a
@@ -295,11 +296,11 @@ class Daemon:
         took_ms = (time.perf_counter() - t0) * 1000
         changes = ", ".join(f"{n} {st.pushed.get(n, '-')}->{w}" for n, w in d.weights.items()
                             if st.pushed.get(n) != w)
-        st.pushed = dict(d.weights)
+        previous, st.pushed = st.pushed, dict(d.weights)
         st.pushes += 1
         self.observer.weight_pushed(s.name)
         self.events.emit("weights", f"{s.name}: weights {changes} ({took_ms:.1f} ms)",
-                         service=s.name, weights=dict(d.weights), took_ms=took_ms)
+                         service=s.name, weights=dict(d.weights), previous=previous, took_ms=took_ms)
         return True
 
     def _operator_weights(self, s: Service, computed: dict[str, int]) -> dict[str, int]:
