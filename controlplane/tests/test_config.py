@@ -696,7 +696,8 @@ def test_yaml_file_round_trip_matches_the_document(tmp_path):
 def test_shipped_edge_yaml_loads_with_defaults_and_test_addresses():
     config = load_config(EDGE_YAML)
 
-    assert config.node == Node()  # the node section shows the defaults, so it must be them
+    # The node section shows the defaults, so it must be them; iface has none, so it shows one.
+    assert dataclasses.replace(config.node, iface=None) == Node() and config.node.iface == "eth0"
     addresses = [s.vip for s in config.services] + [b.address for s in config.services for b in s.backends]
     assert addresses and all(address in TEST_NET for address in addresses)
 
