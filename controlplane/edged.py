@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from controlplane import __version__, abi, deploy, loader, metrics, weights
+from controlplane import __version__, abi, deploy, loader, metrics, sdnotify, weights
 from controlplane.config import Config, Service, load_config
 from controlplane.errors import ConfigError, EdgeError
 from controlplane.prober import Prober, Target
@@ -118,6 +118,7 @@ class Daemon:
         self.drained: set[tuple[str, str]] = set()  # operator drains (API), kept across restarts
         self.overrides: dict[tuple[str, str], int] = {}  # operator weights (API)
         self.leaving: dict[tuple[str, str], Leaving] = {}  # removed by a reload, draining out
+        self.notify = sdnotify.Notifier(log=lambda line: self.events.emit("error", f"sd_notify: {line}"))
         self.instance = loader.instance_name(iface)
         self.pin_path = loader.instance_dir(cfg.node.pin_dir, self.instance)
         self.events = events or Events()
@@ -208,6 +209,10 @@ class Daemon:
 
     def stop(self) -> None:
         self._stopping.set()
+
+    def healthy(self) -> bool:
+        """For the systemd watchdog: no loop of ours died with an exception."""
+        return not any(t.done() and not t.cancelled() and t.exception() is not None for t in self._tasks)
 
     async def close(self) -> None:
         if self._metrics is not None:
@@ -373,6 +378,17 @@ class Daemon:
         """Validates the config at path (default: the one edged started with) and applies it
         as a diff. A bad config raises ConfigError and changes nothing. Removed backends and
         services drain: weight 0, connections kept until idle or drain_timeout_ms."""
+        self.notify.reloading()
+        try:
+            summary = await self._reload(path)
+        except EdgeError as e:
+            self.events.emit("reload-rejected", f"reload rejected, the running config stays: {e}", error=str(e))
+            self.notify.ready(f"reload failed: {e}; running the previous config")
+            raise
+        self.notify.ready(f"reloaded; steering {len(self.cfg.services)} services on {self.iface}")
+        return summary
+
+    async def _reload(self, path: str | None) -> dict:
         path = path or self.config_path
         if path is None:
             raise ConfigError("reload: edged was started without a config file")
@@ -564,28 +580,38 @@ def pick_iface(cfg: Config, given: str | None) -> str:
 
 async def serve(cfg: Config, iface: str, events: Events | None = None, config_path: str | None = None,
                 ready: Callable[[Daemon], None] | None = None) -> int:
+    """Runs edged until SIGTERM/SIGINT, telling systemd (NOTIFY_SOCKET) how it goes."""
     daemon = Daemon(cfg, iface, events, config_path)
+    notify = daemon.notify
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stop)
     loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(_reload_logged(daemon)))
+    watchdog = None
     try:
-        daemon.start()
+        notify.status(f"deploying on {iface}")
+        daemon.start()  # compiles the data path: before READY=1, so the watchdog is not armed yet
         if ready:
             ready(daemon)
+        notify.ready(f"steering {len(cfg.services)} services on {iface}")
+        watchdog = asyncio.create_task(sdnotify.watchdog_loop(notify, daemon.healthy))
         await daemon.run()
     finally:
+        notify.stopping()
+        if watchdog is not None:
+            watchdog.cancel()
         await daemon.close()
+        notify.close()
     daemon.events.emit("stopped", "stopped; the data path keeps forwarding with the last weights")
     return 0
 
 
 async def _reload_logged(daemon: Daemon) -> None:
-    """SIGHUP: reload, and on a bad config say why in one line and keep running."""
+    """SIGHUP: reload; a bad config was already reported by reload() and changed nothing."""
     try:
         await daemon.reload()
-    except EdgeError as e:
-        daemon.events.emit("reload-rejected", f"reload rejected, the running config stays: {e}", error=str(e))
+    except EdgeError:
+        pass
 
 
 def parser() -> argparse.ArgumentParser:
