@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections import Counter
@@ -165,3 +166,45 @@ def test_pins_of_another_abi_are_refused_with_a_way_out(net, router):
     finally:
         if older.exists():  # the test failed before undeploy: put it back for the fixture's teardown
             os.rename(older, current)
+
+
+def test_edged_talks_to_systemd_through_notify_socket(net, router, tmp_path):
+    """With NOTIFY_SOCKET and WATCHDOG_USEC set as systemd sets them, edged sends STATUS= while it
+    deploys, READY=1 once it steers, WATCHDOG=1 about every half interval, RELOADING=1 then READY=1
+    around a SIGHUP reload, and STOPPING=1 on SIGTERM."""
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(0.2)
+    got: list[tuple[float, str]] = []
+
+    def drain(until_s: float) -> None:
+        end = time.monotonic() + until_s
+        while time.monotonic() < end:
+            try:
+                data = sock.recv(4096)
+            except socket.timeout:
+                continue
+            got.extend((time.monotonic(), line) for line in data.decode().splitlines())
+
+    config = doc(router, tmp_path, policy="static")
+    edged = EdgedProc.start(net.router, config, router.iface,
+                            env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"})
+    try:
+        drain(1.5)
+        edged.signal(signal.SIGHUP)
+        drain(1.5)
+        edged.stop()
+        drain(0.3)
+    finally:
+        edged.stop()
+        sock.close()
+    lines = [line for _, line in got]
+    assert any(line.startswith("STATUS=deploying on ") for line in lines), lines[:5]
+    assert "READY=1" in lines
+    pings = [t for t, line in got if line == "WATCHDOG=1"]
+    assert len(pings) >= 4, lines  # 0.2 s apart over about 3 s
+    assert max(b - a for a, b in zip(pings, pings[1:])) < 0.4  # never a whole interval missed
+    reloading = lines.index("RELOADING=1")
+    assert "READY=1" in lines[reloading:]
+    assert lines[-1] == "STOPPING=1" or "STOPPING=1" in lines[-3:], lines[-5:]

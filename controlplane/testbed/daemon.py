@@ -48,13 +48,14 @@ class EdgedProc:
 
     @classmethod
     def start(cls, ns: "Ns", doc: dict, iface: str, extra: tuple[str, ...] = (),
-              wait_deployed: bool = True) -> "EdgedProc":
+              wait_deployed: bool = True, env: dict | None = None) -> "EdgedProc":
         fd, path = tempfile.mkstemp(prefix="edged-test-", suffix=".yaml")
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(doc, f, sort_keys=False)
         argv = [sys.executable, "-m", "controlplane.edged", "--config", path, "--iface", iface,
                 "--log-format", "json", *extra]
-        proc = ns.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env_with_package())
+        proc = ns.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        env={**env_with_package(), **(env or {})})
         edged = cls(proc, path)
         if wait_deployed:
             edged.wait_for(lambda e: e["kind"] == "deployed", START_TIMEOUT_S, "edged to deploy")
