@@ -24,6 +24,7 @@ import sys
 import time
 import traceback
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
@@ -45,6 +46,15 @@ def _log(line: str) -> None:
 
 def _log_json(event: dict) -> None:
     print(json.dumps(event, default=str), file=sys.stderr, flush=True)
+
+
+_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-netlink")
+
+
+def off_loop(fn: Callable, *args):
+    """fn(*args) on a worker thread, waited for: pyroute2's sync calls cannot run on a thread
+    whose event loop is running. For short netlink queries only (milliseconds)."""
+    return _worker.submit(fn, *args).result()
 
 
 class Events:
@@ -134,7 +144,7 @@ class Daemon:
 
     # ------------------------------------------------------------ start, stop
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Serves metrics, deploys or adopts the data path and starts probing. Raises
         EdgeError; must run on the loop that will run run()."""
         loop = asyncio.get_running_loop()
@@ -145,8 +155,10 @@ class Daemon:
         )
         # before deploy: a bad metrics_listen fails with the kernel untouched
         self._metrics = metrics.start_http(self.cfg.node.metrics_listen, metrics.make_registry(collector))
-        res = deploy.deploy(self.cfg, self.iface, progress=lambda line: self.events.emit("progress", line),
-                            adopt_weights=True, hold=True)
+        # pyroute2's sync API runs an event loop of its own: netlink work goes to a thread
+        res = await asyncio.to_thread(
+            deploy.deploy, self.cfg, self.iface, adopt_weights=True, hold=True,
+            progress=lambda line: loop.call_soon_threadsafe(self.events.emit, "progress", line))
         self._held, self.maps = res.held, res.maps
         self._adopt_operator_state()
         self._set_services(self.cfg)
@@ -364,7 +376,7 @@ class Daemon:
         """This instance as `edgectl status --json` shows it, plus edged's view per backend."""
         if self.maps is None:
             raise EdgeError("edged has no data path open (starting or stopping)")
-        snap = deploy.describe(self.maps, self.instance, self.pin_path)
+        snap = off_loop(deploy.describe, self.maps, self.instance, self.pin_path)
         now = time.monotonic_ns()
         for svc in snap["services"]:
             st = self.services.get(svc["name"])
@@ -452,7 +464,7 @@ class Daemon:
 
     async def _apply(self, applied: Config):
         """Programs applied into the maps; a full deploy when it needs a new return interface."""
-        routes = deploy.backend_routes(applied)
+        routes = await asyncio.to_thread(deploy.backend_routes, applied)
         node = self.maps.node()
         if set(routes.values()) <= set(node["return_ifindex"]):
             report = self.maps.apply(deploy.adopted(self.maps, applied), routes)
@@ -590,7 +602,7 @@ async def serve(cfg: Config, iface: str, events: Events | None = None, config_pa
     watchdog = None
     try:
         notify.status(f"deploying on {iface}")
-        daemon.start()  # compiles the data path: before READY=1, so the watchdog is not armed yet
+        await daemon.start()  # compiles the data path: before READY=1, so the watchdog is not armed yet
         if ready:
             ready(daemon)
         notify.ready(f"steering {len(cfg.services)} services on {iface}")

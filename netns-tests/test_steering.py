@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import undeployed_after
+from conftest import require_privileges, undeployed_after
 from controlplane.testbed.daemon import EdgedProc
 from controlplane.testbed.topo import Net, Topo
 from controlplane.testbed.traffic import backends_seen, close_all, open_connections
@@ -33,7 +33,8 @@ IDLE = {"added_latency_ms": 1.0, "fill_queue": 0, "hang": False, "metrics_off": 
 
 
 @pytest.fixture(scope="module")
-def sim_net(privileges: None) -> Iterator[Net]:
+def sim_net() -> Iterator[Net]:
+    require_privileges()
     net = Net(Topo(backends=3))
     try:
         net.build()
