@@ -1,6 +1,8 @@
 """edgectl: the operator's CLI. One small function per subcommand; errors are
 one line on stderr (`edgectl: <what>`) with a non-zero exit, and a traceback
-only with --debug. Run `edgectl --help` or `edgectl COMMAND --help`."""
+only with --debug. Commands that act on a running edged (drain, undrain,
+weight, reload, events, and status when edged answers) go through
+controlplane.api.client. Run `edgectl --help` or `edgectl COMMAND --help`."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 
 from controlplane import __version__
-from controlplane.errors import EdgeError
+from controlplane.errors import EdgeError, NotRunning
 
 PROG = "edgectl"
 
@@ -71,7 +74,8 @@ def _fmt_count(n: int) -> str:
 def _print_status(snap: dict) -> None:
     xdp = snap["xdp"]
     attached = f"XDP {xdp['mode']}, prog {xdp['prog_id']}" if xdp["attached"] else "XDP NOT ATTACHED"
-    print(f"{snap['iface']}  ({attached}; instance {snap['instance']})")
+    edged = f"; edged {snap['edged']['version']}, pid {snap['edged']['pid']}" if snap.get("edged") else ""
+    print(f"{snap['iface']}  ({attached}; instance {snap['instance']}{edged})")
     ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
     print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{ct_entries}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
@@ -97,11 +101,28 @@ def _print_status(snap: dict) -> None:
             ))
             if p["reason"]:
                 notes.append(f"{b['name']}: {p['reason']}")
+            notes.extend(f"{b['name']}: {note}" for note in _operator_notes(b))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             print("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         for note in notes:
             print(f"    {note}")
+
+
+def _operator_notes(b: dict) -> list[str]:
+    """Drain and weight override set with edgectl, from edged's view or what it wrote to the maps."""
+    from controlplane import abi
+
+    e, p = b.get("edged") or {}, b["probe"]
+    if e.get("drained") is not None:
+        drained, override = e["drained"], e.get("override")
+    else:
+        drained = bool(p["flags"] & abi.PROBE_F_DRAINED)
+        override = p["override_weight"] if p["flags"] & abi.PROBE_F_OVERRIDE else None
+    notes = ["drained by an operator (edgectl undrain to end it)"] if drained else []
+    if override is not None:
+        notes.append(f"weight pinned at {override} by an operator (edgectl weight --clear to end it)")
+    return notes
 
 
 def _fmt_rtt(p: dict) -> str:
@@ -121,10 +142,28 @@ def _fmt_load(p: dict) -> str:
     return " ".join(parts) or "-"
 
 
-def cmd_status(args) -> int:
-    from controlplane import deploy
+def _status_from_edged(args) -> list[dict] | None:
+    """edged's snapshot when an edged answers (and runs the --iface asked for), else None."""
+    if not args.api and not os.path.exists(args.socket):
+        return None
+    try:
+        with _client(args) as edged:
+            snap = edged.status(count_conntrack=args.conntrack)
+    except NotRunning:
+        if args.api:
+            raise
+        return None
+    if args.iface and snap["iface"] != args.iface:
+        return None
+    return [snap]
 
-    snaps = deploy.status(args.pin_dir, args.iface, count_conntrack=args.conntrack)
+
+def cmd_status(args) -> int:
+    snaps = None if args.maps else _status_from_edged(args)
+    if snaps is None:
+        from controlplane import deploy
+
+        snaps = deploy.status(args.pin_dir, args.iface, count_conntrack=args.conntrack)
     if args.json:
         json.dump(snaps, sys.stdout, indent=2)
         print()
@@ -137,6 +176,99 @@ def cmd_status(args) -> int:
             print()
         _print_status(snap)
     return 0
+
+
+# ---------------------------------------------------------------- commands served by edged
+
+
+def _client(args):
+    """A client of the edged that --socket or --api (with --cert, --key, --ca) names."""
+    from controlplane.api.client import Client, Tls
+
+    if args.api:
+        missing = [f"--{name}" for name in ("cert", "key", "ca") if not getattr(args, name)]
+        if missing:
+            raise EdgeError(f"--api needs {', '.join(missing)} (edged serves TCP with mutual TLS only)")
+        return Client(api=args.api, tls=Tls(args.cert, args.key, args.ca), timeout_s=args.timeout)
+    if args.cert or args.key or args.ca:
+        raise EdgeError("--cert, --key and --ca go with --api (the unix socket needs no TLS)")
+    return Client(args.socket, timeout_s=args.timeout)
+
+
+def cmd_drain(args) -> int:
+    with _client(args) as edged:
+        edged.drain(args.service, args.backend)
+    print(f"drained {args.service}/{args.backend}: no new flows; established flows stay")
+    return 0
+
+
+def cmd_undrain(args) -> int:
+    with _client(args) as edged:
+        edged.undrain(args.service, args.backend)
+    print(f"undrained {args.service}/{args.backend}")
+    return 0
+
+
+def cmd_weight(args) -> int:
+    if (args.weight is None) == (not args.clear):
+        raise EdgeError("weight: give either N (0..65535) or --clear")
+    if args.weight is not None and not 0 <= args.weight <= 65535:
+        raise EdgeError(f"weight: {args.weight} is out of range 0..65535")
+    with _client(args) as edged:
+        edged.set_weight(args.service, args.backend, args.weight)
+    if args.clear:
+        print(f"{args.service}/{args.backend}: weight override cleared")
+    else:
+        print(f"{args.service}/{args.backend}: weight pinned at {args.weight}")
+    return 0
+
+
+RELOAD_CHANGES = (("added_services", "services added"), ("removed_services", "services removed"),
+                  ("updated_services", "services updated"), ("added_backends", "backends added"),
+                  ("removed_backends", "backends removed"), ("draining_backends", "backends draining"))
+
+
+def cmd_reload(args) -> int:
+    path = args.config
+    if path and not args.api:  # edged resolves paths from its own directory, not ours
+        path = os.path.abspath(path)
+    with _client(args) as edged:
+        summary = edged.reload(path)
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2)
+        print()
+        return 0
+    changes = [f"{label}: {', '.join(summary[key])}" for key, label in RELOAD_CHANGES if summary.get(key)]
+    print("reloaded: " + ("; ".join(changes) if changes else "no changes"))
+    return 0
+
+
+def _fmt_event(event: dict) -> str:
+    t = event.get("t") or 0.0
+    stamp = time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
+    return f"{stamp}  {event.get('kind', '?'):<9} {event.get('text', '')}"
+
+
+def cmd_events(args) -> int:
+    if args.count is not None and args.count < 1:
+        raise EdgeError(f"--count: {args.count} is not a positive number")
+    with _client(args) as edged:
+        stream = edged.events(tuple(args.kind or ()), args.recent)
+        seen = 0
+        try:
+            for event in stream:
+                print(json.dumps(event, sort_keys=True) if args.json else _fmt_event(event), flush=True)
+                seen += 1
+                if args.count and seen >= args.count:
+                    return 0
+        except KeyboardInterrupt:  # Ctrl-C is how a watch ends
+            return 0
+        except BrokenPipeError:  # `edgectl events | head`: the reader is gone
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        finally:
+            stream.close()
+    raise EdgeError("edged ended the event stream (it is stopping)")
 
 
 def cmd_drill_failover(args) -> int:
@@ -161,6 +293,30 @@ def default_pin_dir() -> str:
     from controlplane.config import Node
 
     return os.environ.get("EDGE_PIN_DIR", Node().pin_dir)
+
+
+def default_api_socket() -> str:
+    from controlplane.config import Node
+
+    return os.environ.get("EDGE_API_SOCKET", Node().api_socket)
+
+
+def _api_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("reaching edged")
+    g.add_argument("--socket", metavar="PATH", default=default_api_socket(),
+                   help="edged's API socket (default %(default)s; env EDGE_API_SOCKET)")
+    g.add_argument("--api", metavar="HOST:PORT",
+                   help="reach edged over TCP instead; needs --cert, --key and --ca (mutual TLS)")
+    g.add_argument("--cert", metavar="FILE", help="client certificate (PEM) for --api")
+    g.add_argument("--key", metavar="FILE", help="private key (PEM) of the client certificate")
+    g.add_argument("--ca", metavar="FILE", help="CA certificate (PEM) that signed edged's certificate")
+    g.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="give up on an answer after S seconds (default %(default)s)")
+
+
+def _backend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("service", metavar="SERVICE", help="service name, as in the config")
+    p.add_argument("backend", metavar="BACKEND", help="backend name within that service")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,13 +346,60 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_undeploy)
 
     s = sub.add_parser("status", help="show services, backends, weights and counters",
-                       description="Read the pinned maps and show what is deployed in this network namespace.")
+                       description="Show what is deployed in this network namespace: edged's view when an "
+                                   "edged answers on its API socket (with its live RTT window, load and "
+                                   "operator overrides), else what the pinned maps hold.")
     s.add_argument("--iface", help="only the router deployed on this interface")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--conntrack", action="store_true",
                    help="also count conntrack entries (walks the table: slow when it is full)")
     s.add_argument("--pin-dir", default=default_pin_dir(), help="bpffs directory of the pins (default %(default)s)")
+    s.add_argument("--maps", action="store_true", help="read the pinned maps even when edged answers")
+    _api_args(s)
     s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("drain", help="stop new flows to a backend (edged); established flows stay",
+                       description="Ask edged to give BACKEND weight 0 until undrained: it gets no new flows, "
+                                   "and its established flows stay where they are, until `edgectl undrain`.")
+    _backend_args(s)
+    _api_args(s)
+    s.set_defaults(func=cmd_drain)
+
+    s = sub.add_parser("undrain", help="end an operator drain (edged)",
+                       description="Ask edged to give BACKEND new flows again, with the weight its policy "
+                                   "computes (or the pinned one, see `edgectl weight`).")
+    _backend_args(s)
+    _api_args(s)
+    s.set_defaults(func=cmd_undrain)
+
+    s = sub.add_parser("weight", help="pin a backend's weight, or clear the pin (edged)",
+                       description="Ask edged to use weight N for BACKEND instead of the one its policy "
+                                   "computes (0 stops new flows), or with --clear to compute it again.")
+    _backend_args(s)
+    s.add_argument("weight", metavar="N", type=int, nargs="?", help="the weight, 0..65535")
+    s.add_argument("--clear", action="store_true", help="remove the pinned weight")
+    _api_args(s)
+    s.set_defaults(func=cmd_weight)
+
+    s = sub.add_parser("reload", help="make edged read its config again",
+                       description="Ask edged to read its config file again (or FILE) and apply the "
+                                   "difference; established flows are kept. An invalid config is refused "
+                                   "with the reason, and the running one stays.")
+    s.add_argument("--config", metavar="FILE", help="another config file for edged to use (a path on edged's host)")
+    s.add_argument("--json", action="store_true", help="print what changed as JSON")
+    _api_args(s)
+    s.set_defaults(func=cmd_reload)
+
+    s = sub.add_parser("events", help="stream edged's events (state changes, weights, errors)",
+                       description="Print edged's events as they happen, until Ctrl-C or --count events.")
+    s.add_argument("--kind", action="append", metavar="K",
+                   help="only events of kind K (state, weights, error, deployed, ...); may be repeated")
+    s.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    s.add_argument("--recent", type=int, default=0, metavar="N",
+                   help="first show up to N events from before the call (default %(default)s)")
+    s.add_argument("--json", action="store_true", help="one JSON object per line")
+    _api_args(s)
+    s.set_defaults(func=cmd_events)
 
     s = sub.add_parser("validate", help="check a config file without touching the kernel",
                        description="Parse and validate FILE; errors name the field, e.g. "

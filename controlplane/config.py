@@ -164,6 +164,19 @@ def _listen(value: Any, path: str) -> str:
     return text
 
 
+_GROUP = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
+
+
+def _group(value: Any, path: str) -> int | str:
+    """A group name, or a numeric gid; whether it exists is checked where it is used."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _int(0, 2**32 - 2, "a group id")(value, path)
+    text = _string(value, path)
+    if not _GROUP.fullmatch(text):
+        raise ConfigError(f"{path}: {_show(text)} is not a group name")
+    return text
+
+
 def _ipv4(role: str) -> Check:
     """A unicast IPv4 address; role names what it is for in the IPv6 error ("VIPs")."""
 
@@ -441,6 +454,15 @@ class Service:
 
 
 @dataclass(frozen=True)
+class ApiTls:
+    """Mutual TLS of edged's TCP API: its certificate, and the CA its clients' certificates come from."""
+
+    cert: str = option("PEM certificate edged presents to clients", _abs_path)
+    key: str = option("PEM private key of that certificate", _abs_path)
+    client_ca: str = option("PEM CA bundle; only clients with a certificate it signed get in", _abs_path)
+
+
+@dataclass(frozen=True)
 class Node:
     """Settings of this edge node; sizes here are compiled into the BPF programs."""
 
@@ -450,9 +472,24 @@ class Node:
     ct_size: int = option("conntrack entries (and as many reverse-NAT entries)", _int(1024, 16777216), 262144)
     pin_dir: str = option("bpffs directory the maps are pinned under", _abs_path, "/sys/fs/bpf/edge")
     api_socket: str = option("unix socket edged serves edgectl on", _abs_path, "/run/edge/edged.sock")
+    api_group: Optional[int | str] = option(
+        "group that may use the API socket (mode 0660); absent: edged's own group", _group, None)
+    api_listen: Optional[str] = option("HOST:PORT to serve the API on over TCP as well; needs api_tls",
+                                       _listen, None)
+    api_tls: Optional[ApiTls] = option("mutual TLS of the TCP API (clients must show a certificate)",
+                                       _section(ApiTls), None)
     metrics_listen: str = option("HOST:PORT of the Prometheus endpoint", _listen, "127.0.0.1:9470")
     iface: Optional[str] = option("interface edged deploys on when it finds nothing deployed", _ifname, None)
     xdp_mode: str = option("native (driver) or generic (skb) XDP", _one_of("native", "generic"), "native")
+
+    def _validate(self, path: str) -> None:
+        # The API can reconfigure the router: over TCP, only clients with a certificate get in.
+        if self.api_listen and self.api_tls is None:
+            raise ConfigError(f"{_join(path, 'api_listen')}: TCP is served only with mutual TLS; "
+                              f"set {_join(path, 'api_tls')} (cert, key, client_ca)")
+        if self.api_tls and not self.api_listen:
+            raise ConfigError(f"{_join(path, 'api_tls')}: set, but {_join(path, 'api_listen')} is not "
+                              "(TLS is for the TCP listener; the unix socket needs none)")
 
 
 @dataclass(frozen=True)

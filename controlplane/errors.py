@@ -36,3 +36,18 @@ class MapError(EdgeError):
 
 class NotDeployed(EdgeError):
     """Nothing is deployed where the operation expected a deployed router."""
+
+
+class ApiError(EdgeError):
+    """edged's API refused a request or could not be reached; code is the gRPC status name."""
+
+    def __init__(self, message: str, code: str = "UNKNOWN") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NotRunning(ApiError):
+    """No edged answers where the API should be (socket missing, or nothing listening)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "UNAVAILABLE")

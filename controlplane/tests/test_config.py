@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.config import (
+    ApiTls,
     Backend,
     Config,
     Health,
@@ -38,7 +39,8 @@ EDGE_YAML = REPO / "edge" / "edge.yaml"
 TEST_NET = IPv4Network("198.18.0.0/15")
 
 # Every section dataclass; its fields are the YAML keys of that section.
-SECTIONS = (Config, Node, Service, Backend, Health, Heartbeat, Passive, Probe, MetricsScrape, Weights)
+SECTIONS = (Config, Node, ApiTls, Service, Backend, Health, Heartbeat, Passive, Probe, MetricsScrape, Weights)
+TLS = {"cert": "/etc/edge/api.pem", "key": "/etc/edge/api.key", "client_ca": "/etc/edge/clients-ca.pem"}
 
 
 def valid_doc() -> dict:
@@ -246,11 +248,22 @@ def test_empty_health_sub_sections_get_their_defaults_and_absent_ones_are_off():
         {"node.maglev_m": 1000003, "node.max_services": 3, "node.max_backends": 5},
         {"node.metrics_listen": "[::1]:9470"},
         {"node.metrics_listen": "localhost:1"},
+        {"node.api_group": "edge-ops"},
+        {"node.api_group": 1000},
+        {"node.api_listen": "[::]:9471", "node.api_tls": TLS},
     ],
     ids=lambda edits: ", ".join(f"{path}={value}" for path, value in edits.items()),
 )
 def test_accepted_edge_cases(edits):
     parse_config(edited(valid_doc(), edits))
+
+
+def test_tcp_api_settings_parse_and_survive_a_round_trip():
+    doc = edited(valid_doc(), {"node.api_group": "edge", "node.api_listen": "127.0.0.1:9471", "node.api_tls": TLS})
+    config = parse_config(doc)
+    assert (config.node.api_group, config.node.api_listen) == ("edge", "127.0.0.1:9471")
+    assert config.node.api_tls == ApiTls(cert=TLS["cert"], key=TLS["key"], client_ca=TLS["client_ca"])
+    assert parse_config(to_doc(config)) == config
 
 
 def test_service_key_is_vip_port_protocol():
@@ -306,7 +319,7 @@ ERROR_CASES = [
         "node unknown key",
         {"node.maglev": 7},
         "node.maglev: unknown key (allowed: maglev_m, max_services, max_backends, ct_size, pin_dir, "
-        "api_socket, metrics_listen, iface, xdp_mode)",
+        "api_socket, api_group, api_listen, api_tls, metrics_listen, iface, xdp_mode)",
     ),
     Case("iface not a name", {"node.iface": "eth 0"}, "node.iface: 'eth 0' is not an interface name"),
     Case("maglev_m not prime", {"node.maglev_m": 65536}, "node.maglev_m: 65536 is not prime"),
@@ -334,6 +347,39 @@ ERROR_CASES = [
         {"node.metrics_listen": "::1:9470"},
         "node.metrics_listen: expected HOST:PORT (e.g. 127.0.0.1:9470), got '::1:9470'",
     ),
+    Case(
+        "api_listen without api_tls",
+        {"node.api_listen": "0.0.0.0:9471"},
+        "node.api_listen: TCP is served only with mutual TLS; set node.api_tls (cert, key, client_ca)",
+    ),
+    Case(
+        "api_tls without api_listen",
+        {"node.api_tls": TLS},
+        "node.api_tls: set, but node.api_listen is not (TLS is for the TCP listener; the unix socket needs none)",
+    ),
+    Case(
+        "api_listen not HOST:PORT",
+        {"node.api_listen": "9471", "node.api_tls": TLS},
+        "node.api_listen: expected HOST:PORT (e.g. 127.0.0.1:9470), got '9471'",
+    ),
+    Case(
+        "api_tls without client_ca",
+        {"node.api_listen": "0.0.0.0:9471", "node.api_tls": {"cert": "/a.pem", "key": "/a.key"}},
+        "node.api_tls.client_ca: missing",
+    ),
+    Case(
+        "api_tls relative cert",
+        {"node.api_listen": "0.0.0.0:9471", "node.api_tls": {**TLS, "cert": "api.pem"}},
+        "node.api_tls.cert: expected an absolute path, got 'api.pem'",
+    ),
+    Case(
+        "api_tls unknown key",
+        {"node.api_listen": "0.0.0.0:9471", "node.api_tls": {**TLS, "ca": "/ca.pem"}},
+        "node.api_tls.ca: unknown key (allowed: cert, key, client_ca)",
+    ),
+    Case("api_group not a name", {"node.api_group": "edge ops"}, "node.api_group: 'edge ops' is not a group name"),
+    Case("api_group negative", {"node.api_group": -1}, "node.api_group: -1 is not a group id"),
+    Case("api_group boolean", {"node.api_group": True}, "node.api_group: expected a string, got true"),
     Case("xdp_mode offload", {"node.xdp_mode": "offload"}, "node.xdp_mode: expected one of native, generic, got 'offload'"),
     Case(
         "more services than max_services",

@@ -1,0 +1,142 @@
+"""Plain dicts <-> edge.v1 messages, by field name: a status dict as `edgectl status
+--json` prints it becomes a GetStatusResponse and back without a table of names.
+
+Rules: a proto field takes the dict value of the same key; None and missing keys
+leave the field unset (an `optional` field then reads back as None); keys the
+proto does not name are left out. Events carry their extra fields JSON-encoded.
+No gRPC here, and no policy: server.py and client.py call these.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from controlplane import abi
+from controlplane.api import edge_pb2
+
+EVENT_KEYS = ("t", "kind", "text", "service", "backend")
+
+
+def _is_map(f: FieldDescriptor) -> bool:
+    return f.type == FieldDescriptor.TYPE_MESSAGE and f.message_type.GetOptions().map_entry
+
+
+def _repeated(f: FieldDescriptor) -> bool:
+    # protobuf 7 dropped `label`; `is_repeated` is there since 5.x
+    is_repeated = getattr(f, "is_repeated", None)
+    return is_repeated if is_repeated is not None else f.label == FieldDescriptor.LABEL_REPEATED
+
+
+def fill(msg: Message, data: dict) -> Message:
+    """Sets msg's fields from data's keys of the same names; returns msg."""
+    for f in msg.DESCRIPTOR.fields:
+        value = data.get(f.name)
+        if value is None:
+            continue
+        target = getattr(msg, f.name) if f.type == FieldDescriptor.TYPE_MESSAGE or _repeated(f) else None
+        if _is_map(f):
+            target.update(value)
+        elif _repeated(f) and f.type == FieldDescriptor.TYPE_MESSAGE:
+            for item in value:
+                fill(target.add(), item)
+        elif _repeated(f):
+            target.extend(value)
+        elif f.type == FieldDescriptor.TYPE_MESSAGE:
+            target.SetInParent()
+            fill(target, value)
+        else:
+            setattr(msg, f.name, value)
+    return msg
+
+
+def to_dict(msg: Message) -> dict:
+    """msg as a dict with one key per field; unset optional fields and messages are None."""
+    out: dict[str, Any] = {}
+    for f in msg.DESCRIPTOR.fields:
+        value = getattr(msg, f.name)
+        if _is_map(f):
+            out[f.name] = dict(value)
+        elif _repeated(f) and f.type == FieldDescriptor.TYPE_MESSAGE:
+            out[f.name] = [to_dict(item) for item in value]
+        elif _repeated(f):
+            out[f.name] = list(value)
+        elif f.has_presence and not msg.HasField(f.name):
+            out[f.name] = None
+        elif f.type == FieldDescriptor.TYPE_MESSAGE:
+            out[f.name] = to_dict(value)
+        else:
+            out[f.name] = value
+    return out
+
+
+def _set_time(ts, t: float) -> None:
+    """Sets a Timestamp to UNIX seconds t, to the nanosecond t holds (t * 1e9 would round)."""
+    seconds = math.floor(t)
+    nanos = round((t - seconds) * 1e9)
+    ts.seconds, ts.nanos = (seconds + 1, 0) if nanos >= 10**9 else (seconds, nanos)
+
+
+def _seconds(ts) -> float:
+    """A Timestamp as UNIX seconds (float(ns) / 1e9 would round twice)."""
+    return ts.seconds + ts.nanos / 1e9
+
+
+def _in_order(counts: dict[str, int], names: dict[int, str]) -> dict[str, int]:
+    """Counters in the ABI's order (a proto map has none), unknown names last."""
+    order = {name: i for i, name in enumerate(names.values())}
+    return dict(sorted(counts.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
+
+
+def status_to_proto(snap: dict, edged: dict | None = None) -> edge_pb2.GetStatusResponse:
+    """A daemon snapshot (one instance) as a GetStatusResponse; edged: version, pid."""
+    msg = fill(edge_pb2.GetStatusResponse(), {k: v for k, v in snap.items() if k != "edged"})
+    if edged:
+        msg.edged.version = edged.get("version", "")
+        msg.edged.pid = edged.get("pid", 0)
+        if edged.get("t") is not None:
+            _set_time(msg.edged.time, edged["t"])
+    return msg
+
+
+def status_from_proto(msg: edge_pb2.GetStatusResponse) -> dict:
+    """The snapshot dict `edgectl status --json` prints for one instance, with edged's additions."""
+    snap = to_dict(msg)
+    snap["verdicts"] = _in_order(snap["verdicts"], abi.CNT_NAMES)
+    snap["drops"] = _in_order(snap["drops"], abi.DROP_NAMES)
+    del snap["edged"]
+    if msg.HasField("edged"):
+        snap["edged"] = {"version": msg.edged.version, "pid": msg.edged.pid,
+                         "t": _seconds(msg.edged.time) if msg.edged.HasField("time") else None}
+    return snap
+
+
+def event_to_proto(event: dict) -> edge_pb2.Event:
+    """An edged event dict as an Event: fields it does not name go to `fields`, JSON-encoded."""
+    msg = edge_pb2.Event(kind=str(event.get("kind", "")), text=str(event.get("text", "")),
+                         service=str(event.get("service") or ""), backend=str(event.get("backend") or ""))
+    if event.get("t") is not None:
+        _set_time(msg.time, event["t"])
+    for key, value in event.items():
+        if key not in EVENT_KEYS:
+            msg.fields[str(key)] = json.dumps(value, default=str, sort_keys=True)
+    return msg
+
+
+def event_from_proto(msg: edge_pb2.Event) -> dict:
+    """An Event as the dict edged emitted (values that were not JSON come back as strings)."""
+    event: dict[str, Any] = {"t": _seconds(msg.time), "kind": msg.kind, "text": msg.text}
+    if msg.service:
+        event["service"] = msg.service
+    if msg.backend:
+        event["backend"] = msg.backend
+    for key in sorted(msg.fields):
+        try:
+            event[key] = json.loads(msg.fields[key])
+        except ValueError:
+            event[key] = msg.fields[key]
+    return event
