@@ -31,6 +31,7 @@ from typing import Callable, Optional
 from controlplane import __version__, abi, deploy, loader, metrics, sdnotify, weights
 from controlplane.config import Config, Service, load_config
 from controlplane.errors import ConfigError, EdgeError
+from controlplane.api import server as api_server
 from controlplane.prober import Prober, Target
 from controlplane.signals import Load, Sample
 
@@ -45,7 +46,8 @@ def _log(line: str) -> None:
 
 
 def _log_json(event: dict) -> None:
-    print(json.dumps(event, default=str), file=sys.stderr, flush=True)
+    sys.stderr.write(json.dumps(event, default=str) + "\n")  # one write: lines never interleave
+    sys.stderr.flush()
 
 
 _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-netlink")
@@ -372,11 +374,11 @@ class Daemon:
         self.step(st, time.monotonic_ns())
         self._write_status(time.monotonic_ns())
 
-    def snapshot(self) -> dict:
+    def snapshot(self, count_conntrack: bool = False) -> dict:
         """This instance as `edgectl status --json` shows it, plus edged's view per backend."""
         if self.maps is None:
             raise EdgeError("edged has no data path open (starting or stopping)")
-        snap = off_loop(deploy.describe, self.maps, self.instance, self.pin_path)
+        snap = off_loop(deploy.describe, self.maps, self.instance, self.pin_path, count_conntrack)
         now = time.monotonic_ns()
         for svc in snap["services"]:
             st = self.services.get(svc["name"])
@@ -599,10 +601,13 @@ async def serve(cfg: Config, iface: str, events: Events | None = None, config_pa
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stop)
     loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(_reload_logged(daemon)))
-    watchdog = None
+    watchdog = api = None
     try:
         notify.status(f"deploying on {iface}")
         await daemon.start()  # compiles the data path: before READY=1, so the watchdog is not armed yet
+        api = await api_server.start(daemon, cfg.node)
+        daemon.events.emit("api", f"API on {cfg.node.api_socket}"
+                                  + (f" and {cfg.node.api_listen} (mTLS)" if cfg.node.api_listen else ""))
         if ready:
             ready(daemon)
         notify.ready(f"steering {len(cfg.services)} services on {iface}")
@@ -612,6 +617,8 @@ async def serve(cfg: Config, iface: str, events: Events | None = None, config_pa
         notify.stopping()
         if watchdog is not None:
             watchdog.cancel()
+        if api is not None:
+            await api.stop(grace_s=1.0)
         await daemon.close()
         notify.close()
     daemon.events.emit("stopped", "stopped; the data path keeps forwarding with the last weights")

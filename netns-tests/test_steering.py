@@ -27,8 +27,10 @@ from controlplane.testbed.traffic import backends_seen, close_all, open_connecti
 PORT = 8000
 PROBE = {"kind": "http", "path": "/health", "interval_ms": 100, "timeout_ms": 80, "window": 10}
 METRICS = {"path": "/metrics", "interval_ms": 100, "stale_ms": 1000}
-WEIGHTS = {"policy": "latency_inverse", "max_ratio": 50, "hysteresis_pct": 10, "slow_start_ms": 0,
-           "hung_ms": 1000, "decay_ms": 300}
+# Plain EWMA over a second and 25 % hysteresis: RTTs measured by a Python prober on a busy
+# 2-vCPU VM are noisy, and the shares test wants weights that settle.
+WEIGHTS = {"policy": "latency_inverse", "max_ratio": 50, "hysteresis_pct": 25, "slow_start_ms": 0,
+           "hung_ms": 1000, "smoothing": "ewma", "decay_ms": 1000}
 IDLE = {"added_latency_ms": 1.0, "fill_queue": 0, "hang": False, "metrics_off": False, "kv_usage": None}
 
 
@@ -75,7 +77,7 @@ def weights_where(edged: EdgedProc, pred, timeout_s: float, what: str, after: in
     return event["weights"]
 
 
-def settled(edged: EdgedProc, quiet_s: float = 1.5, timeout_s: float = 15.0) -> dict[str, int]:
+def settled(edged: EdgedProc, quiet_s: float = 1.0, timeout_s: float = 20.0) -> dict[str, int]:
     """The table's weights once edged has pushed nothing for quiet_s."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -110,11 +112,15 @@ def test_shares_follow_latency_and_match_the_weights(sim_net, router, tmp_path):
         assert set(before) == {"b0", "b1", "b2"}
         with start_edged(sim_net, router, tmp_path) as edged:
             weights_where(edged, lambda w: w["b0"] > w["b1"] > w["b2"], 15.0, "weights ordered by latency")
-            w = settled(edged)
-            assert w["b0"] > w["b1"] > w["b2"], w
-            seen = backends_seen(sim_net.client, sim_net.vip, PORT, 3000)
+            settled(edged)
             same_backends(conns, before)
-            snap = router.status()
+        # edged stopped: the data path keeps the last weights, so the shares are counted against a
+        # table that no longer moves
+        snap = router.status()
+        w = {b["name"]: b["weight"] for b in snap["services"][0]["backends"]}
+        assert w["b0"] > w["b1"] > w["b2"], w
+        seen = backends_seen(sim_net.client, sim_net.vip, PORT, 3000)
+        same_backends(conns, before)
     finally:
         close_all(conns)
     assert not [k for k in seen if k.startswith("error")], seen
