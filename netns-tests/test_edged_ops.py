@@ -202,9 +202,9 @@ def test_edged_talks_to_systemd_through_notify_socket(net, router, tmp_path):
     lines = [line for _, line in got]
     assert any(line.startswith("STATUS=deploying on ") for line in lines), lines[:5]
     assert "READY=1" in lines
-    pings = [t for t, line in got if line == "WATCHDOG=1"]
-    assert len(pings) >= 4, lines  # 0.2 s apart over about 3 s
-    assert max(b - a for a, b in zip(pings, pings[1:])) < 0.4  # never a whole interval missed
+    pings = [line for line in lines if line == "WATCHDOG=1"]
+    assert len(pings) >= 4, lines  # every 0.2 s for about 3 s
     reloading = lines.index("RELOADING=1")
-    assert "READY=1" in lines[reloading:]
+    ready_again = lines.index("READY=1", reloading)
+    assert "WATCHDOG=1" in lines[ready_again:], lines  # the watchdog goes on after a reload
     assert lines[-1] == "STOPPING=1" or "STOPPING=1" in lines[-3:], lines[-5:]
