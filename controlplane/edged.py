@@ -533,6 +533,9 @@ class Daemon:
         ok, failed = self.counts.get((name, backend), (0, 0))
         view.update({
             "rtt_smoothed_s": view["rtt_s"],
+            # engines export gauges as floats; requests are counted in whole numbers
+            "waiting": None if view.get("waiting") is None else int(view["waiting"]),
+            "running": None if view.get("running") is None else int(view["running"]),
             "rtt_window": tracker.window.rtts(),
             "probes_ok": ok,
             "probes_failed": failed,

@@ -184,6 +184,12 @@ def test_a_hung_engine_is_drained_and_its_connections_stay(sim_net, router, tmp_
                                   and e.get("new") == "hung", 15.0, "b2 reported hung")
             w = settled(edged)
             seen = backends_seen(sim_net.client, sim_net.vip, PORT, 1000)
+            # the operator's view through edged's API: state, reason and the load signals
+            edged.wait_for(lambda e: e["kind"] == "api", 5.0, "the API")
+            done = router.edgectl("status", "--json", "--socket", str(tmp_path / "edged.sock"))
+            assert done.returncode == 0, done.stderr
+            view = {b["name"]: b for b in json.loads(done.stdout)[0]["services"][0]["backends"]}["b2"]["edged"]
+            assert view["state"] == "hung" and view["waiting"] + view["running"] >= 3, view
             knobs(sim_net, 2, hang=False)
             same_backends(conns, before)
         finally:

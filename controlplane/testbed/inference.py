@@ -619,7 +619,9 @@ class Server:
         finally:
             if watch.done():
                 watch.exception()  # retrieved: a reset after the answer is no news
-            watch.cancel()
+            else:
+                watch.cancel()
+                await asyncio.wait({watch})  # its read must end before the connection's next one
             if not job.done():
                 job.cancel()
                 await asyncio.wait({job})
