@@ -238,13 +238,7 @@ def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
         if node["ip_forward_was"] == 0 and not others:
             loader.set_ip_forward(0)
             progress("restored net.ipv4.ip_forward = 0")
-    loader.remove_pins(pin_path)
-    for parent in (pin_path.parent, pin_path.parent.parent):
-        try:
-            parent.rmdir()
-        except OSError:
-            break
-    progress(f"removed pins under {pin_path}")
+    _remove_instance(pin_path, progress)
     return True
 
 
@@ -260,14 +254,19 @@ def _undeploy_other_abi(iface: str, current, pins: list[Path], progress: Progres
             loader.detach_tc(index)
             progress(f"detached the return path from {loader.ifname(index)}")
     for path in pins:
-        loader.remove_pins(path)
-        for parent in (path.parent, path.parent.parent):
-            try:
-                parent.rmdir()
-            except OSError:
-                break
-        progress(f"removed pins under {path}")
+        _remove_instance(path, progress)
     return True
+
+
+def _remove_instance(pin_path: Path, progress: Progress) -> None:
+    """Unpins an instance and removes its directory, and the version directory above when empty."""
+    loader.remove_pins(pin_path)
+    for parent in (pin_path.parent, pin_path.parent.parent):
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+    progress(f"removed pins under {pin_path}")
 
 
 def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False) -> list[dict]:

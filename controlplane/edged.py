@@ -290,7 +290,6 @@ class Daemon:
     def step(self, st: Steered, now_ns: int) -> bool:
         """One decision for one service; pushes it when the policy says so."""
         s = st.service
-        health = s.health
         d = weights.decide(s, st.trackers, st.pushed, now_ns)
         for b in s.backends:
             state, reason = d.states.get(b.name, ""), d.reasons.get(b.name, "")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-import urllib.request
 from collections import Counter
 from typing import Iterator
 
@@ -21,6 +20,7 @@ import pytest
 
 from conftest import require_privileges, undeployed_after
 from controlplane.testbed.daemon import EdgedProc
+from controlplane.testbed.inference import degrade_from
 from controlplane.testbed.topo import Net, Topo
 from controlplane.testbed.traffic import backends_seen, close_all, open_connections
 
@@ -56,12 +56,7 @@ def router(sim_net: Net):
 
 def knobs(net: Net, i: int, **values) -> dict:
     """POST /sim/degrade to backend i, from the router namespace (where edged probes from)."""
-    body = json.dumps(values).encode()
-    req = urllib.request.Request(f"http://{net.backend_addr(i)}:{PORT}/sim/degrade", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with net.router.enter():
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return json.loads(resp.read())
+    return degrade_from(net.router, net.backend_addr(i), PORT, **values)
 
 
 def start_edged(net: Net, router, tmp_path) -> EdgedProc:

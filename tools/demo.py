@@ -30,6 +30,7 @@ from controlplane.config import parse_config  # noqa: E402
 from controlplane.errors import EdgeError  # noqa: E402
 from controlplane.testbed.daemon import EdgedProc  # noqa: E402
 from controlplane.testbed.router import EdgectlError, Router  # noqa: E402
+from controlplane.testbed.inference import degrade_from  # noqa: E402
 from controlplane.testbed.topo import Net, Topo  # noqa: E402
 from controlplane.testbed.traffic import backends_seen, close_all, http_get, open_connections  # noqa: E402
 
@@ -84,12 +85,7 @@ def bar(counts: Counter, names: list[str], total: int, weights: dict[str, int] |
 
 def knobs(net: Net, i: int, **values) -> dict:
     """POST /sim/degrade to backend i, from the router namespace (where edged probes from)."""
-    body = json.dumps(values).encode()
-    req = urllib.request.Request(f"http://{net.backend_addr(i)}:{PORT}/sim/degrade", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with net.router.enter():
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return json.loads(resp.read())
+    return degrade_from(net.router, net.backend_addr(i), PORT, **values)
 
 
 def stuck_requests(net: Net, i: int, n: int) -> list[socket.socket]:

@@ -2,7 +2,7 @@
 config, read its JSON event lines as they come, wait for an event, stop it by
 its pid. The Net terminates it on close() whatever the test did.
 
-    with EdgedProc.start(net, router.config(services), iface) as edged:
+    with EdgedProc.start(net.router, router.config(services), iface) as edged:
         edged.wait_for(lambda e: e["kind"] == "weights", 10.0, "a weight push")
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import yaml
 
 if TYPE_CHECKING:
-    from controlplane.testbed.topo import Net, Ns
+    from controlplane.testbed.topo import Ns
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0  # edged compiles the data path before its first event

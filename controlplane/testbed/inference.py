@@ -27,6 +27,7 @@ import collections
 import concurrent.futures
 import ipaddress
 import json
+import urllib.request
 import math
 import os
 import signal
@@ -875,6 +876,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     return 0
 
+
+
+def degrade_from(ns, address, port: int, **values) -> dict:
+    """POST /sim/degrade to the server at address:port from network namespace ns (a testbed
+    Ns); returns the server's state. For tests, the demo and benchmarks."""
+    req = urllib.request.Request(f"http://{address}:{port}/sim/degrade", data=json.dumps(values).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with ns.enter():
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return json.loads(resp.read())
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -442,28 +442,17 @@ class Net:
 
     def start_backends(self, port: int = 8000, timeout_s: float = 5.0) -> list[Server]:
         """Start controlplane.testbed.backend in every backend namespace; return once each said 'listening'."""
-        env = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        started = []
-        for i, ns in enumerate(self.backends):
-            addr = self.backend_addr(i)
-            argv = [sys.executable, "-m", "controlplane.testbed.backend",
-                    "--name", backend_role(i), "--listen", f"{addr}:{port}"]
-            proc = ns.popen(argv, stdout=subprocess.PIPE, env=env)
-            started.append(Server(backend_role(i), ns, addr, port, proc))
-        for server in started:
-            line = read_line(server.proc, timeout_s)
-            if not line.startswith(f"listening {server.name} "):
-                raise RuntimeError(f"{server.name}: expected 'listening ...', got {line!r}")
-        self.servers.extend(started)
-        return started
+        return self._start_servers("controlplane.testbed.backend", port, (), (), timeout_s)
 
     def start_inference(self, port: int = 8000, per_backend: Sequence[Sequence[str]] = (),
                         common: Sequence[str] = (), timeout_s: float = 5.0) -> list[Server]:
         """Start the simulated inference server (controlplane.testbed.inference) in every backend
         namespace instead of the plain backend; per_backend[i] are extra flags for backend i
         (e.g. ["--added-latency-ms", "5"]), common are flags for all."""
+        return self._start_servers("controlplane.testbed.inference", port, per_backend, common, timeout_s)
+
+    def _start_servers(self, module: str, port: int, per_backend: Sequence[Sequence[str]],
+                       common: Sequence[str], timeout_s: float) -> list[Server]:
         env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -471,8 +460,8 @@ class Net:
         for i, ns in enumerate(self.backends):
             addr = self.backend_addr(i)
             extra = list(per_backend[i]) if i < len(per_backend) else []
-            argv = [sys.executable, "-m", "controlplane.testbed.inference", "--name", backend_role(i),
-                    "--listen", f"{addr}:{port}", *common, *extra]
+            argv = [sys.executable, "-m", module, "--name", backend_role(i), "--listen", f"{addr}:{port}",
+                    *common, *extra]
             proc = ns.popen(argv, stdout=subprocess.PIPE, env=env)
             started.append(Server(backend_role(i), ns, addr, port, proc))
         for server in started:
