@@ -369,6 +369,9 @@ class Weights:
         "peak_ewma",
     )
     decay_ms: int = option("time constant of the RTT smoothing", _ms, 500)
+    rtt_offset_ms: int = option(
+        "added to every smoothed RTT before weighting: differences far below it are probe noise", _int(0, MAX_MS), 1
+    )
     load_aware: bool = option("scale weights down by queue depth and KV-cache use (needs health.metrics)", _bool, True)
     hung_ms: int = option("work outstanding with no progress this long marks the engine hung", _ms, 2000)
     slow_start_ms: int = option("a recovered backend ramps from the floor to its weight over this long; 0 is off",

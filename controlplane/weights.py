@@ -34,7 +34,8 @@ latency_inverse, per backend b (base_b = backend.weight):
             up -> weight = floor exactly (no max_ratio lift: effectively drained),
             state "hung". Detected whenever health.metrics is set, load_aware or not.
             When it ends (progress moves, or no work outstanding) slow start follows.
-  latency   lat_b = base_b / max(rtt_b, 1 us)
+  latency   lat_b = base_b / max(rtt_b + rtt_offset, 1 us)   (rtt_offset = weights.rtt_offset_ms:
+            differences far below it are probe noise, not a reason to move flows)
             raw_b = SCALE * lat_b / max(lat_c over computed backends c) * load_b
             (computed = non-drained, up or failed open, not hung; standbys included).
             The best backend of an idle service gets SCALE; the load factor is not
@@ -295,7 +296,7 @@ def _latency_inverse(
     lat = {}
     for b in computed:
         rtt = trs[b.name].rtt_s
-        lat[b.name] = b.weight / max(rtt if rtt is not None else fill_s, RTT_MIN_S)
+        lat[b.name] = b.weight / max((rtt if rtt is not None else fill_s) + w.rtt_offset_ms / 1000, RTT_MIN_S)
     best = max(lat.values(), default=1.0)
 
     raw: dict[str, int] = {}

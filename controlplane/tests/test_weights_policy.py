@@ -44,7 +44,7 @@ def service(
     return Service(
         name="chat", vip=IPv4Address("198.18.255.1"), port=8000,
         health=Health(probe=probe, metrics=metrics),
-        weights=weights or Weights(policy="latency_inverse"),
+        weights=weights or Weights(policy="latency_inverse", rtt_offset_ms=0),
         backends=bs,
     )
 
@@ -316,7 +316,7 @@ def test_a_hung_engine_gets_exactly_the_floor(data, stall_ms, waiting, running):
 
 
 def test_slow_start_ramps_linearly_from_the_floor_after_rise():
-    w = Weights(policy="latency_inverse", floor=10, max_ratio=20, slow_start_ms=1000)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, floor=10, max_ratio=20, slow_start_ms=1000)
     svc = service([("a", 1), ("b", 1)], w)
     a, b = Tracker(), Tracker()
     t = probes(a, w, [0.01, None, None, None], T0)  # fall = 3: down
@@ -340,7 +340,7 @@ def test_slow_start_ramps_linearly_from_the_floor_after_rise():
 
 
 def test_fall_takes_a_backend_out_and_rise_brings_it_back():
-    w = Weights(policy="latency_inverse", slow_start_ms=0)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, slow_start_ms=0)
     svc = service([("a", 1), ("b", 1)], w)
     a, b = steady(w, 0.01), steady(w, 0.01)
     t = T0 + 500 * MS
@@ -363,7 +363,7 @@ def test_fall_takes_a_backend_out_and_rise_brings_it_back():
 
 
 def test_fail_open_when_every_backend_is_down():
-    w = Weights(policy="latency_inverse", slow_start_ms=0)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, slow_start_ms=0)
     svc = service([("a", 1), ("b", 1), ("off", 0)], w)
     a, b = steady(w, 0.002), steady(w, 0.004)
     t = T0 + 500 * MS
@@ -383,7 +383,7 @@ def test_fail_open_when_every_backend_is_down():
 
 
 def test_no_fail_open_while_a_standby_is_up():
-    w = Weights(policy="latency_inverse", slow_start_ms=0)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, slow_start_ms=0)
     svc = service([("a", 1), ("b", 1), ("spare", 1, True)], w)
     a, b, spare = steady(w, 0.002), steady(w, 0.002), steady(w, 0.003)
     probes(a, w, [None] * 3, T0 + 500 * MS)
@@ -394,7 +394,7 @@ def test_no_fail_open_while_a_standby_is_up():
 
 
 def test_standbys_are_weighted_like_primaries():
-    w = Weights(policy="latency_inverse", max_ratio=1000)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, max_ratio=1000)
     svc = service([("a", 1), ("spare", 1, True)], w)
     d = decide(svc, {"a": steady(w, 0.002), "spare": steady(w, 0.004)}, None, T0 + 500 * MS)
     assert d.weights == {"a": wp.SCALE, "spare": wp.SCALE // 2}
@@ -402,7 +402,7 @@ def test_standbys_are_weighted_like_primaries():
 
 @pytest.mark.parametrize("smoothing, after_one", [("peak_ewma", 0.050), ("ewma", None)])
 def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoothing, after_one):
-    w = Weights(policy="latency_inverse", smoothing=smoothing, decay_ms=500, max_ratio=1000)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing=smoothing, decay_ms=500, max_ratio=1000)
     svc = service([("a", 1), ("b", 1)], w)
     a, b = steady(w, 0.010, n=20), steady(w, 0.010, n=20)
     t = T0 + 2000 * MS
@@ -430,7 +430,7 @@ def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoot
 
 
 def test_a_failed_probe_counts_as_the_timeout():
-    w = Weights(policy="latency_inverse", smoothing="peak_ewma")
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing="peak_ewma")
     tr = steady(w, 0.001)
     probes(tr, w, [None], T0 + 500 * MS)
     assert tr.rtt_s == PROBE.timeout_ms / 1000 and tr.fails == 1 and not tr.down
@@ -450,7 +450,7 @@ def test_static_policy_uses_the_configured_weights_and_ignores_probes():
 
 
 def test_hysteresis_pushes_big_changes_and_crossings_of_zero_only():
-    w = Weights(policy="latency_inverse", hysteresis_pct=10, max_ratio=20, slow_start_ms=0)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, hysteresis_pct=10, max_ratio=20, slow_start_ms=0)
     svc = service([("a", 1), ("b", 1)], w)
     trs = {"a": steady(w, 0.010), "b": steady(w, 0.010)}
     now = T0 + 1000 * MS
@@ -470,7 +470,7 @@ def test_hysteresis_pushes_big_changes_and_crossings_of_zero_only():
 
 
 def test_a_backend_without_probe_data_gets_the_median_rtt():
-    w = Weights(policy="latency_inverse", max_ratio=1000, slow_start_ms=0)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, max_ratio=1000, slow_start_ms=0)
     svc = service([("a", 1), ("b", 1), ("c", 1), ("new", 1)], w)
     trs = {"a": steady(w, 0.001), "b": steady(w, 0.002), "c": steady(w, 0.004)}
     d = decide(svc, trs, None, T0 + 1000 * MS)
@@ -479,7 +479,7 @@ def test_a_backend_without_probe_data_gets_the_median_rtt():
 
 
 def test_without_any_probe_data_weights_follow_the_configured_ones():
-    w = Weights(policy="latency_inverse", max_ratio=1000)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, max_ratio=1000)
     svc = service([("a", 4), ("b", 1), ("c", 2)], w, probe=None)
     d = decide(svc, {}, None, T0)
     assert d.weights == {"a": 10000, "b": 2500, "c": 5000}
@@ -487,7 +487,7 @@ def test_without_any_probe_data_weights_follow_the_configured_ones():
 
 
 def test_load_scales_by_queue_and_kv_cache_and_not_before_anyone_has_metrics():
-    w = Weights(policy="latency_inverse", max_ratio=1000, slow_start_ms=0)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, max_ratio=1000, slow_start_ms=0)
     svc = service([("a", 1), ("b", 1)], w, metrics=METRICS)
     a, b = steady(w, 0.002), steady(w, 0.002)
     now = T0 + 1000 * MS
@@ -508,7 +508,7 @@ def test_load_scales_by_queue_and_kv_cache_and_not_before_anyone_has_metrics():
 
 
 def test_a_hung_engine_that_makes_progress_again_ramps_up():
-    w = Weights(policy="latency_inverse", floor=3, hung_ms=1000, slow_start_ms=1000, max_ratio=1000)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, floor=3, hung_ms=1000, slow_start_ms=1000, max_ratio=1000)
     svc = service([("a", 1), ("b", 1)], w, metrics=METRICS)
     a, b = steady(w, 0.002, n=40), steady(w, 0.002, n=40)
     t = T0
@@ -530,7 +530,7 @@ def test_a_hung_engine_that_makes_progress_again_ramps_up():
 
 
 def test_a_busy_engine_after_an_idle_spell_is_not_hung_at_once():
-    w = Weights(policy="latency_inverse", hung_ms=1000)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, hung_ms=1000)
     tr = steady(w, 0.002)
     scrape(tr, w, T0, waiting=0, running=0, progress=5.0)
     scrape(tr, w, T0 + 900 * MS, waiting=0, running=0, progress=5.0)
@@ -538,3 +538,21 @@ def test_a_busy_engine_after_an_idle_spell_is_not_hung_at_once():
     assert not tr.hung
     scrape(tr, w, T0 + 2000 * MS, waiting=3, running=1, progress=5.0)
     assert tr.hung
+
+
+def test_rtt_offset_makes_sub_millisecond_jitter_small_against_real_differences():
+    """rtt_offset_ms is added to every smoothed RTT: 1 ms and 3 ms weigh as 2:4, not 1:3, and a
+    0.3 ms wobble of the 1 ms backend moves the other's weight by half as much as without it."""
+    w = Weights(policy="latency_inverse", rtt_offset_ms=1, max_ratio=1000)
+    svc = service([("a", 1), ("b", 1)], w)
+    t = T0 + 500 * MS
+    d = decide(svc, {"a": steady(w, 0.001), "b": steady(w, 0.003)}, None, t)
+    assert d.weights == {"a": wp.SCALE, "b": wp.SCALE // 2}
+    wobble = decide(svc, {"a": steady(w, 0.0013), "b": steady(w, 0.003)}, None, t)
+    with_offset = abs(wobble.weights["b"] - d.weights["b"]) / d.weights["b"]
+    without = Weights(policy="latency_inverse", rtt_offset_ms=0, max_ratio=1000)
+    svc0 = service([("a", 1), ("b", 1)], without)
+    d0 = decide(svc0, {"a": steady(without, 0.001), "b": steady(without, 0.003)}, None, t)
+    w0 = decide(svc0, {"a": steady(without, 0.0013), "b": steady(without, 0.003)}, None, t)
+    unsoftened = abs(w0.weights["b"] - d0.weights["b"]) / d0.weights["b"]
+    assert with_offset == pytest.approx(0.15, abs=0.01) and unsoftened == pytest.approx(0.30, abs=0.01)
