@@ -114,6 +114,7 @@ class Steered:
     states: dict[str, str] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     pushes: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # new signals since the last decision
 
     @property
     def computed(self) -> bool:
@@ -257,6 +258,7 @@ class Daemon:
         weights.observe_sample(st.trackers[backend], sample, st.service.weights, probe)
         self.observer.observe_sample(name, backend, sample, probe.window if probe else 1,
                                      sla.p99_rtt_ms / 1000 if sla else None)
+        st.wake.set()
 
     def _on_load(self, key, load: Load) -> None:
         name, backend = key
@@ -264,6 +266,7 @@ class Daemon:
         if st is None or backend not in st.trackers:
             return
         weights.observe_load(st.trackers[backend], load, st.service.weights)
+        st.wake.set()
 
     # ------------------------------------------------------------ steering
 
@@ -277,15 +280,24 @@ class Daemon:
         return 1.0
 
     async def _steer_loop(self, name: str) -> None:
+        """Decides when a probe result or scrape came in, at most every quarter interval, and
+        at least once an interval: a changed RTT reaches the table without waiting a tick."""
         while True:
             st = self.services.get(name)
             if st is None:
                 return
+            st.wake.clear()
             try:
                 self.step(st, time.monotonic_ns())
             except EdgeError as e:
                 self.events.emit("error", f"{name}: {e}", service=name)
-            await asyncio.sleep(self._interval_s(st.service))
+            interval = self._interval_s(st.service)
+            await asyncio.sleep(interval / 4)
+            if not st.wake.is_set():
+                try:
+                    await asyncio.wait_for(st.wake.wait(), interval * 3 / 4)
+                except asyncio.TimeoutError:
+                    pass
 
     def step(self, st: Steered, now_ns: int) -> bool:
         """One decision for one service; pushes it when the policy says so."""

@@ -13,7 +13,9 @@ static      weight = backend.weight as configured; probes and load change nothin
 
 latency_inverse, per backend b (base_b = backend.weight):
   drained   base_b == 0 -> 0 always (operator drain), state "draining".
-  RTT       smoothed per backend, tau = decay_ms, dt = time since the previous sample:
+  RTT       x = the lower median of the backend's last 3 samples (SPIKE_FILTER: one stray
+            sample is ignored, a real change counts from its second sample), then
+            smoothed per backend, tau = decay_ms, dt = time since the previous sample:
               alpha = 1 - exp(-dt / tau)
               ewma:      rtt <- rtt + alpha * (x - rtt)
               peak_ewma: rtt <- x if x > rtt, else rtt + alpha * (x - rtt)
@@ -67,6 +69,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -76,6 +79,7 @@ from controlplane.signals import Load, Sample, Window
 SCALE = 10_000  # weight of the best backend of an idle service
 MAX_WEIGHT = 65535
 RTT_MIN_S = 1e-6  # an RTT of 0 would be an infinite weight
+SPIKE_FILTER = 3  # samples whose lower median feeds the smoother
 KV_KNEE = 0.8  # KV-cache use below this costs nothing
 KV_MIN = 0.1  # KV factor at a full cache
 NEUTRAL_LOAD = 0.5  # unknown load: as loaded as one queued request per running one
@@ -89,6 +93,7 @@ class Tracker:
     """What one backend's past probes and scrapes left behind; mutated by observe_*."""
 
     window: Window = field(default_factory=Window)  # recent samples, for p50/p99 in status
+    recent: deque = field(default_factory=lambda: deque(maxlen=SPIKE_FILTER))  # last smoother inputs
     rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
     rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
     fails: int = 0  # failed probes in a row
@@ -123,7 +128,10 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
     tr.window.add(s)
     x = s.rtt_s if s.ok else probe.timeout_ms / 1000
     if x is not None:
-        _smooth(tr, x, s.t_ns, w)
+        # the lower median of the last SPIKE_FILTER samples: one stray sample (a busy host,
+        # a GC pause) never reaches the average; a real change shows in the second one
+        tr.recent.append(x)
+        _smooth(tr, sorted(tr.recent)[(len(tr.recent) - 1) // 2], s.t_ns, w)
     if s.ok:
         tr.oks, tr.fails = tr.oks + 1, 0
         if tr.down and tr.oks >= probe.rise:

@@ -400,18 +400,30 @@ def test_standbys_are_weighted_like_primaries():
     assert d.weights == {"a": wp.SCALE, "spare": wp.SCALE // 2}
 
 
-@pytest.mark.parametrize("smoothing, after_one", [("peak_ewma", 0.050), ("ewma", None)])
-def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoothing, after_one):
+def test_one_stray_sample_is_ignored_and_a_real_change_counts_from_its_second():
+    """The spike filter: the lower median of the last 3 samples feeds the smoother."""
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing="peak_ewma", max_ratio=1000)
+    a = steady(w, 0.010, n=20)
+    t = probes(a, w, [0.050], T0 + 2000 * MS)  # one stray sample
+    assert a.rtt_s == pytest.approx(0.010)
+    t = probes(a, w, [0.010, 0.010], t)
+    assert a.rtt_s == pytest.approx(0.010)
+    probes(a, w, [0.050, 0.050], t)  # a real slowdown: two in a row
+    assert a.rtt_s == 0.050
+
+
+@pytest.mark.parametrize("smoothing, at_once", [("peak_ewma", True), ("ewma", False)])
+def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoothing, at_once):
     w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing=smoothing, decay_ms=500, max_ratio=1000)
     svc = service([("a", 1), ("b", 1)], w)
     a, b = steady(w, 0.010, n=20), steady(w, 0.010, n=20)
     t = T0 + 2000 * MS
     probes(b, w, [0.010] * 20, t)
 
-    t = probes(a, w, [0.050], t)  # one sample 5x slower, 100 ms after the last
+    t = probes(a, w, [0.050, 0.050], t)  # 5x slower from here (the second sample passes the filter)
     d = decide(svc, {"a": a, "b": b}, None, t)
-    if after_one is not None:
-        assert a.rtt_s == after_one
+    if at_once:
+        assert a.rtt_s == 0.050
         assert d.weights["a"] == wp.SCALE // 5
     else:
         # alpha = 1 - exp(-100/500) = 0.18: the average moves 18% of the way
@@ -423,7 +435,8 @@ def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoot
             n += 1
         assert n >= 10  # (1 - alpha)^n * 40 ms < 5 ms needs n >= 11
 
-    # a faster sample decays in with the same alpha for both
+    # faster samples decay in with the same alpha for both, from the second one on
+    t = probes(a, w, [0.010], t)
     before = a.rtt_s
     probes(a, w, [0.010], t)
     assert a.rtt_s == pytest.approx(before + (0.010 - before) * (1 - math.exp(-0.2)))
@@ -432,8 +445,8 @@ def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoot
 def test_a_failed_probe_counts_as_the_timeout():
     w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing="peak_ewma")
     tr = steady(w, 0.001)
-    probes(tr, w, [None], T0 + 500 * MS)
-    assert tr.rtt_s == PROBE.timeout_ms / 1000 and tr.fails == 1 and not tr.down
+    probes(tr, w, [None, None], T0 + 500 * MS)
+    assert tr.rtt_s == PROBE.timeout_ms / 1000 and tr.fails == 2 and not tr.down
 
 
 def test_static_policy_uses_the_configured_weights_and_ignores_probes():
