@@ -401,7 +401,7 @@ def test_standbys_are_weighted_like_primaries():
 
 
 def test_one_stray_sample_is_ignored_and_a_real_change_counts_from_its_second():
-    """The spike filter: the lower median of the last 3 samples feeds the smoother."""
+    """The spike filter: the smaller of the last 2 samples feeds the smoother."""
     w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing="peak_ewma", max_ratio=1000)
     a = steady(w, 0.010, n=20)
     t = probes(a, w, [0.050], T0 + 2000 * MS)  # one stray sample
