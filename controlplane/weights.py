@@ -13,9 +13,10 @@ static      weight = backend.weight as configured; probes and load change nothin
 
 latency_inverse, per backend b (base_b = backend.weight):
   drained   base_b == 0 -> 0 always (operator drain), state "draining".
-  RTT       x = the smaller of the backend's last 2 samples (SPIKE_FILTER; host and
-            scheduling noise only ever adds delay: one stray slow sample is ignored, a
-            slowdown counts from its second sample, a speedup at once), then
+  RTT       x = the lower median of the backend's last weights.spike_filter samples
+            (default 2: the smaller of two; host and scheduling noise only ever adds
+            delay, so one stray slow sample is ignored, a slowdown counts from its
+            second sample and a speedup at once; 1 takes every sample), then
             smoothed per backend, tau = decay_ms, dt = time since the previous sample:
               alpha = 1 - exp(-dt / tau)
               ewma:      rtt <- rtt + alpha * (x - rtt)
@@ -80,7 +81,6 @@ from controlplane.signals import Load, Sample, Window
 SCALE = 10_000  # weight of the best backend of an idle service
 MAX_WEIGHT = 65535
 RTT_MIN_S = 1e-6  # an RTT of 0 would be an infinite weight
-SPIKE_FILTER = 2  # samples whose lower median (with 2: the smaller) feeds the smoother
 KV_KNEE = 0.8  # KV-cache use below this costs nothing
 KV_MIN = 0.1  # KV factor at a full cache
 NEUTRAL_LOAD = 0.5  # unknown load: as loaded as one queued request per running one
@@ -94,7 +94,7 @@ class Tracker:
     """What one backend's past probes and scrapes left behind; mutated by observe_*."""
 
     window: Window = field(default_factory=Window)  # recent samples, for p50/p99 in status
-    recent: deque = field(default_factory=lambda: deque(maxlen=SPIKE_FILTER))  # last smoother inputs
+    recent: deque = field(default_factory=lambda: deque(maxlen=2))  # last weights.spike_filter RTTs
     rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
     rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
     fails: int = 0  # failed probes in a row
@@ -129,8 +129,10 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
     tr.window.add(s)
     x = s.rtt_s if s.ok else probe.timeout_ms / 1000
     if x is not None:
-        # the lower median of the last SPIKE_FILTER samples: one stray slow sample (a busy
+        # the lower median of the last spike_filter samples: one stray slow sample (a busy
         # host, a GC pause) never reaches the average; a real slowdown shows in the second
+        if tr.recent.maxlen != w.spike_filter:
+            tr.recent = deque(tr.recent, maxlen=w.spike_filter)
         tr.recent.append(x)
         _smooth(tr, sorted(tr.recent)[(len(tr.recent) - 1) // 2], s.t_ns, w)
     if s.ok:

@@ -411,6 +411,11 @@ def test_one_stray_sample_is_ignored_and_a_real_change_counts_from_its_second():
     probes(a, w, [0.050, 0.050], t)  # a real slowdown: two in a row
     assert a.rtt_s == 0.050
 
+    every = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing="peak_ewma", spike_filter=1)
+    b = steady(every, 0.010, n=20)
+    probes(b, every, [0.050], T0 + 2000 * MS)  # spike_filter 1: every sample counts
+    assert b.rtt_s == 0.050
+
 
 @pytest.mark.parametrize("smoothing, at_once", [("peak_ewma", True), ("ewma", False)])
 def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoothing, at_once):
