@@ -14,9 +14,9 @@ static      weight = backend.weight as configured; probes and load change nothin
 latency_inverse, per backend b (base_b = backend.weight):
   drained   base_b == 0 -> 0 always (operator drain), state "draining".
   RTT       x = the lower median of the backend's last weights.spike_filter samples
-            (default 2: the smaller of two; host and scheduling noise only ever adds
-            delay, so one stray slow sample is ignored, a slowdown counts from its
-            second sample and a speedup at once; 1 takes every sample), then
+            (default 1: every sample; with 2, the smaller of two: host and scheduling
+            noise only ever adds delay, so one stray slow sample is ignored, a slowdown
+            counts from its second sample and a speedup at once), then
             smoothed per backend, tau = decay_ms, dt = time since the previous sample:
               alpha = 1 - exp(-dt / tau)
               ewma:      rtt <- rtt + alpha * (x - rtt)
@@ -94,7 +94,7 @@ class Tracker:
     """What one backend's past probes and scrapes left behind; mutated by observe_*."""
 
     window: Window = field(default_factory=Window)  # recent samples, for p50/p99 in status
-    recent: deque = field(default_factory=lambda: deque(maxlen=2))  # last weights.spike_filter RTTs
+    recent: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.spike_filter RTTs
     rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
     rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
     fails: int = 0  # failed probes in a row

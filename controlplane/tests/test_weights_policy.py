@@ -401,8 +401,8 @@ def test_standbys_are_weighted_like_primaries():
 
 
 def test_one_stray_sample_is_ignored_and_a_real_change_counts_from_its_second():
-    """The spike filter: the smaller of the last 2 samples feeds the smoother."""
-    w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing="peak_ewma", max_ratio=1000)
+    """The spike filter: with spike_filter 2, the smaller of the last 2 samples feeds the smoother."""
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing="peak_ewma", max_ratio=1000, spike_filter=2)
     a = steady(w, 0.010, n=20)
     t = probes(a, w, [0.050], T0 + 2000 * MS)  # one stray sample
     assert a.rtt_s == pytest.approx(0.010)
@@ -419,7 +419,8 @@ def test_one_stray_sample_is_ignored_and_a_real_change_counts_from_its_second():
 
 @pytest.mark.parametrize("smoothing, at_once", [("peak_ewma", True), ("ewma", False)])
 def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoothing, at_once):
-    w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing=smoothing, decay_ms=500, max_ratio=1000)
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing=smoothing, decay_ms=500, max_ratio=1000,
+                spike_filter=2)
     svc = service([("a", 1), ("b", 1)], w)
     a, b = steady(w, 0.010, n=20), steady(w, 0.010, n=20)
     t = T0 + 2000 * MS
