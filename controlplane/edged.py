@@ -65,7 +65,7 @@ class Events:
 
     def __init__(self, json_lines: bool = False, keep: int = EVENTS_KEPT):
         self.recent: deque[dict] = deque(maxlen=keep)
-        self._queues: set[asyncio.Queue] = set()
+        self.queues: set[asyncio.Queue] = set()
         self.json_lines = json_lines
 
     def emit(self, kind: str, text: str, **fields) -> dict:
@@ -75,7 +75,7 @@ class Events:
             _log_json(event)
         else:
             _log(text)
-        for q in list(self._queues):
+        for q in list(self.queues):
             try:
                 q.put_nowait(event)
             except asyncio.QueueFull:  # a watcher that does not read loses events, not edged
@@ -84,11 +84,11 @@ class Events:
 
     def subscribe(self, size: int = 1024) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue(size)
-        self._queues.add(q)
+        self.queues.add(q)
         return q
 
     def unsubscribe(self, q: asyncio.Queue) -> None:
-        self._queues.discard(q)
+        self.queues.discard(q)
 
 
 @dataclass

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -36,6 +35,7 @@ from controlplane import abi, cli
 from controlplane.api import _gen, convert, edge_pb2, edge_pb2_grpc, server
 from controlplane.api.client import Client, Tls
 from controlplane.config import ApiTls, Node, parse_config
+from controlplane.edged import Events
 from controlplane.errors import ApiError, ConfigError, EdgeError, NotDeployed, NotRunning
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,29 +55,6 @@ def wait_until(pred: Callable[[], Any], timeout_s: float = 5.0, what: str = "con
 
 
 # ---------------------------------------------------------------- the stand-in daemon
-
-
-class FakeEvents:
-    """edged.Events' interface: emit on the loop; subscribe/unsubscribe queues; recent."""
-
-    def __init__(self):
-        self.recent: deque[dict] = deque(maxlen=64)
-        self.queues: set[asyncio.Queue] = set()
-
-    def emit(self, kind: str, text: str, **fields) -> dict:
-        event = {"t": time.time(), "kind": kind, "text": text, **fields}
-        self.recent.append(event)
-        for q in list(self.queues):
-            q.put_nowait(event)
-        return event
-
-    def subscribe(self, size: int = 1024) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue(size)
-        self.queues.add(q)
-        return q
-
-    def unsubscribe(self, q: asyncio.Queue) -> None:
-        self.queues.discard(q)
 
 
 CONFIG = parse_config({
@@ -147,7 +124,7 @@ class FakeDaemon:
     def __init__(self):
         self.cfg = CONFIG
         self.iface = "eth-test"
-        self.events = FakeEvents()
+        self.events = Events()  # edged's own: one line per event on stderr
         self.calls: list[tuple] = []
         self.fail: BaseException | None = None
 
