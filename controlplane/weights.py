@@ -37,6 +37,8 @@ latency_inverse, per backend b (base_b = backend.weight):
             than hung_ms, or an idle scrape, restarts the clock) while the probe says
             up -> weight = floor exactly (no max_ratio lift: effectively drained),
             state "hung". Detected whenever health.metrics is set, load_aware or not.
+            When every primary is hung or down and a standby is up, hung ones get 0
+            instead, so the data path hands new flows to the standby.
             When it ends (progress moves, or no work outstanding) slow start follows.
   latency   lat_b = base_b / max(rtt_b + rtt_offset, 1 us)   (rtt_offset = weights.rtt_offset_ms:
             differences far below it are probe noise, not a reason to move flows)
@@ -279,6 +281,12 @@ def _latency_inverse(
     live = [b for b in service.backends if b.weight > 0]
     fail_open = bool(live) and all(trs[b.name].down for b in live)
     any_metrics = any(tr.load is not None for tr in trs.values())
+    # Every primary hung or down while a standby serves: hung primaries go to 0, so the data
+    # path (which uses standbys only while no primary takes new flows) hands new flows over.
+    hung = {b.name for b in live if not trs[b.name].down and is_hung(trs[b.name], now_ns, metrics)}
+    primaries = [b for b in live if not b.standby]
+    standby_serves = any(b.standby and not trs[b.name].down and b.name not in hung for b in live)
+    hand_over = bool(hung) and standby_serves and all(trs[b.name].down or b.name in hung for b in primaries)
 
     weights: dict[str, int] = {}
     states: dict[str, str] = {}
@@ -291,13 +299,13 @@ def _latency_inverse(
         elif tr.down and not fail_open:
             weights[b.name], states[b.name] = 0, "down"
             reasons[b.name] = f"{tr.fails} failed probes in a row: {tr.last_error}"
-        elif not tr.down and is_hung(tr, now_ns, metrics):
+        elif b.name in hung:
             assert tr.load is not None and tr.stall_since_ns is not None
             stalled_s = (tr.load.t_ns - tr.stall_since_ns) / _NS_PER_S
-            weights[b.name], states[b.name] = w.floor, "hung"
+            weights[b.name], states[b.name] = (0 if hand_over else w.floor), "hung"
             reasons[b.name] = (
                 f"hung: {_num(tr.load.waiting)} waiting, {_num(tr.load.running)} running, "
-                f"no progress for {stalled_s:.1f} s"
+                f"no progress for {stalled_s:.1f} s" + ("; the standby serves" if hand_over else "")
             )
         else:
             computed.append(b)

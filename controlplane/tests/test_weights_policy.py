@@ -575,3 +575,26 @@ def test_rtt_offset_makes_sub_millisecond_jitter_small_against_real_differences(
     w0 = decide(svc0, {"a": steady(without, 0.0013), "b": steady(without, 0.003)}, None, t)
     unsoftened = abs(w0.weights["b"] - d0.weights["b"]) / d0.weights["b"]
     assert with_offset == pytest.approx(0.15, abs=0.01) and unsoftened == pytest.approx(0.30, abs=0.01)
+
+
+def test_a_standby_takes_over_when_every_primary_is_hung():
+    """Two primaries hung, a standby up: the hung ones get 0 (the data path then serves from the
+    standby); with one primary still serving, a hung one keeps the floor and the standby waits."""
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, floor=3, hung_ms=500, slow_start_ms=0)
+    svc = service([("a", 1), ("b", 1), ("spare", 1, True)], w, metrics=METRICS)
+    trs = {name: steady(w, 0.002, n=10) for name in ("a", "b", "spare")}
+    t = T0
+    for _ in range(10):  # 1 s of scrapes: a and b busy without progress, the spare idle
+        for name in ("a", "b"):
+            scrape(trs[name], w, t, waiting=4, running=2, progress=5.0)
+        scrape(trs["spare"], w, t, progress=0.0)
+        t += 100 * MS
+    d = decide(svc, trs, None, t)
+    assert d.states == {"a": "hung", "b": "hung", "spare": "up"}, d.reasons
+    assert d.weights["a"] == d.weights["b"] == 0 and d.weights["spare"] > 0
+    assert d.reasons["a"].endswith("the standby serves")
+
+    scrape(trs["b"], w, t, waiting=4, running=2, progress=50.0)  # b makes progress again
+    d = decide(svc, trs, None, t + 10 * MS)
+    assert d.states["a"] == "hung" and d.weights["a"] == w.floor
+    assert d.states["b"] != "hung" and d.weights["b"] > w.floor
