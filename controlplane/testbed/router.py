@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 BACKEND_PORT = 8000  # the port Net.start_backends serves on in the tests
-DEPLOY_TIMEOUT_S = 120.0  # bcc compiles the data path on every deploy and status
+DEPLOY_TIMEOUT_S = 120.0  # bcc compiles the data path on deploy (and the map declarations on status)
 TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress (ffff:fff2)
 
 
