@@ -1,6 +1,6 @@
 """edgectl through edged's gRPC API, and edged's Prometheus endpoint, with a real edged on a
-real data path: status, drain and undrain, a weight override, events, and a scrape parsed
-with prometheus-client's parser. A drain survives a kill -9 of edged.
+real data path: status, drain and undrain, a weight override, events, reload, and a scrape
+parsed with prometheus-client's parser. A drain survives a kill -9 of edged.
 
         client ──veth── router (XDP, edged, API socket, :9470) ──veth── b0, b1, b2
 """
@@ -109,6 +109,22 @@ def test_status_drain_weight_events_and_metrics_through_edged(net, router, tmp_p
         ctl(router, sock, "weight", "web", "b0", "--clear")
         seen = backends_seen(net.client, net.vip, PORT, 300)
         assert seen["b1"] > 0, seen
+
+        # edgectl reload: a bad file is refused in one line naming the field; a good one applies
+        bad = config(router, sock)
+        bad["services"][0]["backends"][0]["port"] = 0
+        edged.rewrite_config(bad)
+        done = router.edgectl("reload", "--socket", sock)
+        assert done.returncode != 0
+        assert done.stderr.strip().count("\n") == 0 and "services[0].backends[0].port: 0 is not a port" in done.stderr
+        assert backends(status(router, sock))["b2"]["weight"] == 1  # the running config stays
+        good = config(router, sock)
+        good["services"][0]["backends"] = good["services"][0]["backends"][:2]
+        edged.rewrite_config(good)
+        summary = json.loads(ctl(router, sock, "reload", "--json"))
+        assert summary["draining_backends"] == ["web/b2"], summary
+        seen = backends_seen(net.client, net.vip, PORT, 200)
+        assert seen["b2"] == 0 and seen["b0"] > 0 and seen["b1"] > 0, seen
     finally:
         edged.stop()
     # edged gone: status falls back to the pinned maps and still works
