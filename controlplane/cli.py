@@ -170,6 +170,11 @@ def cmd_status(args) -> int:
         return 0
     if not snaps:
         print("nothing deployed in this network namespace")
+        from controlplane import abi, loader
+
+        for path in loader.other_abi_here(args.pin_dir):
+            print(f"  (pins of ABI {path.parent.name} at {path}: this edgectl uses v{abi.ABI_VERSION}; "
+                  f"migrate with 'edgectl undeploy --iface {path.name.rsplit('-', 1)[0]}' and deploy again)")
         return 0
     for i, snap in enumerate(snaps):
         if i:

@@ -129,6 +129,15 @@ def other_abi_pins(pin_dir: str, instance: str) -> list[Path]:
                   if p.name != f"v{abi.ABI_VERSION}" and (p / instance).is_dir())
 
 
+def other_abi_here(pin_dir: str) -> list[Path]:
+    """Instances of this network namespace pinned by a build with another ABI version."""
+    base, suffix = Path(pin_dir), f"-{netns_id()}"
+    if not base.is_dir():
+        return []
+    return sorted(p for v in base.glob("v*") if v.name != f"v{abi.ABI_VERSION}" and v.is_dir()
+                  for p in v.iterdir() if p.name.endswith(suffix))
+
+
 def remove_pins(path: Path) -> None:
     """Unpins every map of an instance and removes its directory."""
     if not path.exists():

@@ -156,6 +156,10 @@ def test_pins_of_another_abi_are_refused_with_a_way_out(net, router):
         err = done.stderr.strip()
         assert err.count("\n") == 0
         assert f"ABI v{abi.ABI_VERSION - 1}" in err and f"edgectl undeploy --iface {router.iface}" in err, err
+        shown = router.edgectl("status", "--maps")
+        assert shown.returncode == 0 and "nothing deployed" in shown.stdout
+        assert f"pins of ABI v{abi.ABI_VERSION - 1}" in shown.stdout
+        assert f"edgectl undeploy --iface {router.iface}" in shown.stdout, shown.stdout
 
         router.undeploy()
         assert not older.exists()
