@@ -303,6 +303,12 @@ class Daemon:
         """One decision for one service; pushes it when the policy says so."""
         s = st.service
         d = weights.decide(s, st.trackers, st.pushed, now_ns)
+        forced = self._operator_weights(s)
+        if forced and st.pushed is not None:
+            # Judge the hysteresis on the backends the policy still owns: as if the forced
+            # ones held what the policy computes for them.
+            view = {**st.pushed, **{n: d.computed[n] for n in forced if n in d.computed}}
+            d = weights.decide(s, st.trackers, view, now_ns)
         for b in s.backends:
             state, reason = d.states.get(b.name, ""), d.reasons.get(b.name, "")
             if state != st.states.get(b.name):
@@ -313,12 +319,10 @@ class Daemon:
                                      reason=reason)
                 st.states[b.name] = state
             st.reasons[b.name] = reason
-        wanted = self._operator_weights(s, d.weights)
-        if wanted != d.weights:
-            # the operator's word beats the policy's; push whenever they differ from the table
-            if wanted == st.pushed:
-                return False
-            d = replace(d, weights=wanted, push=True)
+        if forced:  # the operator's word beats the policy's
+            wanted = {**d.weights, **forced}
+            d = replace(d, weights=wanted, push=d.push or any(st.pushed is None or st.pushed.get(n) != w
+                                                               for n, w in forced.items()))
         if not d.push or d.weights == st.pushed:
             return False
         t0 = time.perf_counter()
@@ -333,8 +337,9 @@ class Daemon:
                          service=s.name, weights=dict(d.weights), previous=previous, took_ms=took_ms)
         return True
 
-    def _operator_weights(self, s: Service, computed: dict[str, int]) -> dict[str, int]:
-        out = dict(computed)
+    def _operator_weights(self, s: Service) -> dict[str, int]:
+        """Backend name -> the weight the operator forces (drain, reload removal, override)."""
+        out = {}
         for b in s.backends:
             key = (s.name, b.name)
             if key in self.drained or key in self.leaving:
