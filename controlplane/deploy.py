@@ -104,10 +104,12 @@ def _check_sizes(maps: Maps, cfg: Config) -> None:
 
 
 def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: bool = False,
-           hold: bool = False) -> DeployResult:
+           hold: bool = False, amend: Callable[[Maps, Config], Config] | None = None) -> DeployResult:
     """Loads, attaches and programs the data path on iface, or changes nothing.
     adopt_weights: keep the computed weights already in the tables (see adopted()).
-    hold: return the open data path and maps in the result instead of closing them."""
+    hold: return the open data path and maps in the result instead of closing them.
+    amend: when a deployment is there already, amend(maps, cfg) gives what to program
+    instead of cfg (edged keeps backends that are still draining out)."""
     pin_dir = cfg.node.pin_dir
     loader.check_bpffs(pin_dir)
     ingress = loader.ifindex(iface)
@@ -149,8 +151,14 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
         xdp_fn = loaded.load(abi.PROG_INGRESS, "xdp")
         tc_fn = loaded.load(abi.PROG_RETURN, "tc")
 
+        applied = cfg
+        if updating and amend is not None:
+            applied = amend(maps, cfg)
+            if applied is not cfg:
+                routes = backend_routes(applied)
+                return_oifs = list(dict.fromkeys(routes.values()))
         progress(f"programming {len(cfg.services)} services")
-        report = maps.apply(adopted(maps, cfg) if updating and adopt_weights else cfg, routes)
+        report = maps.apply(adopted(maps, applied) if updating and adopt_weights else applied, routes)
 
         if old_node and old_node["ip_forward_was"] is not None:
             forward_was = old_node["ip_forward_was"]

@@ -160,16 +160,27 @@ class Daemon:
         self._metrics = metrics.start_http(self.cfg.node.metrics_listen, metrics.make_registry(collector))
         # pyroute2's sync API runs an event loop of its own: netlink work goes to a thread
         res = await asyncio.to_thread(
-            deploy.deploy, self.cfg, self.iface, adopt_weights=True, hold=True,
+            deploy.deploy, self.cfg, self.iface, adopt_weights=True, hold=True, amend=self._keep_leaving,
             progress=lambda line: loop.call_soon_threadsafe(self.events.emit, "progress", line))
         self._held, self.maps = res.held, res.maps
         self._adopt_operator_state()
-        self._set_services(self.cfg)
+        self._set_services(self._with_leaving(self.cfg, self.leaving))
         verb = "adopted the data path on" if res.updated else "deployed on"
         self.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
                                      f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",
                          iface=res.iface, adopted=res.updated,
                          weights={name: dict(st.pushed or {}) for name, st in self.services.items()})
+
+    def _keep_leaving(self, maps, cfg: Config) -> Config:
+        """What a restarted edged programs: cfg plus the backends a reload before the restart
+        removed and that are still draining out (edge_be_probe remembers them)."""
+        leaving = {}
+        for s in cfg.services:
+            for backend, until_s in maps.leaving(s):
+                if all(b.name != backend.name for b in s.backends):  # not back in the config
+                    leaving[(s.name, backend.name)] = Leaving(s, backend, until_s * 1_000_000_000)
+        self.leaving = leaving
+        return self._with_leaving(cfg, leaving)
 
     def _adopt_operator_state(self) -> None:
         """Drains and weight overrides set through the API live in edge_be_probe, so a
@@ -182,9 +193,10 @@ class Daemon:
                     self.drained.add((s.name, name))
                 if p["flags"] & abi.PROBE_F_OVERRIDE:
                     self.overrides[(s.name, name)] = p["override_weight"]
-        if self.drained or self.overrides:
-            self.events.emit("adopted", f"kept {len(self.drained)} drains and {len(self.overrides)} weight "
-                                        f"overrides from before the restart")
+        if self.drained or self.overrides or self.leaving:
+            self.events.emit("adopted", f"kept {len(self.drained)} drains, {len(self.overrides)} weight "
+                                        f"overrides and {len(self.leaving)} backends draining out from "
+                                        f"before the restart", leaving=sorted(f"{k[0]}/{k[1]}" for k in self.leaving))
 
     def _set_services(self, cfg: Config) -> None:
         old = self.services
@@ -445,6 +457,7 @@ class Daemon:
         applied = self._with_leaving(new, leaving)
         report = await self._apply(applied)
         self.cfg, self.leaving = new, leaving
+        self._write_status(time.monotonic_ns())  # what is draining out must outlive a restart
         if path != self.config_path and path is not None:
             self.config_path = path
         summary = {
@@ -590,8 +603,11 @@ class Daemon:
                     probes_ok=v["probes_ok"] & 0xFFFFFFFF, probes_failed=v["probes_failed"] & 0xFFFFFFFF,
                     state=v["state"], reason=v["reason"],
                     flags=(abi.PROBE_F_DRAINED if v["drained"] else 0)
-                    | (abi.PROBE_F_OVERRIDE if v["override"] is not None else 0),
+                    | (abi.PROBE_F_OVERRIDE if v["override"] is not None else 0)
+                    | (abi.PROBE_F_LEAVING if (name, b.name) in self.leaving else 0),
                     override_weight=v["override"] or 0,
+                    leave_until_s=self.leaving[(name, b.name)].deadline_ns // 1_000_000_000
+                    if (name, b.name) in self.leaving else 0,
                 )
 
 

@@ -22,7 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from controlplane import abi, maglev
-from controlplane.config import Config, Service
+from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
 
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
@@ -341,6 +341,35 @@ class Maps:
         if flags != v.flags:
             v.flags = flags
             info[info.Key(bid)] = v
+
+    def leaving(self, s: Service) -> list[tuple[Backend, int]]:
+        """Backends of service s that a reload removed and that are still draining out
+        (edge_be_probe says so), with the CLOCK_MONOTONIC second their drain ends: what a
+        restarted edged must keep in the tables although its config no longer has them."""
+        try:
+            _, bids = self.ids(s.name)
+        except MapError:
+            return []
+        info, hb = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_HB]
+        hb_port = be16(s.health.heartbeat.port) if s.health and s.health.heartbeat else None
+        out = []
+        for name, bid in sorted(bids.items()):
+            p = self.read_probe(bid)
+            if not p["flags"] & abi.PROBE_F_LEAVING:
+                continue
+            b = info[info.Key(bid)]
+            token = None
+            if hb_port is not None:
+                k = hb.Key()
+                k.addr, k.port, k.hb_port = b.addr, b.port, hb_port
+                try:
+                    token = hb[k].token
+                except KeyError:
+                    token = None
+            backend = Backend(name=name, address=from_be32(b.addr), port=from_be16(b.port), weight=0,
+                              token=token)
+            out.append((backend, p["leave_until_s"]))
+        return out
 
     # ------------------------------------------------------------ probe state
 

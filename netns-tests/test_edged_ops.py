@@ -212,3 +212,47 @@ def test_edged_talks_to_systemd_through_notify_socket(net, router, tmp_path):
     ready_again = lines.index("READY=1", reloading)
     assert "WATCHDOG=1" in lines[ready_again:], lines  # the watchdog goes on after a reload
     assert lines[-1] == "STOPPING=1" or "STOPPING=1" in lines[-3:], lines[-5:]
+
+
+def test_a_restart_in_the_middle_of_a_drain_keeps_draining(net, router, tmp_path):
+    """A reload removes b1 while 30 connections are open; edged is killed (-9) and started again
+    on the new config: it keeps b1 draining out (its connections still answer from b1, new flows
+    avoid it) and removes it once idle, as the first edged would have."""
+    config = doc(router, tmp_path, policy="static", drain_timeout_ms=60000)
+    first = EdgedProc.start(net.router, config, router.iface)
+    conns = []
+    try:
+        conns = open_connections(net.client, net.vip, PORT, 30)
+        before = [c.request().backend for c in conns]
+        assert "b1" in before
+        without_b1 = doc(router, tmp_path, backends=(0, 2), policy="static", drain_timeout_ms=60000)
+        first.rewrite_config(without_b1)
+        mark = len(first.events)
+        first.signal(signal.SIGHUP)
+        done = first.wait_for(lambda e: e["kind"] in ("reload", "reload-rejected"), 60.0, "reload", after=mark)
+        assert done["kind"] == "reload" and "web/b1" in done["draining_backends"], done["text"]
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(timeout=10)
+        first.stop()
+
+        second = EdgedProc.start(net.router, without_b1, router.iface)
+        try:
+            adopted = second.wait_for(lambda e: e["kind"] == "adopted", 10.0, "the drain adopted")
+            assert adopted["leaving"] == ["web/b1"], adopted["text"]
+            after = []
+            for c in conns:
+                try:
+                    after.append(c.request().backend)
+                except OSError as e:
+                    after.append(f"error: {e}")
+            assert after == before, [(b, a) for b, a in zip(before, after) if a != b]
+            seen = backends_seen(net.client, net.vip, PORT, 300)
+            assert seen["b1"] == 0 and seen["b0"] > 0 and seen["b2"] > 0, seen
+            close_all(conns)
+            removed = second.wait_for(lambda e: e["kind"] == "removed", 20.0, "b1 removed once idle")
+            assert (removed["backend"], removed["why"]) == ("b1", "idle")
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+        close_all(conns)

@@ -195,6 +195,7 @@ struct backend_meta {
 #define EDGE_UNKNOWN		0xffffffff	/* a load signal not known */
 #define EDGE_PROBE_F_DRAINED	0x1	/* operator drain: weight 0 until undrained */
 #define EDGE_PROBE_F_OVERRIDE	0x2	/* operator weight override in override_weight */
+#define EDGE_PROBE_F_LEAVING	0x4	/* removed by a reload: draining out until leave_until_s */
 struct backend_probe {
 	__u64	updated_ns;	/* CLOCK_MONOTONIC of edged's last write; 0 = never */
 	__u32	config_weight;	/* weight in the config; backend_meta.weight is the table's */
@@ -208,7 +209,7 @@ struct backend_probe {
 	__u32	probes_failed;
 	__u32	flags;		/* EDGE_PROBE_F_* */
 	__u32	override_weight;
-	__u32	pad;
+	__u32	leave_until_s;	/* CLOCK_MONOTONIC second its drain ends (EDGE_PROBE_F_LEAVING) */
 	char	state[16];	/* up, down, hung, slow-start, ... */
 	char	reason[64];	/* why, in a few words */
 };
