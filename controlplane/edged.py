@@ -139,7 +139,6 @@ class Daemon:
         self.observer = metrics.Observer()
         self._metrics: metrics.MetricsServer | None = None
         self.services: dict[str, Steered] = {}
-        self.counts: dict[tuple[str, str], list[int]] = {}  # (service, backend) -> [ok, failed]
         self.maps = None
         self._held = None
         self._tasks: list[asyncio.Task] = []
@@ -208,8 +207,6 @@ class Daemon:
             if st.pushed is None or set(st.pushed) != {b.name for b in s.backends}:
                 st.pushed = self.maps.weights(s.name)
             self.services[s.name] = st
-            for b in s.backends:
-                self.counts.setdefault((s.name, b.name), [0, 0])
         self.prober.set_targets(self._targets(cfg))
         self.observer.retain((s.name, b.name) for s in cfg.services for b in s.backends)
 
@@ -265,7 +262,6 @@ class Daemon:
         st = self.services.get(name)
         if st is None or backend not in st.trackers:
             return
-        self.counts[key][0 if sample.ok else 1] += 1
         probe, sla = st.service.health.probe, st.service.sla
         weights.observe_sample(st.trackers[backend], sample, st.service.weights, probe)
         self.observer.observe_sample(name, backend, sample, probe.window if probe else 1,
@@ -556,16 +552,17 @@ class Daemon:
     def backend_view(self, name: str, backend: str, now_ns: int) -> dict:
         """What edged knows of one backend: window, smoothing, load, state."""
         st = self.services[name]
-        tracker = st.trackers[backend]
         health = st.service.health
-        view = weights.describe(tracker, now_ns, health.metrics if health else None)
-        ok, failed = self.counts.get((name, backend), (0, 0))
+        view = weights.describe(st.trackers[backend], now_ns, health.metrics if health else None)
+        window = self.prober.window((name, backend))  # the one window of recent probes
+        ok, failed = self.observer.probes(name, backend)
         view.update({
-            "rtt_smoothed_s": view["rtt_s"],
             # engines export gauges as floats; requests are counted in whole numbers
             "waiting": None if view.get("waiting") is None else int(view["waiting"]),
             "running": None if view.get("running") is None else int(view["running"]),
-            "rtt_window": tracker.window.rtts(),
+            "rtt_p50_s": window.p50() if window else None,
+            "rtt_p99_s": window.p99() if window else None,
+            "rtt_window": window.rtts() if window else [],
             "probes_ok": ok,
             "probes_failed": failed,
             "weight": (st.pushed or {}).get(backend),

@@ -177,6 +177,12 @@ class Observer:
                 svc.sla_windows += 1
                 svc.sla_violations += p99 > sla_p99_s
 
+    def probes(self, service: str, backend: str) -> tuple[int, int]:
+        """(ok, failed) probes of one backend since edged started (or it was added)."""
+        with self._lock:
+            b = self._backends.get((service, backend))
+            return (b.ok, b.failed) if b else (0, 0)
+
     def weight_pushed(self, service: str) -> None:
         """edged flipped service's table to newly computed weights."""
         with self._lock:

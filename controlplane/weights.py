@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from controlplane import config
-from controlplane.signals import Load, Sample, Window
+from controlplane.signals import Load, Sample
 
 SCALE = 10_000  # weight of the best backend of an idle service
 MAX_WEIGHT = 65535
@@ -95,7 +95,6 @@ _NS_PER_S = 1e9
 class Tracker:
     """What one backend's past probes and scrapes left behind; mutated by observe_*."""
 
-    window: Window = field(default_factory=Window)  # recent samples, for p50/p99 in status
     recent: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.spike_filter RTTs
     rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
     rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
@@ -127,8 +126,6 @@ class Decision:
 
 def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Probe) -> None:
     """Feed one probe result: RTT smoothing and the fall/rise counters."""
-    tr.window.resize(probe.window)
-    tr.window.add(s)
     x = s.rtt_s if s.ok else probe.timeout_ms / 1000
     if x is not None:
         # the lower median of the last spike_filter samples: one stray slow sample (a busy
@@ -224,9 +221,7 @@ def describe(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape] =
     state = load_state(tr, now_ns, metrics)
     return {
         "health": "down" if tr.down else "up",
-        "rtt_s": tr.rtt_s,
-        "rtt_p50_s": tr.window.p50(),
-        "rtt_p99_s": tr.window.p99(),
+        "rtt_smoothed_s": tr.rtt_s,
         "fails_in_a_row": tr.fails,
         "oks_in_a_row": tr.oks,
         "last_error": tr.last_error,

@@ -315,6 +315,16 @@ def test_sla_windows_do_not_overlap_and_restart_when_the_size_changes():
     assert observer.read().sla["s"] == (3, 1)
 
 
+def test_probe_counts_per_backend_for_status():
+    observer = metrics.Observer()
+    assert observer.probes("s", "b") == (0, 0)
+    for sample in (ok(1), ok(2), Sample(t_ns=0, ok=False, error="timeout")):
+        observer.observe_sample("s", "b", sample, 10, None)
+    assert observer.probes("s", "b") == (2, 1)
+    observer.retain([])
+    assert observer.probes("s", "b") == (0, 0)
+
+
 def test_a_service_without_sla_has_no_sla_series():
     observer = metrics.Observer()
     for _ in range(4):
