@@ -246,9 +246,10 @@ class Daemon:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.maps is not None:  # the last measurements, while the prober still holds its windows
+            self._write_status(time.monotonic_ns())
         await self.prober.close()
         if self.maps is not None:
-            self._write_status(time.monotonic_ns())
             self.maps.close()
             self.maps = None
         if self._held is not None:

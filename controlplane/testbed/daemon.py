@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 import yaml
+
+from controlplane.testbed.topo import stop_process
 
 if TYPE_CHECKING:
     from controlplane.testbed.topo import Ns
@@ -115,13 +116,7 @@ class EdgedProc:
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """SIGTERM, wait; SIGKILL after timeout_s. Returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=timeout_s)
+        stop_process(self.proc, timeout_s)
         self._reader.join(timeout=timeout_s)
         try:
             os.unlink(self.config_path)

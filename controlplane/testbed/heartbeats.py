@@ -14,7 +14,6 @@ knows nothing of the router's config or maps.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from controlplane.testbed.topo import terminate
+from controlplane.testbed.topo import stop_process, terminate
 from controlplane.testbed.traffic import wait_until
 
 if TYPE_CHECKING:
@@ -79,13 +78,7 @@ class Agent:
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> Optional[int]:
         """SIGTERM (SIGKILL after timeout_s) and wait; return the exit code. Idempotent."""
-        if self.running:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=timeout_s)
+        stop_process(self.proc, timeout_s)
         self._close(timeout_s)
         return self.proc.returncode
 

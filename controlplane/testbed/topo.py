@@ -145,16 +145,22 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
+def stop_process(proc: subprocess.Popen, timeout_s: float = 3.0) -> int | None:
+    """SIGTERM proc (by its pid), then SIGKILL if it has not exited within timeout_s; its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+    return proc.returncode
+
+
 def terminate(proc: subprocess.Popen, timeout_s: float = 3.0) -> None:
-    """SIGTERM proc (by its pid), then SIGKILL if it has not exited within timeout_s."""
+    """stop_process(), then close proc's pipes."""
     try:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=timeout_s)
+        stop_process(proc, timeout_s)
     finally:
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
