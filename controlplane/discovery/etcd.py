@@ -78,14 +78,36 @@ class EtcdSource:
         await self._report(kvs, report)
         watch = await asyncio.wait_for(
             client.watch_prefix(self.prefix, start_revision=got.header.revision + 1), timeout_s)
+        # The events of one revision (a transaction, a prefix delete) arrive one by one; a pump
+        # moves them into a queue, and the set is reported once per batch that is there, so no
+        # half-applied revision ever reaches the maps.
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for event in watch:
+                    queue.put_nowait(event)
+                queue.put_nowait(ConnectionError("watch stream ended"))
+            except Exception as e:  # handed to the reader below, which decides what is a fault
+                queue.put_nowait(e)
+
+        pumping = asyncio.create_task(pump())
         try:
-            async for event in watch:
-                if event.kind == aetcd.EventKind.PUT:
-                    kvs[event.kv.key] = event.kv.value
-                else:
-                    kvs.pop(event.kv.key, None)
+            while True:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                for event in batch:
+                    if isinstance(event, Exception):
+                        raise event
+                    if event.kind == aetcd.EventKind.PUT:
+                        kvs[event.kv.key] = event.kv.value
+                    else:
+                        kvs.pop(event.kv.key, None)
                 await self._report(kvs, report)
         finally:
+            pumping.cancel()
+            await asyncio.gather(pumping, return_exceptions=True)
             await watch.cancel()
 
     @staticmethod
@@ -107,7 +129,7 @@ class EtcdSource:
                 why = "watch stream ended"
             except asyncio.TimeoutError:
                 why = f"no answer in {self.cfg.timeout_ms} ms"
-            except (aetcd.ClientError, grpc.RpcError, OSError) as e:
+            except (aetcd.ClientError, grpc.RpcError, OSError, ConnectionError) as e:
                 why = " ".join(str(e).split())[:160] or type(e).__name__
             finally:
                 try:

@@ -147,6 +147,11 @@ class Etcd:
     def delete(self, key: str) -> None:
         self._call("/v3/kv/deleterange", {"key": _b64(key)})
 
+    def delete_prefix(self, prefix: str) -> None:
+        """Every key under prefix, in one revision."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        self._call("/v3/kv/deleterange", {"key": _b64(prefix), "range_end": _b64(end)})
+
 
 def _b64(text: str | bytes) -> str:
     return base64.b64encode(text.encode() if isinstance(text, str) else text).decode()
