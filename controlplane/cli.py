@@ -84,6 +84,8 @@ def _print_status(snap: dict) -> None:
         print(f"\n  service {s['name']}  {s['vip']}:{s['port']}/{s['protocol']}  "
               f"packets {_fmt_count(s['packets'])}  bytes {_fmt_count(s['bytes'])}  "
               f"new flows {_fmt_count(s['new_flows'])}  returned {_fmt_count(s['return_packets'])}")
+        if s.get("discovery"):
+            print("    " + _fmt_discovery(s["discovery"]))
         total = sum(b["slots"] for b in s["backends"]) or 1
         rows = [("backend", "address", "weight", "share", "state", "heartbeat", "rtt p50/p99", "load",
                  "probe", "packets", "new flows", "failovers", "returned")]
@@ -107,6 +109,14 @@ def _print_status(snap: dict) -> None:
             print("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         for note in notes:
             print(f"    {note}")
+
+
+def _fmt_discovery(d: dict) -> str:
+    """One line: source, state, how old the data is, failures and the last error."""
+    age = "no data yet" if d.get("age_s") is None else f"data {d['age_s']:.1f}s old"
+    line = (f"discovery: {d['source']} {d['state']}, {d.get('backends', 0)} backends, {age}, "
+            f"{d.get('failures', 0)} failures, {d.get('changes', 0)} changes")
+    return line + (f"; last error: {d['error']}" if d.get("error") else "")
 
 
 def _operator_notes(b: dict) -> list[str]:

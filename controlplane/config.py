@@ -263,13 +263,13 @@ def _section(cls: type) -> Check:
     return lambda value, path: _parse(cls, value, path)
 
 
-def _sections(cls: type) -> Check:
-    """A non-empty list of cls mappings, as a tuple."""
+def _sections(cls: type, empty: bool = False) -> Check:
+    """A list of cls mappings (non-empty unless empty is true), as a tuple."""
 
     def check(value: Any, path: str) -> tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {_show(value)}")
-        if not value:
+        if not value and not empty:
             raise ConfigError(f"{path}: must not be empty")
         return tuple(_parse(cls, item, f"{path}[{i}]") for i, item in enumerate(value))
 
@@ -403,6 +403,97 @@ class Backend:
     )
 
 
+def _dns_name(value: Any, path: str) -> str:
+    name = _string(value, path)
+    labels = name.rstrip(".").split(".")
+    if not (0 < len(name) <= 253 and all(re.fullmatch(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?", x)
+                                         for x in labels)):
+        raise ConfigError(f"{path}: {_show(name)} is not a DNS name")
+    return name
+
+
+def _server(value: Any, path: str) -> tuple[str, int]:
+    """HOST:PORT with an IPv4 host, or a bare IPv4 address (port 53)."""
+    text = _string(value, path)
+    host, _, port = text.partition(":")
+    try:
+        address = ipaddress.IPv4Address(host)
+        number = int(port) if port else 53
+    except ValueError:
+        raise ConfigError(f"{path}: expected IPv4[:PORT] (e.g. 127.0.0.1:53), got {_show(text)}") from None
+    if not 1 <= number <= 65535:
+        raise ConfigError(f"{path}: {number} is not a port")
+    return (str(address), number)
+
+
+def _list_of(check: Check, empty: bool = True) -> Check:
+    def checked(value: Any, path: str) -> tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {_show(value)}")
+        if not value and not empty:
+            raise ConfigError(f"{path}: must not be empty")
+        return tuple(check(item, f"{path}[{i}]") for i, item in enumerate(value))
+
+    return checked
+
+
+def _etcd_prefix(value: Any, path: str) -> str:
+    text = _string(value, path)
+    if not text.startswith("/") or not text.endswith("/") or len(text) < 2:
+        raise ConfigError(f"{path}: expected a key prefix like '/edge/services/chat/', got {_show(text)}")
+    return text
+
+
+@dataclass(frozen=True)
+class Dns:
+    """Backends from DNS: SRV records (target, port, weight) or A records plus a port."""
+
+    name: str = option("the name to resolve, e.g. _chat._tcp.fleet.example.", _dns_name)
+    type: str = option("SRV (target, port, weight; lowest priority primary, others standby) or A",
+                       _one_of("SRV", "A"), "SRV")
+    port: Optional[int] = option("port of every backend (type A only)", _port, None)
+    servers: tuple[tuple[str, int], ...] = option(
+        "resolvers as IPv4[:PORT]; empty: the system's (/etc/resolv.conf)", _list_of(_server), ())
+    timeout_ms: int = option("a query not answered this long fails", _ms, 2000)
+    min_ttl_ms: int = option("re-resolve no sooner than this, whatever the TTL", _ms, 1000)
+    max_ttl_ms: int = option("re-resolve at least this often, whatever the TTL", _ms, 300000)
+
+    def _validate(self, path: str) -> None:
+        if self.type == "A" and self.port is None:
+            raise ConfigError(f"{path}.port: required when type is A (A records carry no port)")
+        if self.type == "SRV" and self.port is not None:
+            raise ConfigError(f"{path}.port: only for type A (SRV records carry their port)")
+        if self.max_ttl_ms < self.min_ttl_ms:
+            raise ConfigError(f"{path}.max_ttl_ms: {self.max_ttl_ms} is less than min_ttl_ms ({self.min_ttl_ms})")
+
+
+@dataclass(frozen=True)
+class Etcd:
+    """Backends from etcd v3: one key per backend under a prefix, watched."""
+
+    endpoints: tuple[tuple[str, int], ...] = option(
+        "etcd client endpoints as IPv4:PORT, tried in turn", _list_of(_server, empty=False))
+    prefix: str = option("key prefix; each key under it holds one backend as JSON", _etcd_prefix)
+    timeout_ms: int = option("a read or connect not answered this long fails", _ms, 2000)
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """Backends found at run time, added to the static ones; on failure the last known good set stays."""
+
+    dns: Optional[Dns] = option("resolve backends from DNS (one of dns, etcd)", _section(Dns), None)
+    etcd: Optional[Etcd] = option("watch backends in etcd (one of dns, etcd)", _section(Etcd), None)
+    allow_empty: bool = option("an empty answer empties the set; false: it counts as a failure", _bool, False)
+    retry_ms: int = option("after a failure, ask again this soon", _ms, 1000)
+    token_secret_file: Optional[str] = option(
+        "file with the service's secret; heartbeat tokens are HMAC-SHA256(secret, 'ADDR:PORT') cut to 64 "
+        "bits (edge-heartbeat --token-secret-file computes the same)", _abs_path, None)
+
+    def _validate(self, path: str) -> None:
+        if (self.dns is None) == (self.etcd is None):
+            raise ConfigError(f"{path}: set exactly one of dns, etcd")
+
+
 @dataclass(frozen=True)
 class Service:
     """A VIP:port/protocol and its backends."""
@@ -423,8 +514,11 @@ class Service:
         "on reload, connections of a removed backend are kept this long (0: until they end)",
         _int(0, MAX_MS), 30000,
     )
+    discovery: Optional[Discovery] = option("backends found in DNS or etcd, besides the static ones",
+                                            _section(Discovery), None)
     backends: tuple[Backend, ...] = option(
-        "the backends; at least one not standby", _sections(Backend), (), required=True
+        "the static backends; at least one not standby, unless discovery is set", _sections(Backend, empty=True),
+        (), required=False,
     )
 
     @property
@@ -447,11 +541,16 @@ class Service:
                     f"{path}.backends[{endpoints[endpoint]}]"
                 )
             endpoints[endpoint] = i
-        if all(backend.standby for backend in self.backends):
+        if not self.backends and self.discovery is None:
+            raise ConfigError(f"{path}.backends: none given (set backends, or discovery to find them at run time)")
+        if self.backends and all(backend.standby for backend in self.backends) and self.discovery is None:
             raise ConfigError(f"{path}.backends: service {self.name!r} has no primary backend (all are standby)")
         if len(self.backends) > MAX_PER_SERVICE:
             raise ConfigError(f"{path}.backends: {len(self.backends)} backends; at most {MAX_PER_SERVICE} per service")
         if self.health and self.health.heartbeat:
+            if self.discovery and self.discovery.dns and self.discovery.token_secret_file is None:
+                raise ConfigError(f"{path}.discovery.token_secret_file: required when {path}.health.heartbeat "
+                                  f"is set (discovered backends get their tokens from it)")
             for i, backend in enumerate(self.backends):
                 if backend.token is None:
                     raise ConfigError(
@@ -610,3 +709,9 @@ def load_config(path: str | os.PathLike) -> Config:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ConfigError(f"config: cannot read {source}: {reason}") from e
     return parse_config(_load_yaml(text, source), source)
+
+
+def parse_backend(doc: object, path: str) -> Backend:
+    """One backend from a mapping (a discovered record or etcd value), checked as the config checks
+    services[].backends[]; errors name path."""
+    return _parse(Backend, doc, path)

@@ -32,6 +32,7 @@ from controlplane import __version__, abi, deploy, loader, metrics, sdnotify, we
 from controlplane.config import Config, Service, load_config
 from controlplane.errors import ConfigError, EdgeError
 from controlplane.api import server as api_server
+from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.prober import Prober, Target
 from controlplane.signals import Load, Sample
 
@@ -39,6 +40,7 @@ PROG = "edged"
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
 LEAVING_IDLE_S = 3.0  # a removed backend with no packets this long has no connections left
 EVENTS_KEPT = 512
+DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
 
 
 def _log(line: str) -> None:
@@ -135,6 +137,9 @@ class Daemon:
         self.instance = loader.instance_name(iface)
         self.pin_path = loader.instance_dir(cfg.node.pin_dir, self.instance)
         self.events = events or Events()
+        self.static_cfg = cfg  # the config file's; self.cfg adds what discovery found
+        self.discovery = Supervisor(self._apply_discovered, self.events.emit)
+        self._apply_lock = asyncio.Lock()  # one change of the maps at a time: reload, discovery, drain-out
         self.prober = Prober(on_sample=self._on_sample, on_load=self._on_load)
         self.observer = metrics.Observer()
         self._metrics: metrics.MetricsServer | None = None
@@ -157,6 +162,10 @@ class Daemon:
         )
         # before deploy: a bad metrics_listen fails with the kernel untouched
         self._metrics = metrics.start_http(self.cfg.node.metrics_listen, metrics.make_registry(collector))
+        # discovered backends are there from the first deploy (or a source's failure is on record)
+        self.discovery.configure(self.static_cfg, secrets_of(self.static_cfg))
+        await self.discovery.first(DISCOVERY_START_S)
+        self.cfg = self.discovery.effective(self.static_cfg)
         # pyroute2's sync API runs an event loop of its own: netlink work goes to a thread
         res = await asyncio.to_thread(
             deploy.deploy, self.cfg, self.iface, adopt_weights=True, hold=True, amend=self._keep_leaving,
@@ -169,6 +178,7 @@ class Daemon:
                                      f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",
                          iface=res.iface, adopted=res.updated,
                          weights={name: dict(st.pushed or {}) for name, st in self.services.items()})
+        self.discovery.start()
 
     def _keep_leaving(self, maps, cfg: Config) -> Config:
         """What a restarted edged programs: cfg plus the backends a reload before the restart
@@ -203,12 +213,21 @@ class Daemon:
         for s in cfg.services:
             st = old.get(s.name) or Steered(s)
             st.service = s
-            st.trackers = {b.name: st.trackers.get(b.name) or weights.Tracker() for b in s.backends}
+            st.trackers = {b.name: st.trackers.get(b.name) or self._new_tracker(s, s.name in old)
+                           for b in s.backends}
             if st.pushed is None or set(st.pushed) != {b.name for b in s.backends}:
                 st.pushed = self.maps.weights(s.name)
             self.services[s.name] = st
         self.prober.set_targets(self._targets(cfg))
         self.observer.retain((s.name, b.name) for s in cfg.services for b in s.backends)
+
+    @staticmethod
+    def _new_tracker(s: Service, joins_running: bool) -> weights.Tracker:
+        """A backend that joins a running service (reload, discovery) enters through slow start."""
+        tr = weights.Tracker()
+        if joins_running and s.weights.slow_start_ms:
+            tr.ramp_since_ns = time.monotonic_ns()
+        return tr
 
     @staticmethod
     def _targets(cfg: Config) -> list[Target]:
@@ -236,9 +255,11 @@ class Daemon:
 
     def healthy(self) -> bool:
         """For the systemd watchdog: no loop of ours died with an exception."""
-        return not any(t.done() and not t.cancelled() and t.exception() is not None for t in self._tasks)
+        return self.discovery.healthy() and not any(
+            t.done() and not t.cancelled() and t.exception() is not None for t in self._tasks)
 
     async def close(self) -> None:
+        await self.discovery.close()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -405,9 +426,12 @@ class Daemon:
             raise EdgeError("edged has no data path open (starting or stopping)")
         snap = off_loop(deploy.describe, self.maps, self.instance, self.pin_path, count_conntrack)
         now = time.monotonic_ns()
+        discovered = self.discovery.view()
         for svc in snap["services"]:
             st = self.services.get(svc["name"])
             svc["pushes"] = st.pushes if st else 0
+            if svc["name"] in discovered:
+                svc["discovery"] = discovered[svc["name"]]
             for b in svc["backends"]:
                 if st and b["name"] in st.trackers:
                     b["edged"] = self.backend_view(svc["name"], b["name"], now)
@@ -437,6 +461,36 @@ class Daemon:
                 raise ConfigError(f"node.{key}: changed from {getattr(self.cfg.node, key)} to "
                                   f"{getattr(new.node, key)}; a reload cannot resize the data path "
                                   f"(restart edged after 'edgectl undeploy')")
+        secrets = secrets_of(new)  # an unreadable secret file refuses the reload
+        async with self._apply_lock:
+            report, leaving = await self._switch(self.discovery.effective(new))
+            self.static_cfg = new
+        self.discovery.configure(new, secrets)
+        self.discovery.start()
+        if path != self.config_path and path is not None:
+            self.config_path = path
+        summary = {
+            "added_services": report.added_services,
+            "removed_services": [],
+            "updated_services": report.updated_services,
+            "added_backends": report.added_backends,
+            "removed_backends": [],
+            "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving),
+        }
+        self.events.emit("reload", f"reloaded {path}: " + "; ".join(
+            f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in summary.items() if v) or "no change",
+                         **{k: ",".join(v) for k, v in summary.items()})
+        return summary
+
+    async def _apply_discovered(self) -> None:
+        """Discovery's hook: what the sources found now, through the same diff and apply as a
+        reload (connections stay, removed backends drain, new ones slow-start). Raises EdgeError."""
+        async with self._apply_lock:
+            await self._switch(self.discovery.effective(self.static_cfg))
+
+    async def _switch(self, new: Config):
+        """Applies new (static + discovered) as a diff against what runs: removed backends and
+        services drain out. Returns (apply report, what is draining)."""
         now = time.monotonic_ns()
         old = self.cfg
         new_names = {s.name: s for s in new.services}
@@ -455,20 +509,7 @@ class Daemon:
         report = await self._apply(applied)
         self.cfg, self.leaving = new, leaving
         self._write_status(time.monotonic_ns())  # what is draining out must outlive a restart
-        if path != self.config_path and path is not None:
-            self.config_path = path
-        summary = {
-            "added_services": report.added_services,
-            "removed_services": [],
-            "updated_services": report.updated_services,
-            "added_backends": report.added_backends,
-            "removed_backends": [],
-            "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving),
-        }
-        self.events.emit("reload", f"reloaded {path}: " + "; ".join(
-            f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in summary.items() if v) or "no change",
-                         **{k: ",".join(v) for k, v in summary.items()})
-        return summary
+        return report, leaving
 
     @staticmethod
     def _with_leaving(cfg: Config, leaving: dict) -> Config:
@@ -530,11 +571,12 @@ class Daemon:
                 done.append((key, "idle"))
         if not done:
             return
-        leaving = dict(self.leaving)
-        for key, _ in done:
-            leaving.pop(key)
-        await self._apply(self._with_leaving(self.cfg, leaving))
-        self.leaving = leaving
+        async with self._apply_lock:
+            leaving = dict(self.leaving)
+            for key, _ in done:
+                leaving.pop(key, None)
+            await self._apply(self._with_leaving(self.cfg, leaving))
+            self.leaving = leaving
         for key, why in done:
             self.events.emit("removed", f"{key[0]}/{key[1]}: removed after draining ({why})",
                              service=key[0], backend=key[1], why=why)

@@ -159,6 +159,27 @@ class Options:
     quiet: bool
 
 
+def secret_token(path: str, source: Optional[IPv4Address], router: IPv4Address, router_port: int,
+                 service_port: int) -> int:
+    """The token the router derives for this backend (a discovered one) from the service secret:
+    keyed by this backend's address (--source, else the one the kernel sends to the router from)."""
+    from controlplane.discovery.tokens import derive_token, read_secret
+    from controlplane.errors import ConfigError
+
+    try:
+        secret = read_secret(path, "--token-secret-file")
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    if source is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect((str(router), router_port))  # no packet: only the route is looked up
+            except OSError as e:
+                raise UsageError(f"--router: no route to {router}: {e.strerror}") from None
+            source = IPv4Address(s.getsockname()[0])
+    return derive_token(secret, source, service_port)
+
+
 def options(args: argparse.Namespace) -> Options:
     """Turn parsed arguments into Options, filling the defaults that depend on others."""
     router, router_port = parse_router(args.router)
@@ -185,7 +206,13 @@ def options(args: argparse.Namespace) -> Options:
             target = Target(target.host, service_port)
     elif args.check_url is not None:
         raise UsageError("--check-url: given with --check none")
-    return Options(router, router_port, source, service_port, parse_token(args.token), interval_ms,
+    if (args.token is None) == (args.token_secret_file is None):
+        raise UsageError("--token: give exactly one of --token, --token-secret-file")
+    if args.token is not None:
+        token = parse_token(args.token)
+    else:
+        token = secret_token(args.token_secret_file, source, router, router_port, service_port)
+    return Options(router, router_port, source, service_port, token, interval_ms,
                    args.check, target, check_interval_ms, check_timeout_ms, duration_s,
                    args.rt_priority, args.quiet)
 
@@ -808,8 +835,12 @@ def parser() -> argparse.ArgumentParser:
                         "(heartbeats from any other address are rejected); default: the kernel's choice")
     p.add_argument("--service-port", required=True, metavar="PORT",
                    help="the backend's service port in the router's config, written into each heartbeat")
-    p.add_argument("--token", required=True, metavar="TOKEN",
+    p.add_argument("--token", metavar="TOKEN",
                    help="the backend's token in the router's config, decimal or 0x hex")
+    p.add_argument("--token-secret-file", metavar="FILE",
+                   help="instead of --token, for a discovered backend: the service's secret "
+                        "(discovery.token_secret_file); the token is HMAC-SHA256(secret, 'ADDR:PORT') "
+                        "cut to 64 bits, ADDR being --source or the address heartbeats leave from")
     p.add_argument("--interval-ms", default=f"{DEFAULT_INTERVAL_MS:g}", metavar="MS",
                    help="heartbeat interval, the service's health.heartbeat.interval_ms; fractions "
                         "allowed (default: %(default)s)")

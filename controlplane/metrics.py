@@ -93,6 +93,14 @@ METRICS = (
     Spec("edge_sla_violations_total", "counter",
          "Probe windows whose p99 RTT was over the service's sla.p99_rtt_ms", ("service",)),
     Spec("edge_weight_pushes_total", "counter", "Maglev table rebuilds with new computed weights", ("service",)),
+    # discovery (services with a discovery section, from the snapshot)
+    Spec("edge_discovery_failures_total", "counter",
+         "Answers of the service's discovery source that failed (down, timeout, garbage, empty)",
+         ("service", "source")),
+    Spec("edge_discovery_age_seconds", "gauge",
+         "Age of the discovered set (0 while a watch is up); absent before the first good answer",
+         ("service", "source")),
+    Spec("edge_discovery_backends", "gauge", "Backends in the last known good discovered set", ("service", "source")),
     # of the exporter itself
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
@@ -283,6 +291,12 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     services = []
     for s in snap["services"]:
         services.append(s["name"])
+        d = s.get("discovery")
+        if d:
+            fams["edge_discovery_failures_total"].add_metric([s["name"], d["source"]], d["failures"])
+            fams["edge_discovery_backends"].add_metric([s["name"], d["source"]], d["backends"])
+            if d.get("age_s") is not None:
+                fams["edge_discovery_age_seconds"].add_metric([s["name"], d["source"]], d["age_s"])
         for b in s["backends"]:
             labels = [s["name"], b["name"]]
             for metric, key in counters:

@@ -93,6 +93,8 @@ SNAP = {
         "name": "chat", "id": 0, "vip": "198.18.255.1", "port": 8000, "protocol": "tcp", "table": 1,
         "existing_flows": "reselect", "packets": 2001, "bytes": 2**34 + 1, "new_flows": 21,
         "return_packets": 1801, "failovers": 1,
+        "discovery": {"source": "dns", "state": "stale", "age_s": 12.5, "failures": 3, "backends": 2,
+                      "changes": 4, "error": "_chat._tcp.fleet.test.: no server answered (SERVFAIL)"},
         "backends": [
             _backend(0, "b0", "198.18.1.2", {
                 "rtt_p50_s": 0.0015, "rtt_p99_s": 0.0042, "rtt_smoothed_s": 0.0017,

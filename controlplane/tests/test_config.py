@@ -297,8 +297,9 @@ class Case(NamedTuple):
     message: str
 
 
-SERVICE_KEYS = "name, vip, port, protocol, existing_flows, health, weights, sla, drain_timeout_ms, backends"
+SERVICE_KEYS = "name, vip, port, protocol, existing_flows, health, weights, sla, drain_timeout_ms, discovery, backends"
 BACKEND_KEYS = "name, address, port, weight, standby, token"
+NO_BACKENDS = "none given (set backends, or discovery to find them at run time)"
 NAME_RULE = "(1 to 31 of a-z 0-9 _ . -, starting with a letter or digit)"
 
 ERROR_CASES = [
@@ -433,8 +434,8 @@ ERROR_CASES = [
         "services[0].existing_flows: expected one of reselect, keep, got 'drop'",
     ),
     # backends
-    Case("backends missing", {"services[0].backends": DELETE}, "services[0].backends: missing"),
-    Case("backends empty", {"services[0].backends": []}, "services[0].backends: must not be empty"),
+    Case("backends missing", {"services[0].backends": DELETE}, f"services[0].backends: {NO_BACKENDS}"),
+    Case("backends empty", {"services[0].backends": []}, f"services[0].backends: {NO_BACKENDS}"),
     Case("backends null", {"services[0].backends": None}, "services[0].backends: expected a list, got null"),
     Case("backend a string", {"services[0].backends[0]": "b0"}, "services[0].backends[0]: expected a mapping, got 'b0'"),
     Case(

@@ -165,6 +165,22 @@ def test_check_defaults_follow_the_heartbeat_interval_and_the_source_address():
     assert opts("--check-url", "http://[::1]:8001/health?full=1").target.url == "http://[::1]:8001/health?full=1"
 
 
+def test_a_token_secret_file_gives_the_token_the_router_derives(tmp_path):
+    from controlplane.discovery.tokens import derive_token
+    secret = tmp_path / "chat.secret"
+    secret.write_bytes(b"0123456789abcdef-secret\n")
+    got = options(parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000", "--source",
+                                       "198.18.1.2", "--token-secret-file", str(secret)]))
+    assert got.token == derive_token(b"0123456789abcdef-secret", "198.18.1.2", 8000)
+    # without --source: the address the kernel sends to the router from (here loopback's)
+    local = options(parser().parse_args(["--router", "127.0.0.1", "--service-port", "8000",
+                                         "--token-secret-file", str(secret)]))
+    assert local.token == derive_token(b"0123456789abcdef-secret", "127.0.0.1", 8000)
+    with pytest.raises(heartbeat.UsageError, match="^--token: give exactly one of --token, --token-secret-file$"):
+        options(parser().parse_args(["--router", "127.0.0.1", "--service-port", "8000", "--token", "1",
+                                     "--token-secret-file", str(secret)]))
+
+
 def test_the_agents_defaults_are_the_configs():
     assert heartbeat.DEFAULT_ROUTER_PORT == Heartbeat().port
     assert heartbeat.DEFAULT_INTERVAL_MS == Heartbeat().interval_ms
@@ -176,7 +192,7 @@ def test_the_console_script_is_declared():
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "the following arguments are required: --router, --service-port, --token"),
+    ([], "the following arguments are required: --router, --service-port"),
     (["--interval-ms", "0"], "--interval-ms: '0' is not a number of milliseconds in 0.05..3.6e+06"),
     (["--interval-ms", "nan"], "--interval-ms: 'nan' is not a number of milliseconds"),
     (["--check", "icmp"], "argument --check: invalid choice: 'icmp'"),

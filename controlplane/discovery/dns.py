@@ -1,0 +1,113 @@
+"""DNS discovery: SRV (target, port, weight) or A records plus a port, re-resolved by TTL.
+
+dnspython's asyncio resolver does the protocol; this module turns records into
+backends and decides when to ask again: after the answer's smallest TTL,
+clamped to min_ttl_ms..max_ttl_ms; after a failure, after retry_ms. SRV: the
+lowest priority is primary, higher priorities are standby; weight 0 (RFC 2782:
+"very small chance") becomes 1. NXDOMAIN and no records are an empty answer;
+SERVFAIL, timeouts and unusable records are failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+import dns.asyncresolver
+import dns.exception
+import dns.nameserver
+import dns.rdatatype
+import dns.resolver
+
+from controlplane.config import Backend, Discovery, Dns, parse_backend
+from controlplane.discovery import Answer, Failure, Report, endpoint_name
+from controlplane.errors import ConfigError
+
+
+class DnsSource:
+    kind = "dns"
+    watched = False
+
+    def __init__(self, d: Discovery):
+        self.cfg: Dns = d.dns
+        self.retry_s = d.retry_ms / 1000
+        self.resolver = dns.asyncresolver.Resolver(configure=not self.cfg.servers)
+        if self.cfg.servers:
+            self.resolver.nameservers = [dns.nameserver.Do53Nameserver(ip, port) for ip, port in self.cfg.servers]
+        self.resolver.timeout = self.resolver.lifetime = self.cfg.timeout_ms / 1000
+        self.resolver.cache = None  # the TTL is ours to honour, and a restart must ask the server
+        self.resolver.retry_servfail = False
+
+    def next_in_s(self, ttl_s: Optional[float]) -> float:
+        """When to ask again after a good answer whose smallest TTL was ttl_s."""
+        lo, hi = self.cfg.min_ttl_ms / 1000, self.cfg.max_ttl_ms / 1000
+        return hi if ttl_s is None else min(hi, max(lo, ttl_s))
+
+    async def _query(self, name: str, rdtype: str):
+        """The answer, or None for NXDOMAIN / no records of that type."""
+        try:
+            return await self.resolver.resolve(name, rdtype, search=False)
+        except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+            return None
+
+    async def resolve(self) -> Answer:
+        """One full resolution; raises dns.exception.DNSException or ConfigError (garbage)."""
+        c = self.cfg
+        if c.type == "A":
+            ans = await self._query(c.name, "A")
+            if ans is None:
+                return Answer((), None)
+            out = [_backend(str(r.address), c.port, 1, False, f"{c.name} A") for r in ans]
+            return Answer(tuple(out), float(ans.rrset.ttl))
+        ans = await self._query(c.name, "SRV")
+        if ans is None:
+            return Answer((), None)
+        records = [r for r in ans if str(r.target) != "."]  # "." : service decidedly not here
+        ttl = float(ans.rrset.ttl)
+        if not records:
+            return Answer((), ttl)
+        top = min(r.priority for r in records)
+        targets = sorted({str(r.target) for r in records})
+        found = await asyncio.gather(*(self._query(t, "A") for t in targets))
+        addresses = {}
+        for target, a in zip(targets, found):
+            if a is None:
+                raise ConfigError(f"SRV target {target} has no A record")
+            addresses[target] = [str(r.address) for r in a]
+            ttl = min(ttl, float(a.rrset.ttl))
+        out = []
+        for r in sorted(records, key=lambda r: (r.priority, str(r.target), r.port)):
+            for address in addresses[str(r.target)]:
+                out.append(_backend(address, r.port, max(1, r.weight), r.priority != top, f"SRV {r.target}"))
+        return Answer(tuple(out), ttl)
+
+    async def run(self, report: Report) -> None:
+        while True:
+            delay = self.retry_s
+            try:
+                answer = await self.resolve()
+            except dns.resolver.NoNameservers as e:
+                await report(Failure(f"{self.cfg.name}: no server answered ({_servfail(e)})"))
+            except dns.exception.Timeout:
+                await report(Failure(f"{self.cfg.name}: timed out after {self.cfg.timeout_ms} ms"))
+            except (dns.exception.DNSException, ConfigError, OSError) as e:
+                await report(Failure(f"{self.cfg.name}: {_one_line(e)}"))
+            else:
+                await report(answer)
+                delay = self.next_in_s(answer.ttl_s)
+            await asyncio.sleep(delay)
+
+
+def _backend(address: str, port: int, weight: int, standby: bool, where: str) -> Backend:
+    """A record's endpoint as a Backend; ConfigError (garbage) if the address is no backend's."""
+    return parse_backend({"name": endpoint_name(address, port), "address": address, "port": port,
+                          "weight": min(weight, 65535), "standby": standby}, where)
+
+
+def _servfail(e: Exception) -> str:
+    text = _one_line(e)
+    return "SERVFAIL" if "SERVFAIL" in text else text
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:200] or type(e).__name__

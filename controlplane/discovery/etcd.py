@@ -1,0 +1,141 @@
+"""etcd discovery: one key per backend under a prefix, read once and then watched.
+
+aetcd (asyncio, gRPC) does the protocol. The source reads the whole prefix,
+reports it, then watches from the next revision and reports the set after every
+event. Any fault (etcd down, a read or connect past timeout_ms, the watch
+stream ending) is a failure; it then reconnects (next endpoint, after
+retry_ms) and starts over with a full read, so a restarted or replaced etcd
+is resumed without missing a change. A key whose value is not a backend
+makes the whole answer a failure that names the key.
+
+Value: {"address": "198.18.1.2", "port": 8000, "weight": 1, "standby": false,
+"token": "0x5eed0001"}; weight, standby and token may be left out (a missing
+token is derived from the service secret).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aetcd
+import grpc
+
+from controlplane.config import Backend, Discovery, Etcd, parse_backend
+from controlplane.discovery import Answer, Failure, Report, endpoint_name
+from controlplane.errors import ConfigError
+
+VALUE_KEYS = ("address", "port", "weight", "standby", "token")
+KEEPALIVE_MS = 5000  # etcd refuses pings more often than its --grpc-keepalive-min-time (5 s)
+
+
+def parse_value(key: bytes, value: bytes) -> Backend:
+    """One key's value as a Backend; ConfigError naming the key when it is not one."""
+    where = f"etcd {key.decode(errors='replace')}"
+    try:
+        doc = json.loads(value)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{where}: not JSON ({' '.join(str(e).split())[:80]})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: expected a JSON object with {', '.join(VALUE_KEYS)}")
+    unknown = sorted(str(k) for k in doc if k not in VALUE_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0][:40]}: unknown key (allowed: {', '.join(VALUE_KEYS)})")
+    if "address" not in doc or "port" not in doc:
+        raise ConfigError(f"{where}.{'address' if 'address' not in doc else 'port'}: missing")
+    name = endpoint_name(doc["address"], doc["port"]) if isinstance(doc["port"], int) else "x"
+    return parse_backend({"name": name, **doc}, where)
+
+
+def answer_of(kvs: dict[bytes, bytes]) -> Answer:
+    """The set the keys describe; ConfigError for the first key (in key order) that is garbage."""
+    return Answer(tuple(parse_value(k, kvs[k]) for k in sorted(kvs)))
+
+
+class EtcdSource:
+    kind = "etcd"
+    watched = True
+
+    def __init__(self, d: Discovery):
+        self.cfg: Etcd = d.etcd
+        self.retry_s = d.retry_ms / 1000
+        self.prefix = self.cfg.prefix.encode()
+
+    def _client(self, host: str, port: int) -> aetcd.Client:
+        timeout_s = self.cfg.timeout_ms / 1000
+        options = {"grpc.keepalive_time_ms": KEEPALIVE_MS, "grpc.keepalive_timeout_ms": self.cfg.timeout_ms,
+                   "grpc.keepalive_permit_without_calls": 1, "grpc.http2.max_pings_without_data": 0,
+                   "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 1000}
+        return aetcd.Client(host=host, port=port, timeout=timeout_s, options=options)
+
+    async def _follow(self, client: aetcd.Client, report: Report) -> None:
+        """Reads the prefix, reports it, then reports after every watch event; returns or raises
+        when the stream breaks."""
+        timeout_s = self.cfg.timeout_ms / 1000
+        await asyncio.wait_for(client.connect(), timeout_s)
+        got = await asyncio.wait_for(client.get_prefix(self.prefix), timeout_s)
+        kvs = {kv.key: kv.value for kv in got}
+        await self._report(kvs, report)
+        watch = await asyncio.wait_for(
+            client.watch_prefix(self.prefix, start_revision=got.header.revision + 1), timeout_s)
+        # The events of one revision (a transaction, a prefix delete) arrive one by one; a pump
+        # moves them into a queue, and the set is reported once per batch that is there, so no
+        # half-applied revision ever reaches the maps.
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for event in watch:
+                    queue.put_nowait(event)
+                queue.put_nowait(ConnectionError("watch stream ended"))
+            except Exception as e:  # handed to the reader below, which decides what is a fault
+                queue.put_nowait(e)
+
+        pumping = asyncio.create_task(pump())
+        try:
+            while True:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                for event in batch:
+                    if isinstance(event, Exception):
+                        raise event
+                    if event.kind == aetcd.EventKind.PUT:
+                        kvs[event.kv.key] = event.kv.value
+                    else:
+                        kvs.pop(event.kv.key, None)
+                await self._report(kvs, report)
+        finally:
+            pumping.cancel()
+            await asyncio.gather(pumping, return_exceptions=True)
+            await watch.cancel()
+
+    @staticmethod
+    async def _report(kvs: dict[bytes, bytes], report: Report) -> None:
+        try:
+            answer = answer_of(kvs)
+        except ConfigError as e:
+            await report(Failure(str(e)))
+        else:
+            await report(answer)
+
+    async def run(self, report: Report) -> None:
+        turn = 0
+        while True:
+            host, port = self.cfg.endpoints[turn % len(self.cfg.endpoints)]
+            client = self._client(host, port)
+            try:
+                await self._follow(client, report)
+                why = "watch stream ended"
+            except asyncio.TimeoutError:
+                why = f"no answer in {self.cfg.timeout_ms} ms"
+            except (aetcd.ClientError, grpc.RpcError, OSError, ConnectionError) as e:
+                why = " ".join(str(e).split())[:160] or type(e).__name__
+            finally:
+                try:
+                    await asyncio.wait_for(client.close(), 1.0)
+                except (asyncio.TimeoutError, aetcd.ClientError, grpc.RpcError, OSError):
+                    pass
+            await report(Failure(f"etcd {host}:{port}: {why}"))
+            turn += 1
+            await asyncio.sleep(self.retry_s)

@@ -1,0 +1,181 @@
+"""Runs each service's discovery source on edged's loop and hands accepted changes to edged.
+
+One task per service with a discovery section. Every result goes through
+cache.offer (last known good, failure counting); an accepted change calls
+apply(), edged's reload/apply path, which programs static + discovered backends
+into the maps. If that apply fails, the change is undone in the cache and
+counted as a failure, so the cache never claims what the maps do not have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Awaitable, Callable, Optional
+
+from controlplane.config import Backend, Config, Service
+from controlplane.discovery import Answer, Failure, Result, Source
+from controlplane.discovery.cache import Cached, describe_change, merge, offer, with_tokens
+from controlplane.discovery.tokens import read_secret
+from controlplane.errors import EdgeError
+
+Emit = Callable[..., object]  # edged's Events.emit(kind, text, **fields)
+
+
+def make_source(s: Service) -> Source:
+    """The source a service's discovery section names (imported here: only edged needs the libraries)."""
+    if s.discovery.dns is not None:
+        from controlplane.discovery.dns import DnsSource
+        return DnsSource(s.discovery)
+    from controlplane.discovery.etcd import EtcdSource
+    return EtcdSource(s.discovery)
+
+
+def secrets_of(cfg: Config) -> dict[str, Optional[bytes]]:
+    """Service name -> its token secret; ConfigError naming the field when a file cannot be read."""
+    out = {}
+    for i, s in enumerate(cfg.services):
+        if s.discovery is not None:
+            path = s.discovery.token_secret_file
+            out[s.name] = read_secret(path, f"services[{i}].discovery.token_secret_file") if path else None
+    return out
+
+
+class Supervisor:
+    """Every discovery source of one edged, their caches, and the hook into edged's apply."""
+
+    def __init__(self, apply: Callable[[], Awaitable[None]], emit: Emit,
+                 clock: Callable[[], float] = time.monotonic):
+        self.apply = apply  # programs merge(static config, found()) into the maps; raises EdgeError
+        self.emit = emit
+        self.clock = clock
+        self.cfg: Optional[Config] = None
+        self.caches: dict[str, Cached] = {}
+        self.sources: dict[str, Source] = {}
+        self._sections: dict[str, object] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+
+    def found(self) -> dict[str, tuple[Backend, ...]]:
+        return {name: with_tokens(c, c.backends) for name, c in self.caches.items() if c.backends is not None}
+
+    def effective(self, cfg: Config) -> Config:
+        """cfg (static) plus what discovery found: the config edged programs."""
+        return merge(cfg, self.found())
+
+    def configure(self, cfg: Config, secrets: dict[str, Optional[bytes]]) -> None:
+        """Takes the (new) static config: sources of services whose discovery section changed start
+        over (their cached set stays until the new source answers); removed ones stop."""
+        self.cfg = cfg
+        wanted = {s.name: s for s in cfg.services if s.discovery is not None}
+        for name in list(self.caches):
+            if name not in wanted:
+                self._stop(name)
+                self.caches.pop(name)
+                self.sources.pop(name, None)
+                self._sections.pop(name, None)
+        for name, s in wanted.items():
+            if self._sections.get(name) != s.discovery:
+                self._stop(name)
+                source = self.sources[name] = make_source(s)
+                self._sections[name] = s.discovery
+                if name not in self.caches or self.caches[name].source != source.kind:
+                    self.caches[name] = Cached(name, source.kind, source.watched)
+            c = self.caches[name]
+            c.allow_empty, c.secret = s.discovery.allow_empty, secrets.get(name)
+
+    async def first(self, timeout_s: float) -> None:
+        """One answer (or failure) from every source that has none yet, waited for at most timeout_s:
+        what edged deploys with, so a restart does not begin with an empty set."""
+        async def one(name: str) -> None:
+            result = await _first_result(self.sources[name])
+            self._offer(name, result)
+
+        names = [n for n, c in self.caches.items() if c.backends is None and n not in self._tasks]
+        tasks = [asyncio.ensure_future(one(n)) for n in names]
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=timeout_s)
+        for t in late:
+            t.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        for name, t in zip(names, tasks):
+            if t in late:
+                self._offer(name, Failure(f"no answer in {timeout_s:.1f} s at start"))
+
+    def start(self) -> None:
+        """Runs every configured source that is not running."""
+        for name, source in self.sources.items():
+            if name not in self._tasks:
+                self._tasks[name] = asyncio.create_task(self._run(name, source), name=f"discovery:{name}")
+
+    def _stop(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def healthy(self) -> bool:
+        return not any(t.done() and not t.cancelled() and t.exception() is not None for t in self._tasks.values())
+
+    def view(self) -> dict[str, dict]:
+        now = self.clock()
+        return {name: c.view(now) for name, c in self.caches.items()}
+
+    # ------------------------------------------------------------ results in
+
+    def _fits(self, name: str):
+        def check(backends) -> None:
+            merge(self.cfg, {**self.found(), name: with_tokens(self.caches[name], backends)})
+        return check
+
+    def _offer(self, name: str, result: Result):
+        c = self.caches[name]
+        verdict = offer(c, result, self.clock(), self._fits(name))
+        if verdict.event is not None:
+            kind, text = verdict.event
+            self.emit(kind, text, service=name, source=c.source, failures=c.failures, error=c.error or "")
+        return verdict
+
+    async def _run(self, name: str, source: Source) -> None:
+        async def report(result: Result) -> None:
+            if self.sources.get(name) is not source:
+                return  # replaced by a reload
+            c = self.caches[name]
+            verdict = self._offer(name, result)
+            if not verdict.changed:
+                return
+            text = describe_change(verdict.previous, c.backends)
+            t0 = time.perf_counter()
+            try:
+                await self.apply()
+            except EdgeError as e:
+                c.backends = verdict.previous
+                self._offer(name, Failure(f"cannot apply ({text}): {e}"))
+                return
+            self.emit("discovery", f"{name}: {source.kind} discovery: {text}; now {len(c.backends)} backends "
+                                   f"({(time.perf_counter() - t0) * 1000:.1f} ms to the maps)",
+                      service=name, source=source.kind, change=text, backends=[b.name for b in c.backends])
+
+        await source.run(report)
+
+
+async def _first_result(source: Source) -> Result:
+    """The first thing source reports (runs it until then)."""
+    got: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def report(result: Result) -> None:
+        if not got.done():
+            got.set_result(result)
+
+    task = asyncio.create_task(source.run(report))
+    try:
+        return await got
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,157 @@
+"""Real discovery daemons for tests and benchmarks: dnsmasq and etcd, each started inside one
+namespace of a Net (listening on that namespace's loopback only) and stopped by its pid.
+
+Dnsmasq serves A records from a hosts file (rewritten + SIGHUP to change them), SRV records
+and host records from its config (rewritten + restart), and REFUSED for a name it has no
+server for. Etcd keeps its data in a temporary directory, so a restart resumes the same
+revision history; keys are written over etcd's JSON gateway from inside the namespace.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from controlplane.testbed.topo import Ns, stop_process
+
+
+def _wait_port(ns: Ns, port: int, proc: subprocess.Popen, udp: bool, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with ns.enter():
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM if udp else socket.SOCK_STREAM)
+        try:
+            if udp:  # a bind that fails means dnsmasq holds the port
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    return
+            else:
+                s.settimeout(0.2)
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+        finally:
+            s.close()
+        time.sleep(0.05)  # poll interval while the daemon starts
+    raise TimeoutError(f"{what} did not listen on 127.0.0.1:{port} within {timeout_s} s")
+
+
+class Dnsmasq:
+    """dnsmasq on 127.0.0.1:port of ns, answering for names under `domain` from files in workdir."""
+
+    def __init__(self, ns: Ns, workdir: Path, port: int = 53, ttl_s: int = 1):
+        self.ns, self.workdir, self.port, self.ttl_s = ns, workdir, port, ttl_s
+        self.hosts = workdir / "hosts"
+        self.conf = workdir / "dnsmasq.conf"
+        self.proc: Optional[subprocess.Popen] = None
+        self.hosts.write_text("")
+        self.set_records()
+
+    def set_hosts(self, entries: Sequence[tuple[str, str]], reload: bool = True) -> None:
+        """A records: (address, name) lines; SIGHUP makes dnsmasq re-read them."""
+        self.hosts.write_text("".join(f"{a} {n}\n" for a, n in entries))
+        if reload and self.proc is not None:
+            self.proc.send_signal(signal.SIGHUP)
+
+    def set_records(self, srv: Sequence[tuple[str, str, int, int, int]] = (),
+                    host_records: Sequence[tuple[str, str]] = (), refused: Sequence[str] = ()) -> None:
+        """SRV (name, target, port, priority, weight), host records (name, address), and domains
+        answered REFUSED; takes effect at the next start()."""
+        # user=root: it reads the hosts file again on SIGHUP, and tests keep it in a private directory
+        lines = [f"port={self.port}", "user=root", "listen-address=127.0.0.1", "bind-interfaces", "no-resolv", "no-hosts",
+                 f"addn-hosts={self.hosts}", f"local-ttl={self.ttl_s}", f"auth-ttl={self.ttl_s}"]
+        lines += [f"srv-host={n},{t},{p},{prio},{w}" for n, t, p, prio, w in srv]
+        lines += [f"host-record={n},{a}" for n, a in host_records]
+        lines += [f"server=/{d}/#" for d in refused]
+        self.conf.write_text("\n".join(lines) + "\n")
+
+    def start(self, timeout_s: float = 5.0) -> "Dnsmasq":
+        self.proc = self.ns.popen(["dnsmasq", "--keep-in-foreground", f"--conf-file={self.conf}", "--pid-file=",
+                                   "--log-facility=-"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.ns, self.port, self.proc, True, timeout_s, "dnsmasq")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class Etcd:
+    """etcd on 127.0.0.1:client_port of ns (peer port beside it), data in workdir/data."""
+
+    def __init__(self, ns: Ns, workdir: Path, client_port: int = 2379, peer_port: int = 2380):
+        self.ns, self.workdir = ns, workdir
+        self.client_port, self.peer_port = client_port, peer_port
+        self.proc: Optional[subprocess.Popen] = None
+        self.log = workdir / "etcd.log"
+
+    def start(self, timeout_s: float = 20.0) -> "Etcd":
+        c, p = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
+        argv = ["etcd", "--name", "edge-test", "--data-dir", str(self.workdir / "data"),
+                "--listen-client-urls", c, "--advertise-client-urls", c,
+                "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
+                "--initial-cluster", f"edge-test={p}"]
+        with open(self.log, "ab") as log:
+            self.proc = self.ns.popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        _wait_port(self.ns, self.client_port, self.proc, False, timeout_s, "etcd")
+        self._call("/v3/kv/range", {"key": _b64("/")}, timeout_s)  # serving, not only listening
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, timeout_s=10.0)
+            self.proc = None
+
+    def _call(self, path: str, body: dict, timeout_s: float = 5.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.ns.enter():
+                conn = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=2.0)
+                try:
+                    conn.connect()
+                except OSError:
+                    conn.close()
+                    conn = None
+            if conn is not None:
+                try:
+                    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    if resp.status == 200:
+                        return json.loads(data)
+                finally:
+                    conn.close()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"etcd {path} failed")
+            time.sleep(0.1)  # etcd still electing itself leader
+
+    def put(self, key: str, value: str | bytes | dict) -> None:
+        if isinstance(value, dict):
+            value = json.dumps(value)
+        self._call("/v3/kv/put", {"key": _b64(key), "value": _b64(value)})
+
+    def delete(self, key: str) -> None:
+        self._call("/v3/kv/deleterange", {"key": _b64(key)})
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Every key under prefix, in one revision."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        self._call("/v3/kv/deleterange", {"key": _b64(prefix), "range_end": _b64(end)})
+
+
+def _b64(text: str | bytes) -> str:
+    return base64.b64encode(text.encode() if isinstance(text, str) else text).decode()
