@@ -54,12 +54,12 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Optional
 
 from controlplane import config
+from controlplane.probe.http import Response
 from controlplane.signals import Load, Sample, Window
 
 TICK_S = 0.002  # timer wheel resolution: probe times are rounded up to this
 PROBE_RESPONSE_MAX = 65536  # a health answer longer than this is a failure ("too large")
 METRICS_RESPONSE_MAX = 8 << 20  # likewise a metrics page
-HEAD_MAX = 16384
 RECV_SIZE = 262144
 USER_AGENT = "edge-prober"
 
@@ -236,38 +236,6 @@ def _disconnecter() -> Optional[Callable[[int], int]]:
 
 
 _disconnect = _disconnecter()
-
-
-# ---------------------------------------------------------------- HTTP/1.1 answers
-
-_CHUNKED = -1
-_TO_CLOSE = -2
-
-
-def _parse_head(buf, end: int) -> tuple[int, int, int, bool]:
-    """(status, body start, body length or _CHUNKED or _TO_CLOSE, keep-alive) of the
-    response head buf[:end]; ValueError if it is not HTTP/1.x."""
-    if not (buf.startswith(b"HTTP/1.") and buf[8:9] == b" " and buf[9:12].isdigit()):
-        raise ValueError("bad response")
-    status = int(buf[9:12])
-    headers = bytes(buf[buf.find(b"\r\n"):end]).lower() + b"\r\n"
-    keep = buf[7:8] == b"1"  # HTTP/1.1 keeps the connection unless told otherwise
-    at = headers.find(b"\r\nconnection:")
-    if at >= 0:
-        value = headers[at + 13:headers.find(b"\r\n", at + 2)]
-        keep = b"keep-alive" in value if not keep else b"close" not in value
-    if 100 <= status < 200 or status in (204, 304):
-        return status, end + 4, 0, keep
-    at = headers.find(b"\r\ntransfer-encoding:")
-    if at >= 0 and b"chunked" in headers[at:headers.find(b"\r\n", at + 2)]:
-        return status, end + 4, _CHUNKED, keep
-    at = headers.find(b"\r\ncontent-length:")
-    if at < 0:
-        return status, end + 4, _TO_CLOSE, False
-    value = headers[at + 17:headers.find(b"\r\n", at + 2)].strip()
-    if not value.isdigit():
-        raise ValueError("bad response")
-    return status, end + 4, int(value), keep
 
 
 # ---------------------------------------------------------------- one schedule of one target
@@ -450,18 +418,12 @@ class _HttpCheck(_Check):
         self.request = (f"GET {path} HTTP/1.1\r\nHost: {target.address}:{target.port}\r\n"
                         f"User-Agent: {USER_AGENT}\r\nAccept: text/plain, */*\r\n\r\n").encode()
         self.scrape = scrape
-        self.limit = METRICS_RESPONSE_MAX if scrape else PROBE_RESPONSE_MAX
         self.sock: Optional[socket.socket] = None
         self.fd = -1
         self.connecting = False
         self.stamps = False  # SO_TIMESTAMPNS is on: read with recvmsg for the receive time
         self.reused = False  # this round's request went on a connection an earlier round used
-        self.buf: Optional[bytearray] = None
-        self.head: Optional[tuple[int, int, int, bool]] = None
-        self.chunk_at = 0
-        self.chunks: list[bytes] = []
-        self.last_head = b""
-        self.last_parsed = (0, 0, 0, False)
+        self.reply = Response(METRICS_RESPONSE_MAX if scrape else PROBE_RESPONSE_MAX, keep_body=scrape)
         self.sent_ns = 0
         self.sent_real_ns = 0
         self.rx_real_ns = 0
@@ -510,8 +472,7 @@ class _HttpCheck(_Check):
         self._read()
 
     def _send(self) -> None:
-        self.buf = None
-        self.head = None
+        self.reply.start()
         self.rx_real_ns = 0
         self.sent_real_ns = time.time_ns()  # the kernel stamps receptions on CLOCK_REALTIME
         self.sent_ns = _monotonic_ns()
@@ -545,87 +506,21 @@ class _HttpCheck(_Check):
         if not self.busy:  # bytes nobody asked for, or the late answer of a timed-out round
             self.close()
             return
-        if self.buf is None:
-            self.buf = data  # the whole answer in one read, the usual case: no second copy
+        try:
+            done = self.reply.feed(data)
+        except ValueError as e:
+            self._lost(str(e))
+            return
+        if done:
+            self._answer()
         else:
-            if not isinstance(self.buf, bytearray):
-                self.buf = bytearray(self.buf)
-            self.buf += data
-        self._parse()
+            self._quickack()
 
     def last_look(self) -> None:
         if self.sock is not None and not self.connecting:
             self._read()
 
     # -- answers
-
-    def _parse(self) -> None:
-        buf = self.buf
-        while self.head is None:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > HEAD_MAX:
-                    self._lost("bad response")
-                else:
-                    self._quickack()
-                return
-            if buf[:end] == self.last_head:  # a server's heads repeat, but for Date each second
-                head = self.last_parsed
-            else:
-                try:
-                    head = _parse_head(buf, end)
-                except ValueError as e:
-                    self._lost(str(e))
-                    return
-                self.last_head, self.last_parsed = bytes(buf[:end]), head
-            if 100 <= head[0] < 200:  # an interim answer (100 Continue): the real one follows
-                buf = self.buf = bytearray(buf[head[1]:])
-                continue
-            self.head = head
-            self.chunk_at = head[1]
-            self.chunks = []
-        status, body_at, length, keep = self.head
-        if len(buf) > self.limit:
-            self._lost("too large")
-            return
-        if length >= 0:
-            if len(buf) < body_at + length:
-                self._quickack()
-                return
-            body = buf[body_at:body_at + length] if self.scrape else b""
-            if len(buf) > body_at + length:
-                keep = False  # more than one answer: never asked for, so not ours to trust
-        elif length == _CHUNKED:
-            body = self._dechunk()
-            if body is None:
-                return
-        else:
-            return  # the body runs until the server closes: _eof() completes it
-        self._answer(status, body, keep)
-
-    def _dechunk(self) -> Optional[bytes]:
-        buf, at = self.buf, self.chunk_at
-        while True:
-            eol = buf.find(b"\r\n", at)
-            if eol < 0:
-                break
-            try:
-                size = int(bytes(buf[at:eol]).split(b";")[0], 16)
-            except ValueError:
-                self._lost("bad response")
-                return None
-            if size == 0:
-                if buf.startswith(b"\r\n", eol + 2) or buf.find(b"\r\n\r\n", eol) >= 0:  # trailers end
-                    return b"".join(self.chunks)
-                break
-            if len(buf) < eol + 2 + size + 2:
-                break
-            if self.scrape:
-                self.chunks.append(bytes(buf[eol + 2:eol + 2 + size]))
-            at = eol + 2 + size + 2
-        self.chunk_at = at
-        self._quickack()
-        return None
 
     def _quickack(self) -> None:
         # A server that writes head and body apart with Nagle on waits for our ACK of the
@@ -635,9 +530,10 @@ class _HttpCheck(_Check):
         except OSError:
             pass
 
-    def _answer(self, status: int, body: bytes, keep: bool) -> None:
+    def _answer(self) -> None:
         now = _monotonic_ns()
-        if not keep:
+        status, body = self.reply.status, self.reply.body
+        if not self.reply.keep:
             self.close()
         if self.scrape:
             self._scraped(status, body)
@@ -666,16 +562,15 @@ class _HttpCheck(_Check):
     # -- failures
 
     def _eof(self) -> None:
-        if self.busy and self.head is not None and self.head[2] == _TO_CLOSE:
-            status, body_at, _, _ = self.head
-            self._answer(status, bytes(self.buf[body_at:]), False)
+        if self.busy and self.reply.eof():
+            self._answer()
         else:
             self._broken("closed")
 
     def _broken(self, error: str) -> None:
         """The connection died under a request: once more on a new one if the server may
         just have closed an idle kept-alive connection, else the round fails."""
-        if self.busy and self.reused and self.buf is None:
+        if self.busy and self.reused and not self.reply.begun:
             self.close()
             self._connect()
             return
@@ -702,7 +597,7 @@ class _HttpCheck(_Check):
             self.sock = None
             self.fd = -1
             self.connecting = False
-            self.buf = None
+            self.reply.start()
 
 
 class _GrpcCheck(_Check):

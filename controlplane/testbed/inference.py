@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from controlplane import heartbeat
+from controlplane import agent
 
 PROG = "sim-inference"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -158,10 +158,10 @@ class Options:
             raise UsageError("--heartbeat and --token: give both or neither")
         if self.heartbeat is not None:
             try:
-                heartbeat.parse_router(self.heartbeat)
-                heartbeat.parse_token(str(self.token))
-                heartbeat.parse_ms(f"{self.hb_interval_ms}", "--hb-interval-ms")
-            except heartbeat.UsageError as e:
+                agent.parse_router(self.heartbeat)
+                agent.parse_token(str(self.token))
+                agent.parse_ms(f"{self.hb_interval_ms}", "--hb-interval-ms")
+            except agent.UsageError as e:
                 raise UsageError(str(e).replace("--router", "--heartbeat")) from None
             try:
                 ipaddress.IPv4Address(self.host)
@@ -175,7 +175,7 @@ def heartbeat_command(opts: Options, port: int) -> list[str]:
     """The edge-heartbeat command line for a server of opts bound to port: it sends from the
     listening address (unless that is 0.0.0.0) while GET /health answers 2xx."""
     check_host = "127.0.0.1" if opts.host == "0.0.0.0" else opts.host
-    cmd = [sys.executable, "-m", "controlplane.heartbeat", "--router", str(opts.heartbeat),
+    cmd = [sys.executable, "-m", "controlplane.agent", "--router", str(opts.heartbeat),
            "--service-port", str(port), "--token", str(opts.token),
            "--interval-ms", f"{opts.hb_interval_ms:g}", "--check", "http",
            "--check-url", f"http://{check_host}:{port}/health"]

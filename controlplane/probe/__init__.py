@@ -1,0 +1,1 @@
+"""The probe engine's parts (being moved here from controlplane/prober.py)."""
