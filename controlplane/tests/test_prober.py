@@ -1,4 +1,4 @@
-"""controlplane.prober: the metrics parser (pure), then the probe engine against real servers on
+"""controlplane.probe: the metrics parser (pure), then the probe engine against real servers on
 127.0.0.1 (ports chosen by the OS): asyncio HTTP servers that answer, answer 503, answer late or
 never, a grpc.aio health server, and ports nobody listens on.
 
@@ -19,12 +19,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from controlplane import prober
+import controlplane.probe
 from controlplane.config import MetricsScrape, Probe
-from controlplane.prober import MetricsError, Prober, Target, load_from, parse_metrics
+from controlplane.probe import MetricsError, Prober, Target, load_from, parse_metrics
 from controlplane.signals import Load, Sample
 
 LOOPBACK = "127.0.0.1"
+PROBE_DIR = os.path.dirname(controlplane.probe.__file__)
 TEST_TIMEOUT_S = 10.0
 
 # ------------------------------------------------------------ pure: metrics pages
@@ -529,10 +530,10 @@ def open_sockets() -> set[str]:
 
 
 def prober_tasks() -> set[asyncio.Task]:
-    """The loop's tasks running code of controlplane/prober.py (the servers have their own)."""
+    """The loop's tasks running code of controlplane/probe/ (the servers have their own)."""
     def code(task: asyncio.Task) -> str:
         return getattr(getattr(task.get_coro(), "cr_code", None), "co_filename", "")
-    return {task for task in asyncio.all_tasks() if code(task) == prober.__file__}
+    return {task for task in asyncio.all_tasks() if os.path.dirname(code(task)) == PROBE_DIR}
 
 
 def test_removed_targets_stop_changed_ones_restart_and_close_leaves_nothing_behind():
