@@ -277,10 +277,15 @@ def test_tcp_probe_of_a_listener_succeeds_and_of_a_closed_port_is_refused():
         p.set_targets([Target("up", LOOPBACK, server.port, probe), Target("down", LOOPBACK, free_port(), probe)])
         await wait_for(lambda: len(rec.of("up")) >= 5 and len(rec.of("down")) >= 5, 3, "5 samples each")
         up, down = rec.of("up"), rec.of("down")
-        await closing(p, server)
+        await p.close()
+        # Each probe is a new connection. The server counts one when its loop serves the
+        # accept, which may come after the probe's sample: wait for the count, with no
+        # probe running any more that could add to it.
+        await wait_for(lambda: server.connections >= 5, 3, "the server counting 5 connections",
+                       observe=lambda: server.connections)
+        await server.close()
 
         assert all(s.ok and 0 < s.rtt_s < 0.02 for s in up), up
-        assert server.connections >= 5  # each probe is a new connection
         assert all(not s.ok and s.error == "refused" and s.rtt_s is None for s in down), down
 
     run(main())
