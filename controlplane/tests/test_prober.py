@@ -23,6 +23,7 @@ import controlplane.probe
 from controlplane.config import MetricsScrape, Probe
 from controlplane.probe import MetricsError, Prober, Target, load_from, parse_metrics
 from controlplane.signals import Load, Sample
+from controlplane.testbed.inference.page import EngineStats, vllm_page
 
 LOOPBACK = "127.0.0.1"
 PROBE_DIR = os.path.dirname(controlplane.probe.__file__)
@@ -30,24 +31,13 @@ TEST_TIMEOUT_S = 10.0
 
 # ------------------------------------------------------------ pure: metrics pages
 
-VLLM = b"""\
-# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="llama"} 3.0
-vllm:num_requests_running{engine="1",model_name="llama"} 4.0
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="llama"} 1.0
-vllm:num_requests_waiting{engine="1",model_name="llama"} 2.0
+# Two data-parallel engines, then what a real page has besides: a family named like ours plus a
+# suffix, the deprecated KV name, a counter's _created sample, a histogram.
+VLLM = vllm_page(EngineStats(running=3.0, waiting=1.0, kv_usage=0.25, generation_tokens=1000.0),
+                 EngineStats(running=4.0, waiting=2.0, kv_usage=0.75, generation_tokens=234.0)).encode() + b"""\
 vllm:num_requests_waiting_by_reason{reason="capacity"} 100.0
-vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.25
-vllm:kv_cache_usage_perc{engine="1",model_name="llama"} 0.75
 vllm:gpu_cache_usage_perc{engine="0",model_name="llama"} 0.99
-# TYPE vllm:generation_tokens counter
-vllm:generation_tokens_total{engine="0",model_name="llama"} 1000.0
-vllm:generation_tokens_total{engine="1",model_name="llama"} 234.0
 vllm:generation_tokens_created{engine="0",model_name="llama"} 1.7e+09
-vllm:request_success_total{finished_reason="stop",model_name="llama"} 7.0
 vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="llama"} 5.0
 """
 
