@@ -146,7 +146,7 @@ class HttpCheck(Check):
         deadline = Deadline(timeout_s)
         try:
             return self._get(deadline)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError) as e:  # EOFError: closed before the answer ended
             self.close()
             if isinstance(e, ValueError):
                 return Result(False, f"http: bad answer from {self.target.hostport}: {e}")

@@ -367,6 +367,29 @@ def test_http_check_fails_when_refused_or_unanswered():
     assert took_s < 1.0  # bounded by the check's timeout, not by the server
 
 
+def test_http_check_fails_when_the_server_closes_without_answering():
+    """check() never raises: a server that accepts and closes is a failed check."""
+    with socket.socket() as listener:
+        listener.bind((LOOPBACK, 0))
+        listener.listen(8)
+        check = HttpCheck(Target(LOOPBACK, listener.getsockname()[1]))
+
+        def hang_up() -> None:
+            conn, _ = listener.accept()
+            conn.recv(4096)  # the request
+            conn.close()
+
+        closer = threading.Thread(target=hang_up, daemon=True)
+        closer.start()
+        try:
+            result = check.check(2.0)
+        finally:
+            check.close()
+            closer.join(5.0)
+
+    assert not result.ok and result.detail.startswith("http: connection closed by the server"), result
+
+
 def test_tcp_check_connects_to_the_service_port(server):
     check = TcpCheck(Target(LOOPBACK, server.port))
     try:
