@@ -1,6 +1,10 @@
 """controlplane.probe.http: the HTTP/1.1 response reader the prober and the heartbeat agent
 share, fed byte strings as a socket would give them (pure)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from controlplane.probe.http import CHUNKED, TO_CLOSE, Response, parse_head
@@ -76,3 +80,24 @@ def test_a_repeated_head_is_parsed_once():
     parsed = reply.last_parsed
     feed(reply, answer)
     assert reply.last_parsed is parsed and reply.status == 200
+
+
+def test_the_heartbeat_agent_loads_the_reader_without_the_probe_engine():
+    """The agent runs beside every inference server: it imports probe.http, not the engine
+    and its dependencies."""
+    code = ("import sys, controlplane.agent; "
+            "print(sorted(m for m in ('asyncio', 'numpy', 'yaml', 'controlplane.config', "
+            "'controlplane.probe.engine') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_package_names_load_their_modules():
+    import controlplane.probe as probe
+    from controlplane.probe.engine import Prober
+
+    assert probe.Prober is Prober and set(probe.__all__) <= set(dir(probe))
+    assert all(getattr(probe, name) is not None for name in probe.__all__)
+    with pytest.raises(AttributeError):
+        probe.no_such_name
