@@ -1,7 +1,7 @@
 """edged: the control-plane daemon of one edge node.
 
 It deploys the data path (or adopts the one already pinned, keeping its
-weights and conntrack), probes every backend (prober.py), turns what it
+weights and conntrack), probes every backend (probe/), turns what it
 measures into weights (weights.py) and writes only what changed into the
 Maglev tables (maps.set_weights: inactive half, then one flip). What it
 measured goes into edge_be_probe once a second, so `edgectl status` shows it
@@ -33,7 +33,7 @@ from controlplane.config import Config, Service, load_config
 from controlplane.errors import ConfigError, EdgeError
 from controlplane.api import server as api_server
 from controlplane.discovery.supervisor import Supervisor, secrets_of
-from controlplane.prober import Prober, Target
+from controlplane.probe import Prober, Target
 from controlplane.signals import Load, Sample
 
 PROG = "edged"

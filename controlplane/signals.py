@@ -1,6 +1,6 @@
 """What the prober hands to the weight policy: one probe result (Sample), one
 scrape of a backend's load signals (Load), and the window of recent samples
-kept per backend. Plain data, no I/O: prober.py makes these, weights.py and
+kept per backend. Plain data, no I/O: the prober (probe/) makes these, weights.py and
 status read them.
 
 Times are CLOCK_MONOTONIC nanoseconds (time.monotonic_ns(), the clock the data

@@ -1,4 +1,4 @@
-"""Heartbeat agents for a testbed Net: edge-heartbeat (controlplane.heartbeat) run inside
+"""Heartbeat agents for a testbed Net: edge-heartbeat (controlplane.agent) run inside
 backend namespaces, sending from the backend's address to the router's address on that
 backend's link, the way an agent beside an inference server would.
 
@@ -100,7 +100,7 @@ def agent_argv(net: "Net", i: int, *, token: int, hb_port: int = DEFAULT_HB_PORT
                check_interval_ms: Optional[float] = None, check_timeout_ms: Optional[float] = None,
                rt_priority: int = 0) -> list[str]:
     """The command line of backend i's agent (see start_heartbeats)."""
-    argv = [sys.executable, "-m", "controlplane.heartbeat",
+    argv = [sys.executable, "-m", "controlplane.agent",
             "--router", f"{net.topo.router_backend_addr(i).ip}:{hb_port}",
             "--source", str(net.backend_addr(i)),
             "--service-port", str(service_port), "--token", hex(token),

@@ -1,4 +1,4 @@
-"""controlplane.heartbeat (edge-heartbeat): the pure part (deadlines, option parsing), the
+"""controlplane.agent (edge-heartbeat): the pure part (deadlines, option parsing), the
 health checks against a real HTTP server, and the agent as a process sending real UDP.
 
 Everything stays on 127.0.0.1; every server, socket, thread and process a test starts is
@@ -23,9 +23,11 @@ from typing import Iterator
 
 import pytest
 
-from controlplane import abi, heartbeat
+from controlplane import abi
 from controlplane.config import Heartbeat
-from controlplane.heartbeat import (
+from controlplane.agent import (
+    DEFAULT_INTERVAL_MS,
+    DEFAULT_ROUTER_PORT,
     Checker,
     CheckerGone,
     Gate,
@@ -39,7 +41,6 @@ from controlplane.heartbeat import (
     UsageError,
     main,
     options,
-    parse_head,
     parse_router,
     parse_token,
     parser,
@@ -176,19 +177,19 @@ def test_a_token_secret_file_gives_the_token_the_router_derives(tmp_path):
     local = options(parser().parse_args(["--router", "127.0.0.1", "--service-port", "8000",
                                          "--token-secret-file", str(secret)]))
     assert local.token == derive_token(b"0123456789abcdef-secret", "127.0.0.1", 8000)
-    with pytest.raises(heartbeat.UsageError, match="^--token: give exactly one of --token, --token-secret-file$"):
+    with pytest.raises(UsageError, match="^--token: give exactly one of --token, --token-secret-file$"):
         options(parser().parse_args(["--router", "127.0.0.1", "--service-port", "8000", "--token", "1",
                                      "--token-secret-file", str(secret)]))
 
 
 def test_the_agents_defaults_are_the_configs():
-    assert heartbeat.DEFAULT_ROUTER_PORT == Heartbeat().port
-    assert heartbeat.DEFAULT_INTERVAL_MS == Heartbeat().interval_ms
+    assert DEFAULT_ROUTER_PORT == Heartbeat().port
+    assert DEFAULT_INTERVAL_MS == Heartbeat().interval_ms
 
 
 def test_the_console_script_is_declared():
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["edge-heartbeat"] == "controlplane.heartbeat:main"
+    assert scripts["edge-heartbeat"] == "controlplane.agent:main"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -215,14 +216,6 @@ def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"edge-heartbeat: {message}"), err
-
-
-def test_parse_head_reads_the_status_and_lowercases_headers():
-    assert parse_head(["HTTP/1.1 503 Service Unavailable", "Content-Length: 0", "Connection: Close"]) == (
-        503, {"content-length": "0", "connection": "close"})
-    for bad in (["SSH-2.0-OpenSSH"], ["HTTP/1.1 abc"], ["HTTP/1.1 200 OK", "Content-Length: -1"]):
-        with pytest.raises(ValueError):
-            parse_head(bad)
 
 
 # ------------------------------------------------------------ a real health endpoint
@@ -374,6 +367,29 @@ def test_http_check_fails_when_refused_or_unanswered():
     assert took_s < 1.0  # bounded by the check's timeout, not by the server
 
 
+def test_http_check_fails_when_the_server_closes_without_answering():
+    """check() never raises: a server that accepts and closes is a failed check."""
+    with socket.socket() as listener:
+        listener.bind((LOOPBACK, 0))
+        listener.listen(8)
+        check = HttpCheck(Target(LOOPBACK, listener.getsockname()[1]))
+
+        def hang_up() -> None:
+            conn, _ = listener.accept()
+            conn.recv(4096)  # the request
+            conn.close()
+
+        closer = threading.Thread(target=hang_up, daemon=True)
+        closer.start()
+        try:
+            result = check.check(2.0)
+        finally:
+            check.close()
+            closer.join(5.0)
+
+    assert not result.ok and result.detail.startswith("http: connection closed by the server"), result
+
+
 def test_tcp_check_connects_to_the_service_port(server):
     check = TcpCheck(Target(LOOPBACK, server.port))
     try:
@@ -496,12 +512,12 @@ class Receiver:
 
 
 class AgentProcess:
-    """edge-heartbeat run as `python -m controlplane.heartbeat`; a thread collects its lines."""
+    """edge-heartbeat run as `python -m controlplane.agent`; a thread collects its lines."""
 
     def __init__(self, *argv: str):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen([sys.executable, "-m", "controlplane.heartbeat", *argv], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "controlplane.agent", *argv], env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.lines: list[tuple[float, str]] = []  # (time.monotonic(), line)

@@ -441,7 +441,7 @@ def test_the_heartbeat_agent_checks_this_servers_health_and_sends_from_its_addre
 
     cmd = heartbeat_command(opts, 8000)
 
-    assert cmd[:3] == [sys.executable, "-m", "controlplane.heartbeat"]
+    assert cmd[:3] == [sys.executable, "-m", "controlplane.agent"]
     args = dict(zip(cmd[3::2], cmd[4::2]))
     assert args == {"--router": "198.18.1.1:7946", "--service-port": "8000", "--token": "0x5eed0001",
                     "--interval-ms": "1", "--check": "http", "--check-url": "http://198.18.1.2:8000/health",

@@ -1,4 +1,4 @@
-"""controlplane.prober: the metrics parser (pure), then the probe engine against real servers on
+"""controlplane.probe: the metrics parser (pure), then the probe engine against real servers on
 127.0.0.1 (ports chosen by the OS): asyncio HTTP servers that answer, answer 503, answer late or
 never, a grpc.aio health server, and ports nobody listens on.
 
@@ -19,34 +19,25 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from controlplane import prober
+import controlplane.probe
 from controlplane.config import MetricsScrape, Probe
-from controlplane.prober import MetricsError, Prober, Target, load_from, parse_metrics
+from controlplane.probe import MetricsError, Prober, Target, load_from, parse_metrics
 from controlplane.signals import Load, Sample
+from controlplane.testbed.inference.page import EngineStats, vllm_page
 
 LOOPBACK = "127.0.0.1"
+PROBE_DIR = os.path.dirname(controlplane.probe.__file__)
 TEST_TIMEOUT_S = 10.0
 
 # ------------------------------------------------------------ pure: metrics pages
 
-VLLM = b"""\
-# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="llama"} 3.0
-vllm:num_requests_running{engine="1",model_name="llama"} 4.0
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="llama"} 1.0
-vllm:num_requests_waiting{engine="1",model_name="llama"} 2.0
+# Two data-parallel engines, then what a real page has besides: a family named like ours plus a
+# suffix, the deprecated KV name, a counter's _created sample, a histogram.
+VLLM = vllm_page(EngineStats(running=3.0, waiting=1.0, kv_usage=0.25, generation_tokens=1000.0),
+                 EngineStats(running=4.0, waiting=2.0, kv_usage=0.75, generation_tokens=234.0)).encode() + b"""\
 vllm:num_requests_waiting_by_reason{reason="capacity"} 100.0
-vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.25
-vllm:kv_cache_usage_perc{engine="1",model_name="llama"} 0.75
 vllm:gpu_cache_usage_perc{engine="0",model_name="llama"} 0.99
-# TYPE vllm:generation_tokens counter
-vllm:generation_tokens_total{engine="0",model_name="llama"} 1000.0
-vllm:generation_tokens_total{engine="1",model_name="llama"} 234.0
 vllm:generation_tokens_created{engine="0",model_name="llama"} 1.7e+09
-vllm:request_success_total{finished_reason="stop",model_name="llama"} 7.0
 vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="llama"} 5.0
 """
 
@@ -276,10 +267,15 @@ def test_tcp_probe_of_a_listener_succeeds_and_of_a_closed_port_is_refused():
         p.set_targets([Target("up", LOOPBACK, server.port, probe), Target("down", LOOPBACK, free_port(), probe)])
         await wait_for(lambda: len(rec.of("up")) >= 5 and len(rec.of("down")) >= 5, 3, "5 samples each")
         up, down = rec.of("up"), rec.of("down")
-        await closing(p, server)
+        await p.close()
+        # Each probe is a new connection. The server counts one when its loop serves the
+        # accept, which may come after the probe's sample: wait for the count, with no
+        # probe running any more that could add to it.
+        await wait_for(lambda: server.connections >= 5, 3, "the server counting 5 connections",
+                       observe=lambda: server.connections)
+        await server.close()
 
         assert all(s.ok and 0 < s.rtt_s < 0.02 for s in up), up
-        assert server.connections >= 5  # each probe is a new connection
         assert all(not s.ok and s.error == "refused" and s.rtt_s is None for s in down), down
 
     run(main())
@@ -529,10 +525,10 @@ def open_sockets() -> set[str]:
 
 
 def prober_tasks() -> set[asyncio.Task]:
-    """The loop's tasks running code of controlplane/prober.py (the servers have their own)."""
+    """The loop's tasks running code of controlplane/probe/ (the servers have their own)."""
     def code(task: asyncio.Task) -> str:
         return getattr(getattr(task.get_coro(), "cr_code", None), "co_filename", "")
-    return {task for task in asyncio.all_tasks() if code(task) == prober.__file__}
+    return {task for task in asyncio.all_tasks() if os.path.dirname(code(task)) == PROBE_DIR}
 
 
 def test_removed_targets_stop_changed_ones_restart_and_close_leaves_nothing_behind():

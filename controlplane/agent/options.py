@@ -1,0 +1,238 @@
+"""edge-heartbeat's command line: the options, each checked with a one-line error naming it
+(UsageError), and their defaults. Pure but for --token-secret-file (a file read, a route
+looked up)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import socket
+import sys
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+from typing import Optional
+from urllib.parse import urlsplit
+
+PROG = "edge-heartbeat"
+DEFAULT_ROUTER_PORT = 7946  # config.Heartbeat.port's default; test_heartbeat compares them
+DEFAULT_INTERVAL_MS = 100.0  # config.Heartbeat.interval_ms's default
+MIN_CHECK_INTERVAL_MS = 5.0  # default checks: every heartbeat interval, but at most 200 a second
+MIN_CHECK_TIMEOUT_MS = 20.0
+DEFAULT_CHECK_PATH = "/v2/health/ready"  # Open Inference Protocol (Triton, KServe); vLLM/TGI: /health
+MIN_INTERVAL_MS = 0.05
+MAX_INTERVAL_MS = 3_600_000.0  # one hour, config.MAX_MS
+TOKEN_MAX = 2**64 - 1
+
+
+class UsageError(ValueError):
+    """A bad option value; the message names the option."""
+
+
+def parse_ipv4(text: str, what: str) -> IPv4Address:
+    try:
+        return IPv4Address(text)
+    except ValueError:
+        raise UsageError(f"{what}: {text!r} is not an IPv4 address") from None
+
+
+def parse_port(text: str, what: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise UsageError(f"{what}: {text!r} is not a port (1..65535)")
+    return int(text)
+
+
+def parse_router(text: str) -> tuple[IPv4Address, int]:
+    """`ADDR[:PORT]` -> (address, port); the port defaults to DEFAULT_ROUTER_PORT."""
+    if text.count(":") > 1:
+        raise UsageError(f"--router: {text!r} is not an IPv4 address (with an optional :PORT)")
+    addr, sep, port = text.partition(":")
+    return (parse_ipv4(addr, "--router"),
+            parse_port(port, "--router port") if sep else DEFAULT_ROUTER_PORT)
+
+
+def parse_token(text: str) -> int:
+    """A 64-bit token, decimal or 0x hex, as the config writes it."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise UsageError(f"--token: {text!r} is not an integer (e.g. 0x5eed0001)") from None
+    if not 0 <= value <= TOKEN_MAX:
+        raise UsageError(f"--token: {text} is out of range 0..2**64-1")
+    return value
+
+
+def parse_number(text: str, what: str, lo: float, hi: float, unit: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not lo <= value <= hi:  # also false for nan
+        raise UsageError(f"{what}: {text!r} is not a number of {unit} in {lo:g}..{hi:g}")
+    return value
+
+
+def parse_ms(text: str, what: str) -> float:
+    return parse_number(text, what, MIN_INTERVAL_MS, MAX_INTERVAL_MS, "milliseconds")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the health check goes: an HTTP URL split up, or host and port for tcp."""
+
+    host: str
+    port: int
+    path: str = "/"
+
+    @property
+    def hostport(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.hostport}{self.path}"
+
+
+def parse_check_url(text: str) -> Target:
+    """An http:// URL -> Target; the port defaults to 80, the path to /."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as e:
+        raise UsageError(f"--check-url: {text!r}: {e}") from None
+    if parts.scheme != "http" or not parts.hostname:
+        raise UsageError(f"--check-url: {text!r} is not an http://HOST[:PORT]/PATH URL")
+    path = parts.path or "/"
+    if parts.query:
+        path += f"?{parts.query}"
+    return Target(parts.hostname, port if port is not None else 80, path)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything the agent runs with, checked and with defaults filled in."""
+
+    router: IPv4Address
+    router_port: int
+    source: Optional[IPv4Address]
+    service_port: int
+    token: int
+    interval_ms: float
+    check: str  # none | tcp | http
+    target: Optional[Target]  # None for check none
+    check_interval_ms: float
+    check_timeout_ms: float
+    duration_s: Optional[float]
+    rt_priority: int  # 0: normal scheduling
+    quiet: bool
+
+
+def secret_token(path: str, source: Optional[IPv4Address], router: IPv4Address, router_port: int,
+                 service_port: int) -> int:
+    """The token the router derives for this backend (a discovered one) from the service secret:
+    keyed by this backend's address (--source, else the one the kernel sends to the router from)."""
+    from controlplane.discovery.tokens import derive_token, read_secret
+    from controlplane.errors import ConfigError
+
+    try:
+        secret = read_secret(path, "--token-secret-file")
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    if source is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect((str(router), router_port))  # no packet: only the route is looked up
+            except OSError as e:
+                raise UsageError(f"--router: no route to {router}: {e.strerror}") from None
+            source = IPv4Address(s.getsockname()[0])
+    return derive_token(secret, source, service_port)
+
+
+def options(args: argparse.Namespace) -> Options:
+    """Turn parsed arguments into Options, filling the defaults that depend on others."""
+    router, router_port = parse_router(args.router)
+    source = parse_ipv4(args.source, "--source") if args.source is not None else None
+    service_port = parse_port(args.service_port, "--service-port")
+    interval_ms = parse_ms(args.interval_ms, "--interval-ms")
+    check_interval_ms = (parse_ms(args.check_interval_ms, "--check-interval-ms")
+                         if args.check_interval_ms is not None else max(interval_ms, MIN_CHECK_INTERVAL_MS))
+    check_timeout_ms = (parse_ms(args.check_timeout_ms, "--check-timeout-ms")
+                        if args.check_timeout_ms is not None
+                        else max(2 * check_interval_ms, MIN_CHECK_TIMEOUT_MS))
+    duration_s = None
+    if args.duration_s is not None:
+        duration_s = parse_number(args.duration_s, "--duration-s", 0.0, MAX_INTERVAL_MS / 1000, "seconds")
+    if not 0 <= args.rt_priority <= 99:
+        raise UsageError(f"--rt-priority: {args.rt_priority} is not in 0..99")
+    target = None
+    if args.check != "none":
+        if args.check_url is not None:
+            target = parse_check_url(args.check_url)
+        else:  # where the router sends traffic, unless told otherwise
+            target = Target(str(source or "127.0.0.1"), service_port, DEFAULT_CHECK_PATH)
+        if args.check == "tcp" and args.check_url is None:
+            target = Target(target.host, service_port)
+    elif args.check_url is not None:
+        raise UsageError("--check-url: given with --check none")
+    if (args.token is None) == (args.token_secret_file is None):
+        raise UsageError("--token: give exactly one of --token, --token-secret-file")
+    if args.token is not None:
+        token = parse_token(args.token)
+    else:
+        token = secret_token(args.token_secret_file, source, router, router_port, service_port)
+    return Options(router, router_port, source, service_port, token, interval_ms,
+                   args.check, target, check_interval_ms, check_timeout_ms, duration_s,
+                   args.rt_priority, args.quiet)
+
+
+def fmt_ms(ms: float) -> str:
+    return f"{ms:g} ms"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, as every error of this program
+        print(f"{PROG}: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Send the edge router UDP heartbeats for one backend while "
+                "its inference server's health check passes, and none while it fails. Exits 0 on "
+                "SIGTERM or SIGINT.")
+    p.add_argument("--router", required=True, metavar="ADDR[:PORT]",
+                   help=f"the router's address on this backend's link, and the service's "
+                        f"health.heartbeat.port (default {DEFAULT_ROUTER_PORT})")
+    p.add_argument("--source", metavar="ADDR",
+                   help="send from this address: the backend's address in the router's config "
+                        "(heartbeats from any other address are rejected); default: the kernel's choice")
+    p.add_argument("--service-port", required=True, metavar="PORT",
+                   help="the backend's service port in the router's config, written into each heartbeat")
+    p.add_argument("--token", metavar="TOKEN",
+                   help="the backend's token in the router's config, decimal or 0x hex")
+    p.add_argument("--token-secret-file", metavar="FILE",
+                   help="instead of --token, for a discovered backend: the service's secret "
+                        "(discovery.token_secret_file); the token is HMAC-SHA256(secret, 'ADDR:PORT') "
+                        "cut to 64 bits, ADDR being --source or the address heartbeats leave from")
+    p.add_argument("--interval-ms", default=f"{DEFAULT_INTERVAL_MS:g}", metavar="MS",
+                   help="heartbeat interval, the service's health.heartbeat.interval_ms; fractions "
+                        "allowed (default: %(default)s)")
+    p.add_argument("--check", choices=("none", "tcp", "http"), default="http",
+                   help="how to tell the server is ready: an http GET answering 2xx, a tcp connect, "
+                        "or none: always send (default: %(default)s)")
+    p.add_argument("--check-url", metavar="URL",
+                   help=f"http: the health endpoint (vLLM and TGI: /health); tcp: its host and port "
+                        f"are connected to. Default: http://SOURCE:SERVICE_PORT{DEFAULT_CHECK_PATH} "
+                        f"(SOURCE 127.0.0.1 without --source)")
+    p.add_argument("--check-interval-ms", metavar="MS",
+                   help=f"how often to check; default: the heartbeat interval, at least "
+                        f"{MIN_CHECK_INTERVAL_MS:g} ms")
+    p.add_argument("--check-timeout-ms", metavar="MS",
+                   help=f"a check not answered within this fails; default: twice the check interval, "
+                        f"at least {MIN_CHECK_TIMEOUT_MS:g} ms")
+    p.add_argument("--duration-s", metavar="S",
+                   help="stop after this many seconds (tests); default: run until signalled")
+    p.add_argument("--rt-priority", type=int, default=0, metavar="N",
+                   help="run the sender and the checker as SCHED_FIFO threads of this priority "
+                        "(1..99, needs CAP_SYS_NICE) for low jitter on a busy host; 0: normal scheduling "
+                        "(default)")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    return p

@@ -1,0 +1,507 @@
+"""The prober's check kinds, one schedule of one target each: TCP connect (the kernel's
+tcpi_rtt), HTTP GET of a health path or a metrics page on a kept-alive connection (the
+answer's kernel receive time; read with probe.http), and grpc.health.v1 Check. Each turns a
+round into a Sample (or a Load for a scrape); the engine (probe.engine) drives them."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import random
+import select
+import socket
+import struct
+import time
+from typing import TYPE_CHECKING, Callable, Optional
+
+from controlplane import config
+from controlplane.probe.http import Response
+from controlplane.probe.metrics import MetricsError, load_from, parse_metrics
+from controlplane.signals import Load, Sample
+
+if TYPE_CHECKING:
+    from controlplane.probe.engine import Prober, _Backend
+
+PROBE_RESPONSE_MAX = 65536  # a health answer longer than this is a failure ("too large")
+METRICS_RESPONSE_MAX = 8 << 20  # likewise a metrics page
+USER_AGENT = "edge-prober"
+
+_LINGER_RST = struct.pack("ii", 1, 0)
+_SO_TIMESTAMPNS = 35  # asm-generic/socket.h SO_TIMESTAMPNS_OLD (== SCM_TIMESTAMPNS); not in Python's socket
+_TS_ANCILLARY = socket.CMSG_SPACE(16)  # one struct timespec (two 64-bit fields)
+_TCP_INFO_LEN = 72  # struct tcp_info up to tcpi_rttvar
+_TCPI_RTT = 68  # offset of tcpi_rtt (microseconds) in struct tcp_info
+_TCP_SYN_SENT = 2
+_TCP_CONNECTED = (1, 8)  # ESTABLISHED, CLOSE_WAIT (the server accepted, then closed: connected all the same)
+_EPOLLIN, _EPOLLOUT, _ONESHOT = select.EPOLLIN, select.EPOLLOUT, select.EPOLLONESHOT
+_monotonic_ns = time.monotonic_ns
+
+
+# ---------------------------------------------------------------- sockets
+
+
+def _errno_word(code: int) -> str:
+    if code == errno.ECONNREFUSED:
+        return "refused"
+    if code in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED):
+        return "reset"
+    if code in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN):
+        return "unreachable"
+    if code == errno.ETIMEDOUT:
+        return "timeout"
+    return os.strerror(code).lower()
+
+
+def _new_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+    # RST on close: thousands of probes a second would otherwise leave as many TIME_WAITs.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
+    return sock
+
+
+def _disconnecter() -> Optional[Callable[[int], int]]:
+    """connect(fd, AF_UNSPEC): resets a TCP connection and leaves the socket reusable
+    (connect(2)); None where libc cannot be reached."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        connect = libc.connect
+        connect.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_uint32)
+        connect.restype = ctypes.c_int
+        unspec = ctypes.create_string_buffer(16)  # struct sockaddr, sa_family 0 (AF_UNSPEC)
+    except (ImportError, OSError, AttributeError):
+        return None
+    return lambda fd: connect(fd, unspec, 16)
+
+
+_disconnect = _disconnecter()
+
+
+# ---------------------------------------------------------------- the kinds
+
+
+class _Check:
+    """A probe or scrape schedule: starts every interval, fails at the timeout, never two at
+    once. Subclasses implement begin() and may implement on_event(), last_look(), abort()."""
+
+    def __init__(self, prober: "Prober", backend: "_Backend", interval_ms: int, timeout_ms: int):
+        self.prober = prober
+        self.backend = backend
+        self.addr = (backend.target.address, backend.target.port)
+        self.interval_ns = interval_ms * 1_000_000
+        self.timeout_ns = timeout_ms * 1_000_000
+        self.busy = False
+        self.stopped = False
+        self.round = 0
+        self.started_ns = 0
+        self.next_ns = _monotonic_ns() + int(random.random() * self.interval_ns)
+        prober._at(self.next_ns, self)
+
+    def tick(self, due_ns: int) -> None:
+        """The wheel's call at due_ns for this check's deadline or next start (an entry for
+        each; a call with nothing due does nothing)."""
+        if self.stopped:
+            return
+        if self.busy:
+            if self.started_ns + self.timeout_ns > due_ns:
+                return  # a start due before the deadline waits for the deadline's own call
+            self._deadline()
+        if self.next_ns <= due_ns:
+            self._start()
+
+    def _start(self) -> None:
+        now = _monotonic_ns()
+        self.round += 1
+        self.busy = True
+        self.started_ns = now
+        next_ns = self.next_ns + self.interval_ns
+        if next_ns <= now:  # the loop was held up: skip the missed starts, never bunch them
+            next_ns += ((now - next_ns) // self.interval_ns + 1) * self.interval_ns
+        self.next_ns = next_ns
+        self.prober._at(now + self.timeout_ns, self)
+        self.prober._at(next_ns, self)
+        try:
+            self.begin()
+        except OSError as e:  # no socket to be had (EMFILE, ENOBUFS): a failed probe too
+            self.abort()
+            self.fail(_errno_word(e.errno) if e.errno else str(e))
+        except Exception as e:  # a bug here must not stop the other probes of this tick
+            self._fault(e)
+
+    def _deadline(self) -> None:
+        try:
+            self.last_look()  # an answer the loop has not read yet still counts
+        except Exception as e:
+            self._fault(e)
+        if self.busy:
+            self.abort()
+            self.fail("timeout")
+
+    def _fault(self, e: Exception) -> None:
+        self.prober._report(f"prober: {type(self).__name__} of {self.backend.target.key!r} failed", e)
+        try:
+            self.abort()
+        except Exception:
+            pass  # reported above; the round fails all the same
+        if self.busy:
+            self.fail(f"prober error: {type(e).__name__}")
+
+    def finish(self, rtt_ns: int) -> None:
+        """The probe succeeded with this RTT (a timeout if it is longer than the timeout)."""
+        if rtt_ns > self.timeout_ns:
+            self.fail("timeout")
+            return
+        self.busy = False
+        self.backend.sample(Sample(self.started_ns, True, rtt_ns / 1e9))
+
+    def fail(self, error: str) -> None:
+        self.busy = False
+        self.backend.sample(Sample(self.started_ns, False, None, error))
+
+    def begin(self) -> None:
+        raise NotImplementedError
+
+    def on_event(self, events: int) -> None:
+        pass
+
+    def last_look(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.busy = False
+        self.abort()
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+
+class _TcpCheck(_Check):
+    """Connect, note tcpi_rtt, reset the connection; one socket reused when it can be."""
+
+    def __init__(self, *args) -> None:
+        self.sock: Optional[socket.socket] = None
+        self.fd = -1
+        self.armed_once = False
+        self.t0 = 0
+        super().__init__(*args)
+
+    def begin(self) -> None:
+        sock = self.sock
+        if sock is None:
+            sock = self.sock = _new_socket()
+            self.fd = sock.fileno()
+            self.armed_once = False
+            self.prober._watch(self.fd, self.on_event)
+        self.t0 = _monotonic_ns()
+        err = sock.connect_ex(self.addr)
+        if err != errno.EINPROGRESS:
+            self._connected(err)
+            return
+        if self.armed_once:
+            self.prober._ep.modify(self.fd, _EPOLLOUT | _ONESHOT)
+        else:
+            self.prober._ep.register(self.fd, _EPOLLOUT | _ONESHOT)
+            self.armed_once = True
+
+    def on_event(self, events: int) -> None:
+        if self.busy:
+            self._connected(0)
+
+    def last_look(self) -> None:
+        if self.sock is not None:
+            self._connected(0, waiting=True)
+
+    def _connected(self, err: int, waiting: bool = False) -> None:
+        info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+        if info[0] in _TCP_CONNECTED:
+            rtt_ns = struct.unpack_from("I", info, _TCPI_RTT)[0] * 1000 or _monotonic_ns() - self.t0
+            self._release()
+            self.finish(rtt_ns)
+            return
+        if info[0] == _TCP_SYN_SENT and not err:
+            if not waiting:  # woken without a result: wait on
+                self.prober._ep.modify(self.fd, _EPOLLOUT | _ONESHOT)
+            return
+        err = err or self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        self._release()
+        self.fail(_errno_word(err) if err else "closed")
+
+    def _release(self) -> None:
+        """Make the socket ready for the next connect, or drop it."""
+        if _disconnect is None or _disconnect(self.fd) != 0:
+            self.close()
+
+    def abort(self) -> None:
+        if self.sock is not None:
+            self._release()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.prober._drop(self.fd, self.sock)
+            self.sock = None
+            self.fd = -1
+
+
+class _HttpCheck(_Check):
+    """GET path over a kept-alive connection: a health probe (2xx is ok) or, with scrape,
+    a metrics scrape that ends in a Load."""
+
+    def __init__(self, prober: "Prober", backend: "_Backend", interval_ms: int, timeout_ms: int,
+                 path: str, scrape: bool):
+        target = backend.target
+        self.request = (f"GET {path} HTTP/1.1\r\nHost: {target.address}:{target.port}\r\n"
+                        f"User-Agent: {USER_AGENT}\r\nAccept: text/plain, */*\r\n\r\n").encode()
+        self.scrape = scrape
+        self.sock: Optional[socket.socket] = None
+        self.fd = -1
+        self.connecting = False
+        self.stamps = False  # SO_TIMESTAMPNS is on: read with recvmsg for the receive time
+        self.reused = False  # this round's request went on a connection an earlier round used
+        self.reply = Response(METRICS_RESPONSE_MAX if scrape else PROBE_RESPONSE_MAX, keep_body=scrape)
+        self.sent_ns = 0
+        self.sent_real_ns = 0
+        self.rx_real_ns = 0
+        self.connections = 0  # made so far (tests check that they are reused)
+        super().__init__(prober, backend, interval_ms, timeout_ms)
+
+    # -- connection
+
+    def begin(self) -> None:
+        if self.sock is None:
+            self._connect()
+        else:
+            self.reused = True
+            self._send()
+
+    def _connect(self) -> None:
+        self.reused = False
+        sock = self.sock = _new_socket()
+        self.fd = sock.fileno()
+        self.connections += 1
+        if not self.scrape:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                self.stamps = True
+            except OSError:
+                self.stamps = False
+        self.prober._watch(self.fd, self.on_event)
+        err = sock.connect_ex(self.addr)
+        if err not in (0, errno.EINPROGRESS):
+            self._lost(_errno_word(err))
+            return
+        self.connecting = True
+        self.prober._ep.register(self.fd, _EPOLLOUT)
+
+    def on_event(self, events: int) -> None:
+        if self.connecting:
+            err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err or not events & _EPOLLOUT:
+                self._lost(_errno_word(err) if err else "closed")
+                return
+            self.connecting = False
+            self.prober._ep.modify(self.fd, _EPOLLIN)
+            if self.busy:
+                self._send()
+            return
+        self._read()
+
+    def _send(self) -> None:
+        self.reply.start()
+        self.rx_real_ns = 0
+        self.sent_real_ns = time.time_ns()  # the kernel stamps receptions on CLOCK_REALTIME
+        self.sent_ns = _monotonic_ns()
+        try:
+            sent = self.sock.send(self.request)
+        except OSError as e:
+            self._broken(_errno_word(e.errno) if e.errno else "closed")
+            return
+        if sent != len(self.request):  # a few hundred bytes on an idle connection: never short
+            self._lost("send blocked")
+
+    def _read(self) -> None:
+        view = self.prober._rview  # one buffer for all reads: recv(n) would malloc n bytes each time
+        try:
+            if self.stamps:
+                size, ancillary, _, _ = self.sock.recvmsg_into((view,), _TS_ANCILLARY)
+                if ancillary and len(ancillary[-1][2]) >= 16:
+                    sec, nsec = struct.unpack_from("qq", ancillary[-1][2])
+                    self.rx_real_ns = sec * 1_000_000_000 + nsec
+            else:
+                size = self.sock.recv_into(view)
+            data = view[:size].tobytes()
+        except BlockingIOError:
+            return
+        except OSError as e:
+            self._broken(_errno_word(e.errno) if e.errno else "closed")
+            return
+        if not data:
+            self._eof()
+            return
+        if not self.busy:  # bytes nobody asked for, or the late answer of a timed-out round
+            self.close()
+            return
+        try:
+            done = self.reply.feed(data)
+        except ValueError as e:
+            self._lost(str(e))
+            return
+        if done:
+            self._answer()
+        else:
+            self._quickack()
+
+    def last_look(self) -> None:
+        if self.sock is not None and not self.connecting:
+            self._read()
+
+    # -- answers
+
+    def _quickack(self) -> None:
+        # A server that writes head and body apart with Nagle on waits for our ACK of the
+        # head; Linux would delay that ACK by up to 40 ms. Ask for it now (rare path).
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        except OSError:
+            pass
+
+    def _answer(self) -> None:
+        now = _monotonic_ns()
+        status, body = self.reply.status, self.reply.body
+        if not self.reply.keep:
+            self.close()
+        if self.scrape:
+            self._scraped(status, body)
+            return
+        rtt_ns = now - self.sent_ns
+        if self.rx_real_ns:
+            kernel_ns = self.rx_real_ns - self.sent_real_ns
+            if 0 < kernel_ns <= rtt_ns:  # else the wall clock was stepped between: keep ours
+                rtt_ns = kernel_ns
+        if 200 <= status < 300:
+            self.finish(rtt_ns)
+        else:
+            self.fail(f"HTTP {status}")
+
+    def _scraped(self, status: int, body: bytes) -> None:
+        self.busy = False
+        if not 200 <= status < 300:
+            load = Load(t_ns=self.started_ns, ok=False, error=f"HTTP {status}")
+        else:
+            try:
+                load = load_from(parse_metrics(body), self.started_ns)
+            except MetricsError as e:
+                load = Load(t_ns=self.started_ns, ok=False, error=str(e))
+        self.backend.load(load)
+
+    # -- failures
+
+    def _eof(self) -> None:
+        if self.busy and self.reply.eof():
+            self._answer()
+        else:
+            self._broken("closed")
+
+    def _broken(self, error: str) -> None:
+        """The connection died under a request: once more on a new one if the server may
+        just have closed an idle kept-alive connection, else the round fails."""
+        if self.busy and self.reused and not self.reply.begun:
+            self.close()
+            self._connect()
+            return
+        self._lost(error)
+
+    def _lost(self, error: str) -> None:
+        self.close()
+        if self.busy:
+            self.fail(error)
+
+    def fail(self, error: str) -> None:
+        if self.scrape:
+            self.busy = False
+            self.backend.load(Load(t_ns=self.started_ns, ok=False, error=error))
+        else:
+            super().fail(error)
+
+    def abort(self) -> None:
+        self.close()  # a late answer must not be read as the next round's
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.prober._drop(self.fd, self.sock)
+            self.sock = None
+            self.fd = -1
+            self.connecting = False
+            self.reply.start()
+
+
+class _GrpcCheck(_Check):
+    """grpc.health.v1.Health/Check over one channel per target; ok iff SERVING."""
+
+    def __init__(self, prober: "Prober", backend: "_Backend", probe: config.Probe):
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        self.grpc, self.health_pb2 = grpc, health_pb2
+        target = backend.target
+        self.channel = grpc.aio.insecure_channel(f"{target.address}:{target.port}", options=[
+            # Retry a dead backend's connection at about the probe rate, not after minutes.
+            ("grpc.initial_reconnect_backoff_ms", probe.interval_ms),
+            ("grpc.min_reconnect_backoff_ms", probe.interval_ms),
+            ("grpc.max_reconnect_backoff_ms", max(probe.interval_ms, 1000)),
+        ])
+        self.check = health_pb2_grpc.HealthStub(self.channel).Check
+        self.request = health_pb2.HealthCheckRequest(service=probe.grpc_service)
+        self.task: Optional[asyncio.Task] = None
+        super().__init__(prober, backend, probe.interval_ms, probe.timeout_ms)
+
+    def begin(self) -> None:
+        self.task = self.prober._loop.create_task(self._call(self.round))
+
+    async def _call(self, round_: int) -> None:
+        t0 = _monotonic_ns()
+        try:
+            reply = await self.check(self.request, timeout=self.timeout_ns / 1e9)
+        except self.grpc.aio.AioRpcError as e:
+            if self.busy and round_ == self.round:
+                self.fail(self._word(e))
+            return
+        except Exception as e:  # grpc's own errors outside AioRpcError: a failed probe
+            if self.busy and round_ == self.round:
+                self.fail(f"grpc {type(e).__name__}")
+            return
+        rtt_ns = _monotonic_ns() - t0
+        if not (self.busy and round_ == self.round):
+            return
+        serving = self.health_pb2.HealthCheckResponse.SERVING
+        if reply.status == serving:
+            self.finish(rtt_ns)
+        else:
+            self.fail(self.health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+    def _word(self, e) -> str:
+        code = e.code()
+        if code == self.grpc.StatusCode.DEADLINE_EXCEEDED:
+            return "timeout"
+        if code == self.grpc.StatusCode.UNAVAILABLE:
+            return "refused" if "refused" in (e.details() or "").lower() else "unavailable"
+        return f"grpc {code.name}"
+
+    def abort(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    async def aclose(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except asyncio.CancelledError:
+                pass
+        await self.channel.close()
