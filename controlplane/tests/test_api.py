@@ -1,4 +1,4 @@
-"""controlplane.api: generated modules, every RPC through a real socket, status codes,
+"""controlplane.api: every RPC through a real socket, status codes,
 socket permissions, mutual TLS, and edgectl's API commands as a subprocess.
 
 The daemon is a stand-in (FakeDaemon) holding plain data; the server, client,
@@ -32,7 +32,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from controlplane import abi, cli
-from controlplane.api import _gen, convert, edge_pb2, edge_pb2_grpc, server
+from controlplane.api import convert, edge_pb2, edge_pb2_grpc, server
 from controlplane.api.client import Client, Tls
 from controlplane.config import ApiTls, Node, parse_config
 from controlplane.edged import Events
@@ -256,60 +256,6 @@ def edgectl(*args: str, timeout_s: float = 20.0, **kw) -> subprocess.CompletedPr
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "controlplane", *args], capture_output=True, text=True,
                           timeout=timeout_s, env=env, cwd=kw.pop("cwd", REPO), **kw)
-
-
-# ---------------------------------------------------------------- generated modules
-
-
-def test_modules_are_generated_from_a_clean_state_and_again_when_the_stamp_is_stale(tmp_path):
-    proto = tmp_path / "src" / _gen.PROTO_NAME
-    proto.parent.mkdir(parents=True)
-    shutil.copy(_gen.PROTO, proto)
-    dest = tmp_path / "gen"
-
-    _gen.ensure(dest, proto)
-    assert (dest / _gen.STAMP).read_text() == _gen.stamp(proto)
-    grpc_py = (dest / "edge_pb2_grpc.py").read_text()
-    assert "from . import edge_pb2 as " in grpc_py and "class EdgeStub" in grpc_py
-    compile((dest / "edge_pb2.py").read_text(), "edge_pb2.py", "exec")
-
-    (dest / "edge_pb2.py").write_text("broken = True\n")
-    _gen.ensure(dest, proto)  # the stamp still matches: nothing is regenerated
-    assert (dest / "edge_pb2.py").read_text() == "broken = True\n"
-
-    (dest / _gen.STAMP).write_text("proto-sha256 0000\n")
-    _gen.ensure(dest, proto)
-    assert "broken" not in (dest / "edge_pb2.py").read_text()
-    assert (dest / _gen.STAMP).read_text() == _gen.stamp(proto)
-
-    proto.write_text(proto.read_text() + "\nmessage Added {}\n")  # a changed proto changes the stamp
-    assert not _gen.is_fresh(dest, proto)
-    _gen.ensure(dest, proto)
-    assert "_globals['_ADDED']" in (dest / "edge_pb2.py").read_text()
-    assert sorted(p.name for p in dest.iterdir()) == [".lock", "STAMP", "edge_pb2.py", "edge_pb2_grpc.py"]
-
-
-def test_modules_go_to_the_next_directory_when_one_cannot_be_written(tmp_path):
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    chosen = _gen.find_or_generate([blocker / "gen", tmp_path / "cache"])
-    assert chosen == tmp_path / "cache" and _gen.is_fresh(chosen)
-
-
-def test_no_writable_directory_is_one_line(tmp_path):
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    with pytest.raises(EdgeError, match=r"^api: cannot generate the gRPC modules anywhere \(.*not-a-dir/gen: "):
-        _gen.find_or_generate([blocker / "gen"])
-
-
-def test_generated_modules_are_git_ignored_and_not_committed():
-    out = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "controlplane/api/_generated/edge_pb2.py"],
-                         timeout=10)
-    assert out.returncode == 0
-    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "controlplane/api"], capture_output=True,
-                             text=True, timeout=10).stdout.split()
-    assert not [p for p in tracked if p.endswith("_pb2.py") or p.endswith("_pb2_grpc.py")]
 
 
 # ---------------------------------------------------------------- conversion
