@@ -244,11 +244,12 @@ RELOAD_CHANGES = (("added_services", "services added"), ("removed_services", "se
 
 
 def cmd_reload(args) -> int:
-    path = args.config
-    if path and not args.api:  # edged resolves paths from its own directory, not ours
-        path = os.path.abspath(path)
+    from controlplane.config import read_config_text
+
+    # edged reads no file a client names: the text goes in the request
+    text = read_config_text(args.config) if args.config else None
     with _client(args) as edged:
-        summary = edged.reload(path)
+        summary = edged.reload(text)
     if args.json:
         json.dump(summary, sys.stdout, indent=2)
         print()
@@ -397,10 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_weight)
 
     s = sub.add_parser("reload", help="make edged read its config again",
-                       description="Ask edged to read its config file again (or FILE) and apply the "
-                                   "difference; established flows are kept. An invalid config is refused "
-                                   "with the reason, and the running one stays.")
-    s.add_argument("--config", metavar="FILE", help="another config file for edged to use (a path on edged's host)")
+                       description="Ask edged to read its config file again (or to apply FILE, which "
+                                   "edgectl reads and sends) and apply the difference; established flows "
+                                   "are kept. An invalid config is refused with the reason, and the running "
+                                   "one stays. A config sent with --config is not written to edged's file: "
+                                   "a SIGHUP or a restart of edged reads that file again.")
+    s.add_argument("--config", metavar="FILE",
+                   help="a config file here, at most 1 MiB; its text is sent to edged")
     s.add_argument("--json", action="store_true", help="print what changed as JSON")
     _api_args(s)
     s.set_defaults(func=cmd_reload)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from controlplane import __version__, abi, deploy, loader, metrics, sdnotify, weights
-from controlplane.config import Config, Service, load_config
+from controlplane.config import Config, Service, load_config, load_config_text
 from controlplane.errors import ConfigError, EdgeError
 from controlplane.api import server as api_server
 from controlplane.discovery.supervisor import Supervisor, secrets_of
@@ -437,13 +437,16 @@ class Daemon:
                     b["edged"] = self.backend_view(svc["name"], b["name"], now)
         return snap
 
-    async def reload(self, path: str | None = None) -> dict:
-        """Validates the config at path (default: the one edged started with) and applies it
-        as a diff. A bad config raises ConfigError and changes nothing. Removed backends and
-        services drain: weight 0, connections kept until idle or drain_timeout_ms."""
+    async def reload(self, text: str | None = None) -> dict:
+        """Validates a config and applies it as a diff: the text given (over the API), else
+        the file edged was started with; never another file. A bad config raises ConfigError
+        and changes nothing. Removed backends and services drain: weight 0, connections kept
+        until idle or drain_timeout_ms."""
         self.notify.reloading()
         try:
-            summary = await self._reload(path)
+            # Reading (at most 1 MiB, refusing FIFOs and devices) and parsing run off the loop.
+            new, source = await asyncio.to_thread(self._read_config, text)
+            summary = await self._reload(new, source)
         except EdgeError as e:
             self.events.emit("reload-rejected", f"reload rejected, the running config stays: {e}", error=str(e))
             self.notify.ready(f"reload failed: {e}; running the previous config")
@@ -451,11 +454,14 @@ class Daemon:
         self.notify.ready(f"reloaded; steering {len(self.cfg.services)} services on {self.iface}")
         return summary
 
-    async def _reload(self, path: str | None) -> dict:
-        path = path or self.config_path
-        if path is None:
-            raise ConfigError("reload: edged was started without a config file")
-        new = load_config(path)
+    def _read_config(self, text: str | None) -> tuple[Config, str]:
+        if text is not None:
+            return load_config_text(text), "config text from the API"
+        if self.config_path is None:
+            raise ConfigError("reload: edged was started without a config file; send the config's text")
+        return load_config(self.config_path), self.config_path
+
+    async def _reload(self, new: Config, source: str) -> dict:
         for key in ("maglev_m", "max_services", "max_backends", "ct_size", "pin_dir", "xdp_mode"):
             if getattr(new.node, key) != getattr(self.cfg.node, key):
                 raise ConfigError(f"node.{key}: changed from {getattr(self.cfg.node, key)} to "
@@ -467,8 +473,6 @@ class Daemon:
             self.static_cfg = new
         self.discovery.configure(new, secrets)
         self.discovery.start()
-        if path != self.config_path and path is not None:
-            self.config_path = path
         summary = {
             "added_services": report.added_services,
             "removed_services": [],
@@ -477,7 +481,7 @@ class Daemon:
             "removed_backends": [],
             "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving),
         }
-        self.events.emit("reload", f"reloaded {path}: " + "; ".join(
+        self.events.emit("reload", f"reloaded {source}: " + "; ".join(
             f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in summary.items() if v) or "no change",
                          **{k: ",".join(v) for k, v in summary.items()})
         return summary

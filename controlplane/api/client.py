@@ -142,9 +142,10 @@ class Client:
         """Pins backend's weight; None clears the override."""
         self._call("SetWeight", edge_pb2.SetWeightRequest(service=service, backend=backend, weight=weight))
 
-    def reload(self, config_path: str | None = None) -> dict:
-        """What changed: added_services, removed_services, ... (lists of names)."""
-        msg = self._call("Reload", edge_pb2.ReloadRequest(config_path=config_path),
+    def reload(self, config_text: str | None = None) -> dict:
+        """Applies config_text, or else edged's own config file read again. What changed:
+        added_services, removed_services, ... (lists of names)."""
+        msg = self._call("Reload", edge_pb2.ReloadRequest(config_text=config_text),
                          max(self.timeout_s, RELOAD_TIMEOUT_S))
         return convert.to_dict(msg)
 

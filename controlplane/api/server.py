@@ -10,7 +10,7 @@ says SERVING from start() until stop(). In edged, on its asyncio loop:
     await handle.stop(grace_s=1.0)
 
 daemon is duck-typed: cfg, events (subscribe/unsubscribe/recent), snapshot(),
-drain(), undrain(), set_override(), async reload(); see edged.Daemon.
+drain(), undrain(), set_override(), async reload(text=None), config_path; see edged.Daemon.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from controlplane import __version__
 from controlplane.api import convert, edge_pb2, edge_pb2_grpc
+from controlplane.config import MAX_CONFIG_BYTES
 from controlplane.errors import ConfigError, EdgeError
 
 SERVICE_NAME = "edge.v1.Edge"  # the name grpc.health.v1 reports it under
@@ -132,10 +133,19 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
 
     async def Reload(self, request, context):
         async def work():
-            path = request.config_path if request.HasField("config_path") else None
-            if path is not None and not os.path.isabs(path):
-                raise ConfigError(f"config_path: expected an absolute path, got {path!r}")
-            summary = await self.daemon.reload(path)
+            if request.HasField("config_text"):
+                size = len(request.config_text.encode("utf-8"))
+                if size > MAX_CONFIG_BYTES:
+                    raise ConfigError(f"config_text: {size} bytes, more than the {MAX_CONFIG_BYTES} "
+                                      f"a config may have")
+                summary = await self.daemon.reload(request.config_text)
+            else:
+                # Older clients name a file; edged reads no file a client names but its own.
+                own = getattr(self.daemon, "config_path", None)
+                if request.HasField("config_path") and request.config_path != own:
+                    raise ConfigError(f"config_path: edged reloads only the file it was started with "
+                                      f"({own or 'none'}); send the config's text instead")
+                summary = await self.daemon.reload()
             return convert.fill(edge_pb2.ReloadResponse(), summary or {})
 
         return await self._answer(context, "Reload", work)
@@ -288,7 +298,9 @@ async def start(daemon: Any, node: Any, *, unix: bool = True) -> ApiServer:
     (ConfigError for bad settings) with nothing left listening.
     """
     # SO_REUSEPORT (grpc's default) would let a second edged share the TCP port silently.
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # The largest request is a Reload with a config's text (at most MAX_CONFIG_BYTES).
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                      ("grpc.max_receive_message_length", MAX_CONFIG_BYTES + 64 * 1024)])
     servicer = EdgeServicer(daemon)
     edge_pb2_grpc.add_EdgeServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()

@@ -159,11 +159,13 @@ class FakeDaemon:
         self._check(service, backend)
         self.calls.append(("set_override", service, backend, weight))
 
-    async def reload(self, path: str | None = None) -> dict:
+    config_path = "/etc/edge/edge.yaml"  # the file edged was started with
+
+    async def reload(self, text: str | None = None) -> dict:
         self._check("chat")
-        self.calls.append(("reload", path))
+        self.calls.append(("reload", text))
         await asyncio.sleep(0)
-        if path == "/invalid.yaml":
+        if text is not None and "70000" in text:
             raise ConfigError("services[0].port: 70000 is not a port")
         return {"added_services": ["embed"], "removed_services": [], "updated_services": ["chat"],
                 "added_backends": ["chat/b2"], "removed_backends": ["chat/b1"], "draining_backends": ["chat/b1"]}
@@ -318,8 +320,38 @@ def test_reload_returns_what_changed(edged):
         assert c.reload() == {"added_services": ["embed"], "removed_services": [], "updated_services": ["chat"],
                               "added_backends": ["chat/b2"], "removed_backends": ["chat/b1"],
                               "draining_backends": ["chat/b1"]}
-        c.reload("/etc/edge/other.yaml")
-    assert edged.daemon.calls == [("reload", None), ("reload", "/etc/edge/other.yaml")]
+        c.reload(config_text="version: 1\n")
+    assert edged.daemon.calls == [("reload", None), ("reload", "version: 1\n")]
+
+
+def _raw_reload(edged, **fields) -> tuple[str, str]:
+    """Reload as any client may send it (older ones send config_path); (code, details)."""
+    with grpc.insecure_channel(f"unix:{edged.path}") as channel:
+        try:
+            edge_pb2_grpc.EdgeStub(channel).Reload(edge_pb2.ReloadRequest(**fields), timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as e:
+            return e.code().name, e.details()
+    return "OK", ""
+
+
+def test_reload_never_takes_a_path_other_than_edgeds_own(edged):
+    """A client naming another file (/etc/shadow, a FIFO, /dev/zero) is refused before edged
+    touches it; naming edged's own file is the same as naming none (older clients do that)."""
+    for path in ("/etc/shadow", "/dev/zero", "relative.yaml", "/etc/edge/../edge/edge.yaml"):
+        code, details = _raw_reload(edged, config_path=path)
+        assert (code, details) == ("INVALID_ARGUMENT", "config_path: edged reloads only the file it was "
+                                   "started with (/etc/edge/edge.yaml); send the config's text instead")
+    assert edged.daemon.calls == []
+    assert _raw_reload(edged, config_path="/etc/edge/edge.yaml") == ("OK", "")
+    assert edged.daemon.calls == [("reload", None)]
+
+
+def test_reload_text_is_capped_at_one_mib(edged):
+    big = "#" * (1024 * 1024) + "\n"
+    assert _raw_reload(edged, config_text=big) == (
+        "INVALID_ARGUMENT", "config_text: 1048577 bytes, more than the 1048576 a config may have")
+    assert _raw_reload(edged, config_text="x" * (8 * 1024 * 1024))[0] == "RESOURCE_EXHAUSTED"
+    assert edged.daemon.calls == []
 
 
 @pytest.mark.parametrize("call, code, message", [
@@ -328,11 +360,9 @@ def test_reload_returns_what_changed(edged):
     (lambda c: c.drain("", "b0"), "INVALID_ARGUMENT", "service: required"),
     (lambda c: c.set_weight("chat", "", 1), "INVALID_ARGUMENT", "backend: required"),
     (lambda c: c.set_weight("chat", "b0", 65536), "INVALID_ARGUMENT", "weight: 65536 is out of range 0..65535"),
-    (lambda c: c.reload("/invalid.yaml"), "INVALID_ARGUMENT", "services[0].port: 70000 is not a port"),
-    (lambda c: c.reload("relative.yaml"), "INVALID_ARGUMENT",
-     "config_path: expected an absolute path, got 'relative.yaml'"),
+    (lambda c: c.reload(config_text="port: 70000"), "INVALID_ARGUMENT", "services[0].port: 70000 is not a port"),
 ], ids=["unknown backend", "unknown service", "no service", "no backend", "weight too large",
-        "invalid config", "relative config path"])
+        "invalid config"])
 def test_refused_requests_have_their_status_code_and_one_line(edged, call, code, message):
     with edged.client() as c, pytest.raises(ApiError) as caught:
         call(c)
@@ -622,14 +652,22 @@ def test_edgectl_errors_are_one_line(edged, sockdir):
     assert edged.daemon.calls == []
 
 
-def test_edgectl_reload_sends_an_absolute_path(edged, tmp_path):
+def test_edgectl_reload_sends_the_files_text(edged, tmp_path):
+    (tmp_path / "edge.yaml").write_text("version: 1\n")
     out = edgectl("reload", "--config", "edge.yaml", "--socket", edged.path, cwd=tmp_path)
     assert (out.returncode, out.stderr) == (0, "")
     assert out.stdout == ("reloaded: services added: embed; services updated: chat; backends added: chat/b2; "
                           "backends removed: chat/b1; backends draining: chat/b1\n")
-    bad = edgectl("reload", "--config", "/invalid.yaml", "--socket", edged.path)
+    (tmp_path / "invalid.yaml").write_text("port: 70000\n")
+    bad = edgectl("reload", "--config", str(tmp_path / "invalid.yaml"), "--socket", edged.path)
     assert (bad.returncode, bad.stderr) == (1, "edgectl: services[0].port: 70000 is not a port\n")
-    assert edged.daemon.calls == [("reload", str(tmp_path / "edge.yaml")), ("reload", "/invalid.yaml")]
+    plain = edgectl("reload", "--socket", edged.path)
+    assert (plain.returncode, plain.stderr) == (0, "")
+    assert edged.daemon.calls == [("reload", "version: 1\n"), ("reload", "port: 70000\n"), ("reload", None)]
+    os.mkfifo(tmp_path / "fifo")  # edgectl reads the file itself, with the same cap and checks
+    fifo = edgectl("reload", "--config", str(tmp_path / "fifo"), "--socket", edged.path)
+    assert (fifo.returncode, fifo.stderr) == (1, f"edgectl: config: {tmp_path / 'fifo'} is not a regular file\n")
+    assert len(edged.daemon.calls) == 3
 
 
 def _start_edgectl(*args: str) -> subprocess.Popen:
