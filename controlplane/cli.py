@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -270,6 +271,17 @@ def cmd_events(args) -> int:
         raise EdgeError(f"--count: {args.count} is not a positive number")
     with _client(args) as edged:
         stream = edged.events(tuple(args.kind or ()), args.recent)
+        interrupted = []
+
+        def on_ctrl_c(signum, frame):
+            # Ctrl-C is how a watch ends: cancel the call and let the loop end by itself.
+            # A KeyboardInterrupt raised anywhere inside grpc's iterator could leave it
+            # holding a lock, and closing the channel would then wait for ever.
+            interrupted.append(signum)
+            signal.signal(signal.SIGINT, previous)  # a second Ctrl-C interrupts as usual
+            stream.cancel()
+
+        previous = signal.signal(signal.SIGINT, on_ctrl_c)
         seen = 0
         try:
             for event in stream:
@@ -277,13 +289,17 @@ def cmd_events(args) -> int:
                 seen += 1
                 if args.count and seen >= args.count:
                     return 0
-        except KeyboardInterrupt:  # Ctrl-C is how a watch ends
+        except KeyboardInterrupt:  # a second Ctrl-C
             return 0
         except BrokenPipeError:  # `edgectl events | head`: the reader is gone
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
         finally:
+            if signal.getsignal(signal.SIGINT) is on_ctrl_c:
+                signal.signal(signal.SIGINT, previous)
             stream.close()
+        if interrupted:
+            return 0
     raise EdgeError("edged ended the event stream (it is stopping)")
 
 

@@ -15,7 +15,6 @@ import grp
 import os
 import socket
 from dataclasses import dataclass
-from typing import Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -149,18 +148,11 @@ class Client:
                          max(self.timeout_s, RELOAD_TIMEOUT_S))
         return convert.to_dict(msg)
 
-    def events(self, kinds: tuple[str, ...] = (), recent: int = 0) -> Iterator[dict]:
+    def events(self, kinds: tuple[str, ...] = (), recent: int = 0) -> "EventStream":
         """edged's events from now on (after up to `recent` earlier ones), until edged
-        ends the stream or the iterator is closed."""
+        ends the stream or it is cancelled."""
         call = self.stub.WatchEvents(edge_pb2.WatchEventsRequest(kinds=list(kinds), recent=recent))
-        try:
-            for msg in call:
-                yield convert.event_from_proto(msg)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                raise self._error(e, "WatchEvents") from None
-        finally:
-            call.cancel()
+        return EventStream(self, call)
 
     def health(self, service: str = "") -> str:
         """grpc.health.v1 Check: SERVING, NOT_SERVING, ..."""
@@ -170,3 +162,32 @@ class Client:
         except grpc.RpcError as e:
             raise self._error(e, "Check") from None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+class EventStream:
+    """An iterator of edged's events (dicts). cancel() ends it: the iteration stops
+    quietly. cancel() may be called from another thread or from a signal handler,
+    which is how a watch should end on Ctrl-C: a KeyboardInterrupt raised at an
+    arbitrary point inside grpc's iterator can interrupt it while it holds its
+    locks (grpc/grpc#19464 recommends cancelling the call from a handler)."""
+
+    def __init__(self, client: Client, call):
+        self._client = client
+        self._call = call
+
+    def __iter__(self) -> "EventStream":
+        return self
+
+    def __next__(self) -> dict:
+        try:
+            msg = next(self._call)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.CANCELLED:
+                raise StopIteration from None
+            raise self._client._error(e, "WatchEvents") from None
+        return convert.event_from_proto(msg)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    close = cancel

@@ -709,6 +709,37 @@ def test_edgectl_events_ends_quietly_on_ctrl_c(edged):
     wait_until(lambda: edged.subscribers() == 0, what="edged to drop the watch")
 
 
+def test_edgectl_events_ends_quietly_on_ctrl_c_in_the_middle_of_a_fast_stream(edged):
+    """Ctrl-C while events pour in lands anywhere in grpc's iterator; edgectl still ends at
+    once with status 0 and nothing on stderr (it cancels the call instead of raising there)."""
+    for attempt in range(5):
+        proc = _start_edgectl("events", "--socket", edged.path)
+        stop = threading.Event()
+
+        def pump():
+            for n in range(20000):  # bounded: stops by itself
+                if stop.is_set():
+                    return
+                edged.emit("weights", f"chat: weights push {n}", service="chat")
+
+        pumper = threading.Thread(target=pump, daemon=True)
+        try:
+            wait_until(edged.subscribers, timeout_s=15, what="edgectl to subscribe")
+            pumper.start()
+            for _ in range(20 + 40 * attempt):
+                assert select.select([proc.stdout], [], [], 10)[0], "no event line within 10s"
+                proc.stdout.readline()
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=10)
+        finally:
+            stop.set()
+            proc.kill()
+            proc.wait(5)
+            pumper.join(10) if pumper.is_alive() else None
+        assert (proc.returncode, err) == (0, ""), f"attempt {attempt}"
+        wait_until(lambda: edged.subscribers() == 0, what="edged to drop the watch")
+
+
 def test_edgectl_status_shows_edgeds_view(edged):
     out = edgectl("status", "--json", "--socket", edged.path)
     assert (out.returncode, out.stderr) == (0, "")
