@@ -86,7 +86,12 @@ class Client:
         path = self.socket_path
         if path is None:
             return NotRunning(f"cannot reach edged at {self.target}: {details}")
-        if not os.path.exists(path):
+        try:
+            os.stat(path)
+        except PermissionError:
+            return ApiError(f"{path}: permission denied (a directory above the socket is closed to this user)",
+                            "UNAVAILABLE")
+        except OSError:
             return NotRunning(f"edged is not running (no API socket at {path})")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         probe.settimeout(1.0)
