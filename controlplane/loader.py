@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import re
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -95,6 +96,32 @@ def check_bpffs(pin_dir: str) -> None:
             f"which remounts /sys, use 'nsenter --net=/run/netns/NAME' instead, "
             f"or mount one: mount -t bpf bpf /sys/fs/bpf"
         )
+
+
+def check_pin_dir(pin_dir: str, pin_path: Path) -> None:
+    """Raises LoaderError unless every directory from pin_dir down to pin_path that exists
+    is one only root (or we) can change: owned by root or this user, writable by no group
+    or other users, and no symlink. Maps pinned where another user can write could be
+    unpinned and replaced under the router. Directories above pin_dir may be shared if
+    sticky (bpffs is often mounted 1777, like /tmp)."""
+    base = Path(pin_dir)
+    rel = pin_path.relative_to(base).parts
+    chain = [base, *(base.joinpath(*rel[:i + 1]) for i in range(len(rel)))]
+    for d in [*reversed(base.parents), *chain]:
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            return  # deploy makes it, and everything below it, itself
+        where = f"node.pin_dir: {d}"
+        if stat.S_ISLNK(st.st_mode) and d in chain:
+            raise LoaderError(f"{where} is a symbolic link; pins go in a real directory")
+        if st.st_uid not in (0, os.geteuid()):
+            raise LoaderError(f"{where} is owned by uid {st.st_uid}, not root; remove it or chown it to root")
+        loose = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if loose and (d in chain or not st.st_mode & stat.S_ISVTX):
+            who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+            raise LoaderError(f"{where} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); "
+                              f"chmod go-w it")
 
 
 def netns_id() -> int:
