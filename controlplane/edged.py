@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 from controlplane import __version__, abi, deploy, loader, metrics, sdnotify, weights
 from controlplane.config import Config, Service, load_config, load_config_text
-from controlplane.errors import ConfigError, EdgeError
+from controlplane.errors import CompileError, ConfigError, EdgeError
 from controlplane.api import server as api_server
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.prober import Prober, Target
@@ -41,6 +41,9 @@ STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
 LEAVING_IDLE_S = 3.0  # a removed backend with no packets this long has no connections left
 EVENTS_KEPT = 512
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
+# Exit status when the data path cannot be compiled (kernel headers missing after a kernel
+# change): edged.service's RestartPreventExitStatus, since a restart would fail the same way.
+EXIT_CANNOT_COMPILE = 3
 
 
 def _log(line: str) -> None:
@@ -734,6 +737,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config)
         iface = pick_iface(cfg, args.iface)
         return asyncio.run(serve(cfg, iface, Events(json_lines=args.log_format == "json"), args.config))
+    except CompileError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_CANNOT_COMPILE
     except EdgeError as e:
         if args.debug:
             traceback.print_exc()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from controlplane import abi
-from controlplane.errors import LoaderError, NotDeployed
+from controlplane.errors import CompileError, LoaderError, NotDeployed
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCES = ("edge_xdp.c", "edge_tc.c")
@@ -195,11 +195,13 @@ def source_text() -> str:
 
 
 @contextlib.contextmanager
-def _captured_stderr() -> Iterator[Callable[[], str]]:
-    """Routes fd 2 (where clang and libbpf write) to a buffer while inside."""
-    saved = os.dup(2)
+def _captured_stderr(fds: tuple[int, ...] = (2,)) -> Iterator[Callable[[], str]]:
+    """Routes fd 2 (where clang and libbpf write; and fd 1 if asked, where bcc says it found
+    no kernel headers) to a buffer while inside."""
+    saved = [os.dup(fd) for fd in fds]
     with tempfile.TemporaryFile(mode="w+b") as buf:
-        os.dup2(buf.fileno(), 2)
+        for fd in fds:
+            os.dup2(buf.fileno(), fd)
 
         def text() -> str:
             buf.seek(0)
@@ -208,8 +210,9 @@ def _captured_stderr() -> Iterator[Callable[[], str]]:
         try:
             yield text
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, old in zip(fds, saved):
+                os.dup2(old, fd)
+                os.close(old)
 
 
 def _first_error(log: str) -> str:
@@ -220,6 +223,21 @@ def _first_error(log: str) -> str:
             return line.strip()
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
     return lines[-1] if lines else "no details"
+
+
+_NO_HEADERS = ("Unable to find kernel headers", "chdir(", "linux/kconfig.h' file not found",
+               "asm/types.h' file not found")
+
+
+def _compile_failure(log: str, e: Exception) -> str:
+    """One line for a compile that failed: missing kernel headers said as such."""
+    release = os.uname().release
+    first = _first_error(log) if log.strip() else str(e)
+    if any(sign in log or sign in str(e) for sign in _NO_HEADERS):
+        detail = next((ln.strip() for ln in log.splitlines() if "chdir(" in ln or "file not found" in ln), first)
+        return (f"cannot compile the data path for kernel {release}: its kernel headers are missing "
+                f"({detail}); install them (tools/bootstrap links Debian's) and start edged again")
+    return f"cannot compile the data path for kernel {release}: {first}"
 
 
 class Loaded:
@@ -268,11 +286,11 @@ def compile_datapath(pin_path: Path, params: Params, debug: bool = False, text: 
         f"-DEDGE_MAX_BACKENDS={params.max_backends}",
         f"-DEDGE_CT_SIZE={params.ct_size}",
     ]
-    with _captured_stderr() as log:
+    with _captured_stderr((1, 2)) as log:
         try:
             bpf = BPF(text=source_text() if text is None else text, cflags=cflags)
         except Exception as e:  # bcc raises bare Exception
-            raise LoaderError(f"compile bpf/: {_first_error(log())}") from e
+            raise CompileError(_compile_failure(log(), e)) from e
     loaded = Loaded(bpf, pin_path, params)
     loaded.compile_log = log() if debug else ""
     return loaded

@@ -93,3 +93,12 @@ def test_memory_is_capped():
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     size = int(value[:-1]) * units[value[-1]] if value[-1] in units else int(value)
     assert 512 << 20 <= size <= 4 << 30, value
+
+
+def test_restarts_end_and_a_data_path_that_cannot_compile_is_not_restarted():
+    from controlplane.edged import EXIT_CANNOT_COMPILE
+
+    assert one("RestartPreventExitStatus").split() == [str(EXIT_CANNOT_COMPILE)]
+    interval = one("StartLimitIntervalSec")
+    assert interval not in ("0", "infinity") and int(interval.rstrip("s")) > 0  # 0 would retry for ever
+    assert 1 <= int(one("StartLimitBurst")) <= 20
