@@ -77,6 +77,8 @@ def _print_status(snap: dict) -> None:
     attached = f"XDP {xdp['mode']}, prog {xdp['prog_id']}" if xdp["attached"] else "XDP NOT ATTACHED"
     edged = f"; edged {snap['edged']['version']}, pid {snap['edged']['pid']}" if snap.get("edged") else ""
     print(f"{snap['iface']}  ({attached}; instance {snap['instance']}{edged})")
+    if (snap.get("edged") or {}).get("not_serving"):
+        print(f"  NOT SERVING: {snap['edged']['not_serving']}")
     ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
     print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{ct_entries}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from controlplane import __version__, abi, deploy, loader, metrics, sdnotify, weights
+from controlplane import __version__, abi, deploy, loader, metrics, sdnotify, watch, weights
 from controlplane.config import Config, Service, load_config, load_config_text
 from controlplane.errors import CompileError, ConfigError, EdgeError
 from controlplane.api import server as api_server
@@ -44,6 +44,7 @@ DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for th
 # Exit status when the data path cannot be compiled (kernel headers missing after a kernel
 # change): edged.service's RestartPreventExitStatus, since a restart would fail the same way.
 EXIT_CANNOT_COMPILE = 3
+WATCH_EVERY_S = 1.0  # how often edged checks that its data path is still attached and pinned
 
 
 def _log(line: str) -> None:
@@ -151,6 +152,9 @@ class Daemon:
         self._held = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
+        # Why the data path is not whole ('' while it is): edged then says NOT_SERVING.
+        self.not_serving = ""
+        self.on_serving: Callable[[bool], object] | None = None  # serve() sets grpc health with it
 
     # ------------------------------------------------------------ start, stop
 
@@ -160,6 +164,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         collector = metrics.EdgeCollector(
             metrics.LoopSource(loop, self.snapshot), self.observer, iface=self.iface,
+            serving=lambda: not self.not_serving,
             # scrapes run on prometheus_client's thread; Events belongs to the loop
             on_error=lambda text: loop.call_soon_threadsafe(self.events.emit, "error", f"metrics: {text}"),
         )
@@ -251,6 +256,9 @@ class Daemon:
             name = st.service.name
             self._tasks.append(asyncio.create_task(self._steer_loop(name), name=f"steer:{name}"))
         self._tasks.append(asyncio.create_task(self._status_loop()))
+        # faults of the node (interface gone, bpffs unmounted): reported through _serving()
+        self._tasks.append(asyncio.create_task(
+            watch.run(self._watched, self._serving, _worker, WATCH_EVERY_S), name="watch"))
         await self._stopping.wait()
 
     def stop(self) -> None:
@@ -588,6 +596,30 @@ class Daemon:
             self.events.emit("removed", f"{key[0]}/{key[1]}: removed after draining ({why})",
                              service=key[0], backend=key[1], why=why)
 
+    # ------------------------------------------------------------ faults of the node
+
+    def _watched(self) -> watch.Watched | None:
+        if self.maps is None or self._held is None:  # starting, stopping, or mid-redeploy
+            return None
+        return watch.Watched(self._held, self.maps, self.iface, self.cfg.node.xdp_mode,
+                             self.cfg.node.pin_dir, self.pin_path)
+
+    def _serving(self, problem: str, did: str = "") -> None:
+        """NOT_SERVING while problem says why (grpc health, status, a "datapath" event,
+        edge_datapath_up, systemd's STATUS=); serving again when it is ''."""
+        if problem == self.not_serving:
+            return
+        was, self.not_serving = self.not_serving, problem
+        if problem:
+            self.events.emit("datapath", f"NOT SERVING: {problem}", serving=False, problem=problem)
+            self.notify.status(f"NOT SERVING: {problem}")
+        else:
+            self.events.emit("datapath", f"serving again: {did or 'the data path is whole'} (was: {was})",
+                             serving=True, did=did)
+            self.notify.status(f"steering {len(self.cfg.services)} services on {self.iface}")
+        if self.on_serving is not None:
+            asyncio.ensure_future(_maybe_await(self.on_serving(not problem)))
+
     # ------------------------------------------------------------ status out
 
     async def _status_loop(self) -> None:
@@ -661,6 +693,12 @@ class Daemon:
 # ---------------------------------------------------------------- command line
 
 
+async def _maybe_await(value):
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        return await value
+    return value
+
+
 def pick_iface(cfg: Config, given: str | None) -> str:
     """--iface, else node.iface, else the one router already deployed here."""
     if given:
@@ -688,6 +726,7 @@ async def serve(cfg: Config, iface: str, events: Events | None = None, config_pa
         notify.status(f"deploying on {iface}")
         await daemon.start()  # compiles the data path: before READY=1, so the watchdog is not armed yet
         api = await api_server.start(daemon, cfg.node)
+        daemon.on_serving = api.set_serving
         daemon.events.emit("api", f"API on {cfg.node.api_socket}"
                                   + (f" and {cfg.node.api_listen} (mTLS)" if cfg.node.api_listen else ""))
         if ready:

@@ -165,6 +165,23 @@ def other_abi_here(pin_dir: str) -> list[Path]:
                   for p in v.iterdir() if p.name.endswith(suffix))
 
 
+def pin_maps(loaded: "Loaded", pin_path: Path) -> None:
+    """Pins every map of a compiled data path at pin_path again (after its bpffs was
+    unmounted and mounted again): the same maps, so nothing they hold is lost."""
+    from bcc import libbcc
+
+    for d in reversed([pin_path, *pin_path.parents]):
+        if not d.exists():
+            d.mkdir()
+    for name in abi.MAP_NAMES:
+        path = pin_path / name
+        if path.exists():
+            continue
+        rc = libbcc.lib.bpf_obj_pin(loaded.map_fd(name), str(path).encode())
+        if rc != 0:  # libbpf returns -errno
+            raise LoaderError(f"pin {name} at {path}: {os.strerror(-rc) if rc < 0 else 'failed'}")
+
+
 def remove_pins(path: Path) -> None:
     """Unpins every map of an instance and removes its directory."""
     if not path.exists():
@@ -426,9 +443,16 @@ class XdpState:
 
 
 def xdp_state(index: int) -> XdpState | None:
-    """The XDP program attached to an interface, if any."""
+    """The XDP program attached to an interface, if any (None when the interface is gone)."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
     with _ipr() as ipr:
-        link = ipr.get_links(index)[0]
+        try:
+            link = ipr.get_links(index)[0]
+        except NetlinkError as e:
+            if e.code == errno.ENODEV:
+                return None
+            raise
     xdp = link.get_attr("IFLA_XDP")
     if not xdp:
         return None

@@ -100,7 +100,8 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
                 snap = await _maybe_await(self.daemon.snapshot(count_conntrack=True))
             else:
                 snap = await _maybe_await(self.daemon.snapshot())
-            return convert.status_to_proto(snap, {"version": __version__, "pid": os.getpid(), "t": time.time()})
+            return convert.status_to_proto(snap, {"version": __version__, "pid": os.getpid(), "t": time.time(),
+                                                  "not_serving": getattr(self.daemon, "not_serving", "")})
 
         return await self._answer(context, "GetStatus", work)
 
@@ -276,6 +277,12 @@ class ApiServer:
     socket_path: str | None = None
     tcp_port: int | None = None  # the bound port (useful when node.api_listen asks for port 0)
     _socket_id: tuple[int, int] | None = field(default=None, repr=False)
+
+    async def set_serving(self, serving: bool) -> None:
+        """grpc.health.v1: SERVING, or NOT_SERVING while edged's data path is not whole."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
 
     async def stop(self, grace_s: float | None = 1.0) -> None:
         """Says NOT_SERVING, ends event streams, lets calls finish for grace_s, closes."""
