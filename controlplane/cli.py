@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -76,6 +77,8 @@ def _print_status(snap: dict) -> None:
     attached = f"XDP {xdp['mode']}, prog {xdp['prog_id']}" if xdp["attached"] else "XDP NOT ATTACHED"
     edged = f"; edged {snap['edged']['version']}, pid {snap['edged']['pid']}" if snap.get("edged") else ""
     print(f"{snap['iface']}  ({attached}; instance {snap['instance']}{edged})")
+    if (snap.get("edged") or {}).get("not_serving"):
+        print(f"  NOT SERVING: {snap['edged']['not_serving']}")
     ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
     print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{ct_entries}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
@@ -244,11 +247,12 @@ RELOAD_CHANGES = (("added_services", "services added"), ("removed_services", "se
 
 
 def cmd_reload(args) -> int:
-    path = args.config
-    if path and not args.api:  # edged resolves paths from its own directory, not ours
-        path = os.path.abspath(path)
+    from controlplane.config import read_config_text
+
+    # edged reads no file a client names: the text goes in the request
+    text = read_config_text(args.config) if args.config else None
     with _client(args) as edged:
-        summary = edged.reload(path)
+        summary = edged.reload(text)
     if args.json:
         json.dump(summary, sys.stdout, indent=2)
         print()
@@ -269,6 +273,17 @@ def cmd_events(args) -> int:
         raise EdgeError(f"--count: {args.count} is not a positive number")
     with _client(args) as edged:
         stream = edged.events(tuple(args.kind or ()), args.recent)
+        interrupted = []
+
+        def on_ctrl_c(signum, frame):
+            # Ctrl-C is how a watch ends: cancel the call and let the loop end by itself.
+            # A KeyboardInterrupt raised anywhere inside grpc's iterator could leave it
+            # holding a lock, and closing the channel would then wait for ever.
+            interrupted.append(signum)
+            signal.signal(signal.SIGINT, previous)  # a second Ctrl-C interrupts as usual
+            stream.cancel()
+
+        previous = signal.signal(signal.SIGINT, on_ctrl_c)
         seen = 0
         try:
             for event in stream:
@@ -276,13 +291,17 @@ def cmd_events(args) -> int:
                 seen += 1
                 if args.count and seen >= args.count:
                     return 0
-        except KeyboardInterrupt:  # Ctrl-C is how a watch ends
+        except KeyboardInterrupt:  # a second Ctrl-C
             return 0
         except BrokenPipeError:  # `edgectl events | head`: the reader is gone
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
         finally:
+            if signal.getsignal(signal.SIGINT) is on_ctrl_c:
+                signal.signal(signal.SIGINT, previous)
             stream.close()
+        if interrupted:
+            return 0
     raise EdgeError("edged ended the event stream (it is stopping)")
 
 
@@ -397,10 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_weight)
 
     s = sub.add_parser("reload", help="make edged read its config again",
-                       description="Ask edged to read its config file again (or FILE) and apply the "
-                                   "difference; established flows are kept. An invalid config is refused "
-                                   "with the reason, and the running one stays.")
-    s.add_argument("--config", metavar="FILE", help="another config file for edged to use (a path on edged's host)")
+                       description="Ask edged to read its config file again (or to apply FILE, which "
+                                   "edgectl reads and sends) and apply the difference; established flows "
+                                   "are kept. An invalid config is refused with the reason, and the running "
+                                   "one stays. A config sent with --config is not written to edged's file: "
+                                   "a SIGHUP or a restart of edged reads that file again.")
+    s.add_argument("--config", metavar="FILE",
+                   help="a config file here, at most 1 MiB; its text is sent to edged")
     s.add_argument("--json", action="store_true", help="print what changed as JSON")
     _api_args(s)
     s.set_defaults(func=cmd_reload)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import stat
 from dataclasses import MISSING, dataclass, field, fields
 from ipaddress import IPv4Address
 from typing import Any, Callable, Optional
@@ -24,6 +25,7 @@ from controlplane.maglev import is_prime
 Check = Callable[[Any, str], Any]
 
 MAX_MS = 3_600_000  # upper bound of every *_ms value: one hour
+MAX_CONFIG_BYTES = 1 << 20  # a config file or text larger than this is refused unread
 TOKEN_MAX = 2**64 - 1
 
 
@@ -62,8 +64,18 @@ def _show(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _kind(value: Any) -> str:
+    """What a value is, without quoting it."""
+    if isinstance(value, (list, tuple, dict)) or value is None:
+        return _show(value)
+    return {str: "a string", bool: "a boolean", int: "an integer", float: "a number"}.get(type(value), "a scalar")
+
+
 def _join(path: str, key: Any) -> str:
-    if not (isinstance(key, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", key)):
+    if not (isinstance(key, str) and _NAME.fullmatch(key)):
         key = _show(key)
     return f"{path}.{key}" if path else key
 
@@ -244,6 +256,10 @@ def _parse(cls: type, value: Any, path: str) -> Any:
     for key in value:
         if not (isinstance(key, str) and key in names):
             allowed = ", ".join(f.name for f in options)
+            if not path and isinstance(key, str) and not _NAME.fullmatch(key):
+                # A file that is no config (a path mistyped, a file swapped) starts here:
+                # quoting its first line could show what it holds.
+                raise ConfigError(f"config: a top-level key that is not a name; unknown key (allowed: {allowed})")
             raise ConfigError(f"{_join(path, key)}: unknown key (allowed: {allowed})")
     values = {}
     for f in options:
@@ -693,21 +709,59 @@ def parse_config(doc: object, source: str = "<config>") -> Config:
     if doc is None:
         raise ConfigError(f"config: {source} is empty")
     if not isinstance(doc, dict):
-        raise ConfigError(f"config: {source}: expected a mapping at the top level, got {_show(doc)}")
+        # the type only: a file that is no config must not be quoted (see _parse)
+        raise ConfigError(f"config: {source}: expected a mapping at the top level, got {_kind(doc)}")
     return _parse(Config, doc, "")
 
 
-def load_config(path: str | os.PathLike) -> Config:
-    """Read, parse and validate the YAML config file at path."""
+def _too_big(size: int, what: str) -> ConfigError:
+    return ConfigError(f"{what}: {size} bytes, more than the {MAX_CONFIG_BYTES} a config may have")
+
+
+def read_config_text(path: str | os.PathLike) -> str:
+    """The text of the config file at path: a regular file of at most MAX_CONFIG_BYTES.
+    Never blocks: a FIFO or a device in its place is refused before any read."""
     source = os.fsdecode(path)
     try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {source}: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"config: {source} is not a regular file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise _too_big(st.st_size, f"config: {source}")
+        chunks, size = [], 0
+        while size <= MAX_CONFIG_BYTES:  # the file may grow after fstat
+            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_CONFIG_BYTES:
+            raise _too_big(size, f"config: {source}")
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {source}: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"config: cannot read {source}: not UTF-8 (byte {e.start})") from e
-    except (OSError, ValueError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise ConfigError(f"config: cannot read {source}: {reason}") from e
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """Read, parse and validate the YAML config file at path (see read_config_text)."""
+    source = os.fsdecode(path)
+    return parse_config(_load_yaml(read_config_text(source), source), source)
+
+
+def load_config_text(text: str, source: str = "config_text") -> Config:
+    """Parse and validate config text (at most MAX_CONFIG_BYTES of UTF-8); source names it."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_CONFIG_BYTES:
+        raise _too_big(size, source)
     return parse_config(_load_yaml(text, source), source)
 
 

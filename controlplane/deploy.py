@@ -132,6 +132,7 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
             f"v{abi.ABI_VERSION}; migrate with 'edgectl undeploy --iface {iface}' (removes the old version; "
             f"its connections reset) and deploy again"
         )
+    loader.check_pin_dir(pin_dir, pin_path)
     if updating and not pin_path.exists():
         raise LoaderError(f"{iface} runs {abi.PROG_INGRESS} but {pin_path} has no pins; run 'edgectl undeploy --iface {iface}' first")
 

@@ -28,9 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from controlplane import __version__, abi, deploy, loader, metrics, sdnotify, weights
-from controlplane.config import Config, Service, load_config
-from controlplane.errors import ConfigError, EdgeError
+from controlplane import __version__, abi, deploy, loader, metrics, sdnotify, watch, weights
+from controlplane.config import Config, Service, load_config, load_config_text
+from controlplane.errors import CompileError, ConfigError, EdgeError
 from controlplane.api import server as api_server
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.probe import Prober, Target
@@ -41,6 +41,10 @@ STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
 LEAVING_IDLE_S = 3.0  # a removed backend with no packets this long has no connections left
 EVENTS_KEPT = 512
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
+# Exit status when the data path cannot be compiled (kernel headers missing after a kernel
+# change): edged.service's RestartPreventExitStatus, since a restart would fail the same way.
+EXIT_CANNOT_COMPILE = 3
+WATCH_EVERY_S = 1.0  # how often edged checks that its data path is still attached and pinned
 
 
 def _log(line: str) -> None:
@@ -148,6 +152,9 @@ class Daemon:
         self._held = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
+        # Why the data path is not whole ('' while it is): edged then says NOT_SERVING.
+        self.not_serving = ""
+        self.on_serving: Callable[[bool], object] | None = None  # serve() sets grpc health with it
 
     # ------------------------------------------------------------ start, stop
 
@@ -157,6 +164,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         collector = metrics.EdgeCollector(
             metrics.LoopSource(loop, self.snapshot), self.observer, iface=self.iface,
+            serving=lambda: not self.not_serving,
             # scrapes run on prometheus_client's thread; Events belongs to the loop
             on_error=lambda text: loop.call_soon_threadsafe(self.events.emit, "error", f"metrics: {text}"),
         )
@@ -248,6 +256,9 @@ class Daemon:
             name = st.service.name
             self._tasks.append(asyncio.create_task(self._steer_loop(name), name=f"steer:{name}"))
         self._tasks.append(asyncio.create_task(self._status_loop()))
+        # faults of the node (interface gone, bpffs unmounted): reported through _serving()
+        self._tasks.append(asyncio.create_task(
+            watch.run(self._watched, self._serving, _worker, WATCH_EVERY_S), name="watch"))
         await self._stopping.wait()
 
     def stop(self) -> None:
@@ -437,13 +448,16 @@ class Daemon:
                     b["edged"] = self.backend_view(svc["name"], b["name"], now)
         return snap
 
-    async def reload(self, path: str | None = None) -> dict:
-        """Validates the config at path (default: the one edged started with) and applies it
-        as a diff. A bad config raises ConfigError and changes nothing. Removed backends and
-        services drain: weight 0, connections kept until idle or drain_timeout_ms."""
+    async def reload(self, text: str | None = None) -> dict:
+        """Validates a config and applies it as a diff: the text given (over the API), else
+        the file edged was started with; never another file. A bad config raises ConfigError
+        and changes nothing. Removed backends and services drain: weight 0, connections kept
+        until idle or drain_timeout_ms."""
         self.notify.reloading()
         try:
-            summary = await self._reload(path)
+            # Reading (at most 1 MiB, refusing FIFOs and devices) and parsing run off the loop.
+            new, source = await asyncio.to_thread(self._read_config, text)
+            summary = await self._reload(new, source)
         except EdgeError as e:
             self.events.emit("reload-rejected", f"reload rejected, the running config stays: {e}", error=str(e))
             self.notify.ready(f"reload failed: {e}; running the previous config")
@@ -451,11 +465,14 @@ class Daemon:
         self.notify.ready(f"reloaded; steering {len(self.cfg.services)} services on {self.iface}")
         return summary
 
-    async def _reload(self, path: str | None) -> dict:
-        path = path or self.config_path
-        if path is None:
-            raise ConfigError("reload: edged was started without a config file")
-        new = load_config(path)
+    def _read_config(self, text: str | None) -> tuple[Config, str]:
+        if text is not None:
+            return load_config_text(text), "config text from the API"
+        if self.config_path is None:
+            raise ConfigError("reload: edged was started without a config file; send the config's text")
+        return load_config(self.config_path), self.config_path
+
+    async def _reload(self, new: Config, source: str) -> dict:
         for key in ("maglev_m", "max_services", "max_backends", "ct_size", "pin_dir", "xdp_mode"):
             if getattr(new.node, key) != getattr(self.cfg.node, key):
                 raise ConfigError(f"node.{key}: changed from {getattr(self.cfg.node, key)} to "
@@ -467,8 +484,6 @@ class Daemon:
             self.static_cfg = new
         self.discovery.configure(new, secrets)
         self.discovery.start()
-        if path != self.config_path and path is not None:
-            self.config_path = path
         summary = {
             "added_services": report.added_services,
             "removed_services": [],
@@ -477,7 +492,7 @@ class Daemon:
             "removed_backends": [],
             "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving),
         }
-        self.events.emit("reload", f"reloaded {path}: " + "; ".join(
+        self.events.emit("reload", f"reloaded {source}: " + "; ".join(
             f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in summary.items() if v) or "no change",
                          **{k: ",".join(v) for k, v in summary.items()})
         return summary
@@ -581,6 +596,30 @@ class Daemon:
             self.events.emit("removed", f"{key[0]}/{key[1]}: removed after draining ({why})",
                              service=key[0], backend=key[1], why=why)
 
+    # ------------------------------------------------------------ faults of the node
+
+    def _watched(self) -> watch.Watched | None:
+        if self.maps is None or self._held is None:  # starting, stopping, or mid-redeploy
+            return None
+        return watch.Watched(self._held, self.maps, self.iface, self.cfg.node.xdp_mode,
+                             self.cfg.node.pin_dir, self.pin_path)
+
+    def _serving(self, problem: str, did: str = "") -> None:
+        """NOT_SERVING while problem says why (grpc health, status, a "datapath" event,
+        edge_datapath_up, systemd's STATUS=); serving again when it is ''."""
+        if problem == self.not_serving:
+            return
+        was, self.not_serving = self.not_serving, problem
+        if problem:
+            self.events.emit("datapath", f"NOT SERVING: {problem}", serving=False, problem=problem)
+            self.notify.status(f"NOT SERVING: {problem}")
+        else:
+            self.events.emit("datapath", f"serving again: {did or 'the data path is whole'} (was: {was})",
+                             serving=True, did=did)
+            self.notify.status(f"steering {len(self.cfg.services)} services on {self.iface}")
+        if self.on_serving is not None:
+            asyncio.ensure_future(_maybe_await(self.on_serving(not problem)))
+
     # ------------------------------------------------------------ status out
 
     async def _status_loop(self) -> None:
@@ -654,6 +693,12 @@ class Daemon:
 # ---------------------------------------------------------------- command line
 
 
+async def _maybe_await(value):
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        return await value
+    return value
+
+
 def pick_iface(cfg: Config, given: str | None) -> str:
     """--iface, else node.iface, else the one router already deployed here."""
     if given:
@@ -681,6 +726,7 @@ async def serve(cfg: Config, iface: str, events: Events | None = None, config_pa
         notify.status(f"deploying on {iface}")
         await daemon.start()  # compiles the data path: before READY=1, so the watchdog is not armed yet
         api = await api_server.start(daemon, cfg.node)
+        daemon.on_serving = api.set_serving
         daemon.events.emit("api", f"API on {cfg.node.api_socket}"
                                   + (f" and {cfg.node.api_listen} (mTLS)" if cfg.node.api_listen else ""))
         if ready:
@@ -730,6 +776,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config)
         iface = pick_iface(cfg, args.iface)
         return asyncio.run(serve(cfg, iface, Events(json_lines=args.log_format == "json"), args.config))
+    except CompileError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_CANNOT_COMPILE
     except EdgeError as e:
         if args.debug:
             traceback.print_exc()

@@ -30,6 +30,10 @@ class LoaderError(EdgeError):
     """Compiling, loading, attaching or pinning the BPF programs failed."""
 
 
+class CompileError(LoaderError):
+    """The data path does not compile on this kernel (its headers are missing, or it changed)."""
+
+
 class MapError(EdgeError):
     """Reading or writing a BPF map failed."""
 

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import re
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from controlplane import abi
-from controlplane.errors import LoaderError, NotDeployed
+from controlplane.errors import CompileError, LoaderError, NotDeployed
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCES = ("edge_xdp.c", "edge_tc.c")
@@ -97,6 +98,32 @@ def check_bpffs(pin_dir: str) -> None:
         )
 
 
+def check_pin_dir(pin_dir: str, pin_path: Path) -> None:
+    """Raises LoaderError unless every directory from pin_dir down to pin_path that exists
+    is one only root (or we) can change: owned by root or this user, writable by no group
+    or other users, and no symlink. Maps pinned where another user can write could be
+    unpinned and replaced under the router. Directories above pin_dir may be shared if
+    sticky (bpffs is often mounted 1777, like /tmp)."""
+    base = Path(pin_dir)
+    rel = pin_path.relative_to(base).parts
+    chain = [base, *(base.joinpath(*rel[:i + 1]) for i in range(len(rel)))]
+    for d in [*reversed(base.parents), *chain]:
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            return  # deploy makes it, and everything below it, itself
+        where = f"node.pin_dir: {d}"
+        if stat.S_ISLNK(st.st_mode) and d in chain:
+            raise LoaderError(f"{where} is a symbolic link; pins go in a real directory")
+        if st.st_uid not in (0, os.geteuid()):
+            raise LoaderError(f"{where} is owned by uid {st.st_uid}, not root; remove it or chown it to root")
+        loose = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if loose and (d in chain or not st.st_mode & stat.S_ISVTX):
+            who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+            raise LoaderError(f"{where} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); "
+                              f"chmod go-w it")
+
+
 def netns_id() -> int:
     """Inode of this process's network namespace: unique per namespace."""
     return os.stat("/proc/self/ns/net").st_ino
@@ -138,6 +165,23 @@ def other_abi_here(pin_dir: str) -> list[Path]:
                   for p in v.iterdir() if p.name.endswith(suffix))
 
 
+def pin_maps(loaded: "Loaded", pin_path: Path) -> None:
+    """Pins every map of a compiled data path at pin_path again (after its bpffs was
+    unmounted and mounted again): the same maps, so nothing they hold is lost."""
+    from bcc import libbcc
+
+    for d in reversed([pin_path, *pin_path.parents]):
+        if not d.exists():
+            d.mkdir()
+    for name in abi.MAP_NAMES:
+        path = pin_path / name
+        if path.exists():
+            continue
+        rc = libbcc.lib.bpf_obj_pin(loaded.map_fd(name), str(path).encode())
+        if rc != 0:  # libbpf returns -errno
+            raise LoaderError(f"pin {name} at {path}: {os.strerror(-rc) if rc < 0 else 'failed'}")
+
+
 def remove_pins(path: Path) -> None:
     """Unpins every map of an instance and removes its directory."""
     if not path.exists():
@@ -168,11 +212,13 @@ def source_text() -> str:
 
 
 @contextlib.contextmanager
-def _captured_stderr() -> Iterator[Callable[[], str]]:
-    """Routes fd 2 (where clang and libbpf write) to a buffer while inside."""
-    saved = os.dup(2)
+def _captured_stderr(fds: tuple[int, ...] = (2,)) -> Iterator[Callable[[], str]]:
+    """Routes fd 2 (where clang and libbpf write; and fd 1 if asked, where bcc says it found
+    no kernel headers) to a buffer while inside."""
+    saved = [os.dup(fd) for fd in fds]
     with tempfile.TemporaryFile(mode="w+b") as buf:
-        os.dup2(buf.fileno(), 2)
+        for fd in fds:
+            os.dup2(buf.fileno(), fd)
 
         def text() -> str:
             buf.seek(0)
@@ -181,8 +227,9 @@ def _captured_stderr() -> Iterator[Callable[[], str]]:
         try:
             yield text
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, old in zip(fds, saved):
+                os.dup2(old, fd)
+                os.close(old)
 
 
 def _first_error(log: str) -> str:
@@ -193,6 +240,21 @@ def _first_error(log: str) -> str:
             return line.strip()
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
     return lines[-1] if lines else "no details"
+
+
+_NO_HEADERS = ("Unable to find kernel headers", "chdir(", "linux/kconfig.h' file not found",
+               "asm/types.h' file not found")
+
+
+def _compile_failure(log: str, e: Exception) -> str:
+    """One line for a compile that failed: missing kernel headers said as such."""
+    release = os.uname().release
+    first = _first_error(log) if log.strip() else str(e)
+    if any(sign in log or sign in str(e) for sign in _NO_HEADERS):
+        detail = next((ln.strip() for ln in log.splitlines() if "chdir(" in ln or "file not found" in ln), first)
+        return (f"cannot compile the data path for kernel {release}: its kernel headers are missing "
+                f"({detail}); install them (tools/bootstrap links Debian's) and start edged again")
+    return f"cannot compile the data path for kernel {release}: {first}"
 
 
 class Loaded:
@@ -241,11 +303,11 @@ def compile_datapath(pin_path: Path, params: Params, debug: bool = False, text: 
         f"-DEDGE_MAX_BACKENDS={params.max_backends}",
         f"-DEDGE_CT_SIZE={params.ct_size}",
     ]
-    with _captured_stderr() as log:
+    with _captured_stderr((1, 2)) as log:
         try:
             bpf = BPF(text=source_text() if text is None else text, cflags=cflags)
         except Exception as e:  # bcc raises bare Exception
-            raise LoaderError(f"compile bpf/: {_first_error(log())}") from e
+            raise CompileError(_compile_failure(log(), e)) from e
     loaded = Loaded(bpf, pin_path, params)
     loaded.compile_log = log() if debug else ""
     return loaded
@@ -381,9 +443,16 @@ class XdpState:
 
 
 def xdp_state(index: int) -> XdpState | None:
-    """The XDP program attached to an interface, if any."""
+    """The XDP program attached to an interface, if any (None when the interface is gone)."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
     with _ipr() as ipr:
-        link = ipr.get_links(index)[0]
+        try:
+            link = ipr.get_links(index)[0]
+        except NetlinkError as e:
+            if e.code == errno.ENODEV:
+                return None
+            raise
     xdp = link.get_attr("IFLA_XDP")
     if not xdp:
         return None

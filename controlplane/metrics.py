@@ -104,6 +104,8 @@ METRICS = (
     # of the exporter itself
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
+    Spec("edge_datapath_up", "gauge",
+         "1 while edged finds its data path whole (XDP and return path attached, maps pinned), else 0"),
 )
 SPECS = {spec.name: spec for spec in METRICS}
 
@@ -232,8 +234,9 @@ class EdgeCollector(Collector):
     come from the maps."""
 
     def __init__(self, source, observer: Observer | None = None, iface: str = "",
-                 on_error: Callable[[str], None] | None = None):
+                 on_error: Callable[[str], None] | None = None, serving: Callable[[], bool] | None = None):
         self.source = source
+        self.serving = serving  # edge_datapath_up; absent without it
         self.observer = observer or Observer()
         self.iface = iface
         self.on_error = on_error
@@ -264,6 +267,8 @@ class EdgeCollector(Collector):
                                           "abi": str(abi.ABI_VERSION)})
         with self._lock:
             fams["edge_scrape_errors_total"].add_metric([], self._errors)
+        if self.serving is not None:
+            fams["edge_datapath_up"].add_metric([], 1 if self.serving() else 0)
         yield from fams.values()
 
     def _failed(self, text: str) -> None:

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import struct
 import threading
 import time
 from contextlib import contextmanager
 from typing import Iterator
+
+import pytest
 
 from controlplane import abi
 from controlplane.testbed.router import Router, TcFilter
@@ -239,3 +242,34 @@ def test_redeploy_updates_in_place_keeping_xdp_and_connections(net, router):
     assert [b["weight"] for b in second["services"][0]["backends"]] == [1, 2, 1]
     for i in range(3):
         assert router.iface_state(net.backend_iface(i)).ingress_filters == (RETURN_FILTER,)
+
+
+def _foreign_pin_dir(owner: int, mode: int) -> str:
+    """A directory on the host's bpffs as another user could make it (bpffs is often 1777)."""
+    path = f"/sys/fs/bpf/hp6-{os.urandom(4).hex()}"
+    os.mkdir(path)
+    os.chown(path, owner, -1)
+    os.chmod(path, mode)
+    return path
+
+
+@pytest.mark.parametrize("owner, mode, says", [
+    (65534, 0o755, "is owned by uid 65534"),
+    (0, 0o777, "is writable by others (mode 0777)"),
+    (0, 0o775, "is writable by its group (mode 0775)"),
+], ids=["another user's", "world-writable", "group-writable"])
+def test_deploy_refuses_a_pin_directory_it_does_not_own(net, router, owner, mode, says):
+    """Maps pinned where another user can write could be swapped under the router: refused
+    in one line naming the directory, and nothing is attached or pinned."""
+    pin_dir = _foreign_pin_dir(owner, mode)
+    done = None
+    try:
+        before = node_state(router)
+        done = router.deploy([router.service("web")], node={"pin_dir": pin_dir}, check=False)
+        assert_one_line_error(done, f"node.pin_dir: {pin_dir} {says}")
+        assert node_state(router) == before
+        assert os.listdir(pin_dir) == []
+    finally:
+        if done is not None and done.returncode == 0:  # the old code deployed there: undeploy, then remove what is left
+            router.edgectl("-q", "undeploy", "--iface", router.iface, "--pin-dir", pin_dir)
+        shutil.rmtree(pin_dir)

@@ -15,7 +15,6 @@ import grp
 import os
 import socket
 from dataclasses import dataclass
-from typing import Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -87,7 +86,12 @@ class Client:
         path = self.socket_path
         if path is None:
             return NotRunning(f"cannot reach edged at {self.target}: {details}")
-        if not os.path.exists(path):
+        try:
+            os.stat(path)
+        except PermissionError:
+            return ApiError(f"{path}: permission denied (a directory above the socket is closed to this user)",
+                            "UNAVAILABLE")
+        except OSError:
             return NotRunning(f"edged is not running (no API socket at {path})")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         probe.settimeout(1.0)
@@ -142,24 +146,18 @@ class Client:
         """Pins backend's weight; None clears the override."""
         self._call("SetWeight", edge_pb2.SetWeightRequest(service=service, backend=backend, weight=weight))
 
-    def reload(self, config_path: str | None = None) -> dict:
-        """What changed: added_services, removed_services, ... (lists of names)."""
-        msg = self._call("Reload", edge_pb2.ReloadRequest(config_path=config_path),
+    def reload(self, config_text: str | None = None) -> dict:
+        """Applies config_text, or else edged's own config file read again. What changed:
+        added_services, removed_services, ... (lists of names)."""
+        msg = self._call("Reload", edge_pb2.ReloadRequest(config_text=config_text),
                          max(self.timeout_s, RELOAD_TIMEOUT_S))
         return convert.to_dict(msg)
 
-    def events(self, kinds: tuple[str, ...] = (), recent: int = 0) -> Iterator[dict]:
+    def events(self, kinds: tuple[str, ...] = (), recent: int = 0) -> "EventStream":
         """edged's events from now on (after up to `recent` earlier ones), until edged
-        ends the stream or the iterator is closed."""
+        ends the stream or it is cancelled."""
         call = self.stub.WatchEvents(edge_pb2.WatchEventsRequest(kinds=list(kinds), recent=recent))
-        try:
-            for msg in call:
-                yield convert.event_from_proto(msg)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                raise self._error(e, "WatchEvents") from None
-        finally:
-            call.cancel()
+        return EventStream(self, call)
 
     def health(self, service: str = "") -> str:
         """grpc.health.v1 Check: SERVING, NOT_SERVING, ..."""
@@ -169,3 +167,32 @@ class Client:
         except grpc.RpcError as e:
             raise self._error(e, "Check") from None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+class EventStream:
+    """An iterator of edged's events (dicts). cancel() ends it: the iteration stops
+    quietly. cancel() may be called from another thread or from a signal handler,
+    which is how a watch should end on Ctrl-C: a KeyboardInterrupt raised at an
+    arbitrary point inside grpc's iterator can interrupt it while it holds its
+    locks (grpc/grpc#19464 recommends cancelling the call from a handler)."""
+
+    def __init__(self, client: Client, call):
+        self._client = client
+        self._call = call
+
+    def __iter__(self) -> "EventStream":
+        return self
+
+    def __next__(self) -> dict:
+        try:
+            msg = next(self._call)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.CANCELLED:
+                raise StopIteration from None
+            raise self._client._error(e, "WatchEvents") from None
+        return convert.event_from_proto(msg)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    close = cancel

@@ -100,6 +100,7 @@ def status_to_proto(snap: dict, edged: dict | None = None) -> edge_pb2.GetStatus
         msg.edged.pid = edged.get("pid", 0)
         if edged.get("t") is not None:
             _set_time(msg.edged.time, edged["t"])
+        msg.edged.not_serving = edged.get("not_serving") or ""
     return msg
 
 
@@ -112,6 +113,8 @@ def status_from_proto(msg: edge_pb2.GetStatusResponse) -> dict:
     if msg.HasField("edged"):
         snap["edged"] = {"version": msg.edged.version, "pid": msg.edged.pid,
                          "t": _seconds(msg.edged.time) if msg.edged.HasField("time") else None}
+        if msg.edged.not_serving:
+            snap["edged"]["not_serving"] = msg.edged.not_serving
     return snap
 
 

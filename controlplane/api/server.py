@@ -10,7 +10,7 @@ says SERVING from start() until stop(). In edged, on its asyncio loop:
     await handle.stop(grace_s=1.0)
 
 daemon is duck-typed: cfg, events (subscribe/unsubscribe/recent), snapshot(),
-drain(), undrain(), set_override(), async reload(); see edged.Daemon.
+drain(), undrain(), set_override(), async reload(text=None), config_path; see edged.Daemon.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from controlplane import __version__
 from controlplane.api import convert, edge_pb2, edge_pb2_grpc
+from controlplane.config import MAX_CONFIG_BYTES
 from controlplane.errors import ConfigError, EdgeError
 
 SERVICE_NAME = "edge.v1.Edge"  # the name grpc.health.v1 reports it under
@@ -99,7 +100,8 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
                 snap = await _maybe_await(self.daemon.snapshot(count_conntrack=True))
             else:
                 snap = await _maybe_await(self.daemon.snapshot())
-            return convert.status_to_proto(snap, {"version": __version__, "pid": os.getpid(), "t": time.time()})
+            return convert.status_to_proto(snap, {"version": __version__, "pid": os.getpid(), "t": time.time(),
+                                                  "not_serving": getattr(self.daemon, "not_serving", "")})
 
         return await self._answer(context, "GetStatus", work)
 
@@ -132,10 +134,19 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
 
     async def Reload(self, request, context):
         async def work():
-            path = request.config_path if request.HasField("config_path") else None
-            if path is not None and not os.path.isabs(path):
-                raise ConfigError(f"config_path: expected an absolute path, got {path!r}")
-            summary = await self.daemon.reload(path)
+            if request.HasField("config_text"):
+                size = len(request.config_text.encode("utf-8"))
+                if size > MAX_CONFIG_BYTES:
+                    raise ConfigError(f"config_text: {size} bytes, more than the {MAX_CONFIG_BYTES} "
+                                      f"a config may have")
+                summary = await self.daemon.reload(request.config_text)
+            else:
+                # Older clients name a file; edged reads no file a client names but its own.
+                own = getattr(self.daemon, "config_path", None)
+                if request.HasField("config_path") and request.config_path != own:
+                    raise ConfigError(f"config_path: edged reloads only the file it was started with "
+                                      f"({own or 'none'}); send the config's text instead")
+                summary = await self.daemon.reload()
             return convert.fill(edge_pb2.ReloadResponse(), summary or {})
 
         return await self._answer(context, "Reload", work)
@@ -267,6 +278,12 @@ class ApiServer:
     tcp_port: int | None = None  # the bound port (useful when node.api_listen asks for port 0)
     _socket_id: tuple[int, int] | None = field(default=None, repr=False)
 
+    async def set_serving(self, serving: bool) -> None:
+        """grpc.health.v1: SERVING, or NOT_SERVING while edged's data path is not whole."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
     async def stop(self, grace_s: float | None = 1.0) -> None:
         """Says NOT_SERVING, ends event streams, lets calls finish for grace_s, closes."""
         await self.health.enter_graceful_shutdown()
@@ -288,7 +305,9 @@ async def start(daemon: Any, node: Any, *, unix: bool = True) -> ApiServer:
     (ConfigError for bad settings) with nothing left listening.
     """
     # SO_REUSEPORT (grpc's default) would let a second edged share the TCP port silently.
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # The largest request is a Reload with a config's text (at most MAX_CONFIG_BYTES).
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                      ("grpc.max_receive_message_length", MAX_CONFIG_BYTES + 64 * 1024)])
     servicer = EdgeServicer(daemon)
     edge_pb2_grpc.add_EdgeServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()

@@ -372,6 +372,28 @@ class Net:
                 ipr.link("add", ifname=here, index=1000 + k, kind="veth", peer=peer)
                 self._push(f"delete veth {here}", lambda here=here: self._del_link(self.router, here))
 
+    def recreate_client_link(self, timeout_s: float = 5.0) -> None:
+        """Deletes the client-router veth and makes it again as build() did: same names,
+        addresses and offloads, new ifindexes (a NIC that went away and came back)."""
+        here, there = self.router_client_iface, self.client_iface
+        self._del_link(self.router, here)
+        with self.router.iproute() as ipr:
+            ipr.link("add", ifname=here, index=1100, kind="veth",
+                     peer={"ifname": there, "net_ns_fd": self.client.name})
+        topo = self.topo
+        for ns, ifname, addr in ((self.router, here, topo.router_client_addr),
+                                 (self.client, there, topo.client_addr)):
+            with ns.iproute() as ipr:
+                index = ipr.link_lookup(ifname=ifname)[0]
+                ipr.addr("add", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
+                ipr.link("set", index=index, state="up")
+        self.router.sysctl(f"net.ipv4.conf.{here}.rp_filter", 0)
+        with self.client.iproute() as ipr:
+            for dst in (topo.vip_route, TEST_RANGE):
+                ipr.route("add", dst=str(dst), gateway=str(topo.router_client_addr.ip))
+        self.client.run(["ethtool", "-K", there, "tx", "off", "gro", "on"])
+        self._wait_links_up(timeout_s)
+
     def _del_link(self, ns: Ns, ifname: str) -> None:
         try:
             with ns.iproute() as ipr:

@@ -1,4 +1,4 @@
-"""controlplane.api: generated modules, every RPC through a real socket, status codes,
+"""controlplane.api: every RPC through a real socket, status codes,
 socket permissions, mutual TLS, and edgectl's API commands as a subprocess.
 
 The daemon is a stand-in (FakeDaemon) holding plain data; the server, client,
@@ -32,7 +32,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from controlplane import abi, cli
-from controlplane.api import _gen, convert, edge_pb2, edge_pb2_grpc, server
+from controlplane.api import convert, edge_pb2, edge_pb2_grpc, server
 from controlplane.api.client import Client, Tls
 from controlplane.config import ApiTls, Node, parse_config
 from controlplane.edged import Events
@@ -159,11 +159,13 @@ class FakeDaemon:
         self._check(service, backend)
         self.calls.append(("set_override", service, backend, weight))
 
-    async def reload(self, path: str | None = None) -> dict:
+    config_path = "/etc/edge/edge.yaml"  # the file edged was started with
+
+    async def reload(self, text: str | None = None) -> dict:
         self._check("chat")
-        self.calls.append(("reload", path))
+        self.calls.append(("reload", text))
         await asyncio.sleep(0)
-        if path == "/invalid.yaml":
+        if text is not None and "70000" in text:
             raise ConfigError("services[0].port: 70000 is not a port")
         return {"added_services": ["embed"], "removed_services": [], "updated_services": ["chat"],
                 "added_backends": ["chat/b2"], "removed_backends": ["chat/b1"], "draining_backends": ["chat/b1"]}
@@ -258,60 +260,6 @@ def edgectl(*args: str, timeout_s: float = 20.0, **kw) -> subprocess.CompletedPr
                           timeout=timeout_s, env=env, cwd=kw.pop("cwd", REPO), **kw)
 
 
-# ---------------------------------------------------------------- generated modules
-
-
-def test_modules_are_generated_from_a_clean_state_and_again_when_the_stamp_is_stale(tmp_path):
-    proto = tmp_path / "src" / _gen.PROTO_NAME
-    proto.parent.mkdir(parents=True)
-    shutil.copy(_gen.PROTO, proto)
-    dest = tmp_path / "gen"
-
-    _gen.ensure(dest, proto)
-    assert (dest / _gen.STAMP).read_text() == _gen.stamp(proto)
-    grpc_py = (dest / "edge_pb2_grpc.py").read_text()
-    assert "from . import edge_pb2 as " in grpc_py and "class EdgeStub" in grpc_py
-    compile((dest / "edge_pb2.py").read_text(), "edge_pb2.py", "exec")
-
-    (dest / "edge_pb2.py").write_text("broken = True\n")
-    _gen.ensure(dest, proto)  # the stamp still matches: nothing is regenerated
-    assert (dest / "edge_pb2.py").read_text() == "broken = True\n"
-
-    (dest / _gen.STAMP).write_text("proto-sha256 0000\n")
-    _gen.ensure(dest, proto)
-    assert "broken" not in (dest / "edge_pb2.py").read_text()
-    assert (dest / _gen.STAMP).read_text() == _gen.stamp(proto)
-
-    proto.write_text(proto.read_text() + "\nmessage Added {}\n")  # a changed proto changes the stamp
-    assert not _gen.is_fresh(dest, proto)
-    _gen.ensure(dest, proto)
-    assert "_globals['_ADDED']" in (dest / "edge_pb2.py").read_text()
-    assert sorted(p.name for p in dest.iterdir()) == [".lock", "STAMP", "edge_pb2.py", "edge_pb2_grpc.py"]
-
-
-def test_modules_go_to_the_next_directory_when_one_cannot_be_written(tmp_path):
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    chosen = _gen.find_or_generate([blocker / "gen", tmp_path / "cache"])
-    assert chosen == tmp_path / "cache" and _gen.is_fresh(chosen)
-
-
-def test_no_writable_directory_is_one_line(tmp_path):
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    with pytest.raises(EdgeError, match=r"^api: cannot generate the gRPC modules anywhere \(.*not-a-dir/gen: "):
-        _gen.find_or_generate([blocker / "gen"])
-
-
-def test_generated_modules_are_git_ignored_and_not_committed():
-    out = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "controlplane/api/_generated/edge_pb2.py"],
-                         timeout=10)
-    assert out.returncode == 0
-    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "controlplane/api"], capture_output=True,
-                             text=True, timeout=10).stdout.split()
-    assert not [p for p in tracked if p.endswith("_pb2.py") or p.endswith("_pb2_grpc.py")]
-
-
 # ---------------------------------------------------------------- conversion
 
 
@@ -372,8 +320,38 @@ def test_reload_returns_what_changed(edged):
         assert c.reload() == {"added_services": ["embed"], "removed_services": [], "updated_services": ["chat"],
                               "added_backends": ["chat/b2"], "removed_backends": ["chat/b1"],
                               "draining_backends": ["chat/b1"]}
-        c.reload("/etc/edge/other.yaml")
-    assert edged.daemon.calls == [("reload", None), ("reload", "/etc/edge/other.yaml")]
+        c.reload(config_text="version: 1\n")
+    assert edged.daemon.calls == [("reload", None), ("reload", "version: 1\n")]
+
+
+def _raw_reload(edged, **fields) -> tuple[str, str]:
+    """Reload as any client may send it (older ones send config_path); (code, details)."""
+    with grpc.insecure_channel(f"unix:{edged.path}") as channel:
+        try:
+            edge_pb2_grpc.EdgeStub(channel).Reload(edge_pb2.ReloadRequest(**fields), timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as e:
+            return e.code().name, e.details()
+    return "OK", ""
+
+
+def test_reload_never_takes_a_path_other_than_edgeds_own(edged):
+    """A client naming another file (/etc/shadow, a FIFO, /dev/zero) is refused before edged
+    touches it; naming edged's own file is the same as naming none (older clients do that)."""
+    for path in ("/etc/shadow", "/dev/zero", "relative.yaml", "/etc/edge/../edge/edge.yaml"):
+        code, details = _raw_reload(edged, config_path=path)
+        assert (code, details) == ("INVALID_ARGUMENT", "config_path: edged reloads only the file it was "
+                                   "started with (/etc/edge/edge.yaml); send the config's text instead")
+    assert edged.daemon.calls == []
+    assert _raw_reload(edged, config_path="/etc/edge/edge.yaml") == ("OK", "")
+    assert edged.daemon.calls == [("reload", None)]
+
+
+def test_reload_text_is_capped_at_one_mib(edged):
+    big = "#" * (1024 * 1024) + "\n"
+    assert _raw_reload(edged, config_text=big) == (
+        "INVALID_ARGUMENT", "config_text: 1048577 bytes, more than the 1048576 a config may have")
+    assert _raw_reload(edged, config_text="x" * (8 * 1024 * 1024))[0] == "RESOURCE_EXHAUSTED"
+    assert edged.daemon.calls == []
 
 
 @pytest.mark.parametrize("call, code, message", [
@@ -382,11 +360,9 @@ def test_reload_returns_what_changed(edged):
     (lambda c: c.drain("", "b0"), "INVALID_ARGUMENT", "service: required"),
     (lambda c: c.set_weight("chat", "", 1), "INVALID_ARGUMENT", "backend: required"),
     (lambda c: c.set_weight("chat", "b0", 65536), "INVALID_ARGUMENT", "weight: 65536 is out of range 0..65535"),
-    (lambda c: c.reload("/invalid.yaml"), "INVALID_ARGUMENT", "services[0].port: 70000 is not a port"),
-    (lambda c: c.reload("relative.yaml"), "INVALID_ARGUMENT",
-     "config_path: expected an absolute path, got 'relative.yaml'"),
+    (lambda c: c.reload(config_text="port: 70000"), "INVALID_ARGUMENT", "services[0].port: 70000 is not a port"),
 ], ids=["unknown backend", "unknown service", "no service", "no backend", "weight too large",
-        "invalid config", "relative config path"])
+        "invalid config"])
 def test_refused_requests_have_their_status_code_and_one_line(edged, call, code, message):
     with edged.client() as c, pytest.raises(ApiError) as caught:
         call(c)
@@ -676,14 +652,22 @@ def test_edgectl_errors_are_one_line(edged, sockdir):
     assert edged.daemon.calls == []
 
 
-def test_edgectl_reload_sends_an_absolute_path(edged, tmp_path):
+def test_edgectl_reload_sends_the_files_text(edged, tmp_path):
+    (tmp_path / "edge.yaml").write_text("version: 1\n")
     out = edgectl("reload", "--config", "edge.yaml", "--socket", edged.path, cwd=tmp_path)
     assert (out.returncode, out.stderr) == (0, "")
     assert out.stdout == ("reloaded: services added: embed; services updated: chat; backends added: chat/b2; "
                           "backends removed: chat/b1; backends draining: chat/b1\n")
-    bad = edgectl("reload", "--config", "/invalid.yaml", "--socket", edged.path)
+    (tmp_path / "invalid.yaml").write_text("port: 70000\n")
+    bad = edgectl("reload", "--config", str(tmp_path / "invalid.yaml"), "--socket", edged.path)
     assert (bad.returncode, bad.stderr) == (1, "edgectl: services[0].port: 70000 is not a port\n")
-    assert edged.daemon.calls == [("reload", str(tmp_path / "edge.yaml")), ("reload", "/invalid.yaml")]
+    plain = edgectl("reload", "--socket", edged.path)
+    assert (plain.returncode, plain.stderr) == (0, "")
+    assert edged.daemon.calls == [("reload", "version: 1\n"), ("reload", "port: 70000\n"), ("reload", None)]
+    os.mkfifo(tmp_path / "fifo")  # edgectl reads the file itself, with the same cap and checks
+    fifo = edgectl("reload", "--config", str(tmp_path / "fifo"), "--socket", edged.path)
+    assert (fifo.returncode, fifo.stderr) == (1, f"edgectl: config: {tmp_path / 'fifo'} is not a regular file\n")
+    assert len(edged.daemon.calls) == 3
 
 
 def _start_edgectl(*args: str) -> subprocess.Popen:
@@ -723,6 +707,37 @@ def test_edgectl_events_ends_quietly_on_ctrl_c(edged):
         proc.wait(5)
     assert (proc.returncode, err) == (0, "")
     wait_until(lambda: edged.subscribers() == 0, what="edged to drop the watch")
+
+
+def test_edgectl_events_ends_quietly_on_ctrl_c_in_the_middle_of_a_fast_stream(edged):
+    """Ctrl-C while events pour in lands anywhere in grpc's iterator; edgectl still ends at
+    once with status 0 and nothing on stderr (it cancels the call instead of raising there)."""
+    for attempt in range(5):
+        proc = _start_edgectl("events", "--socket", edged.path)
+        stop = threading.Event()
+
+        def pump():
+            for n in range(20000):  # bounded: stops by itself
+                if stop.is_set():
+                    return
+                edged.emit("weights", f"chat: weights push {n}", service="chat")
+
+        pumper = threading.Thread(target=pump, daemon=True)
+        try:
+            wait_until(edged.subscribers, timeout_s=15, what="edgectl to subscribe")
+            pumper.start()
+            for _ in range(20 + 40 * attempt):
+                assert select.select([proc.stdout], [], [], 10)[0], "no event line within 10s"
+                proc.stdout.readline()
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=10)
+        finally:
+            stop.set()
+            proc.kill()
+            proc.wait(5)
+            pumper.join(10) if pumper.is_alive() else None
+        assert (proc.returncode, err) == (0, ""), f"attempt {attempt}"
+        wait_until(lambda: edged.subscribers() == 0, what="edged to drop the watch")
 
 
 def test_edgectl_status_shows_edgeds_view(edged):

@@ -652,7 +652,7 @@ def test_heartbeats_need_every_backend_token():
     [
         (None, "config: <config> is empty"),
         ([], "config: <config>: expected a mapping at the top level, got a list"),
-        ("version: 1", "config: <config>: expected a mapping at the top level, got 'version: 1'"),
+        ("version: 1", "config: <config>: expected a mapping at the top level, got a string"),
     ],
     ids=["null", "list", "string"],
 )
@@ -722,7 +722,7 @@ def test_missing_file(tmp_path):
 def test_directory_instead_of_file(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_config(str(tmp_path))
-    assert str(caught.value) == f"config: cannot read {tmp_path}: Is a directory"
+    assert str(caught.value) == f"config: {tmp_path} is not a regular file"
 
 
 def test_file_that_is_not_utf8(tmp_path):

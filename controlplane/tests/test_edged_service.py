@@ -83,3 +83,22 @@ def test_settings_that_would_break_bcc_or_deploy_stay_off():
     # /lib/modules hidden (kernel headers), /proc/sys read-only (ip_forward), no W+X for LLVM's JIT.
     for key in ("ProtectKernelModules", "ProtectKernelTunables", "MemoryDenyWriteExecute", "ProcSubset"):
         assert key not in UNIT_KEYS, key
+
+
+def test_memory_is_capped():
+    """A leak in edged (or a runaway compile) ends in a restart, not in the node's OOM killer
+    choosing among the inference stack. Maps edged creates count too (kernel 5.11+ charges BPF
+    memory to the creator's cgroup): conntrack at the default ct_size is tens of MB."""
+    value = one("MemoryMax")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    size = int(value[:-1]) * units[value[-1]] if value[-1] in units else int(value)
+    assert 512 << 20 <= size <= 4 << 30, value
+
+
+def test_restarts_end_and_a_data_path_that_cannot_compile_is_not_restarted():
+    from controlplane.edged import EXIT_CANNOT_COMPILE
+
+    assert one("RestartPreventExitStatus").split() == [str(EXIT_CANNOT_COMPILE)]
+    interval = one("StartLimitIntervalSec")
+    assert interval not in ("0", "infinity") and int(interval.rstrip("s")) > 0  # 0 would retry for ever
+    assert 1 <= int(one("StartLimitBurst")) <= 20

@@ -1,0 +1,145 @@
+"""Faults of the node under edged: the data path cannot be compiled (kernel headers gone after
+a kernel change), and the data path goes away under a running edged (its client-facing
+interface deleted and made again; its bpffs unmounted).
+
+        client ──veth── router (XDP, edged) ──veth── b0, b1, b2 (testbed HTTP backends)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import urllib.request
+
+from controlplane import abi
+from controlplane import edged as edged_module
+from controlplane.api.client import Client
+from controlplane.testbed.daemon import EdgedProc
+from controlplane.testbed.traffic import http_get
+
+PORT = 8000
+
+
+def doc(router, tmp_path, **node) -> dict:
+    service = router.service("web", backends=[0, 1, 2])
+    return router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
+                                          "metrics_listen": "127.0.0.1:9470", **node})
+
+
+def test_a_data_path_that_cannot_compile_is_one_line_and_a_distinct_exit(net, router, tmp_path):
+    """Kernel headers missing (bcc's BCC_KERNEL_SOURCE pointed at nothing, as after a kernel
+    update without its headers): edged says so in one line and exits with the status the unit
+    tells systemd not to restart on; nothing is attached."""
+    proc = EdgedProc.start(net.router, doc(router, tmp_path), router.iface, wait_deployed=False,
+                           env={"BCC_KERNEL_SOURCE": str(tmp_path / "no-headers")})
+    try:
+        code = proc.proc.wait(timeout=120)
+        proc._reader.join(10)
+    finally:
+        proc.stop()
+    lines = proc.other_lines
+    assert code == edged_module.EXIT_CANNOT_COMPILE == 3, (code, lines)
+    assert len(lines) == 1 and lines[0].startswith("edged: cannot compile the data path for kernel "), lines
+    assert "kernel headers" in lines[0], lines
+    assert router.pinned_ifaces() == []
+    assert router.iface_state(router.iface).xdp_prog_id is None
+
+
+def health(tmp_path) -> str:
+    with Client(str(tmp_path / "edged.sock"), timeout_s=10) as c:
+        return c.health()
+
+
+def wait_for_http(net, attempts: int = 50) -> str:
+    """The backend answering a new connection through the VIP; bounded tries."""
+    last = None
+    for _ in range(attempts):
+        try:
+            return http_get(net.client, net.vip, PORT, timeout_s=1.0).backend
+        except OSError as e:
+            last = e
+            time.sleep(0.1)
+    raise AssertionError(f"no answer through the VIP after {attempts} tries: {last}")
+
+
+def metric(net, name: str) -> float | None:
+    """One unlabelled sample from edged's /metrics, read inside the router namespace."""
+    with net.router.enter():
+        text = urllib.request.urlopen("http://127.0.0.1:9470/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_client_interface_deleted_and_made_again_is_attached_again(net, router, tmp_path):
+    """The client-facing NIC goes away and comes back (new ifindex, no XDP): edged notices,
+    says NOT_SERVING while XDP is missing, attaches it again from the programs it holds, and
+    traffic through the VIP flows again; health, status, events and the metric agree."""
+    edged = EdgedProc.start(net.router, doc(router, tmp_path), router.iface)
+    try:
+        edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API")
+        assert wait_for_http(net)
+        assert health(tmp_path) == "SERVING" and metric(net, "edge_datapath_up") == 1.0
+        mark = len(edged.events)
+        net.recreate_client_link()
+        lost = edged.wait_for(lambda e: e["kind"] == "datapath" and not e["serving"], 10.0,
+                              "edged to notice XDP is gone", after=mark)
+        assert router.iface in lost["text"], lost["text"]
+        back = edged.wait_for(lambda e: e["kind"] == "datapath" and e["serving"], 30.0,
+                              "edged to attach XDP again", after=mark)
+        assert "attached XDP" in back["text"], back["text"]
+        assert router.iface_state(router.iface).xdp_prog_id is not None
+        assert wait_for_http(net) in ("b0", "b1", "b2")
+        assert health(tmp_path) == "SERVING" and metric(net, "edge_datapath_up") == 1.0
+        status = router.status()
+        assert status["xdp"]["attached"], status["xdp"]
+    finally:
+        edged.stop()
+
+
+def test_bpffs_unmounted_under_edged_is_not_serving_until_it_can_pin_again(net, router, tmp_path):
+    """The bpffs holding the pins is unmounted (a bpffs of the test's own, mounted at a test
+    directory, never the host's): forwarding goes on (the kernel keeps what is attached), but
+    a restarted edged or edgectl would find nothing, so edged reports NOT_SERVING (health, status,
+    event, metric). Mounted again, edged pins the maps it holds there again and serves."""
+    mnt = tmp_path / "bpffs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "bpf", "-o", "mode=0700", "bpf", str(mnt)], check=True, timeout=30)
+    mounted = True
+    try:
+        edged = EdgedProc.start(net.router, doc(router, tmp_path, pin_dir=str(mnt)), router.iface)
+        try:
+            edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API")
+            assert health(tmp_path) == "SERVING" and metric(net, "edge_datapath_up") == 1.0
+            assert wait_for_http(net)
+            mark = len(edged.events)
+            subprocess.run(["umount", str(mnt)], check=True, timeout=30)
+            mounted = False
+            lost = edged.wait_for(lambda e: e["kind"] == "datapath" and not e["serving"], 10.0,
+                                  "edged to notice the pins are gone", after=mark)
+            assert str(mnt) in lost["text"], lost["text"]
+            assert health(tmp_path) == "NOT_SERVING"
+            assert metric(net, "edge_datapath_up") == 0.0
+            shown = router.edgectl("status", "--socket", tmp_path / "edged.sock")
+            assert shown.returncode == 0, shown.stderr
+            assert "NOT SERVING: " in shown.stdout, shown.stdout
+            assert wait_for_http(net)  # what is attached keeps forwarding
+
+            subprocess.run(["mount", "-t", "bpf", "-o", "mode=0700", "bpf", str(mnt)], check=True, timeout=30)
+            mounted = True
+            back = edged.wait_for(lambda e: e["kind"] == "datapath" and e["serving"], 30.0,
+                                  "edged to pin its maps again", after=mark)
+            assert "pinned" in back["text"], back["text"]
+            assert health(tmp_path) == "SERVING" and metric(net, "edge_datapath_up") == 1.0
+            pinned = [p.name for p in (mnt / f"v{abi.ABI_VERSION}").iterdir()]
+            assert len(pinned) == 1 and sorted(os.listdir(mnt / f"v{abi.ABI_VERSION}" / pinned[0])) == \
+                sorted(abi.MAP_NAMES)
+        finally:
+            edged.stop()
+            if mounted:  # undeploy what this edged left pinned on the test's bpffs
+                router.edgectl("-q", "undeploy", "--iface", router.iface, "--pin-dir", mnt)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(mnt)], timeout=30)
