@@ -1,5 +1,5 @@
 """The failover drill's pure parts, without privileges: plan checks, the testbed config, the
-frames it sends and the analysis of what the capture saw (controlplane/drill.py)."""
+frames it sends and the analysis of what the capture saw (controlplane/drill/)."""
 
 from __future__ import annotations
 
