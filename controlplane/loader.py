@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import re
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -316,6 +317,24 @@ def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, ctx: bytes | None 
         err = ctypes.get_errno()
         raise LoaderError(f"BPF_PROG_TEST_RUN: {os.strerror(err)}")
     return TestRun(attr.retval, attr.duration, data_out.raw[: attr.data_size_out])
+
+
+_BPF_OBJ_GET_INFO_BY_FD = 15
+_PROG_INFO_SIZE = 232  # struct bpf_prog_info up to attach_btf_id (uapi/linux/bpf.h)
+_PROG_INFO_VERIFIED_INSNS = 216  # offset of verified_insns (kernel 5.16+; 0 before)
+
+
+def verified_insns(prog_fd: int) -> int:
+    """Instructions the verifier processed to load the program (its budget is 1,000,000)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    info = ctypes.create_string_buffer(_PROG_INFO_SIZE)
+    attr = ctypes.create_string_buffer(struct.pack("=IIQ", prog_fd, _PROG_INFO_SIZE, ctypes.addressof(info)))
+    nr = _SYS_BPF.get(os.uname().machine)
+    if nr is None:
+        raise LoaderError(f"BPF_OBJ_GET_INFO_BY_FD: unknown syscall number on {os.uname().machine}")
+    if libc.syscall(nr, _BPF_OBJ_GET_INFO_BY_FD, attr, 16) != 0:  # attr: the info member of bpf_attr
+        raise LoaderError(f"BPF_OBJ_GET_INFO_BY_FD: {os.strerror(ctypes.get_errno())}")
+    return struct.unpack_from("=I", info.raw, _PROG_INFO_VERIFIED_INSNS)[0]
 
 
 # ---------------------------------------------------------------- netlink
