@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from controlplane import abi
+from controlplane.config import Node
 from controlplane.errors import LoaderError, NotDeployed
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -38,14 +39,21 @@ TC_HANDLE = 1
 _INCLUDE = re.compile(r'^#include\s+"([^"]+)"\s*$', re.M)
 
 
+_NODE = Node()  # the defaults are declared once, in config.Node
+
+
 @dataclass(frozen=True)
 class Params:
-    """Sizes compiled into the data path (they also size the pinned maps)."""
+    """Sizes compiled into the data path (they also size the pinned maps); defaults: config.Node's."""
 
-    maglev_m: int = 65537
-    max_services: int = 16
-    max_backends: int = 1024
-    ct_size: int = 262144
+    maglev_m: int = _NODE.maglev_m
+    max_services: int = _NODE.max_services
+    max_backends: int = _NODE.max_backends
+    ct_size: int = _NODE.ct_size
+
+    @classmethod
+    def of(cls, node: Node) -> "Params":
+        return cls(node.maglev_m, node.max_services, node.max_backends, node.ct_size)
 
 
 class Undo:
@@ -226,6 +234,18 @@ class Loaded:
         self._bpf.cleanup()
 
 
+def cflags(pin_path: Path, params: Params) -> list[str]:
+    """The compiler flags: where the maps are pinned and every size (maps.h has no defaults)."""
+    return [
+        f"-I{BPF_DIR}",
+        f'-DEDGE_PIN_DIR="{pin_path}"',
+        f"-DEDGE_MAGLEV_M={params.maglev_m}",
+        f"-DEDGE_MAX_SERVICES={params.max_services}",
+        f"-DEDGE_MAX_BACKENDS={params.max_backends}",
+        f"-DEDGE_CT_SIZE={params.ct_size}",
+    ]
+
+
 def compile_datapath(pin_path: Path, params: Params, debug: bool = False, text: str | None = None) -> Loaded:
     """Compiles bpf/ with params; maps are opened from pin_path or created there.
     text replaces the source (benchmarks wrap the entry points)."""
@@ -234,17 +254,9 @@ def compile_datapath(pin_path: Path, params: Params, debug: bool = False, text: 
     except ImportError as e:
         raise LoaderError(f"bcc is not importable ({e}); run tools/bootstrap") from e
 
-    cflags = [
-        f"-I{BPF_DIR}",
-        f'-DEDGE_PIN_DIR="{pin_path}"',
-        f"-DEDGE_MAGLEV_M={params.maglev_m}",
-        f"-DEDGE_MAX_SERVICES={params.max_services}",
-        f"-DEDGE_MAX_BACKENDS={params.max_backends}",
-        f"-DEDGE_CT_SIZE={params.ct_size}",
-    ]
     with _captured_stderr() as log:
         try:
-            bpf = BPF(text=source_text() if text is None else text, cflags=cflags)
+            bpf = BPF(text=source_text() if text is None else text, cflags=cflags(pin_path, params))
         except Exception as e:  # bcc raises bare Exception
             raise LoaderError(f"compile bpf/: {_first_error(log())}") from e
     loaded = Loaded(bpf, pin_path, params)
