@@ -61,8 +61,7 @@ def adopted(maps: Maps, cfg: Config) -> Config:
 
 
 def params_of(cfg: Config) -> loader.Params:
-    n = cfg.node
-    return loader.Params(n.maglev_m, n.max_services, n.max_backends, n.ct_size)
+    return loader.Params.of(cfg.node)
 
 
 def open_maps(loaded: loader.Loaded) -> Maps:

@@ -1,17 +1,9 @@
-"""edged: the control-plane daemon of one edge node.
-
-It deploys the data path (or adopts the one already pinned, keeping its
-weights and conntrack), probes every backend (probe/), turns what it
-measures into weights (weights.py) and writes only what changed into the
-Maglev tables (maps.set_weights: inactive half, then one flip). What it
-measured goes into edge_be_probe once a second, so `edgectl status` shows it
-without asking edged. Everything runs on one asyncio loop; nothing here
-blocks it for long (a table rebuild for 64 backends is a few ms).
+"""edged: the control-plane daemon of one edge node. Owns the orchestration, not the policy:
+deploy (or adopt) the data path, probe every backend (probe/), hand the results to weights.py,
+write what changed (maps.set_weights) and, once a second, what it measured (edge_be_probe).
+One asyncio loop, never blocked for long; stopping edged leaves the data path forwarding.
 
     edged --config /etc/edge/edge.yaml [--iface eth0]
-
-Stopping edged leaves the data path forwarding with the last weights; a new
-edged picks up from there.
 """
 
 from __future__ import annotations

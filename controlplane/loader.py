@@ -13,6 +13,7 @@ import json
 import os
 import re
 import stat
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from controlplane import abi
+from controlplane.config import Node
 from controlplane.errors import CompileError, LoaderError, NotDeployed
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -38,14 +40,21 @@ TC_HANDLE = 1
 _INCLUDE = re.compile(r'^#include\s+"([^"]+)"\s*$', re.M)
 
 
+_NODE = Node()  # the defaults are declared once, in config.Node
+
+
 @dataclass(frozen=True)
 class Params:
-    """Sizes compiled into the data path (they also size the pinned maps)."""
+    """Sizes compiled into the data path (they also size the pinned maps); defaults: config.Node's."""
 
-    maglev_m: int = 65537
-    max_services: int = 16
-    max_backends: int = 1024
-    ct_size: int = 262144
+    maglev_m: int = _NODE.maglev_m
+    max_services: int = _NODE.max_services
+    max_backends: int = _NODE.max_backends
+    ct_size: int = _NODE.ct_size
+
+    @classmethod
+    def of(cls, node: Node) -> "Params":
+        return cls(node.maglev_m, node.max_services, node.max_backends, node.ct_size)
 
 
 class Undo:
@@ -287,6 +296,18 @@ class Loaded:
         self._bpf.cleanup()
 
 
+def cflags(pin_path: Path, params: Params) -> list[str]:
+    """The compiler flags: where the maps are pinned and every size (maps.h has no defaults)."""
+    return [
+        f"-I{BPF_DIR}",
+        f'-DEDGE_PIN_DIR="{pin_path}"',
+        f"-DEDGE_MAGLEV_M={params.maglev_m}",
+        f"-DEDGE_MAX_SERVICES={params.max_services}",
+        f"-DEDGE_MAX_BACKENDS={params.max_backends}",
+        f"-DEDGE_CT_SIZE={params.ct_size}",
+    ]
+
+
 def compile_datapath(pin_path: Path, params: Params, debug: bool = False, text: str | None = None) -> Loaded:
     """Compiles bpf/ with params; maps are opened from pin_path or created there.
     text replaces the source (benchmarks wrap the entry points)."""
@@ -295,17 +316,9 @@ def compile_datapath(pin_path: Path, params: Params, debug: bool = False, text: 
     except ImportError as e:
         raise LoaderError(f"bcc is not importable ({e}); run tools/bootstrap") from e
 
-    cflags = [
-        f"-I{BPF_DIR}",
-        f'-DEDGE_PIN_DIR="{pin_path}"',
-        f"-DEDGE_MAGLEV_M={params.maglev_m}",
-        f"-DEDGE_MAX_SERVICES={params.max_services}",
-        f"-DEDGE_MAX_BACKENDS={params.max_backends}",
-        f"-DEDGE_CT_SIZE={params.ct_size}",
-    ]
     with _captured_stderr((1, 2)) as log:
         try:
-            bpf = BPF(text=source_text() if text is None else text, cflags=cflags)
+            bpf = BPF(text=source_text() if text is None else text, cflags=cflags(pin_path, params))
         except Exception as e:  # bcc raises bare Exception
             raise CompileError(_compile_failure(log(), e)) from e
     loaded = Loaded(bpf, pin_path, params)
@@ -378,6 +391,24 @@ def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, ctx: bytes | None 
         err = ctypes.get_errno()
         raise LoaderError(f"BPF_PROG_TEST_RUN: {os.strerror(err)}")
     return TestRun(attr.retval, attr.duration, data_out.raw[: attr.data_size_out])
+
+
+_BPF_OBJ_GET_INFO_BY_FD = 15
+_PROG_INFO_SIZE = 232  # struct bpf_prog_info up to attach_btf_id (uapi/linux/bpf.h)
+_PROG_INFO_VERIFIED_INSNS = 216  # offset of verified_insns (kernel 5.16+; 0 before)
+
+
+def verified_insns(prog_fd: int) -> int:
+    """Instructions the verifier processed to load the program (its budget is 1,000,000)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    info = ctypes.create_string_buffer(_PROG_INFO_SIZE)
+    attr = ctypes.create_string_buffer(struct.pack("=IIQ", prog_fd, _PROG_INFO_SIZE, ctypes.addressof(info)))
+    nr = _SYS_BPF.get(os.uname().machine)
+    if nr is None:
+        raise LoaderError(f"BPF_OBJ_GET_INFO_BY_FD: unknown syscall number on {os.uname().machine}")
+    if libc.syscall(nr, _BPF_OBJ_GET_INFO_BY_FD, attr, 16) != 0:  # attr: the info member of bpf_attr
+        raise LoaderError(f"BPF_OBJ_GET_INFO_BY_FD: {os.strerror(ctypes.get_errno())}")
+    return struct.unpack_from("=I", info.raw, _PROG_INFO_VERIFIED_INSNS)[0]
 
 
 # ---------------------------------------------------------------- netlink

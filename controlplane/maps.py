@@ -1,13 +1,8 @@
 """The only module that knows map layouts: it writes services, backends and
 Maglev tables into the pinned maps and reads them back for status. Field
 names are the C names of bpf/include/abi.h through bcc's generated types.
-
-Writes are ordered so that no packet sees a half-made state: backends are
-written before any table names them, a VIP's new Maglev table goes into the
-inactive half (one memcpy through mmap) before one hash update flips
-vip_info.table, and a removed backend is invalidated only after no table
-points at it. Ids are stable across updates (keyed by service and backend
-name), so conntrack entries keep pointing at the same backend."""
+Writes are ordered so that no packet sees a half-made state, and ids are
+stable across updates (README, design notes: map writes)."""
 
 from __future__ import annotations
 

@@ -5,68 +5,7 @@ Owns the per-backend state between steps (Tracker), the steps that feed it
 states, reasons, and whether a push is due) and describe() for status. Pure: no
 I/O, no clock reads (every time comes in as CLOCK_MONOTONIC ns), no kernel; the
 daemon probes, scrapes, calls these, and writes decide()'s weights when it says so.
-
-Rules, per service (w = service.weights; weights are integers 0..65535, 0 = no new flows):
-
-static      weight = backend.weight as configured; probes and load change nothing.
-            push when pushed is None or any weight differs from the pushed one.
-
-latency_inverse, per backend b (base_b = backend.weight):
-  drained   base_b == 0 -> 0 always (operator drain), state "draining".
-  RTT       x = the lower median of the backend's last weights.spike_filter samples
-            (default 1: every sample; with 2, the smaller of two: host and scheduling
-            noise only ever adds delay, so one stray slow sample is ignored, a slowdown
-            counts from its second sample and a speedup at once), then
-            smoothed per backend, tau = decay_ms, dt = time since the previous sample:
-              alpha = 1 - exp(-dt / tau)
-              ewma:      rtt <- rtt + alpha * (x - rtt)
-              peak_ewma: rtt <- x if x > rtt, else rtt + alpha * (x - rtt)
-            the first sample sets rtt = x. A failed probe feeds x = probe.timeout_ms (a
-            penalty) and counts toward probe.fall. A backend with no RTT yet uses the
-            median smoothed RTT of the backends being computed, or, when none has one,
-            the same RTT for all (weights follow base alone).
-  health    probe.fall failed probes in a row -> "down", weight 0; probe.rise good ones
-            in a row -> up again, with slow start. A new backend starts up.
-  fail-open when no non-drained backend (primary or standby) is up by its probes, the
-            down ones get their computed weights from their last smoothed RTT, state
-            "fail-open"; the kernel's heartbeats still gate liveness. A standby that is
-            up is not failed open over: the data path serves from it while every
-            primary has weight 0.
-  hung      metrics fresh, waiting + running > 0 and the progress counter unchanged for
-            hung_ms (measured between scrapes; a gap between two good scrapes longer
-            than hung_ms, or an idle scrape, restarts the clock) while the probe says
-            up -> weight = floor exactly (no max_ratio lift: effectively drained),
-            state "hung". Detected whenever health.metrics is set, load_aware or not.
-            When every primary is hung or down and a standby is up, hung ones get 0
-            instead, so the data path hands new flows to the standby.
-            When it ends (progress moves, or no work outstanding) slow start follows.
-  latency   lat_b = base_b / max(rtt_b + rtt_offset, 1 us)   (rtt_offset = weights.rtt_offset_ms:
-            differences far below it are probe noise, not a reason to move flows)
-            raw_b = SCALE * lat_b / max(lat_c over computed backends c) * load_b
-            (computed = non-drained, up or failed open, not hung; standbys included).
-            The best backend of an idle service gets SCALE; the load factor is not
-            normalised away, so a backend's weight moves with its own load only.
-  load      load_b = 1 when load_aware is off or health.metrics is unset. Otherwise,
-            from the newest good scrape while it is younger than metrics.stale_ms:
-              queue = 1 / (1 + waiting / max(running, 1))
-              kv    = 1 below KV_KNEE, falling linearly to KV_MIN at kv_usage 1.0
-              load  = queue * kv          (1 idle, -> 0 saturated; a signal the
-                                           backend doesn't export counts as no pressure)
-            stale (had a good scrape, now older than stale_ms; failed scrapes don't
-            refresh it): load = NEUTRAL_LOAD, state "unknown-load". Never scraped:
-            NEUTRAL_LOAD too, state "no-metrics" - unless no backend of the service
-            ever had a good scrape, then load = 1 for all (state still "no-metrics").
-  bounds    r_b = min(65535, round(raw_b)); lo = max(floor, ceil(max(r) / max_ratio));
-            weight_b = max(lo, r_b).
-  slow start after down -> up or hung -> not hung at time t0, while now - t0 < slow_start_ms:
-            weight_b = floor + (weight_b - floor) * (now - t0) / slow_start_ms, state
-            "slow-start" (below lo by design; slow_start_ms 0 turns it off).
-  hysteresis push when pushed is None, the backend names differ, a weight crosses
-            between 0 and non-zero, or for some backend
-              |weight_b - pushed_b| > hysteresis_pct% of max(pushed_b, max(pushed) / max_ratio)
-            (relative to its own weight, but weights near the floor don't churn: the
-            threshold never drops below that of the smallest weight the bounds allow).
-            When no push is due, Decision.weights is pushed unchanged.
+The rules decide() applies are in its docstring.
 """
 
 from __future__ import annotations
@@ -252,6 +191,68 @@ def decide(
 
     pushed: the weights last written to the data path, None when nothing was.
     A backend without a tracker is treated as never probed nor scraped.
+
+    Rules, per service (w = service.weights; weights are integers 0..65535, 0 = no new flows):
+
+    static      weight = backend.weight as configured; probes and load change nothing.
+                push when pushed is None or any weight differs from the pushed one.
+
+    latency_inverse, per backend b (base_b = backend.weight):
+      drained   base_b == 0 -> 0 always (operator drain), state "draining".
+      RTT       x = the lower median of the backend's last weights.spike_filter samples
+                (default 1: every sample; with 2, the smaller of two: host and scheduling
+                noise only ever adds delay, so one stray slow sample is ignored, a slowdown
+                counts from its second sample and a speedup at once), then
+                smoothed per backend, tau = decay_ms, dt = time since the previous sample:
+                  alpha = 1 - exp(-dt / tau)
+                  ewma:      rtt <- rtt + alpha * (x - rtt)
+                  peak_ewma: rtt <- x if x > rtt, else rtt + alpha * (x - rtt)
+                the first sample sets rtt = x. A failed probe feeds x = probe.timeout_ms (a
+                penalty) and counts toward probe.fall. A backend with no RTT yet uses the
+                median smoothed RTT of the backends being computed, or, when none has one,
+                the same RTT for all (weights follow base alone).
+      health    probe.fall failed probes in a row -> "down", weight 0; probe.rise good ones
+                in a row -> up again, with slow start. A new backend starts up.
+      fail-open when no non-drained backend (primary or standby) is up by its probes, the
+                down ones get their computed weights from their last smoothed RTT, state
+                "fail-open"; the kernel's heartbeats still gate liveness. A standby that is
+                up is not failed open over: the data path serves from it while every
+                primary has weight 0.
+      hung      metrics fresh, waiting + running > 0 and the progress counter unchanged for
+                hung_ms (measured between scrapes; a gap between two good scrapes longer
+                than hung_ms, or an idle scrape, restarts the clock) while the probe says
+                up -> weight = floor exactly (no max_ratio lift: effectively drained),
+                state "hung". Detected whenever health.metrics is set, load_aware or not.
+                When every primary is hung or down and a standby is up, hung ones get 0
+                instead, so the data path hands new flows to the standby.
+                When it ends (progress moves, or no work outstanding) slow start follows.
+      latency   lat_b = base_b / max(rtt_b + rtt_offset, 1 us)   (rtt_offset = weights.rtt_offset_ms:
+                differences far below it are probe noise, not a reason to move flows)
+                raw_b = SCALE * lat_b / max(lat_c over computed backends c) * load_b
+                (computed = non-drained, up or failed open, not hung; standbys included).
+                The best backend of an idle service gets SCALE; the load factor is not
+                normalised away, so a backend's weight moves with its own load only.
+      load      load_b = 1 when load_aware is off or health.metrics is unset. Otherwise,
+                from the newest good scrape while it is younger than metrics.stale_ms:
+                  queue = 1 / (1 + waiting / max(running, 1))
+                  kv    = 1 below KV_KNEE, falling linearly to KV_MIN at kv_usage 1.0
+                  load  = queue * kv          (1 idle, -> 0 saturated; a signal the
+                                               backend doesn't export counts as no pressure)
+                stale (had a good scrape, now older than stale_ms; failed scrapes don't
+                refresh it): load = NEUTRAL_LOAD, state "unknown-load". Never scraped:
+                NEUTRAL_LOAD too, state "no-metrics" - unless no backend of the service
+                ever had a good scrape, then load = 1 for all (state still "no-metrics").
+      bounds    r_b = min(65535, round(raw_b)); lo = max(floor, ceil(max(r) / max_ratio));
+                weight_b = max(lo, r_b).
+      slow start after down -> up or hung -> not hung at time t0, while now - t0 < slow_start_ms:
+                weight_b = floor + (weight_b - floor) * (now - t0) / slow_start_ms, state
+                "slow-start" (below lo by design; slow_start_ms 0 turns it off).
+      hysteresis push when pushed is None, the backend names differ, a weight crosses
+                between 0 and non-zero, or for some backend
+                  |weight_b - pushed_b| > hysteresis_pct% of max(pushed_b, max(pushed) / max_ratio)
+                (relative to its own weight, but weights near the floor don't churn: the
+                threshold never drops below that of the smallest weight the bounds allow).
+                When no push is due, Decision.weights is pushed unchanged.
     """
     w = service.weights
     if w.policy == "static":

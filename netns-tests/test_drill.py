@@ -6,7 +6,7 @@ tools/bench-failover; here only behaviour is asserted.
                        ├────veth── h100-b
                        └────veth── h100-c
 
-Each drill builds and removes its own namespaces and router (controlplane/drill.py); the test
+Each drill builds and removes its own namespaces and router (controlplane/drill/); the test
 only checks that nothing with the drill's prefix is left behind.
 """
 

@@ -38,10 +38,11 @@ import pytest
 from scapy.layers.inet import IP, TCP, UDP, IPOption_RR
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
+from scapy.utils import checksum
 
-from controlplane.testbed.frames import Capture, send_frames
 from controlplane.testbed.router import Router, link_mac
 from controlplane.testbed.traffic import http_get, wait_until
+from packets import Capture, send_frames
 
 PORT = 8000  # conftest.BACKEND_PORT; the VIP serves web (tcp) and dns (udp) on it
 COPIES = 5  # each crafted frame is sent this many times
@@ -160,16 +161,6 @@ def deltas(before: dict, after: dict) -> dict:
     }
 
 
-def ones_sum(data: bytes) -> int:
-    """Internet checksum sum (RFC 1071) of data, folded to 16 bits; 0xffff over a valid header."""
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return total
-
-
 def nat_problems(sent: bytes, got: bytes, backends: frozenset[str]) -> list[str]:
     """What is wrong with `got` (a frame at a backend) as the NATed form of `sent` (as crafted)."""
     ip, orig = got[14:], sent[14:]
@@ -182,7 +173,7 @@ def nat_problems(sent: bytes, got: bytes, backends: frozenset[str]) -> list[str]
         problems.append("source or ports rewritten wrongly")
     if ip[8] != orig[8] - 1:
         problems.append(f"TTL {ip[8]}, sent {orig[8]}")
-    if ones_sum(ip[:ihl]) != 0xFFFF:
+    if checksum(ip[:ihl]) != 0:
         problems.append("IPv4 header checksum")
     unchanged = (slice(4, 16), slice(18, None)) if proto == 6 else (slice(4, 6), slice(8, None))
     if [l4[s] for s in unchanged] != [orig[20:20 + len(l4)][s] for s in unchanged]:
@@ -190,7 +181,7 @@ def nat_problems(sent: bytes, got: bytes, backends: frozenset[str]) -> list[str]
     if proto == 17 and orig[26:28] == b"\0\0":
         if l4[6:8] != b"\0\0":
             problems.append("UDP checksum 0 (none) became a checksum")
-    elif ones_sum(ip[12:20] + bytes([0, proto]) + len(l4).to_bytes(2, "big") + l4) != 0xFFFF:
+    elif checksum(ip[12:20] + bytes([0, proto]) + len(l4).to_bytes(2, "big") + l4) != 0:
         problems.append(f"{'UDP' if proto == 17 else 'TCP'} checksum")
     return problems
 

@@ -17,8 +17,8 @@ import socket
 
 import pytest
 
-from controlplane.testbed.frames import Capture
-from controlplane.testbed.traffic import Conn, http_get, ping, udp_query, wait_until
+from controlplane.testbed.traffic import Conn, http_get, wait_until
+from packets import Capture, ping, udp_query
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
 OTHER_PORT = 9000  # on the VIP address, but no service

@@ -28,9 +28,8 @@ from controlplane.testbed.traffic import (
     close_all,
     http_get,
     open_connections,
-    ping,
-    udp_query,
 )
+from packets import ping, udp_query
 
 PORT = 8000  # conftest.BACKEND_PORT
 

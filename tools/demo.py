@@ -5,7 +5,7 @@ in network namespaces, 1, 5 and 15 ms slow; edged probes them, scrapes their loa
 new flows by latency and GPU load. A GPU's queue fills and its share drops; an engine hangs
 and is drained while the connections it already has stay where they are; edgectl status and
 the Prometheus endpoint show what edged sees; edged stops and the data path keeps forwarding.
-It ends with a short failover drill (controlplane/drill.py): one backend's heartbeats stop
+It ends with a short failover drill (controlplane/drill/): one backend's heartbeats stop
 under a stream of new flows. Everything is removed again, also on an error or Ctrl-C.
 Run it as root through tools/demo (which bootstraps)."""
 

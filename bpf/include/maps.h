@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* maps.h: every map of the data path, pinned under EDGE_PIN_DIR, which the
  * loader sets to <bpffs>/edge/v<EDGE_ABI_VERSION>/<instance>. Kernel side
- * only; key and value types come from abi.h. Sizes chosen at deploy time
- * arrive as -D flags; the defaults below match controlplane/config.py. */
+ * only; key and value types come from abi.h. Sizes are chosen at deploy time
+ * and arrive as -D flags (loader.cflags); their defaults are declared once,
+ * in controlplane/config.py (Node), so there are none here. */
 #ifndef EDGE_MAPS_H
 #define EDGE_MAPS_H
 
@@ -11,17 +12,21 @@
 #ifndef EDGE_PIN_DIR
 #error "EDGE_PIN_DIR must be set by the loader"
 #endif
+/* EDGE_MAGLEV_M: slots per Maglev table; prime; Python builds the same M.
+ * EDGE_MAX_SERVICES: VIPs; each owns two Maglev tables (A/B).
+ * EDGE_MAX_BACKENDS: backend ids, across all VIPs.
+ * EDGE_CT_SIZE: conntrack entries (and as many reverse-NAT entries). */
 #ifndef EDGE_MAGLEV_M
-#define EDGE_MAGLEV_M		65537	/* slots per Maglev table; prime; Python builds the same M */
+#error "EDGE_MAGLEV_M must be set by the loader"
 #endif
 #ifndef EDGE_MAX_SERVICES
-#define EDGE_MAX_SERVICES	16	/* VIPs; each owns two Maglev tables (A/B) */
+#error "EDGE_MAX_SERVICES must be set by the loader"
 #endif
 #ifndef EDGE_MAX_BACKENDS
-#define EDGE_MAX_BACKENDS	1024	/* backend ids, across all VIPs */
+#error "EDGE_MAX_BACKENDS must be set by the loader"
 #endif
 #ifndef EDGE_CT_SIZE
-#define EDGE_CT_SIZE		262144	/* conntrack entries */
+#error "EDGE_CT_SIZE must be set by the loader"
 #endif
 
 #define EDGE_PIN(name)		EDGE_PIN_DIR "/" #name

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* parse.h: bounded, verifier-safe header parsing shared by the XDP and tc
- * programs. Each parse_* helper checks its header against data_end, advances
- * the cursor and returns the next protocol, or -1 when the header is cut off
- * or inconsistent. Policy (what to do with such a packet) lives elsewhere. */
+ * programs. Each parse_* helper checks its header against data_end and
+ * returns -1 when the header is cut off or inconsistent. parse_eth and
+ * parse_ipv4 advance the cursor past their header and return the next
+ * protocol (EtherType, IP protocol); parse_tcp and parse_udp, the last
+ * headers parsed, leave the cursor where it is and return 0. Policy (what to
+ * do with such a packet) lives elsewhere. */
 #ifndef EDGE_PARSE_H
 #define EDGE_PARSE_H
 
@@ -90,7 +93,8 @@ static __always_inline int parse_ipv4(struct hdr_cursor *nh, void *data_end,
 	return iph->protocol;
 }
 
-/* TCP header whose data offset fits in l4_len bytes (the IP payload). */
+/* TCP header whose data offset fits in l4_len bytes (the IP payload); 0 if so.
+ * The cursor stays at the TCP header. */
 static __always_inline int parse_tcp(struct hdr_cursor *nh, void *data_end,
 				     __u32 l4_len, struct tcphdr **tcphdr)
 {
@@ -106,7 +110,8 @@ static __always_inline int parse_tcp(struct hdr_cursor *nh, void *data_end,
 	return 0;
 }
 
-/* UDP header whose length field covers at least itself and at most l4_len. */
+/* UDP header whose length field covers at least itself and at most l4_len;
+ * 0 if so. The cursor stays at the UDP header. */
 static __always_inline int parse_udp(struct hdr_cursor *nh, void *data_end,
 				     __u32 l4_len, struct udphdr **udphdr)
 {

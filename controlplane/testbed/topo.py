@@ -9,17 +9,8 @@ client side; backend i 198.18.{i+1}.2/24, router 198.18.{i+1}.1/24 facing it. Th
 (198.18.255.1) is on no interface: the client routes 198.18.255.0/24 and 198.18.0.0/15
 via the router, backends route everything via their router-side address.
 
-Names, for a Net with prefix "e3f9a" (5 hex chars, unique per Net):
-  namespaces  {prefix}-{role}             e3f9a-c, e3f9a-rt, e3f9a-b0, e3f9a-b1 …
-  interfaces  {prefix}-{here}-{there}     the veth end living in namespace `here`, facing `there`:
-              e3f9a-rt-c  router → client (router_client_iface: where the XDP router goes)
-              e3f9a-c-rt  client → router
-              e3f9a-rt-b0 router → b0     (backend_iface(0))
-              e3f9a-b0-rt b0 → router
-Every name starts with "{prefix}-", so whatever a Net made is greppable and unique on the host.
-
-Owns building and removing exactly those things (plus processes started through Ns.popen);
-it knows nothing about the router program.
+Owns building and removing exactly those things (plus processes started through Ns.popen;
+names: see Net); it knows nothing about the router program.
 """
 
 from __future__ import annotations
@@ -259,7 +250,17 @@ class Server:
 
 
 class Net:
-    """Everything one Topo built. close() removes exactly that, newest first, also after a failed build."""
+    """Everything one Topo built. close() removes exactly that, newest first, also after a failed build.
+
+    Names, for a Net with prefix "e3f9a" (5 hex chars, unique per Net):
+      namespaces  {prefix}-{role}             e3f9a-c, e3f9a-rt, e3f9a-b0, e3f9a-b1 …
+      interfaces  {prefix}-{here}-{there}     the veth end living in namespace `here`, facing `there`:
+                  e3f9a-rt-c  router → client (router_client_iface: where the XDP router goes)
+                  e3f9a-c-rt  client → router
+                  e3f9a-rt-b0 router → b0     (backend_iface(0))
+                  e3f9a-b0-rt b0 → router
+    Every name starts with "{prefix}-", so whatever a Net made is greppable and unique on the host.
+    """
 
     def __init__(self, topo: Topo = Topo(), prefix: str | None = None):
         self.topo = topo

@@ -1,4 +1,4 @@
-"""Client-side traffic for the testbed: HTTP requests, flow counts, UDP and ICMP probes, wait_until.
+"""Client-side traffic for the testbed: HTTP requests, flow counts, wait_until.
 
 Every helper takes the namespace to send from (an Ns of topo.Net) and creates its sockets
 inside it through Ns.enter(); the calling thread is back in its own namespace on return.
@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import errno
 import json
-import random
 import selectors
 import socket
-import struct
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -50,12 +48,6 @@ class Reply:
     peer: str | None  # "ip:port" of the client as the backend saw it
     status: int
     server_addr: str  # "ip:port" the client socket is connected to (getpeername)
-
-
-@dataclass(frozen=True)
-class UdpReply:
-    backend: str
-    server_addr: str  # "ip:port" the datagram came from
 
 
 def _hostport(addr: tuple) -> str:
@@ -256,50 +248,3 @@ def backends_seen(ns: Ns, addr: Addr, port: int, n_flows: int, concurrency: int 
             for sock, _, _ in flows.values():
                 sock.close()
     return seen
-
-
-def udp_query(ns: Ns, addr: Addr, port: int, payload: bytes = b"who", timeout_s: float = 1.0) -> UdpReply:
-    """Send one datagram from ns to addr:port and return the first answer (the backend echoes its name)."""
-    with ns.enter():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with sock:
-        sock.settimeout(timeout_s)
-        sock.sendto(payload, (str(addr), port))
-        data, src = sock.recvfrom(2048)
-    return UdpReply(data.decode(errors="replace"), _hostport(src))
-
-
-def _inet_checksum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
-def ping(ns: Ns, addr: Addr, timeout_s: float = 1.0, seq: int = 1) -> float:
-    """One ICMP echo from ns to addr; return the round trip in seconds, raise TimeoutError without answer."""
-    ident = random.getrandbits(16)
-    header = struct.pack("!BBHHH", 8, 0, 0, ident, seq)
-    payload = b"edge-testbed"
-    packet = struct.pack("!BBHHH", 8, 0, _inet_checksum(header + payload), ident, seq) + payload
-    with ns.enter():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
-    with sock:
-        t0 = time.monotonic()
-        deadline = t0 + timeout_s
-        sock.sendto(packet, (str(addr), 0))
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"ping {addr} from {ns.name}: no echo reply within {timeout_s}s")
-            sock.settimeout(left)
-            try:
-                data, src = sock.recvfrom(2048)
-            except socket.timeout:
-                continue
-            ihl = (data[0] & 0x0F) * 4
-            icmp_type, _, _, got_id, got_seq = struct.unpack("!BBHHH", data[ihl:ihl + 8])
-            if icmp_type == 0 and (got_id, got_seq) == (ident, seq) and src[0] == str(addr):
-                return time.monotonic() - t0

@@ -1,9 +1,12 @@
 """The failover drill's pure parts, without privileges: plan checks, the testbed config, the
-frames it sends and the analysis of what the capture saw (controlplane/drill.py)."""
+frames it sends and the analysis of what the capture saw (controlplane/drill/)."""
 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,7 @@ from controlplane.config import parse_config
 from controlplane.testbed.topo import Net, Topo
 
 MS = 1_000_000
+REPO = Path(__file__).resolve().parents[2]
 
 
 def config(**service) -> object:
@@ -135,3 +139,23 @@ def test_flows_lost_while_every_other_backend_missed_heartbeats_are_explained():
     r = drill.analyse(flows, ["a", "b", "c"], 0, "heartbeat", t0, t0, health)
     assert (r["lost"], r["lost_heartbeat_gaps"], r["lost_unexplained"]) == (1, 1, 0)
     assert r["heartbeat_gaps"]["b"] == {"heartbeats": 988, "max_gap_ms": 13.0, "over_timeout": 1}
+
+
+# matplotlib is an optional extra: None in sys.modules makes `import matplotlib` raise ImportError,
+# as when it is not installed, without touching the venv.
+WITHOUT_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None; from controlplane.cli import main; sys.exit(main())"
+
+
+def test_a_plot_without_matplotlib_is_refused_in_one_line_before_the_drill_runs(tmp_path):
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text("version: 1\nservices:\n- name: chat\n  vip: 198.18.255.1\n  port: 8000\n  backends:\n"
+                   "  - {name: a, address: 198.18.1.2, port: 8000}\n  - {name: b, address: 198.18.2.2, port: 8000}\n")
+    done = subprocess.run([sys.executable, "-c", WITHOUT_MATPLOTLIB, "drill", "failover", "--config", str(cfg),
+                           "--backend", "a", "--mode", "link", "--plot", str(tmp_path / "out.png")],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edgectl: --plot needs matplotlib"), done.stderr
+    assert "plot extra" in lines[0]
+    assert not (tmp_path / "out.png").exists()

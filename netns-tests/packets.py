@@ -1,15 +1,22 @@
-"""Raw Ethernet frames in testbed namespaces: send crafted frames out of an interface, and
-capture the IPv4 frames that arrive at interfaces, to prove what got through and what did not.
-
-Both use AF_PACKET sockets made inside the namespace through Ns.enter(), so no process is
-started. Frames are bytes (the tests build them, with scapy); this module knows nothing of
-their contents or of the router. Sending and capturing are bounded in count.
+"""Test-only traffic in testbed namespaces: crafted Ethernet frames sent out of an interface and
+the IPv4 frames captured at interfaces (AF_PACKET, to prove what got through and what did not),
+one ICMP echo and one UDP query. Sockets are made inside the namespace through Ns.enter(), so no
+process is started; everything is bounded in count and time. Frames are bytes (the tests build
+them with scapy); nothing here knows the router.
 """
 
 from __future__ import annotations
 
+import random
 import socket
+import struct
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
+
+from scapy.layers.inet import ICMP
+
+from controlplane.testbed.traffic import Addr, _hostport
 
 if TYPE_CHECKING:
     from controlplane.testbed.topo import Ns
@@ -81,3 +88,45 @@ class Capture:
     def close(self) -> None:
         while self._socks:
             self._socks.pop()[1].close()
+
+
+@dataclass(frozen=True)
+class UdpReply:
+    backend: str
+    server_addr: str  # "ip:port" the datagram came from
+
+
+def udp_query(ns: Ns, addr: Addr, port: int, payload: bytes = b"who", timeout_s: float = 1.0) -> UdpReply:
+    """Send one datagram from ns to addr:port and return the first answer (the backend echoes its name)."""
+    with ns.enter():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        sock.settimeout(timeout_s)
+        sock.sendto(payload, (str(addr), port))
+        data, src = sock.recvfrom(2048)
+    return UdpReply(data.decode(errors="replace"), _hostport(src))
+
+
+def ping(ns: Ns, addr: Addr, timeout_s: float = 1.0, seq: int = 1) -> float:
+    """One ICMP echo from ns to addr; return the round trip in seconds, raise TimeoutError without answer."""
+    ident = random.getrandbits(16)
+    packet = bytes(ICMP(type="echo-request", id=ident, seq=seq) / b"edge-testbed")  # scapy fills the checksum
+    with ns.enter():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    with sock:
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        sock.sendto(packet, (str(addr), 0))
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"ping {addr} from {ns.name}: no echo reply within {timeout_s}s")
+            sock.settimeout(left)
+            try:
+                data, src = sock.recvfrom(2048)
+            except socket.timeout:
+                continue
+            ihl = (data[0] & 0x0F) * 4
+            icmp_type, _, _, got_id, got_seq = struct.unpack("!BBHHH", data[ihl:ihl + 8])
+            if icmp_type == 0 and (got_id, got_seq) == (ident, seq) and src[0] == str(addr):
+                return time.monotonic() - t0
