@@ -36,6 +36,7 @@ class NodeState:
     serving: bool  # edged is running and says SERVING (False while starting or stopping)
     drained: bool  # `edgectl drain-node` is in force
     services: tuple[ServiceState, ...] = ()
+    problem: str = ""  # why the data path is not whole (edged says NOT_SERVING), '' while it is
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ def decide(state: NodeState) -> Decision:
         vips[s.vip] = vips.get(s.vip, 0) + max(0, s.usable_backends)
     if not state.attached:
         node_reason = "data path not attached"
+    elif state.problem:
+        node_reason = f"not serving: {state.problem}"
     elif not state.serving:
         node_reason = "edged not serving"
     elif state.drained:

@@ -190,3 +190,9 @@ def test_write_atomically_replaces_the_file(tmp_path):
 
 def test_decision_default_is_empty():
     assert Decision(frozenset()).withdrawn == {}
+
+
+def test_a_data_path_that_is_not_whole_withdraws_with_its_problem():
+    state = NodeState(True, True, False, (ServiceState("chat", VIP1, 2),),
+                      problem="eth0: XDP is not attached (the interface was made again?)")
+    assert decide(state).withdrawn == {VIP1: "not serving: eth0: XDP is not attached (the interface was made again?)"}
