@@ -409,7 +409,8 @@ class Daemon:
             usable = 0
             if self.maps is not None:
                 try:
-                    usable = sum(ok and st.states.get(b) != "down" for b, ok in self.maps.usable(name).items())
+                    usable = sum(ok and not (b in st.trackers and st.trackers[b].down)
+                                 for b, ok in self.maps.usable(name).items())
                 except EdgeError:
                     usable = 0
             services.append(announce.ServiceState(name, st.service.vip, usable))
