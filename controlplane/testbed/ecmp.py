@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from controlplane.api.client import Client
@@ -22,8 +23,11 @@ from controlplane.testbed.router import Router
 from controlplane.testbed.traffic import close_all, http_get, open_connections
 
 PORT = 8000
-MODES = ("link", "freeze", "stop")
+MODES = ("link", "silent", "freeze", "stop")
 # link:   the router's upstream link goes down and its edged (with its bird) is SIGKILLed
+# silent: the link stays up but nothing crosses it any more (a node that lost power behind a
+#         switch), then edged and bird are SIGKILLed: their FIN never arrives, only BFD (or the
+#         hold timer) tells the upstream
 # freeze: edged and bird are SIGSTOPped, links stay up, the data path still forwards: only BFD
 #         (or the hold timer) can tell the upstream
 # stop:   edged gets SIGTERM: the graceful withdraw (drain the node, then stop)
@@ -43,7 +47,7 @@ class RouterLoss:
     failed: list[str] = field(default_factory=list)  # connections that did not answer: why
     new_attempts: int = 0  # new connections tried from the loss on (each with a short timeout)
     new_failures: int = 0
-    new_failing_until_s: float = 0.0  # the last new connection that failed, started at this time
+    new_failing_until_s: float = 0.0  # the last new connection that failed (its SYN was lost) started then
 
     @property
     def kept_ratio(self) -> float:
@@ -63,16 +67,21 @@ class _RouterNet:
 class Fleet:
     """A built FleetNet with backends, the upstream's bird and one edged per router."""
 
-    def __init__(self, net: FleetNet, bfd: bool = True, bfd_interval_ms: int = 100):
+    def __init__(self, net: FleetNet, bfd: bool = True, bfd_interval_ms: int = 100,
+                 service_extra: dict | None = None):
         self.net = net
         self.bfd, self.bfd_interval_ms = bfd, bfd_interval_ms
+        self.service_extra = dict(service_extra or {})
         self.edgeds: list[EdgedProc | None] = [None] * net.topo.routers
         self.frozen: list[int] = []
 
     @classmethod
-    def start(cls, topo: FleetTopo = FleetTopo(), bfd: bool = True, bfd_interval_ms: int = 100) -> "Fleet":
+    def start(cls, topo: FleetTopo = FleetTopo(), bfd: bool = True, bfd_interval_ms: int = 100,
+              service_extra: dict | None = None) -> "Fleet":
+        """Builds the net, starts backends, the upstream's bird and every edged, and returns once
+        the upstream routes the VIP to every router. service_extra: more keys of the service."""
         net = FleetNet(topo).build()
-        fleet = cls(net, bfd, bfd_interval_ms)
+        fleet = cls(net, bfd, bfd_interval_ms, service_extra)
         try:
             net.start_backends(PORT)
             net.start_upstream_bird(bfd_interval_ms=bfd_interval_ms)
@@ -89,7 +98,13 @@ class Fleet:
         return fleet
 
     def config(self, i: int) -> dict:
-        return self.net.edged_config(i, [self.net.service("web", PORT)], self.bfd_interval_ms, self.bfd)
+        return self.net.edged_config(i, [self.net.service("web", PORT, **self.service_extra)],
+                                     self.bfd_interval_ms, self.bfd)
+
+    def edgectl(self, i: int, *args: str):
+        """`edgectl ARGS --socket` router i's edged, in router i's namespace."""
+        sock = self.net.edged_config(i, [])["node"]["api_socket"]
+        return Router(_RouterNet(self.net.router(i)), self.net.router_iface(i)).edgectl(*args, "--socket", sock)
 
     def client(self, i: int) -> Client:
         return Client(self.net.edged_config(i, [])["node"]["api_socket"])
@@ -99,10 +114,10 @@ class Fleet:
             return sum(s["new_flows"] for s in c.status()["services"])
 
     def lose_router(self, victim: int = 0, mode: str = "link", n_conns: int = 200,
-                    new_timeout_s: float = 0.25, settle_s: float = 3.0) -> RouterLoss:
+                    new_timeout_s: float = 0.5, settle_s: float = 3.0) -> RouterLoss:
         """Opens n_conns connections, loses router `victim` the `mode` way, waits for the upstream
         to withdraw it, then asks every connection once more. Meanwhile new connections are tried
-        one after another (each with new_timeout_s) until settle_s after the withdraw."""
+        every 10 ms (each with new_timeout_s) until settle_s after the withdraw."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
         net, n = self.net, self.net.topo.routers
@@ -144,23 +159,30 @@ class Fleet:
         return result
 
     def _try_new(self, attempts: list, stop: threading.Event, timeout_s: float) -> None:
-        """New connections, one every 5 ms or so, until stop (bounded: at most 4000)."""
-        for _ in range(4000):
-            if stop.is_set():
-                return
-            t = time.monotonic()
+        """A new connection every 10 ms (each on a worker, so a lost SYN delays no other) until
+        stop; bounded: at most 1500 attempts."""
+        def attempt(t: float) -> None:
             try:
                 http_get(self.net.client, self.net.vip, PORT, timeout_s=timeout_s)
                 attempts.append((t, True))
             except OSError:
                 attempts.append((t, False))
-            time.sleep(0.005)  # pacing: the attempts sample time, they are not a load test
+
+        with ThreadPoolExecutor(max_workers=max(4, int(timeout_s / 0.01) + 4)) as pool:
+            for _ in range(1500):
+                if stop.is_set():
+                    return
+                pool.submit(attempt, time.monotonic())
+                time.sleep(0.01)  # pacing: the attempts sample time, they are not a load test
 
     def _lose(self, victim: int, mode: str) -> None:
         edged = self.edgeds[victim]
         if mode == "link":
             self.net.link_down(victim)
             edged.signal(signal.SIGKILL)  # bird dies with it (PR_SET_PDEATHSIG)
+        elif mode == "silent":
+            self.net.blackhole(victim)
+            edged.signal(signal.SIGKILL)
         elif mode == "freeze":
             for pid in self.speaker_pids(victim) + [edged.proc.pid]:  # pids this fleet started
                 os.kill(pid, signal.SIGSTOP)

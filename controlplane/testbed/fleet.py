@@ -306,6 +306,14 @@ class FleetNet:
         """Router i's upstream link loses carrier (its end goes down)."""
         self.router(i).run(["ip", "link", "set", self.router_iface(i), "down"])
 
+    def blackhole(self, i: int) -> None:
+        """Nothing arriving over router i's upstream link is taken in any more, at either end; the
+        link stays up (nftables netdev ingress, policy drop: after XDP, so the router's data path
+        still forwards what reaches it, but its answers die at the upstream)."""
+        for ns, dev in ((self.router(i), self.router_iface(i)), (self.upstream, self.ifname(UPSTREAM, f"r{i}"))):
+            ns.run(["nft", "-f", "-"], input=f"table netdev edge_blackhole {{\n\tchain in {{ type filter hook "
+                                             f"ingress device \"{dev}\" priority -500; policy drop; }}\n}}\n")
+
     # teardown
 
     def _remove_tmp(self) -> None:
