@@ -21,7 +21,7 @@ from ipaddress import IPv4Address
 from typing import Iterable, Sequence
 
 from controlplane.config import Bgp
-from controlplane.errors import SpeakerError
+from controlplane.errors import ConfigError, SpeakerError
 
 STATIC = "edge_vips"  # the static protocol holding the announced /32s
 START_TIMEOUT_S = 10.0
@@ -162,6 +162,23 @@ class Bird:
         write_atomically(self.bgp.config_file, render(self.bgp, vips))
         await birdc(self.bgp.control_socket, "configure")
         self.announced = vips
+
+    @staticmethod
+    def check_change(old: Bgp | None, new: Bgp | None) -> None:
+        """ConfigError unless a reload may go from old to new with the running bird (peers,
+        AS numbers, timers and BFD may change; starting, stopping or moving bird may not)."""
+        if (old is None) != (new is None):
+            raise ConfigError(f"node.bgp: {'added' if new else 'removed'}; a reload cannot "
+                              f"{'start' if new else 'stop'} the BGP speaker (restart edged)")
+        for key in ("speaker", "config_file", "control_socket"):
+            if old is not None and getattr(old, key) != getattr(new, key):
+                raise ConfigError(f"node.bgp.{key}: changed from {getattr(old, key)} to {getattr(new, key)}; "
+                                  f"a reload cannot move the running speaker (restart edged)")
+
+    async def reconfigure(self, bgp: Bgp) -> None:
+        """New peers, timers or BFD for the running bird; announces what it announced."""
+        self.bgp = bgp
+        await self.announce(self.announced)
 
     async def stop(self, timeout_s: float = 3.0) -> None:
         """`birdc down` (a Cease to every peer: they drop our routes at once), then the process

@@ -514,6 +514,7 @@ class Daemon:
         return load_config(self.config_path), self.config_path
 
     async def _reload(self, new: Config, source: str) -> dict:
+        bird.Bird.check_change(self.cfg.node.bgp, new.node.bgp)
         for key in ("maglev_m", "max_services", "max_backends", "ct_size", "pin_dir", "xdp_mode"):
             if getattr(new.node, key) != getattr(self.cfg.node, key):
                 raise ConfigError(f"node.{key}: changed from {getattr(self.cfg.node, key)} to "
@@ -564,6 +565,11 @@ class Daemon:
         applied = self._with_leaving(new, leaving)
         report = await self._apply(applied)
         self.cfg, self.leaving = new, leaving
+        if self.announcer is not None and new.node.bgp != old.node.bgp:
+            try:  # the tables are applied already: a speaker that refuses is reported, not a failed reload
+                await self.announcer.speaker.reconfigure(new.node.bgp)
+            except EdgeError as e:
+                self.events.emit("error", f"bgp: the reloaded node.bgp is not in force: {e}")
         self._write_status(time.monotonic_ns())  # what is draining out must outlive a restart
         return report, leaving
 

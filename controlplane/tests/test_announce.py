@@ -196,3 +196,23 @@ def test_a_data_path_that_is_not_whole_withdraws_with_its_problem():
     state = NodeState(True, True, False, (ServiceState("chat", VIP1, 2),),
                       problem="eth0: XDP is not attached (the interface was made again?)")
     assert decide(state).withdrawn == {VIP1: "not serving: eth0: XDP is not attached (the interface was made again?)"}
+
+
+@pytest.mark.parametrize("old, new, error", [
+    (None, GOOD, "node.bgp: added; a reload cannot start the BGP speaker (restart edged)"),
+    (GOOD, None, "node.bgp: removed; a reload cannot stop the BGP speaker (restart edged)"),
+    (GOOD, {**GOOD, "control_socket": "/run/x.ctl"}, "node.bgp.control_socket: changed from "
+     "/run/edge/bird.ctl to /run/x.ctl; a reload cannot move the running speaker (restart edged)"),
+    (GOOD, {**GOOD, "hold_time_s": 9, "peers": [{"address": "198.18.32.9", "remote_as": 1}]}, None),
+    (None, None, None),
+])
+def test_what_a_reload_may_change_in_node_bgp(old, new, error):
+    def bgp(d):
+        return parse_config(doc(d)).node.bgp
+
+    if error is None:
+        bird.Bird.check_change(bgp(old), bgp(new))
+        return
+    with pytest.raises(ConfigError) as e:
+        bird.Bird.check_change(bgp(old), bgp(new))
+    assert str(e.value) == error
