@@ -40,9 +40,10 @@ def test_losing_a_router_keeps_connections_on_their_backends(mode, record_proper
     assert result.kept_ratio >= 0.99, result.as_dict()
 
 
-def test_drain_node_withdraws_and_stop_withdraws():
-    """`edgectl drain-node` on r1 takes r1 out of the upstream's route, `undrain-node` brings it
-    back; SIGTERM to r1's edged withdraws it again (a graceful stop)."""
+def test_drain_node_undeploy_and_stop_withdraw():
+    """`edgectl drain-node` on r1 takes r1 out of the upstream's route and `undrain-node` brings it
+    back; `edgectl undeploy` under r0's edged (its XDP program gone) withdraws r0; SIGTERM to r1's
+    edged withdraws r1 (a graceful stop), and the upstream has no route to the VIP left."""
     with Fleet.start(FleetTopo(routers=2, backends=2)) as fleet:
         net = fleet.net
         out = fleet.edgectl(1, "drain-node")
@@ -51,8 +52,15 @@ def test_drain_node_withdraws_and_stop_withdraws():
         out = fleet.edgectl(1, "undrain-node")
         assert (out.returncode, out.stdout) == (0, f"{net.vip}: announced\n")
         net.wait_next_hops({0, 1}, 30.0)
+
+        out = fleet.edgectl(0, "undeploy", "--iface", net.router_iface(0), api=False)
+        assert out.returncode == 0, out.stderr
+        net.wait_next_hops({1}, 10.0)
+        fleet.edgeds[0].wait_for(lambda e: e["kind"] == "bgp" and "(data path not attached)" in e["text"], 5.0,
+                                 "r0's withdraw event")
+
         fleet.edgeds[1].signal(signal.SIGTERM)
-        net.wait_next_hops({0}, 10.0)
+        net.wait_next_hops(set(), 10.0)
         assert fleet.edgeds[1].proc.wait(timeout=20) == 0
         stopped = [e["text"] for e in fleet.edgeds[1].events if e["kind"] == "bgp"]
         assert stopped[-1] == f"bgp: withdrew {net.vip} (edged stopping)"

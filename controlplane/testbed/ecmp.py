@@ -101,10 +101,10 @@ class Fleet:
         return self.net.edged_config(i, [self.net.service("web", PORT, **self.service_extra)],
                                      self.bfd_interval_ms, self.bfd)
 
-    def edgectl(self, i: int, *args: str):
-        """`edgectl ARGS --socket` router i's edged, in router i's namespace."""
-        sock = self.net.edged_config(i, [])["node"]["api_socket"]
-        return Router(_RouterNet(self.net.router(i)), self.net.router_iface(i)).edgectl(*args, "--socket", sock)
+    def edgectl(self, i: int, *args: str, api: bool = True):
+        """`edgectl ARGS` in router i's namespace; api: add `--socket` of router i's edged."""
+        sock = ("--socket", self.net.edged_config(i, [])["node"]["api_socket"]) if api else ()
+        return Router(_RouterNet(self.net.router(i)), self.net.router_iface(i)).edgectl(*args, *sock)
 
     def client(self, i: int) -> Client:
         return Client(self.net.edged_config(i, [])["node"]["api_socket"])
