@@ -31,6 +31,7 @@ from typing import Callable
 from pyroute2 import netns
 
 from controlplane import bird
+from controlplane.testbed.daemon import env_with_package
 from controlplane.testbed.topo import Net, Ns, Server, check_ifname, ignore_gone, read_line, unique_prefix
 from controlplane.testbed.traffic import wait_until
 
@@ -231,9 +232,7 @@ class FleetNet:
 
     def start_backends(self, port: int = 8000, timeout_s: float = 5.0) -> list[Server]:
         """The testbed HTTP backend in every backend namespace, answering with its name."""
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        env = env_with_package()
         for j in range(self.topo.backends):
             addr = self.topo.backend_addr(j).ip
             proc = self.ns[f"b{j}"].popen([sys.executable, "-m", "controlplane.testbed.backend", "--name",
