@@ -42,7 +42,7 @@ def test_losing_a_router_keeps_connections_on_their_backends(mode, record_proper
 
 def test_drain_node_undeploy_and_stop_withdraw():
     """`edgectl drain-node` on r1 takes r1 out of the upstream's route and `undrain-node` brings it
-    back; `edgectl undeploy` under r0's edged (its XDP program gone) withdraws r0; SIGTERM to r1's
+    back; `edgectl undeploy` under r0's edged (edged says NOT_SERVING) withdraws r0; SIGTERM to r1's
     edged withdraws r1 (a graceful stop), and the upstream has no route to the VIP left."""
     with Fleet.start(FleetTopo(routers=2, backends=2)) as fleet:
         net = fleet.net
@@ -56,7 +56,7 @@ def test_drain_node_undeploy_and_stop_withdraw():
         out = fleet.edgectl(0, "undeploy", "--iface", net.router_iface(0), api=False)
         assert out.returncode == 0, out.stderr
         net.wait_next_hops({1}, 10.0)
-        fleet.edgeds[0].wait_for(lambda e: e["kind"] == "bgp" and "(data path not attached)" in e["text"], 5.0,
+        fleet.edgeds[0].wait_for(lambda e: e["kind"] == "bgp" and "(not serving: " in e["text"], 5.0,
                                  "r0's withdraw event")
 
         fleet.edgeds[1].signal(signal.SIGTERM)
