@@ -135,6 +135,7 @@ class Bird:
             else:
                 raise SpeakerError(f"node.bgp.control_socket: {sock} answers already (another bird?)")
         write_atomically(self.bgp.config_file, render(self.bgp, ()))
+        os.makedirs(os.path.dirname(sock), mode=0o755, exist_ok=True)
         argv = [*self.argv0, "-f", "-c", self.bgp.config_file, "-s", sock]
         try:
             self.proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
