@@ -1,7 +1,7 @@
 """edgectl: the operator's CLI. One small function per subcommand; errors are
 one line on stderr (`edgectl: <what>`) with a non-zero exit, and a traceback
 only with --debug. Commands that act on a running edged (drain, undrain,
-weight, reload, events, and status when edged answers) go through
+drain-node, undrain-node, weight, reload, events, and status when edged answers) go through
 controlplane.api.client. Run `edgectl --help` or `edgectl COMMAND --help`."""
 
 from __future__ import annotations
@@ -227,6 +227,16 @@ def cmd_undrain(args) -> int:
     return 0
 
 
+def cmd_drain_node(args) -> int:
+    with _client(args) as edged:
+        got = edged.drain_node(args.drain_node)
+    for vip, why in sorted(got["withdrawn"].items()):
+        print(f"{vip}: withdrawn ({why})")
+    for vip in got["announced"]:
+        print(f"{vip}: announced")
+    return 0
+
+
 def cmd_weight(args) -> int:
     if (args.weight is None) == (not args.clear):
         raise EdgeError("weight: give either N (0..65535) or --clear")
@@ -405,6 +415,18 @@ def build_parser() -> argparse.ArgumentParser:
     _backend_args(s)
     _api_args(s)
     s.set_defaults(func=cmd_undrain)
+
+    s = sub.add_parser("drain-node", help="withdraw every VIP of this node from BGP (edged, node.bgp)",
+                       description="Ask edged to withdraw every VIP from BGP: the upstream sends new flows to "
+                                   "the other nodes; what still arrives here is forwarded. Ends with "
+                                   "`edgectl undrain-node` (or an edged restart).")
+    _api_args(s)
+    s.set_defaults(func=cmd_drain_node, drain_node=True)
+
+    s = sub.add_parser("undrain-node", help="announce this node's VIPs over BGP again (edged)",
+                       description="End a node drain: every VIP with a usable backend is announced again.")
+    _api_args(s)
+    s.set_defaults(func=cmd_drain_node, drain_node=False)
 
     s = sub.add_parser("weight", help="pin a backend's weight, or clear the pin (edged)",
                        description="Ask edged to use weight N for BACKEND instead of the one its policy "

@@ -585,6 +585,45 @@ class ApiTls:
 
 
 @dataclass(frozen=True)
+class BgpPeer:
+    """One BGP neighbour of this node (usually the upstream router or a route reflector)."""
+
+    address: IPv4Address = option("the neighbour's IPv4 address, on a directly connected network", _ipv4("peers"))
+    remote_as: int = option("the neighbour's AS number", _int(1, 4294967295, "an AS number"))
+
+
+@dataclass(frozen=True)
+class Bgp:
+    """VIP announcement: edged runs a BGP speaker (BIRD 2) with this config and announces each
+    VIP (a /32) while it has a usable backend; the upstream spreads flows over the nodes (ECMP)."""
+
+    speaker: str = option("the BGP daemon edged runs: bird (BIRD 2)", _one_of("bird"), "bird")
+    local_as: int = option("this node's AS number", _int(1, 4294967295, "an AS number"), 0, required=True)
+    router_id: Optional[IPv4Address] = option("BGP router id; absent: the speaker picks one of the node's "
+                                              "addresses", _ipv4("router ids"), None)
+    peers: tuple[BgpPeer, ...] = option("the BGP neighbours the VIPs are announced to", _sections(BgpPeer), (),
+                                        required=True)
+    hold_time_s: int = option("BGP hold time: a silent peer is dropped after this long (3..65535); "
+                              "keepalives every third of it", _int(3, 65535), 3)
+    bfd: bool = option("run BFD with each peer: a dead node is noticed in bfd_interval_ms * "
+                       "bfd_multiplier instead of the hold time", _bool, True)
+    bfd_interval_ms: int = option("BFD transmit and receive interval", _int(10, 10000), 100)
+    bfd_multiplier: int = option("BFD packets missed in a row that take the session down", _int(2, 255), 3)
+    config_file: str = option("the speaker config edged writes (and rewrites on every change)", _abs_path,
+                              "/run/edge/bird.conf")
+    control_socket: str = option("the speaker's control socket (birdc -s)", _abs_path, "/run/edge/bird.ctl")
+
+    def _validate(self, path: str) -> None:
+        seen: dict[IPv4Address, int] = {}
+        for i, peer in enumerate(self.peers):
+            if peer.address in seen:
+                raise ConfigError(f"{path}.peers[{i}].address: {peer.address} is already peers[{seen[peer.address]}]")
+            seen[peer.address] = i
+        if self.config_file == self.control_socket:
+            raise ConfigError(f"{path}.control_socket: the same path as {path}.config_file")
+
+
+@dataclass(frozen=True)
 class Node:
     """Settings of this edge node; sizes here are compiled into the BPF programs."""
 
@@ -603,6 +642,8 @@ class Node:
     metrics_listen: str = option("HOST:PORT of the Prometheus endpoint", _listen, "127.0.0.1:9470")
     iface: Optional[str] = option("interface edged deploys on when it finds nothing deployed", _ifname, None)
     xdp_mode: str = option("native (driver) or generic (skb) XDP", _one_of("native", "generic"), "native")
+    bgp: Optional[Bgp] = option("announce the VIPs over BGP; absent: routing the VIPs here is someone "
+                                "else's job", _section(Bgp), None)
 
     def _validate(self, path: str) -> None:
         # The API can reconfigure the router: over TCP, only clients with a certificate get in.

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from controlplane import __version__, abi, deploy, loader, metrics, sdnotify, watch, weights
+from controlplane import __version__, abi, announce, bird, deploy, loader, metrics, sdnotify, watch, weights
 from controlplane.config import Config, Service, load_config, load_config_text
 from controlplane.errors import CompileError, ConfigError, EdgeError
 from controlplane.api import server as api_server
@@ -147,6 +147,8 @@ class Daemon:
         # Why the data path is not whole ('' while it is): edged then says NOT_SERVING.
         self.not_serving = ""
         self.on_serving: Callable[[bool], object] | None = None  # serve() sets grpc health with it
+        self.node_drained = False  # `edgectl drain-node`: every VIP withdrawn from BGP
+        self.announcer: announce.Announcer | None = None  # with node.bgp: VIPs over BGP
 
     # ------------------------------------------------------------ start, stop
 
@@ -173,6 +175,12 @@ class Daemon:
         self._held, self.maps = res.held, res.maps
         self._adopt_operator_state()
         self._set_services(self._with_leaving(self.cfg, self.leaving))
+        if self.cfg.node.bgp is not None:  # announces nothing until run(): the node is not serving yet
+            speaker = bird.Bird(self.cfg.node.bgp)
+            await speaker.start()
+            self.announcer = announce.Announcer(speaker, self.node_state, self.events.emit)
+            self.events.emit("bgp", f"bgp: bird (pid {speaker.pid}) speaking to "
+                                    f"{', '.join(str(p.address) for p in self.cfg.node.bgp.peers)}")
         verb = "adopted the data path on" if res.updated else "deployed on"
         self.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
                                      f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",
@@ -251,6 +259,8 @@ class Daemon:
         # faults of the node (interface gone, bpffs unmounted): reported through _serving()
         self._tasks.append(asyncio.create_task(
             watch.run(self._watched, self._serving, _worker, WATCH_EVERY_S), name="watch"))
+        if self.announcer is not None:
+            self._tasks.append(asyncio.create_task(self.announcer.run(), name="announce"))
         await self._stopping.wait()
 
     def stop(self) -> None:
@@ -270,6 +280,13 @@ class Daemon:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.announcer is not None:  # first: the upstream moves flows away while we still forward
+            try:
+                await self.announcer.withdraw_all("edged stopping")
+            except EdgeError as e:
+                self.events.emit("error", f"bgp: {e}")
+            await self.announcer.speaker.stop()
+            self.announcer = None
         if self.maps is not None:  # the last measurements, while the prober still holds its windows
             self._write_status(time.monotonic_ns())
         await self.prober.close()
@@ -381,6 +398,38 @@ class Daemon:
                 out[b.name] = self.overrides[key]
         return out
 
+    # ------------------------------------------------------------ BGP announcement
+
+    def node_state(self) -> announce.NodeState:
+        """What announce.decide() judges: data path open, serving (the watch finds the data path
+        whole, edged is not stopping), drain-node, usable backends (the data path takes new
+        flows to them and probes do not say down)."""
+        services = []
+        for name, st in self.services.items():
+            usable = 0
+            if self.maps is not None:
+                try:
+                    usable = sum(ok and not (b in st.trackers and st.trackers[b].down)
+                                 for b, ok in self.maps.usable(name).items())
+                except EdgeError:
+                    usable = 0
+            services.append(announce.ServiceState(name, st.service.vip, usable))
+        return announce.NodeState(attached=self.maps is not None, serving=not self._stopping.is_set(),
+                                  drained=self.node_drained, services=tuple(services),
+                                  problem=self.not_serving)
+
+    async def drain_node(self, drained: bool = True) -> dict:
+        """`edgectl drain-node`: withdraws every VIP from BGP (the data path keeps forwarding
+        what still arrives); undrain announces them again. Returns the announcement."""
+        if self.announcer is None:
+            raise EdgeError("node.bgp: not configured; drain-node withdraws the VIPs' BGP routes")
+        self.node_drained = drained
+        self.events.emit("drain-node", "node drained: withdrawing every VIP" if drained
+                         else "node undrained: announcing the VIPs again", drained=drained)
+        d = await self.announcer.sync()
+        return {"announced": sorted(map(str, d.announce)),
+                "withdrawn": {str(k): v for k, v in d.withdrawn.items()}}
+
     # ------------------------------------------------------------ operator actions (API)
 
     def _find(self, service: str, backend: str) -> Steered:
@@ -465,6 +514,7 @@ class Daemon:
         return load_config(self.config_path), self.config_path
 
     async def _reload(self, new: Config, source: str) -> dict:
+        bird.Bird.check_change(self.cfg.node.bgp, new.node.bgp)
         for key in ("maglev_m", "max_services", "max_backends", "ct_size", "pin_dir", "xdp_mode"):
             if getattr(new.node, key) != getattr(self.cfg.node, key):
                 raise ConfigError(f"node.{key}: changed from {getattr(self.cfg.node, key)} to "
@@ -515,6 +565,11 @@ class Daemon:
         applied = self._with_leaving(new, leaving)
         report = await self._apply(applied)
         self.cfg, self.leaving = new, leaving
+        if self.announcer is not None and new.node.bgp != old.node.bgp:
+            try:  # the tables are applied already: a speaker that refuses is reported, not a failed reload
+                await self.announcer.speaker.reconfigure(new.node.bgp)
+            except EdgeError as e:
+                self.events.emit("error", f"bgp: the reloaded node.bgp is not in force: {e}")
         self._write_status(time.monotonic_ns())  # what is draining out must outlive a restart
         return report, leaving
 

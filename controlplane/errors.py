@@ -55,3 +55,7 @@ class NotRunning(ApiError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, "UNAVAILABLE")
+
+
+class SpeakerError(EdgeError):
+    """The BGP speaker (bird) did not start, refused its config or cannot be reached."""

@@ -586,6 +586,18 @@ class Maps:
         """Traffic counters of one backend, summed over CPUs."""
         return self._sum_percpu(abi.MAP_BE_STATS, bid)
 
+    def usable(self, service: str) -> dict[str, bool]:
+        """Backend name -> whether the data path gives it new flows now (up, not draining)."""
+        _, bids = self.ids(service)
+        info, cfgs = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_SVC_CFG]
+        now = time.monotonic_ns()
+        out = {}
+        for name, bid in bids.items():
+            b = info[info.Key(bid)]
+            out[name] = (bool(b.flags & abi.BE_F_VALID) and not b.flags & abi.BE_F_DRAINING
+                         and self._health(b, cfgs[cfgs.Key(b.vip_id)], now)["usable"])
+        return out
+
     def _sum_counter(self, name: str, index: int) -> int:
         t = self.t[name]
         return sum(int(v) for v in t.getvalue(t.Key(index)))

@@ -153,6 +153,13 @@ class Client:
                          max(self.timeout_s, RELOAD_TIMEOUT_S))
         return convert.to_dict(msg)
 
+    def drain_node(self, drained: bool = True) -> dict:
+        """Withdraws (or with drained=False announces again) every VIP over BGP:
+        {announced: [vip], withdrawn: {vip: why}}."""
+        method = "DrainNode" if drained else "UndrainNode"
+        request = edge_pb2.DrainNodeRequest() if drained else edge_pb2.UndrainNodeRequest()
+        return convert.to_dict(self._call(method, request))
+
     def events(self, kinds: tuple[str, ...] = (), recent: int = 0) -> "EventStream":
         """edged's events from now on (after up to `recent` earlier ones), until edged
         ends the stream or it is cancelled."""

@@ -64,6 +64,16 @@ class EdgeStub:
                 request_serializer=edge_dot_v1_dot_edge__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=edge_dot_v1_dot_edge__pb2.Event.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/edge.v1.Edge/DrainNode',
+                request_serializer=edge_dot_v1_dot_edge__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=edge_dot_v1_dot_edge__pb2.AnnouncementResponse.FromString,
+                _registered_method=True)
+        self.UndrainNode = channel.unary_unary(
+                '/edge.v1.Edge/UndrainNode',
+                request_serializer=edge_dot_v1_dot_edge__pb2.UndrainNodeRequest.SerializeToString,
+                response_deserializer=edge_dot_v1_dot_edge__pb2.AnnouncementResponse.FromString,
+                _registered_method=True)
 
 
 class EdgeServicer:
@@ -112,6 +122,21 @@ class EdgeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainNode(self, request, context):
+        """Withdraws every VIP from BGP (node.bgp): the upstream stops sending new flows here;
+        what still arrives is forwarded. FAILED_PRECONDITION without node.bgp.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndrainNode(self, request, context):
+        """Ends a node drain: VIPs with a usable backend are announced again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EdgeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +169,16 @@ def add_EdgeServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=edge_dot_v1_dot_edge__pb2.WatchEventsRequest.FromString,
                     response_serializer=edge_dot_v1_dot_edge__pb2.Event.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=edge_dot_v1_dot_edge__pb2.DrainNodeRequest.FromString,
+                    response_serializer=edge_dot_v1_dot_edge__pb2.AnnouncementResponse.SerializeToString,
+            ),
+            'UndrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainNode,
+                    request_deserializer=edge_dot_v1_dot_edge__pb2.UndrainNodeRequest.FromString,
+                    response_serializer=edge_dot_v1_dot_edge__pb2.AnnouncementResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +343,60 @@ class Edge:
             '/edge.v1.Edge/WatchEvents',
             edge_dot_v1_dot_edge__pb2.WatchEventsRequest.SerializeToString,
             edge_dot_v1_dot_edge__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edge.v1.Edge/DrainNode',
+            edge_dot_v1_dot_edge__pb2.DrainNodeRequest.SerializeToString,
+            edge_dot_v1_dot_edge__pb2.AnnouncementResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edge.v1.Edge/UndrainNode',
+            edge_dot_v1_dot_edge__pb2.UndrainNodeRequest.SerializeToString,
+            edge_dot_v1_dot_edge__pb2.AnnouncementResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,7 +10,8 @@ says SERVING from start() until stop(). In edged, on its asyncio loop:
     await handle.stop(grace_s=1.0)
 
 daemon is duck-typed: cfg, events (subscribe/unsubscribe/recent), snapshot(),
-drain(), undrain(), set_override(), async reload(text=None), config_path; see edged.Daemon.
+drain(), undrain(), set_override(), async reload(text=None), config_path,
+async drain_node(); see edged.Daemon.
 """
 
 from __future__ import annotations
@@ -150,6 +151,18 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
             return convert.fill(edge_pb2.ReloadResponse(), summary or {})
 
         return await self._answer(context, "Reload", work)
+
+    async def DrainNode(self, request, context):
+        async def work():
+            return convert.fill(edge_pb2.AnnouncementResponse(), await self.daemon.drain_node(True))
+
+        return await self._answer(context, "DrainNode", work)
+
+    async def UndrainNode(self, request, context):
+        async def work():
+            return convert.fill(edge_pb2.AnnouncementResponse(), await self.daemon.drain_node(False))
+
+        return await self._answer(context, "UndrainNode", work)
 
     async def WatchEvents(self, request, context):
         kinds = set(request.kinds)

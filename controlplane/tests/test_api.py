@@ -161,6 +161,15 @@ class FakeDaemon:
 
     config_path = "/etc/edge/edge.yaml"  # the file edged was started with
 
+    async def drain_node(self, drained: bool = True) -> dict:
+        self.calls.append(("drain_node", drained))
+        if self.fail is not None:
+            e, self.fail = self.fail, None
+            raise e
+        if drained:
+            return {"announced": [], "withdrawn": {"198.18.255.1": "node drained"}}
+        return {"announced": ["198.18.255.1"], "withdrawn": {}}
+
     async def reload(self, text: str | None = None) -> dict:
         self._check("chat")
         self.calls.append(("reload", text))
@@ -313,6 +322,27 @@ def test_drain_undrain_and_weight_reach_the_daemon(edged):
     assert edged.daemon.calls == [("drain", "chat", "b0"), ("undrain", "chat", "b0"),
                                   ("set_override", "chat", "b1", 0), ("set_override", "chat", "b1", 65535),
                                   ("set_override", "chat", "b1", None)]
+
+
+def test_drain_node_and_undrain_node_return_the_announcement(edged):
+    with edged.client() as c:
+        assert c.drain_node() == {"announced": [], "withdrawn": {"198.18.255.1": "node drained"}}
+        assert c.drain_node(False) == {"announced": ["198.18.255.1"], "withdrawn": {}}
+        edged.daemon.fail = EdgeError("node.bgp: not configured; drain-node withdraws the VIPs' BGP routes")
+        with pytest.raises(ApiError) as e:
+            c.drain_node()
+    assert (e.value.code, str(e.value)) == ("FAILED_PRECONDITION", "node.bgp: not configured; drain-node "
+                                                                   "withdraws the VIPs' BGP routes")
+    assert edged.daemon.calls == [("drain_node", True), ("drain_node", False), ("drain_node", True)]
+
+
+def test_edgectl_drain_node_and_undrain_node(edged):
+    sock = ("--socket", edged.path)
+    outs = [edgectl("drain-node", *sock), edgectl("undrain-node", *sock)]
+    assert [(o.returncode, o.stdout, o.stderr) for o in outs] == [
+        (0, "198.18.255.1: withdrawn (node drained)\n", ""),
+        (0, "198.18.255.1: announced\n", ""),
+    ]
 
 
 def test_reload_returns_what_changed(edged):

@@ -320,7 +320,7 @@ ERROR_CASES = [
         "node unknown key",
         {"node.maglev": 7},
         "node.maglev: unknown key (allowed: maglev_m, max_services, max_backends, ct_size, pin_dir, "
-        "api_socket, api_group, api_listen, api_tls, metrics_listen, iface, xdp_mode)",
+        "api_socket, api_group, api_listen, api_tls, metrics_listen, iface, xdp_mode, bgp)",
     ),
     Case("iface not a name", {"node.iface": "eth 0"}, "node.iface: 'eth 0' is not an interface name"),
     Case("maglev_m not prime", {"node.maglev_m": 65536}, "node.maglev_m: 65536 is not prime"),

@@ -14,11 +14,11 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from controlplane.config import Node
+from controlplane.config import Bgp, Node
 
 UNIT = Path(__file__).resolve().parents[2] / "edge" / "edged.service"
 EDGED = "/usr/local/bin/edged"
-CAPABILITIES = {"CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON", "CAP_SYS_RESOURCE", "CAP_SYS_ADMIN"}
+CAPABILITIES = {"CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON", "CAP_SYS_RESOURCE", "CAP_SYS_ADMIN", "CAP_NET_BIND_SERVICE"}
 
 
 def directives(text: str) -> dict[str, list[str]]:
@@ -77,6 +77,9 @@ def test_sandbox_leaves_the_paths_edged_writes_writable():
     assert PurePosixPath(node.api_socket).parent == runtime, "node.api_socket must be in RuntimeDirectory"
     assert runtime in writable
     assert any(PurePosixPath(node.pin_dir).is_relative_to(p) for p in writable), "node.pin_dir must be writable"
+    bgp = Bgp(local_as=65001, peers=())
+    for path in (bgp.config_file, bgp.control_socket):  # written by edged and its bird
+        assert PurePosixPath(path).parent == runtime, f"node.bgp default {path} must be in RuntimeDirectory"
 
 
 def test_settings_that_would_break_bcc_or_deploy_stay_off():

@@ -1,0 +1,218 @@
+"""VIP announcement without root: the decision table (announce.decide), the Announcer's
+bookkeeping, node.bgp config errors, and the BIRD config edged writes (parsed by bird itself
+when it is installed)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from ipaddress import IPv4Address
+from typing import NamedTuple
+
+import pytest
+
+from controlplane import bird
+from controlplane.announce import Announcer, Decision, NodeState, ServiceState, decide, describe_change
+from controlplane.config import parse_config
+from controlplane.errors import ConfigError, SpeakerError
+
+VIP1, VIP2 = IPv4Address("198.18.255.1"), IPv4Address("198.18.255.2")
+
+
+def node(attached=True, serving=True, drained=False, usable=(2, 1)) -> NodeState:
+    """chat and embed on VIP1 (usable[0], usable[1] usable backends), batch on VIP2 (1)."""
+    return NodeState(attached, serving, drained, (
+        ServiceState("chat", VIP1, usable[0]),
+        ServiceState("embed", VIP1, usable[1]),
+        ServiceState("batch", VIP2, 1),
+    ))
+
+
+class Case(NamedTuple):
+    description: str
+    state: NodeState
+    announce: set
+    withdrawn: dict
+
+
+CASES = [
+    Case("attached, serving, backends up: every VIP", node(), {VIP1, VIP2}, {}),
+    Case("one service of a VIP down, the other up: still announced", node(usable=(0, 1)), {VIP1, VIP2}, {}),
+    Case("every backend of a VIP down: withdrawn", node(usable=(0, 0)), {VIP2},
+         {VIP1: "no usable backend"}),
+    Case("drain-node: all withdrawn", node(drained=True), set(),
+         {VIP1: "node drained", VIP2: "node drained"}),
+    Case("not serving (stopping): all withdrawn", node(serving=False), set(),
+         {VIP1: "edged not serving", VIP2: "edged not serving"}),
+    Case("data path detached: all withdrawn", node(attached=False), set(),
+         {VIP1: "data path not attached", VIP2: "data path not attached"}),
+    Case("detached wins over drained in the reason", node(attached=False, drained=True), set(),
+         {VIP1: "data path not attached", VIP2: "data path not attached"}),
+    Case("no services: nothing", NodeState(True, True, False, ()), set(), {}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.description)
+def test_decide(case):
+    d = decide(case.state)
+    assert d.announce == frozenset(case.announce)
+    assert d.withdrawn == case.withdrawn
+
+
+def test_decide_is_a_pure_function_of_the_state():
+    assert decide(node()) == decide(node())
+
+
+def test_describe_change_names_what_moved_and_why():
+    d = decide(node(usable=(0, 0)))
+    assert describe_change(frozenset({VIP1, VIP2}), d) == "withdrew 198.18.255.1 (no usable backend)"
+    assert describe_change(frozenset(), d) == "announced 198.18.255.2"
+
+
+class Recorder:
+    """A speaker that remembers what it was told (the Announcer's bookkeeping, not BGP)."""
+
+    def __init__(self, fail: bool = False):
+        self.calls: list[frozenset] = []
+        self.fail = fail
+
+    async def announce(self, vips):
+        if self.fail:
+            raise SpeakerError("node.bgp.control_socket: birdc configure: 8002 syntax error")
+        self.calls.append(frozenset(vips))
+
+
+def test_announcer_tells_the_speaker_only_changes():
+    events = []
+    sp = Recorder()
+    a = Announcer(sp, node, lambda kind, text, **f: events.append((kind, text)))
+
+    async def go():
+        await a.sync()
+        await a.sync()  # same decision: not told again
+        await a.sync(node(drained=True))
+        await a.withdraw_all("edged stopping")  # nothing announced: nothing to tell
+
+    asyncio.run(go())
+    assert sp.calls == [frozenset({VIP1, VIP2}), frozenset()]
+    assert [k for k, _ in events] == ["bgp", "bgp"]
+    assert "node drained" in events[1][1]
+
+
+def test_a_failing_speaker_keeps_the_old_announcement_and_retries():
+    sp = Recorder(fail=True)
+    a = Announcer(sp, node, lambda *a, **k: None)
+    with pytest.raises(SpeakerError):
+        asyncio.run(a.sync())
+    assert a.announced == frozenset()
+    sp.fail = False
+    asyncio.run(a.sync())
+    assert a.announced == frozenset({VIP1, VIP2})
+
+
+# ---- node.bgp in the config
+
+
+def doc(bgp: dict | None) -> dict:
+    d = {"version": 1, "node": {}, "services": [{"name": "chat", "vip": str(VIP1), "port": 80,
+                                                  "backends": [{"name": "a", "address": "198.18.1.2", "port": 80}]}]}
+    if bgp is not None:
+        d["node"]["bgp"] = bgp
+    return d
+
+
+GOOD = {"local_as": 65001, "peers": [{"address": "198.18.32.1", "remote_as": 65000}]}
+
+
+def test_bgp_defaults():
+    cfg = parse_config(doc(GOOD)).node.bgp
+    assert (cfg.speaker, cfg.hold_time_s, cfg.bfd, cfg.bfd_interval_ms, cfg.bfd_multiplier) == ("bird", 3, True, 100, 3)
+    assert parse_config(doc(None)).node.bgp is None
+
+
+@pytest.mark.parametrize("bgp, error", [
+    ({"peers": GOOD["peers"]}, "node.bgp.local_as: missing"),
+    ({"local_as": 65001}, "node.bgp.peers: missing"),
+    ({**GOOD, "local_as": 0}, "node.bgp.local_as: 0 is not an AS number"),
+    ({**GOOD, "speaker": "quagga"}, "node.bgp.speaker: expected one of bird, got 'quagga'"),
+    ({**GOOD, "hold_time_s": 1}, "node.bgp.hold_time_s: 1 is out of range 3..65535"),
+    ({**GOOD, "peers": [{"address": "198.18.32.1"}]}, "node.bgp.peers[0].remote_as: missing"),
+    ({**GOOD, "peers": [{"address": "fe80::1", "remote_as": 1}]},
+     "node.bgp.peers[0].address: IPv6 peers are not supported yet"),
+    ({**GOOD, "peers": GOOD["peers"] * 2}, "node.bgp.peers[1].address: 198.18.32.1 is already peers[0]"),
+    ({**GOOD, "bfd": "yes"}, "node.bgp.bfd: expected true or false, got 'yes'"),
+    ({**GOOD, "control_socket": "bird.ctl"}, "node.bgp.control_socket: expected an absolute path, got 'bird.ctl'"),
+    ({**GOOD, "port": 179}, "node.bgp.port: unknown key (allowed: speaker, local_as, router_id, peers, "
+                            "hold_time_s, bfd, bfd_interval_ms, bfd_multiplier, config_file, control_socket)"),
+])
+def test_bgp_errors_name_the_field(bgp, error):
+    with pytest.raises(ConfigError) as e:
+        parse_config(doc(bgp))
+    assert str(e.value) == error
+
+
+# ---- the BIRD config
+
+
+def bgp_cfg(**kw):
+    return parse_config(doc({**GOOD, "router_id": "198.18.32.2", **kw})).node.bgp
+
+
+def test_render_announces_exactly_the_vips_sorted():
+    text = bird.render(bgp_cfg(), [VIP2, VIP1, VIP2])
+    assert text.index(f"route {VIP1}/32 blackhole;") < text.index(f"route {VIP2}/32 blackhole;")
+    assert text.count("blackhole") == 2
+    assert "neighbor 198.18.32.1 as 65000;" in text and "local as 65001;" in text
+    assert "bfd on;" in text and "multiplier 3;" in text and "hold time 3;" in text
+    assert bird.render(bgp_cfg(), []).count("blackhole") == 0
+
+
+def test_render_without_bfd_has_no_bfd():
+    assert "bfd" not in bird.render(bgp_cfg(bfd=False), [VIP1])
+
+
+@pytest.mark.skipif(shutil.which("bird") is None, reason="bird2 is not installed (tools/bootstrap installs it)")
+@pytest.mark.parametrize("vips", [[], [VIP1, VIP2]], ids=["none", "two"])
+def test_bird_parses_what_render_writes(tmp_path, vips):
+    conf = tmp_path / "bird.conf"
+    conf.write_text(bird.render(bgp_cfg(), vips))
+    res = subprocess.run(["bird", "-p", "-c", str(conf)], capture_output=True, text=True, timeout=10)
+    assert res.returncode == 0, res.stderr
+
+
+def test_write_atomically_replaces_the_file(tmp_path):
+    path = tmp_path / "sub" / "bird.conf"
+    bird.write_atomically(str(path), "a\n")
+    bird.write_atomically(str(path), "b\n")
+    assert path.read_text() == "b\n" and [p.name for p in path.parent.iterdir()] == ["bird.conf"]
+
+
+def test_decision_default_is_empty():
+    assert Decision(frozenset()).withdrawn == {}
+
+
+def test_a_data_path_that_is_not_whole_withdraws_with_its_problem():
+    state = NodeState(True, True, False, (ServiceState("chat", VIP1, 2),),
+                      problem="eth0: XDP is not attached (the interface was made again?)")
+    assert decide(state).withdrawn == {VIP1: "not serving: eth0: XDP is not attached (the interface was made again?)"}
+
+
+@pytest.mark.parametrize("old, new, error", [
+    (None, GOOD, "node.bgp: added; a reload cannot start the BGP speaker (restart edged)"),
+    (GOOD, None, "node.bgp: removed; a reload cannot stop the BGP speaker (restart edged)"),
+    (GOOD, {**GOOD, "control_socket": "/run/x.ctl"}, "node.bgp.control_socket: changed from "
+     "/run/edge/bird.ctl to /run/x.ctl; a reload cannot move the running speaker (restart edged)"),
+    (GOOD, {**GOOD, "hold_time_s": 9, "peers": [{"address": "198.18.32.9", "remote_as": 1}]}, None),
+    (None, None, None),
+])
+def test_what_a_reload_may_change_in_node_bgp(old, new, error):
+    def bgp(d):
+        return parse_config(doc(d)).node.bgp
+
+    if error is None:
+        bird.Bird.check_change(bgp(old), bgp(new))
+        return
+    with pytest.raises(ConfigError) as e:
+        bird.Bird.check_change(bgp(old), bgp(new))
+    assert str(e.value) == error
