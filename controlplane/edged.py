@@ -352,13 +352,7 @@ class Daemon:
     def step(self, st: Steered, now_ns: int) -> bool:
         """One decision for one service; pushes it when the policy says so."""
         s = st.service
-        d = weights.decide(s, st.trackers, st.pushed, now_ns)
-        forced = self._operator_weights(s)
-        if forced and st.pushed is not None:
-            # Judge the hysteresis on the backends the policy still owns: as if the forced
-            # ones held what the policy computes for them.
-            view = {**st.pushed, **{n: d.computed[n] for n in forced if n in d.computed}}
-            d = weights.decide(s, st.trackers, view, now_ns)
+        d = weights.decide(s, st.trackers, st.pushed, now_ns, forced=self._operator_weights(s))
         for b in s.backends:
             state, reason = d.states.get(b.name, ""), d.reasons.get(b.name, "")
             if state != st.states.get(b.name):
@@ -369,11 +363,7 @@ class Daemon:
                                      reason=reason)
                 st.states[b.name] = state
             st.reasons[b.name] = reason
-        if forced:  # the operator's word beats the policy's
-            wanted = {**d.weights, **forced}
-            d = replace(d, weights=wanted, push=d.push or any(st.pushed is None or st.pushed.get(n) != w
-                                                               for n, w in forced.items()))
-        if not d.push or d.weights == st.pushed:
+        if not d.push:
             return False
         t0 = time.perf_counter()
         self.maps.set_weights(s, d.weights)
@@ -389,14 +379,9 @@ class Daemon:
 
     def _operator_weights(self, s: Service) -> dict[str, int]:
         """Backend name -> the weight the operator forces (drain, reload removal, override)."""
-        out = {}
-        for b in s.backends:
-            key = (s.name, b.name)
-            if key in self.drained or key in self.leaving:
-                out[b.name] = 0
-            elif key in self.overrides:
-                out[b.name] = self.overrides[key]
-        return out
+        return weights.forced(
+            s, (b.name for b in s.backends if (s.name, b.name) in self.drained or (s.name, b.name) in self.leaving),
+            {b: w for (n, b), w in self.overrides.items() if n == s.name})
 
     # ------------------------------------------------------------ BGP announcement
 
