@@ -332,6 +332,7 @@ class Daemon:
     async def _steer_loop(self, name: str) -> None:
         """Decides when a probe result or scrape came in, at most every quarter interval, and
         at least once an interval: a changed RTT reaches the table without waiting a tick."""
+        failing = None
         while True:
             st = self.services.get(name)
             if st is None:
@@ -339,8 +340,9 @@ class Daemon:
             st.wake.clear()
             try:
                 self.step(st, time.monotonic_ns())
+                failing = None
             except EdgeError as e:
-                self.events.emit("error", f"{name}: {e}", service=name)
+                failing = self._failed(f"{name}: {e}", e, failing, service=name)
             interval = self._interval_s(st.service)
             await asyncio.sleep(interval / 4)
             if not st.wake.is_set():
@@ -368,8 +370,8 @@ class Daemon:
         t0 = time.perf_counter()
         self.maps.set_weights(s, d.weights)
         took_ms = (time.perf_counter() - t0) * 1000
-        changes = ", ".join(f"{n} {st.pushed.get(n, '-')}->{w}" for n, w in d.weights.items()
-                            if st.pushed.get(n) != w)
+        before = st.pushed or {}
+        changes = ", ".join(f"{n} {before.get(n, '-')}->{w}" for n, w in d.weights.items() if before.get(n) != w)
         previous, st.pushed = st.pushed, dict(d.weights)
         st.pushes += 1
         self.observer.weight_pushed(s.name)
@@ -655,13 +657,26 @@ class Daemon:
     # ------------------------------------------------------------ status out
 
     async def _status_loop(self) -> None:
+        failing = None
         while True:
             try:
                 self._write_status(time.monotonic_ns())
                 await self._retire_leaving(time.monotonic_ns())
+                failing = None
             except EdgeError as e:
-                self.events.emit("error", f"status: {e}")
+                failing = self._failed(f"status: {e}", e, failing)
             await asyncio.sleep(STATUS_EVERY_S)
+
+    def _failed(self, text: str, e: EdgeError, before: str | None, **fields) -> str:
+        """A loop's step failed and the loop goes on: counted every time when a map is to
+        blame (edge_map_errors_total), an error event when the text is new to this loop."""
+        where = getattr(e, "map", None)
+        if where:
+            self.observer.map_error(where)
+            fields["map"] = where
+        if text != before:
+            self.events.emit("error", text, **fields)
+        return text
 
     def backend_view(self, name: str, backend: str, now_ns: int) -> dict:
         """What edged knows of one backend: window, smoothing, load, state."""

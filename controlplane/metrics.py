@@ -106,6 +106,7 @@ METRICS = (
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
     Spec("edge_datapath_up", "gauge",
          "1 while edged finds its data path whole (XDP and return path attached, maps pinned), else 0"),
+    Spec("edge_map_errors_total", "counter", "Failed reads or writes of a map by edged's loops", ("map",)),
 )
 SPECS = {spec.name: spec for spec in METRICS}
 
@@ -139,6 +140,7 @@ class Observed:
     probes: dict[tuple[str, str], tuple[int, int]]  # ok, failed
     sla: dict[str, tuple[int, int]]  # windows, violations
     pushes: dict[str, int]
+    map_errors: dict[str, int] = field(default_factory=dict)  # map name -> failures
 
 
 class Observer:
@@ -157,6 +159,7 @@ class Observer:
         self._lock = threading.Lock()
         self._backends: dict[tuple[str, str], _BackendStats] = {}
         self._services: dict[str, _ServiceStats] = {}
+        self._map_errors: dict[str, int] = {}
 
     def observe_sample(self, service: str, backend: str, sample: Sample, window: int,
                        sla_p99_s: float | None) -> None:
@@ -198,6 +201,11 @@ class Observer:
         with self._lock:
             self._services.setdefault(service, _ServiceStats()).pushes += 1
 
+    def map_error(self, name: str) -> None:
+        """A read or write of map name failed (the loop that met it goes on)."""
+        with self._lock:
+            self._map_errors[name] = self._map_errors.get(name, 0) + 1
+
     def retain(self, backends: Iterable[tuple[str, str]]) -> None:
         """Forgets backends (and services) not in backends: call on reload."""
         keep = set(backends)
@@ -220,6 +228,7 @@ class Observer:
                 probes={key: (b.ok, b.failed) for key, b in self._backends.items()},
                 sla={name: (s.sla_windows, s.sla_violations) for name, s in self._services.items() if s.sla},
                 pushes={name: s.pushes for name, s in self._services.items()},
+                map_errors=dict(self._map_errors),
             )
 
 
@@ -336,6 +345,8 @@ def _add_observed(fams: dict[str, Metric], seen: Observed, services: list[str]) 
     # every deployed service has a push counter from the start, so rate() sees the first push
     for name in sorted(set(services) | set(seen.pushes)):
         fams["edge_weight_pushes_total"].add_metric([name], seen.pushes.get(name, 0))
+    for name, n in sorted(seen.map_errors.items()):
+        fams["edge_map_errors_total"].add_metric([name], n)
 
 
 def make_registry(collector: EdgeCollector, process: bool = True) -> CollectorRegistry:

@@ -507,3 +507,14 @@ def test_loop_source_times_out_when_the_loop_is_busy():
         finally:
             release.set()
     assert value(fams, "edge_scrape_errors_total") == 1
+
+
+def test_map_errors_of_edgeds_loops_are_counted_per_map():
+    observer = metrics.Observer()
+    observer.map_error("edge_vips")
+    observer.map_error("edge_vips")
+    observer.map_error("edge_be_probe")
+    with endpoint(Source(), observer) as server:
+        fams = scrape(server)
+    assert value(fams, "edge_map_errors_total", map="edge_vips") == 2
+    assert value(fams, "edge_map_errors_total", map="edge_be_probe") == 1
