@@ -20,9 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from controlplane import __version__, abi, announce, bird, deploy, loader, metrics, sdnotify, watch, weights
+from controlplane import __version__, announce, bird, deploy, loader, metrics, sdnotify, watch, weights
 from controlplane.config import Config, Service, load_config, load_config_text
 from controlplane.errors import CompileError, ConfigError, EdgeError
+from controlplane.maps import ProbeStatus
 from controlplane.api import server as api_server
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.probe import Prober, Target
@@ -205,11 +206,11 @@ class Daemon:
         for s in self.cfg.services:
             _, bids = self.maps.ids(s.name)
             for name, bid in bids.items():
-                p = self.maps.read_probe(bid)
-                if p["flags"] & abi.PROBE_F_DRAINED:
+                p = self.maps.read_status(bid)
+                if p.drained:
                     self.drained.add((s.name, name))
-                if p["flags"] & abi.PROBE_F_OVERRIDE:
-                    self.overrides[(s.name, name)] = p["override_weight"]
+                if p.override is not None:
+                    self.overrides[(s.name, name)] = p.override
         if self.drained or self.overrides or self.leaving:
             self.events.emit("adopted", f"kept {len(self.drained)} drains, {len(self.overrides)} weight "
                                         f"overrides and {len(self.leaving)} backends draining out from "
@@ -709,32 +710,19 @@ class Daemon:
         return view
 
     def _write_status(self, now_ns: int) -> None:
-        def us(seconds):
-            return 0 if seconds is None else max(1, min(int(seconds * 1e6), 0xFFFFFFFE))
-
-        def count(value):
-            return None if value is None else min(int(value), 0xFFFFFFFE)
-
         for name, st in self.services.items():
             _, bids = self.maps.ids(name)
             for b in st.service.backends:
                 v = self.backend_view(name, b.name, now_ns)
-                kv = v.get("kv_usage")
-                self.maps.write_probe(
-                    bids[b.name], updated_ns=now_ns, config_weight=b.weight,
-                    rtt_p50_us=us(v["rtt_p50_s"]), rtt_p99_us=us(v["rtt_p99_s"]),
-                    rtt_smoothed_us=us(v.get("rtt_smoothed_s")),
-                    waiting=count(v.get("waiting")), running=count(v.get("running")),
-                    kv_permille=None if kv is None else min(1000, int(kv * 1000)),
-                    probes_ok=v["probes_ok"] & 0xFFFFFFFF, probes_failed=v["probes_failed"] & 0xFFFFFFFF,
-                    state=v["state"], reason=v["reason"],
-                    flags=(abi.PROBE_F_DRAINED if v["drained"] else 0)
-                    | (abi.PROBE_F_OVERRIDE if v["override"] is not None else 0)
-                    | (abi.PROBE_F_LEAVING if (name, b.name) in self.leaving else 0),
-                    override_weight=v["override"] or 0,
-                    leave_until_s=self.leaving[(name, b.name)].deadline_ns // 1_000_000_000
-                    if (name, b.name) in self.leaving else 0,
-                )
+                gone = self.leaving.get((name, b.name))
+                self.maps.write_status(bids[b.name], ProbeStatus(
+                    updated_ns=now_ns, config_weight=b.weight,
+                    rtt_p50_s=v["rtt_p50_s"], rtt_p99_s=v["rtt_p99_s"], rtt_smoothed_s=v.get("rtt_smoothed_s"),
+                    waiting=v.get("waiting"), running=v.get("running"), kv_usage=v.get("kv_usage"),
+                    probes_ok=v["probes_ok"], probes_failed=v["probes_failed"],
+                    state=v["state"], reason=v["reason"], drained=v["drained"], override=v["override"],
+                    leave_until_s=gone.deadline_ns // 1_000_000_000 if gone else None,
+                ))
 
 
 # ---------------------------------------------------------------- command line

@@ -49,6 +49,83 @@ def _name_bytes(name: str) -> bytes:
     return name.encode()[: abi.NAME_LEN - 1]
 
 
+@dataclass(frozen=True)
+class ProbeStatus:
+    """One backend's edge_be_probe record in plain units: what edged measured and decided,
+    and the operator's marks a restarted edged keeps. pack_probe/unpack_probe convert."""
+
+    updated_ns: int = 0  # CLOCK_MONOTONIC of the write; 0 = never
+    config_weight: int = 0
+    rtt_p50_s: float | None = None  # over the probe window; None = no sample
+    rtt_p99_s: float | None = None
+    rtt_smoothed_s: float | None = None
+    waiting: float | None = None  # load signals as the engine reports them; None = unknown
+    running: float | None = None
+    kv_usage: float | None = None  # 0..1
+    probes_ok: int = 0
+    probes_failed: int = 0
+    state: str = ""
+    reason: str = ""
+    drained: bool = False  # by the operator (API)
+    override: int | None = None  # the operator's weight
+    leave_until_s: int | None = None  # removed by a reload: CLOCK_MONOTONIC second its drain ends
+
+
+PROBE_TEXT = {"state": 16, "reason": 64}  # char arrays of struct backend_probe, NUL included
+_U32_MAX_VALUE = 0xFFFFFFFE  # the largest u32 that is not EDGE_UNKNOWN
+
+
+def pack_probe(p: ProbeStatus) -> dict[str, int | bytes]:
+    """p as the fields of struct backend_probe (C names, units and sentinels of abi.h)."""
+    def us(seconds):
+        return 0 if seconds is None else max(1, min(round(seconds * 1e6), _U32_MAX_VALUE))
+
+    def count(value):
+        return abi.UNKNOWN if value is None else max(0, min(round(value), _U32_MAX_VALUE))
+
+    return {
+        "updated_ns": p.updated_ns,
+        "config_weight": p.config_weight,
+        "rtt_p50_us": us(p.rtt_p50_s),
+        "rtt_p99_us": us(p.rtt_p99_s),
+        "rtt_smoothed_us": us(p.rtt_smoothed_s),
+        "waiting": count(p.waiting),
+        "running": count(p.running),
+        "kv_permille": abi.UNKNOWN if p.kv_usage is None else max(0, min(1000, round(p.kv_usage * 1000))),
+        "probes_ok": p.probes_ok & 0xFFFFFFFF,
+        "probes_failed": p.probes_failed & 0xFFFFFFFF,
+        "flags": (abi.PROBE_F_DRAINED if p.drained else 0) | (abi.PROBE_F_OVERRIDE if p.override is not None else 0)
+        | (abi.PROBE_F_LEAVING if p.leave_until_s is not None else 0),
+        "override_weight": p.override or 0,
+        "leave_until_s": p.leave_until_s or 0,
+        "state": p.state.encode()[: PROBE_TEXT["state"] - 1],
+        "reason": p.reason.encode()[: PROBE_TEXT["reason"] - 1],
+    }
+
+
+def unpack_probe(v: Mapping[str, int | bytes]) -> ProbeStatus:
+    """The fields of struct backend_probe (C names) as a ProbeStatus."""
+    def seconds(us):
+        return us / 1e6 if us else None
+
+    def known(value):
+        return None if value == abi.UNKNOWN else value
+
+    flags = v["flags"]
+    return ProbeStatus(
+        updated_ns=v["updated_ns"], config_weight=v["config_weight"],
+        rtt_p50_s=seconds(v["rtt_p50_us"]), rtt_p99_s=seconds(v["rtt_p99_us"]),
+        rtt_smoothed_s=seconds(v["rtt_smoothed_us"]),
+        waiting=known(v["waiting"]), running=known(v["running"]),
+        kv_usage=None if v["kv_permille"] == abi.UNKNOWN else v["kv_permille"] / 1000,
+        probes_ok=v["probes_ok"], probes_failed=v["probes_failed"],
+        state=bytes(v["state"]).decode(errors="replace"), reason=bytes(v["reason"]).decode(errors="replace"),
+        drained=bool(flags & abi.PROBE_F_DRAINED),
+        override=v["override_weight"] if flags & abi.PROBE_F_OVERRIDE else None,
+        leave_until_s=v["leave_until_s"] if flags & abi.PROBE_F_LEAVING else None,
+    )
+
+
 @dataclass
 class ApplyReport:
     """What one apply() changed, for the CLI's progress lines."""
@@ -368,34 +445,45 @@ class Maps:
 
     # ------------------------------------------------------------ probe state
 
-    PROBE_TEXT = {"state": 16, "reason": 64}
-
     def write_probe(self, bid: int, **values) -> None:
         """Sets fields of backend bid's edge_be_probe entry (C names of struct
         backend_probe); strings are cut to fit, None load signals are UNKNOWN."""
         t = self.t[abi.MAP_BE_PROBE]
         v = t[t.Key(bid)]
         for name, value in values.items():
-            if name in self.PROBE_TEXT:
-                value = value.encode()[: self.PROBE_TEXT[name] - 1]
+            if name in PROBE_TEXT:
+                value = value.encode()[: PROBE_TEXT[name] - 1]
             elif value is None:
                 value = abi.UNKNOWN
             setattr(v, name, value)
         t[t.Key(bid)] = v
 
-    def read_probe(self, bid: int) -> dict:
+    def write_status(self, bid: int, status: ProbeStatus) -> None:
+        """Backend bid's whole edge_be_probe record, from status."""
+        t = self.t[abi.MAP_BE_PROBE]
+        v = t.Leaf()
+        for name, value in pack_probe(status).items():
+            setattr(v, name, value)
+        t[t.Key(bid)] = v
+
+    def _probe_fields(self, bid: int) -> dict:
         t = self.t[abi.MAP_BE_PROBE]
         v = t[t.Key(bid)]
-        out = {}
-        for name, _ in t.Leaf._fields_:
-            if name.startswith("pad"):
-                continue
-            value = getattr(v, name)
-            if name in self.PROBE_TEXT:
-                value = value.decode(errors="replace")
-            elif name in ("waiting", "running", "kv_permille") and value == abi.UNKNOWN:
-                value = None
-            out[name] = value
+        return {name: getattr(v, name) for name, _ in t.Leaf._fields_ if not name.startswith("pad")}
+
+    def read_status(self, bid: int) -> ProbeStatus:
+        """Backend bid's edge_be_probe record in plain units."""
+        return unpack_probe(self._probe_fields(bid))
+
+    def read_probe(self, bid: int) -> dict:
+        """Backend bid's edge_be_probe record as `status --json` shows it: C names, text
+        decoded, unknown load signals None."""
+        out = self._probe_fields(bid)
+        for name in PROBE_TEXT:
+            out[name] = out[name].decode(errors="replace")
+        for name in ("waiting", "running", "kv_permille"):
+            if out[name] == abi.UNKNOWN:
+                out[name] = None
         return out
 
     def _write_service_meta(self, vid: int, name: str | None) -> None:

@@ -19,7 +19,7 @@ import pytest
 from controlplane import abi, edged, loader
 from controlplane.errors import MapError
 from controlplane.config import parse_config
-from controlplane.maps import ApplyReport
+from controlplane.maps import ApplyReport, ProbeStatus
 from controlplane.signals import Sample
 
 MS = 1_000_000
@@ -55,7 +55,7 @@ class FakeMaps:
     def __init__(self, cfg):
         self.ids_of: dict[str, tuple[int, dict[str, int]]] = {}
         self.table: dict[str, dict[str, int]] = {}  # the active Maglev table's weights
-        self.probe: dict[int, dict] = {}
+        self.probe: dict[int, ProbeStatus] = {}
         self.refusing: loader.Table | None = None
         self.writes = 0
         self.apply(cfg)
@@ -72,7 +72,7 @@ class FakeMaps:
                 if b.name not in bids:
                     bids[b.name] = min(set(range(len(used) + 1)) - used)
                     used.add(bids[b.name])
-                    self.probe[bids[b.name]] = {"flags": 0, "override_weight": 0}
+                    self.probe[bids[b.name]] = ProbeStatus(config_weight=b.weight)
                     report.added_backends.append(f"{s.name}/{b.name}")
             self.table[s.name] = {b.name: self.table.get(s.name, {}).get(b.name, b.weight) for b in s.backends}
             for gone in set(bids) - {b.name for b in s.backends}:
@@ -91,11 +91,11 @@ class FakeMaps:
         self.writes += 1
         self.table[s.name] = {b.name: int(weights.get(b.name, b.weight)) for b in s.backends}
 
-    def write_probe(self, bid, **values):
-        self.probe[bid].update(values)
+    def write_status(self, bid, status: ProbeStatus):
+        self.probe[bid] = status
 
-    def read_probe(self, bid):
-        return dict(self.probe[bid])
+    def read_status(self, bid) -> ProbeStatus:
+        return self.probe[bid]
 
     def backend_stats(self, bid):
         return {"packets": 0, "bytes": 0, "new_flows": 0, "return_packets": 0, "failovers": 0}
