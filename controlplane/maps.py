@@ -9,6 +9,7 @@ from __future__ import annotations
 import mmap
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
@@ -126,6 +127,20 @@ def unpack_probe(v: Mapping[str, int | bytes]) -> ProbeStatus:
     )
 
 
+def counts_from_dump(map_name: str, dump: list[dict]) -> dict[str, int]:
+    """`bpftool -j map dump` of edge_verdicts or edge_drops (per-CPU arrays of u64, key
+    u32, both host byte order) as {name: count summed over CPUs}: for readers that do
+    not compile the data path (tests, tools)."""
+    names = {abi.MAP_VERDICTS: abi.CNT_NAMES, abi.MAP_DROPS: abi.DROP_NAMES}[map_name]
+    counts = {}
+    for entry in dump:
+        key = int.from_bytes(bytes(int(b, 16) for b in entry["key"]), sys.byteorder)
+        if key in names:
+            counts[names[key]] = sum(int.from_bytes(bytes(int(b, 16) for b in v["value"]), sys.byteorder)
+                                     for v in entry["values"])
+    return counts
+
+
 @dataclass
 class ApplyReport:
     """What one apply() changed, for the CLI's progress lines."""
@@ -148,6 +163,14 @@ class Maps:
         self._maglev_fd = maglev_fd
         self._mm: mmap.mmap | None = None
         self._ids: dict[str, tuple[int, dict[str, int]]] | None = None  # set by apply(), else read once
+
+    @classmethod
+    def sized_by_node(cls, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int) -> "Maps":
+        """Maps over tables sized by their node record when it has one (an instance deployed
+        with other sizes), else by maglev_m and max_services."""
+        t = tables[abi.MAP_NODE]
+        v = t[t.Key(0)]
+        return cls(tables, maglev_fd, v.maglev_m or maglev_m, v.max_services or max_services)
 
     # ------------------------------------------------------------ maglev mmap
 
@@ -690,6 +713,11 @@ class Maps:
         t = self.t[name]
         return sum(int(v) for v in t.getvalue(t.Key(index)))
 
+    def counters(self) -> dict[str, dict[str, int]]:
+        """{"verdicts": {name: n}, "drops": {name: n}}, summed over CPUs."""
+        return {"verdicts": {n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()},
+                "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()}}
+
     def snapshot(self, count_conntrack: bool = False) -> dict:
         """Everything status shows, as plain data. Counting conntrack entries
         walks the whole table (seconds when it is full), so it is asked for."""
@@ -736,8 +764,7 @@ class Maps:
         return {
             "node": node,
             "services": services,
-            "verdicts": {n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()},
-            "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()},
+            **self.counters(),
             "conntrack_entries": sum(1 for _ in self.t[abi.MAP_CT].keys()) if count_conntrack else None,
         }
 

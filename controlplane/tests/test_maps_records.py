@@ -1,5 +1,6 @@
-"""controlplane.maps: the edge_be_probe record (struct backend_probe) packed and unpacked
-in one place, against the struct as bpf/include/abi.h declares it.
+"""controlplane.maps: the records only maps.py packs and unpacks. edge_be_probe (struct
+backend_probe) against the struct as bpf/include/abi.h declares it, and the per-CPU
+counters as bpftool dumps them.
 
 Unprivileged: the record's ctypes layout is read from abi.h here (what bcc builds from
 the same header), and Maps runs over an in-memory array of it.
@@ -9,13 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane import abi
-from controlplane.maps import PROBE_TEXT, Maps, ProbeStatus, pack_probe, unpack_probe
+from controlplane.maps import PROBE_TEXT, Maps, ProbeStatus, counts_from_dump, pack_probe, unpack_probe
 
 ABI_H = Path(__file__).resolve().parents[2] / "bpf" / "include" / "abi.h"
 C_TYPES = {"__u64": ctypes.c_uint64, "__u32": ctypes.c_uint32, "__u16": ctypes.c_uint16, "__u8": ctypes.c_uint8}
@@ -104,3 +106,14 @@ def test_out_of_range_load_signals_are_clamped_not_wrapped():
     packed = pack_probe(ProbeStatus(waiting=-3.0, running=1e12, kv_usage=1.7, rtt_p50_s=1e9))
     assert (packed["waiting"], packed["running"], packed["kv_permille"]) == (0, 0xFFFFFFFE, 1000)
     assert packed["rtt_p50_us"] == 0xFFFFFFFE
+
+
+def test_a_bpftool_dump_of_the_verdict_counters_sums_cpus_by_name():
+    def hexes(n: int, size: int) -> list[str]:
+        return [f"0x{b:02x}" for b in n.to_bytes(size, sys.byteorder)]
+
+    dump = [{"key": hexes(abi.CNT_REDIRECT, 4), "values": [{"cpu": 0, "value": hexes(5, 8)},
+                                                            {"cpu": 1, "value": hexes(2**40, 8)}]},
+            {"key": hexes(abi.CNT_PASS, 4), "values": [{"cpu": 0, "value": hexes(0, 8)}]},
+            {"key": hexes(999, 4), "values": [{"cpu": 0, "value": hexes(7, 8)}]}]
+    assert counts_from_dump(abi.MAP_VERDICTS, dump) == {"redirect": 5 + 2**40, "pass": 0}
