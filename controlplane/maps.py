@@ -660,17 +660,20 @@ class Maps:
     # ------------------------------------------------------------ reading
 
     def _health(self, b, sc, now: int) -> dict:
-        """What the data path thinks of a backend right now, and why."""
+        """What the data path thinks of a backend right now, and why. The state re-states
+        health.h's backend_usable() to name the reason: "up" exactly when it would take new
+        flows (tests/test_health_rule.py runs the C rule against this one)."""
         h = self.t[abi.MAP_HEALTH][self.t[abi.MAP_HEALTH].Key(b.health_id)]
         hb_on, passive_on = bool(sc.flags & abi.SVC_F_HEARTBEAT), bool(sc.flags & abi.SVC_F_PASSIVE)
         age_s = (now - h.last_seen_ns) / 1e9 if h.last_seen_ns else None
-        ejected = h.ejected_until_ns > now
+        # an ejection left from before passive detection was turned off counts no more
+        ejected = (hb_on or passive_on) and h.ejected_until_ns > now
         state = "up"
-        if not b.flags & abi.BE_F_UP:
+        if b.flags & (abi.BE_F_VALID | abi.BE_F_UP) != abi.BE_F_VALID | abi.BE_F_UP:
             state = "admin-down"
         elif ejected:
             state = "ejected"
-        elif hb_on and (age_s is None or now - h.last_seen_ns > sc.hb_timeout_ns):
+        elif hb_on and h.last_seen_ns + sc.hb_timeout_ns < now:  # as the C compares: no "now - stamp"
             state = "down"
         elif hb_on and h.rise_count < sc.rise:
             state = "rising"

@@ -20,17 +20,20 @@ from controlplane import abi
 from controlplane.maps import PROBE_TEXT, Maps, ProbeStatus, counts_from_dump, pack_probe, unpack_probe
 
 ABI_H = Path(__file__).resolve().parents[2] / "bpf" / "include" / "abi.h"
-C_TYPES = {"__u64": ctypes.c_uint64, "__u32": ctypes.c_uint32, "__u16": ctypes.c_uint16, "__u8": ctypes.c_uint8}
+C_TYPES = {"__u64": ctypes.c_uint64, "__u32": ctypes.c_uint32, "__u16": ctypes.c_uint16, "__u8": ctypes.c_uint8,
+           "__be32": ctypes.c_uint32, "__be16": ctypes.c_uint16, "char": ctypes.c_char}
 
 
 def c_struct(name: str) -> type[ctypes.Structure]:
-    """struct name of abi.h as ctypes (scalar and char-array fields only)."""
+    """struct name of abi.h as ctypes (scalar fields and arrays of them; an array's size
+    is a number or an EDGE_ constant of abi.py)."""
     text = ABI_H.read_text()
     body = re.search(rf"struct {name} \{{(.*?)\n\}};", text, re.S).group(1)
     fields = []
-    for ctype, field, n in re.findall(r"^\s*(__u\d+|char)\s+(\w+)(?:\[(\w+)\])?;", body, re.M):
-        base = ctypes.c_char if ctype == "char" else C_TYPES[ctype]
-        fields.append((field, base * int(n) if n else base))
+    for ctype, field, n in re.findall(r"^\s*(__u\d+|__be\d+|char)\s+(\w+)(?:\[(\w+)\])?;", body, re.M):
+        base = C_TYPES[ctype]
+        size = int(n) if n.isdigit() else getattr(abi, n.removeprefix("EDGE_")) if n else 0
+        fields.append((field, base * size if n else base))
     return type(name, (ctypes.Structure,), {"_fields_": fields})
 
 
