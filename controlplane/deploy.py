@@ -293,10 +293,11 @@ def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False
     return out
 
 
-def describe(maps: Maps, instance: str, pin_path: Path, count_conntrack: bool = False) -> dict:
+def describe(maps: Maps, instance: str, pin_path: Path, count_conntrack: bool = False,
+             deadline_ns: int | None = None) -> dict:
     """One instance as `edgectl status --json` shows it: the maps' snapshot plus
-    what is attached where."""
-    snap = maps.snapshot(count_conntrack)
+    what is attached where. deadline_ns: see Maps.snapshot."""
+    snap = maps.snapshot(count_conntrack, deadline_ns)
     node = snap["node"]
     snap["instance"] = instance
     snap["pin_path"] = str(pin_path)

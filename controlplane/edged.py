@@ -31,6 +31,8 @@ from controlplane.signals import Load, Sample
 
 PROG = "edged"
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
+WALK_DEADLINE_S = 1.0  # a status walk stops counting conntrack here and reports it unknown
+WALK_GRACE_S = 2.0  # past the deadline, a caller stops waiting for a walk that has not ended
 LEAVING_IDLE_S = 3.0  # a removed backend with no packets this long has no connections left
 EVENTS_KEPT = 512
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
@@ -49,13 +51,12 @@ def _log_json(event: dict) -> None:
     sys.stderr.flush()
 
 
+# pyroute2's sync calls cannot run on a thread whose event loop is running: the data-path
+# watch's netlink queries (milliseconds) run here.
 _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-netlink")
-
-
-def off_loop(fn: Callable, *args):
-    """fn(*args) on a worker thread, waited for: pyroute2's sync calls cannot run on a thread
-    whose event loop is running. For short netlink queries only (milliseconds)."""
-    return _worker.submit(fn, *args).result()
+# Walks of the maps for status and metrics run here, never on the loop: counting conntrack
+# is O(ct_size) (seconds when full), the rest O(max_backends). One at a time.
+_walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
 
 
 class Events:
@@ -144,6 +145,7 @@ class Daemon:
         self.maps = None
         self._held = None
         self._tasks: list[asyncio.Task] = []
+        self._walks: set[asyncio.Future] = set()  # status walks on _walker, for close() to wait for
         self._stopping = asyncio.Event()
         # Why the data path is not whole ('' while it is): edged then says NOT_SERVING.
         self.not_serving = ""
@@ -288,6 +290,8 @@ class Daemon:
                 self.events.emit("error", f"bgp: {e}")
             await self.announcer.speaker.stop()
             self.announcer = None
+        if self._walks:  # a walk must not read maps being closed
+            await asyncio.wait(set(self._walks), timeout=WALK_DEADLINE_S + WALK_GRACE_S)
         if self.maps is not None:  # the last measurements, while the prober still holds its windows
             self._write_status(time.monotonic_ns())
         await self.prober.close()
@@ -460,11 +464,22 @@ class Daemon:
         self.step(st, time.monotonic_ns())
         self._write_status(time.monotonic_ns())
 
-    def snapshot(self, count_conntrack: bool = False) -> dict:
-        """This instance as `edgectl status --json` shows it, plus edged's view per backend."""
+    async def snapshot(self, count_conntrack: bool = False) -> dict:
+        """This instance as `edgectl status --json` shows it, plus edged's view per backend.
+        The maps are walked on a worker thread within WALK_DEADLINE_S: a conntrack count cut
+        by the deadline is None (conntrack_partial: entries counted before it)."""
         if self.maps is None:
             raise EdgeError("edged has no data path open (starting or stopping)")
-        snap = off_loop(deploy.describe, self.maps, self.instance, self.pin_path, count_conntrack)
+        deadline_ns = time.monotonic_ns() + int(WALK_DEADLINE_S * 1e9)
+        walk = asyncio.wrap_future(_walker.submit(deploy.describe, self.maps, self.instance, self.pin_path,
+                                                  count_conntrack, deadline_ns))
+        self._walks.add(walk)
+        walk.add_done_callback(self._walks.discard)
+        try:
+            snap = await asyncio.wait_for(asyncio.shield(walk), WALK_DEADLINE_S + WALK_GRACE_S)
+        except asyncio.TimeoutError:
+            raise EdgeError(f"status: walking the maps took over {WALK_DEADLINE_S + WALK_GRACE_S:g}s; "
+                            f"try again") from None
         now = time.monotonic_ns()
         discovered = self.discovery.view()
         for svc in snap["services"]:

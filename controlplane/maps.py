@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -139,6 +139,16 @@ def counts_from_dump(map_name: str, dump: list[dict]) -> dict[str, int]:
             counts[names[key]] = sum(int.from_bytes(bytes(int(b, 16) for b in v["value"]), sys.byteorder)
                                      for v in entry["values"])
     return counts
+
+
+def count_entries(keys: Iterable, deadline_ns: int | None = None, every: int = 1024) -> tuple[int, bool]:
+    """(entries, complete) of a walk over keys that stops at deadline_ns (CLOCK_MONOTONIC),
+    looking at the clock every `every` entries."""
+    n = 0
+    for n, _ in enumerate(keys, 1):
+        if deadline_ns is not None and n % every == 0 and time.monotonic_ns() > deadline_ns:
+            return n, False
+    return n, True
 
 
 @dataclass
@@ -721,9 +731,11 @@ class Maps:
         return {"verdicts": {n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()},
                 "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()}}
 
-    def snapshot(self, count_conntrack: bool = False) -> dict:
+    def snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
         """Everything status shows, as plain data. Counting conntrack entries
-        walks the whole table (seconds when it is full), so it is asked for."""
+        walks the whole table (seconds when it is full), so it is asked for; past
+        deadline_ns (CLOCK_MONOTONIC) the count stops: conntrack_entries is None and
+        conntrack_partial the entries counted before."""
         node = self.node()
         vips = self._vip_keys_in_maps()
         svc_names = self._services_in_maps()
@@ -764,10 +776,16 @@ class Maps:
                 **self._sum_percpu(abi.MAP_VIP_STATS, vid),
                 "backends": backends_by_vip.get(vid, []),
             })
-        return {
+        out = {
             "node": node,
             "services": services,
             **self.counters(),
-            "conntrack_entries": sum(1 for _ in self.t[abi.MAP_CT].keys()) if count_conntrack else None,
+            "conntrack_entries": None,
         }
+        if count_conntrack:
+            n, complete = count_entries(self.t[abi.MAP_CT].keys(), deadline_ns)
+            out["conntrack_entries"] = n if complete else None
+            if not complete:
+                out["conntrack_partial"] = n
+        return out
 

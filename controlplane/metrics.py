@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
+import inspect
 import re
 import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Awaitable, Callable, Iterable, Iterator, Optional
 
 from prometheus_client import MetricsHandler, ProcessCollector
 from prometheus_client.core import (
@@ -36,7 +37,7 @@ from controlplane.signals import Sample, quantile
 
 # 0.1 ms (a probe on the same rack) to 1 s (far beyond any probe timeout worth having).
 RTT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-LOOP_TIMEOUT_S = 2.0  # LoopSource: longest a scrape waits for edged's loop
+LOOP_TIMEOUT_S = 4.0  # LoopSource: longest a scrape waits for edged (its walks end within 3 s)
 
 BE = ("service", "backend")
 
@@ -360,23 +361,37 @@ def make_registry(collector: EdgeCollector, process: bool = True) -> CollectorRe
 
 class LoopSource:
     """A source that runs fn() on an asyncio loop (edged's) and waits for it
-    from the scrape thread, so the maps and edged's state are read where they
-    are written. Never call snapshot() on the loop's own thread."""
+    from the scrape thread, so edged's state is read where it is written. fn may
+    be a coroutine function: the loop runs it without blocking on it (edged walks
+    the maps on a worker thread). Never call snapshot() on the loop's own thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], dict],
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], dict | Awaitable[dict]],
                  timeout_s: float = LOOP_TIMEOUT_S):
         self.loop, self.fn, self.timeout_s = loop, fn, timeout_s
 
     def snapshot(self) -> dict:
         future: concurrent.futures.Future = concurrent.futures.Future()
 
+        def finish(task: asyncio.Future) -> None:
+            if task.cancelled():
+                future.set_exception(EdgeError("the daemon cancelled the snapshot"))
+            elif task.exception() is not None:
+                future.set_exception(task.exception())
+            else:
+                future.set_result(task.result())
+
         def run() -> None:
             if not future.set_running_or_notify_cancel():
                 return  # the scrape stopped waiting
             try:
-                future.set_result(self.fn())
+                value = self.fn()
             except Exception as e:  # handed to the scrape thread, which counts it
                 future.set_exception(e)
+                return
+            if inspect.isawaitable(value):
+                asyncio.ensure_future(value).add_done_callback(finish)
+            else:
+                future.set_result(value)
 
         self.loop.call_soon_threadsafe(run)
         try:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import inspect
+import itertools
 import threading
 import time
 from ipaddress import IPv4Address
 
 import pytest
 
-from controlplane import abi, edged, loader
-from controlplane.errors import MapError
+from controlplane import abi, edged, loader, maps
+from controlplane.errors import EdgeError, MapError
 from controlplane.config import parse_config
 from controlplane.maps import ApplyReport, ProbeStatus
 from controlplane.signals import Sample
@@ -58,6 +60,8 @@ class FakeMaps:
         self.probe: dict[int, ProbeStatus] = {}
         self.refusing: loader.Table | None = None
         self.writes = 0
+        self.walk_gate: threading.Event | None = None  # when set, a walk waits for it (a slow walk)
+        self.walk_deadlines: list = []
         self.apply(cfg)
 
     def apply(self, cfg, oifs=None) -> ApplyReport:
@@ -108,6 +112,19 @@ class FakeMaps:
 
     def close(self):
         pass
+
+    # the walk `edgectl status` and metrics scrapes ask for
+    def snapshot(self, count_conntrack=False, deadline_ns=None):
+        self.walk_deadlines.append(deadline_ns)
+        if self.walk_gate is not None:
+            self.walk_gate.wait(timeout=10)
+        services = []
+        for name, (vid, bids) in self.ids_of.items():
+            services.append({"name": name, "id": vid, "backends": [
+                {"id": bid, "name": b, "weight": self.table[name][b], "probe": {}, "health": {"usable": True},
+                 **self.backend_stats(bid)} for b, bid in bids.items()]})
+        return {"node": self.node(), "services": services, "verdicts": {}, "drops": {},
+                "conntrack_entries": None if deadline_ns is not None or not count_conntrack else 0}
 
 
 def daemon(cfg=None) -> edged.Daemon:
@@ -170,3 +187,69 @@ def test_a_failed_map_write_does_not_kill_the_steer_task():
     assert failed >= 2 and writes > 0
     errors = [e for e in kinds(d, "error") if e.get("map") == abi.MAP_VIPS]
     assert len(errors) == 1 and errors[0]["service"] == "web", errors  # reported once, not per retry
+
+
+# ---------------------------------------------------------------- long walks
+
+
+def test_the_loop_keeps_deciding_while_a_status_walk_is_slow(monkeypatch):
+    """A status walk (GetStatus with a conntrack count, a metrics scrape) that takes long
+    runs off the loop: the loop keeps ticking and steering until the walk is done."""
+    monkeypatch.setattr(edged.deploy, "describe", lambda maps, instance, pin_path, count=False, deadline_ns=None:
+                        maps.snapshot(count, deadline_ns))
+
+    async def go():
+        d = daemon()
+        gate = d.maps.walk_gate = threading.Event()
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                if ticks >= 20:
+                    gate.set()  # the walk ends only once the loop has run during it
+                await asyncio.sleep(0.005)
+
+        t = asyncio.create_task(ticker())
+        try:
+            snap = d.snapshot(count_conntrack=True)
+            snap = await snap if inspect.isawaitable(snap) else snap
+        finally:
+            gate.set()
+            t.cancel()
+        return d, snap, ticks
+
+    d, snap, ticks = asyncio.run(go())
+    assert ticks >= 20  # the loop ran while the walk was in progress
+    assert [b["name"] for b in snap["services"][0]["backends"]] == ["b0", "b1", "b2"]
+    assert snap["services"][0]["backends"][0]["edged"]["config_weight"] == 100  # edged's view on top
+    assert d.maps.walk_deadlines[-1] is not None  # the walk was given a deadline
+
+
+def test_a_walk_that_outlives_its_grace_is_an_error_and_the_loop_goes_on(monkeypatch):
+    monkeypatch.setattr(edged.deploy, "describe", lambda maps, instance, pin_path, count=False, deadline_ns=None:
+                        maps.snapshot(count, deadline_ns))
+    monkeypatch.setattr(edged, "WALK_DEADLINE_S", 0.01)
+    monkeypatch.setattr(edged, "WALK_GRACE_S", 0.01)
+
+    async def go():
+        d = daemon()
+        gate = d.maps.walk_gate = threading.Event()  # a walk that ignores its deadline
+        try:
+            with pytest.raises(EdgeError, match=r"^status: walking the maps took over"):
+                await d.snapshot(count_conntrack=True)
+            d.step(d.services["web"], time.monotonic_ns())  # the loop is free to steer
+            assert d.maps.writes == 1
+        finally:
+            gate.set()
+        await d.close()  # waits for the walk before closing the maps
+
+    asyncio.run(go())
+
+
+def test_counting_entries_stops_at_the_deadline():
+    assert maps.count_entries(iter(range(5000)), None) == (5000, True)
+    assert maps.count_entries(iter(range(5000)), time.monotonic_ns() + 10**12) == (5000, True)
+    n, complete = maps.count_entries(itertools.count(), time.monotonic_ns() - 1)  # endless: a huge table
+    assert not complete and n > 0

@@ -497,6 +497,18 @@ def test_loop_source_reads_on_the_loop_thread():
     assert threads == [loop_thread]
 
 
+def test_loop_source_awaits_a_coroutine_source_on_the_loop():
+    async def snap():
+        await asyncio.sleep(0)  # edged awaits its walk of the maps on a worker thread
+        return realistic_snapshot()
+
+    with running_loop() as (loop, _):
+        with endpoint(metrics.LoopSource(loop, snap)) as server:
+            fams = scrape(server)
+    assert value(fams, "edge_packets_total", **be("llama-70b", "h100-a")) == 120_000
+    assert value(fams, "edge_scrape_errors_total") == 0
+
+
 def test_loop_source_times_out_when_the_loop_is_busy():
     with running_loop() as (loop, _):
         release = threading.Event()
