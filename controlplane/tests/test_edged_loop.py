@@ -17,9 +17,10 @@ import time
 from ipaddress import IPv4Address
 
 import pytest
+import yaml
 
 from controlplane import abi, edged, loader, maps
-from controlplane.errors import EdgeError, MapError
+from controlplane.errors import ConfigError, EdgeError, MapError
 from controlplane.config import parse_config
 from controlplane.maps import ApplyReport, ProbeStatus
 from controlplane.signals import Sample
@@ -28,6 +29,10 @@ MS = 1_000_000
 
 
 def config(backends=("b0", "b1", "b2"), policy="latency_inverse", **service_extra) -> object:
+    return parse_config(doc(backends, policy, **service_extra))
+
+
+def doc(backends=("b0", "b1", "b2"), policy="latency_inverse", **service_extra) -> dict:
     service = {
         "name": "web", "vip": "198.18.0.10", "port": 8000,
         "backends": [{"name": n, "address": f"198.18.{i + 1}.2", "port": 8000, "weight": 100}
@@ -35,7 +40,7 @@ def config(backends=("b0", "b1", "b2"), policy="latency_inverse", **service_extr
         "weights": {"policy": policy, "hysteresis_pct": 10, "rtt_offset_ms": 0},
         **service_extra,
     }
-    return parse_config({"version": 1, "services": [service]})
+    return {"version": 1, "services": [service]}
 
 
 class RefusingTable:
@@ -81,12 +86,19 @@ class FakeMaps:
             self.table[s.name] = {b.name: self.table.get(s.name, {}).get(b.name, b.weight) for b in s.backends}
             for gone in set(bids) - {b.name for b in s.backends}:
                 del bids[gone]
+                report.removed_backends.append(gone)
+        for gone in set(self.ids_of) - {s.name for s in cfg.services}:
+            del self.ids_of[gone], self.table[gone]
+            report.removed_services.append(gone)
         return report
 
     def ids(self, service):
+        if service not in self.ids_of:
+            raise MapError(f"service {service!r} is not deployed")
         return self.ids_of[service]
 
     def weights(self, service):
+        self.ids(service)
         return dict(self.table[service])
 
     def set_weights(self, s, weights):
@@ -132,6 +144,7 @@ def daemon(cfg=None) -> edged.Daemon:
     on a running loop (the prober's)."""
     cfg = cfg or config()
     d = edged.Daemon(cfg, "hp4t0", edged.Events())
+    d._targets = lambda cfg: []  # nothing is probed: the tests hand edged its samples
     d.maps = FakeMaps(cfg)
     d._set_services(cfg)
     return d
@@ -143,6 +156,154 @@ def sample(d: edged.Daemon, backend: str, rtt_s: float, t_ns: int) -> None:
 
 def kinds(d: edged.Daemon, kind: str) -> list[dict]:
     return [e for e in d.events.recent if e["kind"] == kind]
+
+
+PROBED = {"health": {"probe": {"kind": "tcp", "interval_ms": 100, "timeout_ms": 50, "fall": 2, "rise": 1}}}
+
+
+def probed(rtts: dict[str, float], t_ns: int, n: int = 3, d: edged.Daemon | None = None) -> edged.Daemon:
+    """A Daemon of probed backends that has seen n samples of each RTT, 100 ms apart up to t_ns."""
+    d = d or daemon(config(tuple(rtts), **PROBED))
+    for i in range(n):
+        for name, rtt in rtts.items():
+            sample(d, name, rtt, t_ns - (n - 1 - i) * 100 * MS)
+    return d
+
+
+def on_loop(test):
+    """Runs test() on an event loop (the prober's targets are set on one)."""
+    async def go():
+        return test()
+    return asyncio.run(go())
+
+
+# ---------------------------------------------------------------- steering and the operator
+
+
+def test_a_step_pushes_the_policys_weights_and_not_the_noise_within_the_hysteresis():
+    def test():
+        t = 10**12
+        d = probed({"b0": 0.010, "b1": 0.020, "b2": 0.040}, t)
+        st = d.services["web"]
+        assert d.step(st, t) is True
+        first = d.maps.weights("web")
+        assert first["b0"] > first["b1"] > first["b2"] and st.pushed == first
+        probed({"b0": 0.0101, "b1": 0.0199, "b2": 0.0401}, t + 300 * MS, d=d)  # 1 % noise
+        assert d.step(st, t + 300 * MS) is False and d.maps.weights("web") == first
+        pushes = kinds(d, "weights")
+        assert len(pushes) == 1 and pushes[0]["weights"] == first
+    on_loop(test)
+
+
+def test_a_drain_forces_0_until_undrained_and_shows_in_the_status_record():
+    def test():
+        t = 10**12
+        d = probed({"b0": 0.010, "b1": 0.010, "b2": 0.010}, t)
+        d.step(d.services["web"], t)
+        d.drain("web", "b1")
+        assert d.maps.weights("web")["b1"] == 0
+        _, bids = d.maps.ids("web")
+        assert d.maps.read_status(bids["b1"]).drained and d.maps.read_status(bids["b1"]).state == "drained"
+        assert d.backend_view("web", "b1", t)["state"] == "drained"
+        d.undrain("web", "b1")
+        assert d.maps.weights("web")["b1"] == d.maps.weights("web")["b0"] > 0
+        assert not d.maps.read_status(bids["b1"]).drained
+        assert [e["kind"] for e in d.events.recent if e["kind"] in ("drain", "undrain")] == ["drain", "undrain"]
+    on_loop(test)
+
+
+def test_an_override_beats_the_policy_until_cleared():
+    def test():
+        t = 10**12
+        d = probed({"b0": 0.010, "b1": 0.030}, t)
+        d.step(d.services["web"], t)
+        d.set_override("web", "b1", 77)
+        _, bids = d.maps.ids("web")
+        assert d.maps.weights("web")["b1"] == 77 and d.maps.read_status(bids["b1"]).override == 77
+        probed({"b0": 0.030, "b1": 0.010}, t + 10**9, n=5, d=d)  # the policy now prefers b1
+        d.step(d.services["web"], t + 10**9)
+        assert d.maps.weights("web")["b1"] == 77
+        d.set_override("web", "b1", None)
+        assert d.maps.weights("web")["b1"] > d.maps.weights("web")["b0"]
+        assert d.maps.read_status(bids["b1"]).override is None
+        with pytest.raises(ValueError, match="^weight: 70000 is out of range"):
+            d.set_override("web", "b1", 70000)
+        with pytest.raises(LookupError, match="no backend 'b9'"):
+            d.drain("web", "b9")
+    on_loop(test)
+
+
+def test_a_restarted_edged_keeps_the_drains_and_overrides_it_finds_in_the_maps():
+    def test():
+        t = 10**12
+        d = probed({"b0": 0.010, "b1": 0.010, "b2": 0.010}, t)
+        d.step(d.services["web"], t)
+        d.drain("web", "b1")
+        d.set_override("web", "b2", 5)
+        again = edged.Daemon(d.cfg, "hp4t0", edged.Events())
+        again._targets = lambda cfg: []
+        again.maps = d.maps  # what a restart finds pinned
+        again._adopt_operator_state()
+        again._set_services(d.cfg)
+        assert again.drained == {("web", "b1")} and again.overrides == {("web", "b2"): 5}
+        again.step(again.services["web"], t)  # no probe data yet: nothing forced moves
+        assert {n: w for n, w in d.maps.weights("web").items() if n != "b0"} == {"b1": 0, "b2": 5}
+    on_loop(test)
+
+
+def test_the_status_record_carries_what_edged_measured():
+    def test():
+        t = 10**12
+        d = probed({"b0": 0.010, "b1": 0.020}, t)
+        d.step(d.services["web"], t)
+        d._write_status(t)
+        _, bids = d.maps.ids("web")
+        p = d.maps.read_status(bids["b0"])
+        assert p.updated_ns == t and p.config_weight == 100 and p.state == "up"
+        assert p.rtt_smoothed_s == pytest.approx(0.010)
+        assert not p.drained and p.override is None and p.leave_until_s is None
+    on_loop(test)
+
+
+# ---------------------------------------------------------------- reload
+
+
+def test_reload_adds_a_backend_and_drains_a_removed_one_at_weight_0(monkeypatch):
+    monkeypatch.setattr(edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services
+                                                                       for b in s.backends})
+
+    async def go():
+        d = daemon(config(("b0", "b1", "b2")))
+        d.step(d.services["web"], time.monotonic_ns())
+        summary = await d.reload(yaml.safe_dump(doc(("b0", "b1", "b3"))))  # the API's config text
+        d.step(d.services["web"], time.monotonic_ns())
+        return d, summary
+
+    d, summary = asyncio.run(go())
+    assert summary["added_backends"] == ["web/b3"] and summary["draining_backends"] == ["web/b2"]
+    assert d.maps.weights("web")["b2"] == 0 and d.maps.weights("web")["b3"] > 0  # b2 keeps its connections
+    _, bids = d.maps.ids("web")
+    assert d.maps.read_status(bids["b2"]).leave_until_s is not None  # a restart keeps draining it
+    assert d.backend_view("web", "b2", time.monotonic_ns())["state"] == "leaving"
+
+
+def test_a_bad_reload_changes_nothing(monkeypatch):
+    monkeypatch.setattr(edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services
+                                                                       for b in s.backends})
+    bad = doc(("b0", "b1"))
+    bad["services"][0]["backends"][1]["weight"] = -1
+
+    async def go():
+        d = daemon(config(("b0", "b1", "b2")))
+        d.step(d.services["web"], time.monotonic_ns())
+        before = (d.maps.weights("web"), dict(d.maps.ids_of), d.cfg)
+        with pytest.raises(ConfigError, match=r"weight"):
+            await d.reload(yaml.safe_dump(bad))
+        return d, before
+
+    d, before = asyncio.run(go())
+    assert (d.maps.weights("web"), dict(d.maps.ids_of), d.cfg) == before
+    assert kinds(d, "reload-rejected")
 
 
 # ---------------------------------------------------------------- loops survive map failures
