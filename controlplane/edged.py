@@ -434,33 +434,30 @@ class Daemon:
 
     def drain(self, service: str, backend: str) -> None:
         """Weight 0 for backend until undrained: no new flows, its connections stay."""
-        st = self._find(service, backend)
-        self.drained.add((service, backend))
-        self.events.emit("drain", f"{service}/{backend}: drained by the operator", service=service, backend=backend)
-        self.step(st, time.monotonic_ns())
-        self._write_status(time.monotonic_ns())
+        self._operator(service, backend, "drain", "drained by the operator",
+                       lambda: self.drained.add((service, backend)))
 
     def undrain(self, service: str, backend: str) -> None:
-        st = self._find(service, backend)
-        self.drained.discard((service, backend))
-        self.events.emit("undrain", f"{service}/{backend}: undrained by the operator", service=service,
-                         backend=backend)
-        self.step(st, time.monotonic_ns())
-        self._write_status(time.monotonic_ns())
+        self._operator(service, backend, "undrain", "undrained by the operator",
+                       lambda: self.drained.discard((service, backend)))
 
     def set_override(self, service: str, backend: str, weight: int | None) -> None:
         """A fixed weight for backend, beating the policy; None gives it back to the policy."""
-        st = self._find(service, backend)
         if weight is None:
-            self.overrides.pop((service, backend), None)
-            text = "weight override cleared"
-        else:
-            if not 0 <= int(weight) <= 65535:
-                raise ValueError(f"weight: {weight} is out of range 0..65535")
-            self.overrides[(service, backend)] = int(weight)
-            text = f"weight overridden to {int(weight)}"
-        self.events.emit("override", f"{service}/{backend}: {text}", service=service, backend=backend,
-                         weight=weight)
+            self._operator(service, backend, "override", "weight override cleared",
+                           lambda: self.overrides.pop((service, backend), None), weight=None)
+            return
+        if not 0 <= int(weight) <= 65535:
+            raise ValueError(f"weight: {weight} is out of range 0..65535")
+        self._operator(service, backend, "override", f"weight overridden to {int(weight)}",
+                       lambda: self.overrides.__setitem__((service, backend), int(weight)), weight=int(weight))
+
+    def _operator(self, service: str, backend: str, kind: str, text: str, change: Callable[[], object],
+                  **fields) -> None:
+        """One operator action: change edged's marks, say so, and apply it at once."""
+        st = self._find(service, backend)
+        change()
+        self.events.emit(kind, f"{service}/{backend}: {text}", service=service, backend=backend, **fields)
         self.step(st, time.monotonic_ns())
         self._write_status(time.monotonic_ns())
 

@@ -319,6 +319,9 @@ def _key_text(key) -> str:
         return repr(key)
 
 
+_END = object()
+
+
 class Table:
     """One bcc table whose failures raise MapError naming the map and the key: bcc raises
     bare Exception for a failed update (E2BIG, EPERM, ...). A missing key stays KeyError
@@ -338,45 +341,30 @@ class Table:
         where = "" if key is None else f" {_key_text(key)}"
         return MapError(f"{self.name}: {op}{where}: {e}", map=self.name)
 
-    def __getitem__(self, key):
+    def _guarded(self, op: str, key, call: Callable, *args):
         try:
-            return self._t[key]
+            return call(*args)
         except KeyError:
             raise
         except Exception as e:  # bcc raises bare Exception
-            raise self._fail("lookup", key, e) from e
+            raise self._fail(op, key, e) from e
+
+    def __getitem__(self, key):
+        return self._guarded("lookup", key, self._t.__getitem__, key)
 
     def __setitem__(self, key, value) -> None:
-        try:
-            self._t[key] = value
-        except Exception as e:  # bcc raises bare Exception
-            raise self._fail("update", key, e) from e
+        self._guarded("update", key, self._t.__setitem__, key, value)
 
     def __delitem__(self, key) -> None:
-        try:
-            del self._t[key]
-        except KeyError:
-            raise
-        except Exception as e:  # bcc raises bare Exception
-            raise self._fail("delete", key, e) from e
+        self._guarded("delete", key, self._t.__delitem__, key)
 
     def getvalue(self, key):
-        try:
-            return self._t.getvalue(key)
-        except KeyError:
-            raise
-        except Exception as e:  # bcc raises bare Exception
-            raise self._fail("lookup", key, e) from e
+        return self._guarded("lookup", key, self._t.getvalue, key)
 
     def _walk(self, items: bool):
-        it = iter(self._t.items() if items else self._t.keys())
-        while True:
-            try:
-                yield next(it)
-            except StopIteration:
-                return
-            except Exception as e:  # bcc raises bare Exception
-                raise self._fail("walk", None, e) from e
+        it = self._guarded("walk", None, lambda: iter(self._t.items() if items else self._t.keys()))
+        while (entry := self._guarded("walk", None, next, it, _END)) is not _END:
+            yield entry
 
     def keys(self):
         return self._walk(False)

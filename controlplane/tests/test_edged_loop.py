@@ -316,6 +316,22 @@ def test_a_bcc_table_failure_is_a_map_error_naming_the_map_and_key():
     assert e.value.map == abi.MAP_VIPS
 
 
+def test_a_lookup_miss_stays_a_key_error_and_a_failed_walk_is_a_map_error():
+    class Broken(RefusingTable):
+        def __getitem__(self, key):
+            raise KeyError(key)
+
+        def keys(self):
+            yield self.Key(1)
+            raise Exception("Operation not permitted")
+
+    table = loader.Table(abi.MAP_CT, Broken("-"))
+    with pytest.raises(KeyError):
+        table[table.Key(3)]
+    with pytest.raises(MapError, match=r"^edge_ct: walk: Operation not permitted$"):
+        list(table.keys())
+
+
 def test_a_failed_map_write_does_not_kill_the_steer_task():
     """set_weights fails as a bcc table write does; the steer loop reports it once, counts
     every failure per map, keeps deciding, and pushes once the map takes writes again;
