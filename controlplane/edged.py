@@ -1,7 +1,9 @@
 """edged: the control-plane daemon of one edge node. Owns the orchestration, not the policy:
 deploy (or adopt) the data path, probe every backend (probe/), hand the results to weights.py,
 write what changed (maps.set_weights) and, once a second, what it measured (edge_be_probe).
-One asyncio loop, never blocked for long; stopping edged leaves the data path forwarding.
+One asyncio loop, never blocked for long: walks of the maps for status and metrics run on a
+worker thread within a deadline; a failed map write is an error event and
+edge_map_errors_total, and the loop goes on. Stopping edged leaves the data path forwarding.
 
     edged --config /etc/edge/edge.yaml [--iface eth0]
 """

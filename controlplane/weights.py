@@ -53,7 +53,7 @@ class Tracker:
 class Decision:
     """decide()'s answer for one service; every dict is keyed by backend name."""
 
-    weights: dict[str, int]  # what to use: computed when push, else pushed
+    weights: dict[str, int]  # what to use: computed (forced ones as forced) when push, else pushed
     computed: dict[str, int]  # what the policy wants right now
     states: dict[str, str]  # static, draining, down, fail-open, hung, slow-start, unknown-load, no-metrics, up
     reasons: dict[str, str]  # a few words for status and events
