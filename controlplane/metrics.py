@@ -346,8 +346,9 @@ def _add_observed(fams: dict[str, Metric], seen: Observed, services: list[str]) 
     # every deployed service has a push counter from the start, so rate() sees the first push
     for name in sorted(set(services) | set(seen.pushes)):
         fams["edge_weight_pushes_total"].add_metric([name], seen.pushes.get(name, 0))
-    for name, n in sorted(seen.map_errors.items()):
-        fams["edge_map_errors_total"].add_metric([name], n)
+    # every map has its counter from the start, so rate() sees the first failure
+    for name in sorted(set(abi.MAP_NAMES) | set(seen.map_errors)):
+        fams["edge_map_errors_total"].add_metric([name], seen.map_errors.get(name, 0))
 
 
 def make_registry(collector: EdgeCollector, process: bool = True) -> CollectorRegistry:

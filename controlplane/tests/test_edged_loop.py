@@ -170,6 +170,13 @@ def probed(rtts: dict[str, float], t_ns: int, n: int = 3, d: edged.Daemon | None
     return d
 
 
+def steered(rtts: dict[str, float], t_ns: int = 10**12) -> edged.Daemon:
+    """probed(), then one step: the policy's weights are in the table."""
+    d = probed(rtts, t_ns)
+    d.step(d.services["web"], t_ns)
+    return d
+
+
 def on_loop(test):
     """Runs test() on an event loop (the prober's targets are set on one)."""
     async def go():
@@ -198,8 +205,7 @@ def test_a_step_pushes_the_policys_weights_and_not_the_noise_within_the_hysteres
 def test_a_drain_forces_0_until_undrained_and_shows_in_the_status_record():
     def test():
         t = 10**12
-        d = probed({"b0": 0.010, "b1": 0.010, "b2": 0.010}, t)
-        d.step(d.services["web"], t)
+        d = steered({"b0": 0.010, "b1": 0.010, "b2": 0.010}, t)
         d.drain("web", "b1")
         assert d.maps.weights("web")["b1"] == 0
         _, bids = d.maps.ids("web")
@@ -215,8 +221,7 @@ def test_a_drain_forces_0_until_undrained_and_shows_in_the_status_record():
 def test_an_override_beats_the_policy_until_cleared():
     def test():
         t = 10**12
-        d = probed({"b0": 0.010, "b1": 0.030}, t)
-        d.step(d.services["web"], t)
+        d = steered({"b0": 0.010, "b1": 0.030}, t)
         d.set_override("web", "b1", 77)
         _, bids = d.maps.ids("web")
         assert d.maps.weights("web")["b1"] == 77 and d.maps.read_status(bids["b1"]).override == 77
@@ -236,8 +241,7 @@ def test_an_override_beats_the_policy_until_cleared():
 def test_a_restarted_edged_keeps_the_drains_and_overrides_it_finds_in_the_maps():
     def test():
         t = 10**12
-        d = probed({"b0": 0.010, "b1": 0.010, "b2": 0.010}, t)
-        d.step(d.services["web"], t)
+        d = steered({"b0": 0.010, "b1": 0.010, "b2": 0.010}, t)
         d.drain("web", "b1")
         d.set_override("web", "b2", 5)
         again = edged.Daemon(d.cfg, "hp4t0", edged.Events())
@@ -254,8 +258,7 @@ def test_a_restarted_edged_keeps_the_drains_and_overrides_it_finds_in_the_maps()
 def test_the_status_record_carries_what_edged_measured():
     def test():
         t = 10**12
-        d = probed({"b0": 0.010, "b1": 0.020}, t)
-        d.step(d.services["web"], t)
+        d = steered({"b0": 0.010, "b1": 0.020}, t)
         d._write_status(t)
         _, bids = d.maps.ids("web")
         p = d.maps.read_status(bids["b0"])

@@ -222,7 +222,7 @@ def test_labels_are_bounded_names_never_addresses():
     addresses = {"198.18.0.10", "198.18.0.11", "198.18.1.2", "198.18.2.2", "198.18.3.2", "198.18.4.2"}
     assert not label_values & addresses
     label_names = {k for f in fams.values() for s in f.samples for k in s.labels}
-    assert label_names <= {"service", "backend", "reason", "verdict", "result", "le", "version", "iface", "abi"}
+    assert label_names <= {"service", "backend", "reason", "verdict", "result", "le", "version", "iface", "abi", "map"}
 
 
 def test_info_names_version_interface_and_abi():
@@ -530,3 +530,4 @@ def test_map_errors_of_edgeds_loops_are_counted_per_map():
         fams = scrape(server)
     assert value(fams, "edge_map_errors_total", map="edge_vips") == 2
     assert value(fams, "edge_map_errors_total", map="edge_be_probe") == 1
+    assert value(fams, "edge_map_errors_total", map="edge_ct") == 0
