@@ -14,7 +14,6 @@ import inspect
 import itertools
 import threading
 import time
-from ipaddress import IPv4Address
 
 import pytest
 import yaml
@@ -135,8 +134,7 @@ class FakeMaps:
             services.append({"name": name, "id": vid, "backends": [
                 {"id": bid, "name": b, "weight": self.table[name][b], "probe": {}, "health": {"usable": True},
                  **self.backend_stats(bid)} for b, bid in bids.items()]})
-        return {"node": self.node(), "services": services, "verdicts": {}, "drops": {},
-                "conntrack_entries": None if deadline_ns is not None or not count_conntrack else 0}
+        return {"node": self.node(), "services": services, "verdicts": {}, "drops": {}, "conntrack_entries": None}
 
 
 def daemon(cfg=None) -> edged.Daemon:
