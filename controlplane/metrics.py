@@ -37,7 +37,7 @@ from controlplane.signals import Sample, quantile
 
 # 0.1 ms (a probe on the same rack) to 1 s (far beyond any probe timeout worth having).
 RTT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-LOOP_TIMEOUT_S = 4.0  # LoopSource: longest a scrape waits for edged (its walks end within 3 s)
+LOOP_TIMEOUT_S = 6.0  # LoopSource: longest a scrape waits for edged (its walks end within 5 s)
 
 BE = ("service", "backend")
 
