@@ -458,11 +458,17 @@ class Daemon:
 
     def _operator(self, service: str, backend: str, kind: str, text: str, change: Callable[[], object],
                   **fields) -> None:
-        """One operator action: change edged's marks, say so, and apply it at once."""
+        """One operator action: change edged's marks and apply them at once; when the maps
+        refuse, the marks are as before (the caller gets the error, the loops retry nothing)."""
         st = self._find(service, backend)
+        before = set(self.drained), dict(self.overrides)
         change()
+        try:
+            self.step(st, time.monotonic_ns())
+        except EdgeError:
+            self.drained, self.overrides = before
+            raise
         self.events.emit(kind, f"{service}/{backend}: {text}", service=service, backend=backend, **fields)
-        self.step(st, time.monotonic_ns())
         self._write_status(time.monotonic_ns())
 
     async def snapshot(self, count_conntrack: bool = False) -> dict:

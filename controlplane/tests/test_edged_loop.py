@@ -236,6 +236,20 @@ def test_an_override_beats_the_policy_until_cleared():
     on_loop(test)
 
 
+def test_a_drain_the_maps_refuse_is_an_error_and_leaves_nothing_behind():
+    def test():
+        d = steered({"b0": 0.010, "b1": 0.010})
+        before = d.maps.weights("web")
+        d.maps.refusing = loader.Table(abi.MAP_VIPS, RefusingTable("Argument list too long"))
+        with pytest.raises(MapError, match="^edge_vips: update"):
+            d.drain("web", "b1")
+        assert not d.drained and not kinds(d, "drain")
+        d.maps.refusing = None
+        d.step(d.services["web"], 10**12)  # the steer loop's next step does not drain b1
+        assert d.maps.weights("web") == before
+    on_loop(test)
+
+
 def test_a_restarted_edged_keeps_the_drains_and_overrides_it_finds_in_the_maps():
     def test():
         t = 10**12
