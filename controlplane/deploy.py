@@ -66,11 +66,8 @@ def params_of(cfg: Config) -> loader.Params:
 
 def open_maps(loaded: loader.Loaded) -> Maps:
     """Maps over a compiled instance, sized by its node record when it has one."""
-    tables = loaded.tables()
-    leaf = tables[abi.MAP_NODE][tables[abi.MAP_NODE].Key(0)]
-    m = leaf.maglev_m or loaded.params.maglev_m
-    max_services = leaf.max_services or loaded.params.max_services
-    return Maps(tables, loaded.map_fd(abi.MAP_MAGLEV), m, max_services)
+    return Maps.sized_by_node(loaded.tables(), loaded.map_fd(abi.MAP_MAGLEV), loaded.params.maglev_m,
+                              loaded.params.max_services)
 
 
 def backend_routes(cfg: Config) -> dict:
@@ -296,10 +293,11 @@ def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False
     return out
 
 
-def describe(maps: Maps, instance: str, pin_path: Path, count_conntrack: bool = False) -> dict:
+def describe(maps: Maps, instance: str, pin_path: Path, count_conntrack: bool = False,
+             deadline_ns: int | None = None) -> dict:
     """One instance as `edgectl status --json` shows it: the maps' snapshot plus
-    what is attached where."""
-    snap = maps.snapshot(count_conntrack)
+    what is attached where. deadline_ns: see Maps.snapshot."""
+    snap = maps.snapshot(count_conntrack, deadline_ns)
     node = snap["node"]
     snap["instance"] = instance
     snap["pin_path"] = str(pin_path)

@@ -1,7 +1,9 @@
 """edged: the control-plane daemon of one edge node. Owns the orchestration, not the policy:
 deploy (or adopt) the data path, probe every backend (probe/), hand the results to weights.py,
 write what changed (maps.set_weights) and, once a second, what it measured (edge_be_probe).
-One asyncio loop, never blocked for long; stopping edged leaves the data path forwarding.
+One asyncio loop, never blocked for long: walks of the maps for status and metrics run on a
+worker thread within a deadline; a failed map write is an error event and
+edge_map_errors_total, and the loop goes on. Stopping edged leaves the data path forwarding.
 
     edged --config /etc/edge/edge.yaml [--iface eth0]
 """
@@ -20,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from controlplane import __version__, abi, announce, bird, deploy, loader, metrics, sdnotify, watch, weights
+from controlplane import __version__, announce, bird, deploy, loader, metrics, sdnotify, watch, weights
 from controlplane.config import Config, Service, load_config, load_config_text
 from controlplane.errors import CompileError, ConfigError, EdgeError
+from controlplane.maps import ProbeStatus
 from controlplane.api import server as api_server
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.probe import Prober, Target
@@ -30,6 +33,10 @@ from controlplane.signals import Load, Sample
 
 PROG = "edged"
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
+# A status walk stops counting conntrack here and reports it unknown. A full table of the
+# default ct_size (262144) counts in about 0.9 s on a 2-core test VM; 3 s leaves a busy node room.
+WALK_DEADLINE_S = 3.0
+WALK_GRACE_S = 2.0  # past the deadline, a caller stops waiting for a walk that has not ended
 LEAVING_IDLE_S = 3.0  # a removed backend with no packets this long has no connections left
 EVENTS_KEPT = 512
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
@@ -48,13 +55,12 @@ def _log_json(event: dict) -> None:
     sys.stderr.flush()
 
 
+# pyroute2's sync calls cannot run on a thread whose event loop is running: the data-path
+# watch's netlink queries (milliseconds) run here.
 _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-netlink")
-
-
-def off_loop(fn: Callable, *args):
-    """fn(*args) on a worker thread, waited for: pyroute2's sync calls cannot run on a thread
-    whose event loop is running. For short netlink queries only (milliseconds)."""
-    return _worker.submit(fn, *args).result()
+# Walks of the maps for status and metrics run here, never on the loop: counting conntrack
+# is O(ct_size) (seconds when full), the rest O(max_backends). One at a time.
+_walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
 
 
 class Events:
@@ -143,6 +149,7 @@ class Daemon:
         self.maps = None
         self._held = None
         self._tasks: list[asyncio.Task] = []
+        self._walks: set[asyncio.Future] = set()  # status walks on _walker, for close() to wait for
         self._stopping = asyncio.Event()
         # Why the data path is not whole ('' while it is): edged then says NOT_SERVING.
         self.not_serving = ""
@@ -205,11 +212,11 @@ class Daemon:
         for s in self.cfg.services:
             _, bids = self.maps.ids(s.name)
             for name, bid in bids.items():
-                p = self.maps.read_probe(bid)
-                if p["flags"] & abi.PROBE_F_DRAINED:
+                p = self.maps.read_status(bid)
+                if p.drained:
                     self.drained.add((s.name, name))
-                if p["flags"] & abi.PROBE_F_OVERRIDE:
-                    self.overrides[(s.name, name)] = p["override_weight"]
+                if p.override is not None:
+                    self.overrides[(s.name, name)] = p.override
         if self.drained or self.overrides or self.leaving:
             self.events.emit("adopted", f"kept {len(self.drained)} drains, {len(self.overrides)} weight "
                                         f"overrides and {len(self.leaving)} backends draining out from "
@@ -287,6 +294,8 @@ class Daemon:
                 self.events.emit("error", f"bgp: {e}")
             await self.announcer.speaker.stop()
             self.announcer = None
+        if self._walks:  # a walk must not read maps being closed
+            await asyncio.wait(set(self._walks), timeout=WALK_DEADLINE_S + WALK_GRACE_S)
         if self.maps is not None:  # the last measurements, while the prober still holds its windows
             self._write_status(time.monotonic_ns())
         await self.prober.close()
@@ -332,6 +341,7 @@ class Daemon:
     async def _steer_loop(self, name: str) -> None:
         """Decides when a probe result or scrape came in, at most every quarter interval, and
         at least once an interval: a changed RTT reaches the table without waiting a tick."""
+        failing = None
         while True:
             st = self.services.get(name)
             if st is None:
@@ -339,8 +349,9 @@ class Daemon:
             st.wake.clear()
             try:
                 self.step(st, time.monotonic_ns())
+                failing = None
             except EdgeError as e:
-                self.events.emit("error", f"{name}: {e}", service=name)
+                failing = self._failed(f"{name}: {e}", e, failing, service=name)
             interval = self._interval_s(st.service)
             await asyncio.sleep(interval / 4)
             if not st.wake.is_set():
@@ -352,13 +363,7 @@ class Daemon:
     def step(self, st: Steered, now_ns: int) -> bool:
         """One decision for one service; pushes it when the policy says so."""
         s = st.service
-        d = weights.decide(s, st.trackers, st.pushed, now_ns)
-        forced = self._operator_weights(s)
-        if forced and st.pushed is not None:
-            # Judge the hysteresis on the backends the policy still owns: as if the forced
-            # ones held what the policy computes for them.
-            view = {**st.pushed, **{n: d.computed[n] for n in forced if n in d.computed}}
-            d = weights.decide(s, st.trackers, view, now_ns)
+        d = weights.decide(s, st.trackers, st.pushed, now_ns, forced=self._operator_weights(s))
         for b in s.backends:
             state, reason = d.states.get(b.name, ""), d.reasons.get(b.name, "")
             if state != st.states.get(b.name):
@@ -369,17 +374,13 @@ class Daemon:
                                      reason=reason)
                 st.states[b.name] = state
             st.reasons[b.name] = reason
-        if forced:  # the operator's word beats the policy's
-            wanted = {**d.weights, **forced}
-            d = replace(d, weights=wanted, push=d.push or any(st.pushed is None or st.pushed.get(n) != w
-                                                               for n, w in forced.items()))
-        if not d.push or d.weights == st.pushed:
+        if not d.push:
             return False
         t0 = time.perf_counter()
         self.maps.set_weights(s, d.weights)
         took_ms = (time.perf_counter() - t0) * 1000
-        changes = ", ".join(f"{n} {st.pushed.get(n, '-')}->{w}" for n, w in d.weights.items()
-                            if st.pushed.get(n) != w)
+        before = st.pushed or {}
+        changes = ", ".join(f"{n} {before.get(n, '-')}->{w}" for n, w in d.weights.items() if before.get(n) != w)
         previous, st.pushed = st.pushed, dict(d.weights)
         st.pushes += 1
         self.observer.weight_pushed(s.name)
@@ -389,14 +390,9 @@ class Daemon:
 
     def _operator_weights(self, s: Service) -> dict[str, int]:
         """Backend name -> the weight the operator forces (drain, reload removal, override)."""
-        out = {}
-        for b in s.backends:
-            key = (s.name, b.name)
-            if key in self.drained or key in self.leaving:
-                out[b.name] = 0
-            elif key in self.overrides:
-                out[b.name] = self.overrides[key]
-        return out
+        return weights.forced(
+            s, (b.name for b in s.backends if (s.name, b.name) in self.drained or (s.name, b.name) in self.leaving),
+            {b: w for (n, b), w in self.overrides.items() if n == s.name})
 
     # ------------------------------------------------------------ BGP announcement
 
@@ -442,41 +438,55 @@ class Daemon:
 
     def drain(self, service: str, backend: str) -> None:
         """Weight 0 for backend until undrained: no new flows, its connections stay."""
-        st = self._find(service, backend)
-        self.drained.add((service, backend))
-        self.events.emit("drain", f"{service}/{backend}: drained by the operator", service=service, backend=backend)
-        self.step(st, time.monotonic_ns())
-        self._write_status(time.monotonic_ns())
+        self._operator(service, backend, "drain", "drained by the operator",
+                       lambda: self.drained.add((service, backend)))
 
     def undrain(self, service: str, backend: str) -> None:
-        st = self._find(service, backend)
-        self.drained.discard((service, backend))
-        self.events.emit("undrain", f"{service}/{backend}: undrained by the operator", service=service,
-                         backend=backend)
-        self.step(st, time.monotonic_ns())
-        self._write_status(time.monotonic_ns())
+        self._operator(service, backend, "undrain", "undrained by the operator",
+                       lambda: self.drained.discard((service, backend)))
 
     def set_override(self, service: str, backend: str, weight: int | None) -> None:
         """A fixed weight for backend, beating the policy; None gives it back to the policy."""
-        st = self._find(service, backend)
         if weight is None:
-            self.overrides.pop((service, backend), None)
-            text = "weight override cleared"
-        else:
-            if not 0 <= int(weight) <= 65535:
-                raise ValueError(f"weight: {weight} is out of range 0..65535")
-            self.overrides[(service, backend)] = int(weight)
-            text = f"weight overridden to {int(weight)}"
-        self.events.emit("override", f"{service}/{backend}: {text}", service=service, backend=backend,
-                         weight=weight)
-        self.step(st, time.monotonic_ns())
+            self._operator(service, backend, "override", "weight override cleared",
+                           lambda: self.overrides.pop((service, backend), None), weight=None)
+            return
+        if not 0 <= int(weight) <= 65535:
+            raise ValueError(f"weight: {weight} is out of range 0..65535")
+        self._operator(service, backend, "override", f"weight overridden to {int(weight)}",
+                       lambda: self.overrides.__setitem__((service, backend), int(weight)), weight=int(weight))
+
+    def _operator(self, service: str, backend: str, kind: str, text: str, change: Callable[[], object],
+                  **fields) -> None:
+        """One operator action: change edged's marks and apply them at once; when the maps
+        refuse, the marks are as before (the caller gets the error, the loops retry nothing)."""
+        st = self._find(service, backend)
+        before = set(self.drained), dict(self.overrides)
+        change()
+        try:
+            self.step(st, time.monotonic_ns())
+        except EdgeError:
+            self.drained, self.overrides = before
+            raise
+        self.events.emit(kind, f"{service}/{backend}: {text}", service=service, backend=backend, **fields)
         self._write_status(time.monotonic_ns())
 
-    def snapshot(self, count_conntrack: bool = False) -> dict:
-        """This instance as `edgectl status --json` shows it, plus edged's view per backend."""
+    async def snapshot(self, count_conntrack: bool = False) -> dict:
+        """This instance as `edgectl status --json` shows it, plus edged's view per backend.
+        The maps are walked on a worker thread within WALK_DEADLINE_S: a conntrack count cut
+        by the deadline is None (conntrack_partial: entries counted before it)."""
         if self.maps is None:
             raise EdgeError("edged has no data path open (starting or stopping)")
-        snap = off_loop(deploy.describe, self.maps, self.instance, self.pin_path, count_conntrack)
+        deadline_ns = time.monotonic_ns() + int(WALK_DEADLINE_S * 1e9)
+        walk = asyncio.wrap_future(_walker.submit(deploy.describe, self.maps, self.instance, self.pin_path,
+                                                  count_conntrack, deadline_ns))
+        self._walks.add(walk)
+        walk.add_done_callback(self._walks.discard)
+        try:
+            snap = await asyncio.wait_for(asyncio.shield(walk), WALK_DEADLINE_S + WALK_GRACE_S)
+        except asyncio.TimeoutError:
+            raise EdgeError(f"status: walking the maps took over {WALK_DEADLINE_S + WALK_GRACE_S:g}s; "
+                            f"try again") from None
         now = time.monotonic_ns()
         discovered = self.discovery.view()
         for svc in snap["services"]:
@@ -670,13 +680,26 @@ class Daemon:
     # ------------------------------------------------------------ status out
 
     async def _status_loop(self) -> None:
+        failing = None
         while True:
             try:
                 self._write_status(time.monotonic_ns())
                 await self._retire_leaving(time.monotonic_ns())
+                failing = None
             except EdgeError as e:
-                self.events.emit("error", f"status: {e}")
+                failing = self._failed(f"status: {e}", e, failing)
             await asyncio.sleep(STATUS_EVERY_S)
+
+    def _failed(self, text: str, e: EdgeError, before: str | None, **fields) -> str:
+        """A loop's step failed and the loop goes on: counted every time when a map is to
+        blame (edge_map_errors_total), an error event when the text is new to this loop."""
+        where = getattr(e, "map", None)
+        if where:
+            self.observer.map_error(where)
+            fields["map"] = where
+        if text != before:
+            self.events.emit("error", text, **fields)
+        return text
 
     def backend_view(self, name: str, backend: str, now_ns: int) -> dict:
         """What edged knows of one backend: window, smoothing, load, state."""
@@ -709,32 +732,19 @@ class Daemon:
         return view
 
     def _write_status(self, now_ns: int) -> None:
-        def us(seconds):
-            return 0 if seconds is None else max(1, min(int(seconds * 1e6), 0xFFFFFFFE))
-
-        def count(value):
-            return None if value is None else min(int(value), 0xFFFFFFFE)
-
         for name, st in self.services.items():
             _, bids = self.maps.ids(name)
             for b in st.service.backends:
                 v = self.backend_view(name, b.name, now_ns)
-                kv = v.get("kv_usage")
-                self.maps.write_probe(
-                    bids[b.name], updated_ns=now_ns, config_weight=b.weight,
-                    rtt_p50_us=us(v["rtt_p50_s"]), rtt_p99_us=us(v["rtt_p99_s"]),
-                    rtt_smoothed_us=us(v.get("rtt_smoothed_s")),
-                    waiting=count(v.get("waiting")), running=count(v.get("running")),
-                    kv_permille=None if kv is None else min(1000, int(kv * 1000)),
-                    probes_ok=v["probes_ok"] & 0xFFFFFFFF, probes_failed=v["probes_failed"] & 0xFFFFFFFF,
-                    state=v["state"], reason=v["reason"],
-                    flags=(abi.PROBE_F_DRAINED if v["drained"] else 0)
-                    | (abi.PROBE_F_OVERRIDE if v["override"] is not None else 0)
-                    | (abi.PROBE_F_LEAVING if (name, b.name) in self.leaving else 0),
-                    override_weight=v["override"] or 0,
-                    leave_until_s=self.leaving[(name, b.name)].deadline_ns // 1_000_000_000
-                    if (name, b.name) in self.leaving else 0,
-                )
+                gone = self.leaving.get((name, b.name))
+                self.maps.write_status(bids[b.name], ProbeStatus(
+                    updated_ns=now_ns, config_weight=b.weight,
+                    rtt_p50_s=v["rtt_p50_s"], rtt_p99_s=v["rtt_p99_s"], rtt_smoothed_s=v.get("rtt_smoothed_s"),
+                    waiting=v.get("waiting"), running=v.get("running"), kv_usage=v.get("kv_usage"),
+                    probes_ok=v["probes_ok"], probes_failed=v["probes_failed"],
+                    state=v["state"], reason=v["reason"], drained=v["drained"], override=v["override"],
+                    leave_until_s=gone.deadline_ns // 1_000_000_000 if gone else None,
+                ))
 
 
 # ---------------------------------------------------------------- command line

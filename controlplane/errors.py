@@ -35,7 +35,11 @@ class CompileError(LoaderError):
 
 
 class MapError(EdgeError):
-    """Reading or writing a BPF map failed."""
+    """Reading or writing a BPF map failed; map names it when one map is to blame."""
+
+    def __init__(self, message: str, map: str | None = None) -> None:
+        super().__init__(message)
+        self.map = map
 
 
 class NotDeployed(EdgeError):

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Mapping
 
 from controlplane import abi
 from controlplane.config import Node
-from controlplane.errors import CompileError, LoaderError, NotDeployed
+from controlplane.errors import CompileError, LoaderError, MapError, NotDeployed
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCES = ("edge_xdp.c", "edge_tc.c")
@@ -275,8 +275,8 @@ class Loaded:
         self.params = params
         self.compile_log = ""
 
-    def tables(self) -> Mapping[str, object]:
-        return {name: self._bpf[name] for name in abi.MAP_NAMES}
+    def tables(self) -> Mapping[str, "Table"]:
+        return {name: Table(name, self._bpf[name]) for name in abi.MAP_NAMES}
 
     def map_fd(self, name: str) -> int:
         return self._bpf[name].map_fd
@@ -306,6 +306,74 @@ def cflags(pin_path: Path, params: Params) -> list[str]:
         f"-DEDGE_MAX_BACKENDS={params.max_backends}",
         f"-DEDGE_CT_SIZE={params.ct_size}",
     ]
+
+
+def _key_text(key) -> str:
+    """A map key for an error line: the number of an array index, else its bytes in hex."""
+    value = getattr(key, "value", None)
+    if isinstance(value, int):
+        return str(value)
+    try:
+        return bytes(key).hex()
+    except TypeError:
+        return repr(key)
+
+
+_END = object()
+
+
+class Table:
+    """One bcc table whose failures raise MapError naming the map and the key: bcc raises
+    bare Exception for a failed update (E2BIG, EPERM, ...). A missing key stays KeyError
+    (a lookup miss is an answer, not a failure). Everything else is bcc's table as is."""
+
+    def __init__(self, name: str, table) -> None:
+        self.name = name
+        self._t = table
+
+    def __getattr__(self, attr: str):
+        return getattr(self._t, attr)  # Key, Leaf, sLeaf, map_fd, ...
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def _fail(self, op: str, key, e: Exception) -> MapError:
+        where = "" if key is None else f" {_key_text(key)}"
+        return MapError(f"{self.name}: {op}{where}: {e}", map=self.name)
+
+    def _guarded(self, op: str, key, call: Callable, *args):
+        try:
+            return call(*args)
+        except KeyError:
+            raise
+        except Exception as e:  # bcc raises bare Exception
+            raise self._fail(op, key, e) from e
+
+    def __getitem__(self, key):
+        return self._guarded("lookup", key, self._t.__getitem__, key)
+
+    def __setitem__(self, key, value) -> None:
+        self._guarded("update", key, self._t.__setitem__, key, value)
+
+    def __delitem__(self, key) -> None:
+        self._guarded("delete", key, self._t.__delitem__, key)
+
+    def getvalue(self, key):
+        return self._guarded("lookup", key, self._t.getvalue, key)
+
+    def _walk(self, items: bool):
+        it = self._guarded("walk", None, lambda: iter(self._t.items() if items else self._t.keys()))
+        while (entry := self._guarded("walk", None, next, it, _END)) is not _END:
+            yield entry
+
+    def keys(self):
+        return self._walk(False)
+
+    def __iter__(self):
+        return self._walk(False)
+
+    def items(self):
+        return self._walk(True)
 
 
 def compile_datapath(pin_path: Path, params: Params, debug: bool = False, text: str | None = None) -> Loaded:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import mmap
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -49,6 +50,107 @@ def _name_bytes(name: str) -> bytes:
     return name.encode()[: abi.NAME_LEN - 1]
 
 
+@dataclass(frozen=True)
+class ProbeStatus:
+    """One backend's edge_be_probe record in plain units: what edged measured and decided,
+    and the operator's marks a restarted edged keeps. pack_probe/unpack_probe convert."""
+
+    updated_ns: int = 0  # CLOCK_MONOTONIC of the write; 0 = never
+    config_weight: int = 0
+    rtt_p50_s: float | None = None  # over the probe window; None = no sample
+    rtt_p99_s: float | None = None
+    rtt_smoothed_s: float | None = None
+    waiting: float | None = None  # load signals as the engine reports them; None = unknown
+    running: float | None = None
+    kv_usage: float | None = None  # 0..1
+    probes_ok: int = 0
+    probes_failed: int = 0
+    state: str = ""
+    reason: str = ""
+    drained: bool = False  # by the operator (API)
+    override: int | None = None  # the operator's weight
+    leave_until_s: int | None = None  # removed by a reload: CLOCK_MONOTONIC second its drain ends
+
+
+PROBE_TEXT = {"state": 16, "reason": 64}  # char arrays of struct backend_probe, NUL included
+_U32_MAX_VALUE = 0xFFFFFFFE  # the largest u32 that is not EDGE_UNKNOWN
+
+
+def pack_probe(p: ProbeStatus) -> dict[str, int | bytes]:
+    """p as the fields of struct backend_probe (C names, units and sentinels of abi.h)."""
+    def us(seconds):
+        return 0 if seconds is None else max(1, min(round(seconds * 1e6), _U32_MAX_VALUE))
+
+    def count(value):
+        return abi.UNKNOWN if value is None else max(0, min(round(value), _U32_MAX_VALUE))
+
+    return {
+        "updated_ns": p.updated_ns,
+        "config_weight": p.config_weight,
+        "rtt_p50_us": us(p.rtt_p50_s),
+        "rtt_p99_us": us(p.rtt_p99_s),
+        "rtt_smoothed_us": us(p.rtt_smoothed_s),
+        "waiting": count(p.waiting),
+        "running": count(p.running),
+        "kv_permille": abi.UNKNOWN if p.kv_usage is None else max(0, min(1000, round(p.kv_usage * 1000))),
+        "probes_ok": p.probes_ok & 0xFFFFFFFF,
+        "probes_failed": p.probes_failed & 0xFFFFFFFF,
+        "flags": (abi.PROBE_F_DRAINED if p.drained else 0) | (abi.PROBE_F_OVERRIDE if p.override is not None else 0)
+        | (abi.PROBE_F_LEAVING if p.leave_until_s is not None else 0),
+        "override_weight": p.override or 0,
+        "leave_until_s": p.leave_until_s or 0,
+        "state": p.state.encode()[: PROBE_TEXT["state"] - 1],
+        "reason": p.reason.encode()[: PROBE_TEXT["reason"] - 1],
+    }
+
+
+def unpack_probe(v: Mapping[str, int | bytes]) -> ProbeStatus:
+    """The fields of struct backend_probe (C names) as a ProbeStatus."""
+    def seconds(us):
+        return us / 1e6 if us else None
+
+    def known(value):
+        return None if value == abi.UNKNOWN else value
+
+    flags = v["flags"]
+    return ProbeStatus(
+        updated_ns=v["updated_ns"], config_weight=v["config_weight"],
+        rtt_p50_s=seconds(v["rtt_p50_us"]), rtt_p99_s=seconds(v["rtt_p99_us"]),
+        rtt_smoothed_s=seconds(v["rtt_smoothed_us"]),
+        waiting=known(v["waiting"]), running=known(v["running"]),
+        kv_usage=None if v["kv_permille"] == abi.UNKNOWN else v["kv_permille"] / 1000,
+        probes_ok=v["probes_ok"], probes_failed=v["probes_failed"],
+        state=bytes(v["state"]).decode(errors="replace"), reason=bytes(v["reason"]).decode(errors="replace"),
+        drained=bool(flags & abi.PROBE_F_DRAINED),
+        override=v["override_weight"] if flags & abi.PROBE_F_OVERRIDE else None,
+        leave_until_s=v["leave_until_s"] if flags & abi.PROBE_F_LEAVING else None,
+    )
+
+
+def counts_from_dump(map_name: str, dump: list[dict]) -> dict[str, int]:
+    """`bpftool -j map dump` of edge_verdicts or edge_drops (per-CPU arrays of u64, key
+    u32, both host byte order) as {name: count summed over CPUs}: for readers that do
+    not compile the data path (tests, tools)."""
+    names = {abi.MAP_VERDICTS: abi.CNT_NAMES, abi.MAP_DROPS: abi.DROP_NAMES}[map_name]
+    counts = {}
+    for entry in dump:
+        key = int.from_bytes(bytes(int(b, 16) for b in entry["key"]), sys.byteorder)
+        if key in names:
+            counts[names[key]] = sum(int.from_bytes(bytes(int(b, 16) for b in v["value"]), sys.byteorder)
+                                     for v in entry["values"])
+    return counts
+
+
+def count_entries(keys: Iterable, deadline_ns: int | None = None, every: int = 1024) -> tuple[int, bool]:
+    """(entries, complete) of a walk over keys that stops at deadline_ns (CLOCK_MONOTONIC),
+    looking at the clock every `every` entries."""
+    n = 0
+    for n, _ in enumerate(keys, 1):
+        if deadline_ns is not None and n % every == 0 and time.monotonic_ns() > deadline_ns:
+            return n, False
+    return n, True
+
+
 @dataclass
 class ApplyReport:
     """What one apply() changed, for the CLI's progress lines."""
@@ -71,6 +173,14 @@ class Maps:
         self._maglev_fd = maglev_fd
         self._mm: mmap.mmap | None = None
         self._ids: dict[str, tuple[int, dict[str, int]]] | None = None  # set by apply(), else read once
+
+    @classmethod
+    def sized_by_node(cls, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int) -> "Maps":
+        """Maps over tables sized by their node record when it has one (an instance deployed
+        with other sizes), else by maglev_m and max_services."""
+        t = tables[abi.MAP_NODE]
+        v = t[t.Key(0)]
+        return cls(tables, maglev_fd, v.maglev_m or maglev_m, v.max_services or max_services)
 
     # ------------------------------------------------------------ maglev mmap
 
@@ -368,34 +478,45 @@ class Maps:
 
     # ------------------------------------------------------------ probe state
 
-    PROBE_TEXT = {"state": 16, "reason": 64}
-
     def write_probe(self, bid: int, **values) -> None:
         """Sets fields of backend bid's edge_be_probe entry (C names of struct
         backend_probe); strings are cut to fit, None load signals are UNKNOWN."""
         t = self.t[abi.MAP_BE_PROBE]
         v = t[t.Key(bid)]
         for name, value in values.items():
-            if name in self.PROBE_TEXT:
-                value = value.encode()[: self.PROBE_TEXT[name] - 1]
+            if name in PROBE_TEXT:
+                value = value.encode()[: PROBE_TEXT[name] - 1]
             elif value is None:
                 value = abi.UNKNOWN
             setattr(v, name, value)
         t[t.Key(bid)] = v
 
-    def read_probe(self, bid: int) -> dict:
+    def write_status(self, bid: int, status: ProbeStatus) -> None:
+        """Backend bid's whole edge_be_probe record, from status."""
+        t = self.t[abi.MAP_BE_PROBE]
+        v = t.Leaf()
+        for name, value in pack_probe(status).items():
+            setattr(v, name, value)
+        t[t.Key(bid)] = v
+
+    def _probe_fields(self, bid: int) -> dict:
         t = self.t[abi.MAP_BE_PROBE]
         v = t[t.Key(bid)]
-        out = {}
-        for name, _ in t.Leaf._fields_:
-            if name.startswith("pad"):
-                continue
-            value = getattr(v, name)
-            if name in self.PROBE_TEXT:
-                value = value.decode(errors="replace")
-            elif name in ("waiting", "running", "kv_permille") and value == abi.UNKNOWN:
-                value = None
-            out[name] = value
+        return {name: getattr(v, name) for name, _ in t.Leaf._fields_ if not name.startswith("pad")}
+
+    def read_status(self, bid: int) -> ProbeStatus:
+        """Backend bid's edge_be_probe record in plain units."""
+        return unpack_probe(self._probe_fields(bid))
+
+    def read_probe(self, bid: int) -> dict:
+        """Backend bid's edge_be_probe record as `status --json` shows it: C names, text
+        decoded, unknown load signals None."""
+        out = self._probe_fields(bid)
+        for name in PROBE_TEXT:
+            out[name] = out[name].decode(errors="replace")
+        for name in ("waiting", "running", "kv_permille"):
+            if out[name] == abi.UNKNOWN:
+                out[name] = None
         return out
 
     def _write_service_meta(self, vid: int, name: str | None) -> None:
@@ -549,17 +670,20 @@ class Maps:
     # ------------------------------------------------------------ reading
 
     def _health(self, b, sc, now: int) -> dict:
-        """What the data path thinks of a backend right now, and why."""
+        """What the data path thinks of a backend right now, and why. The state re-states
+        health.h's backend_usable() to name the reason: "up" exactly when it would take new
+        flows (tests/test_health_rule.py runs the C rule against this one)."""
         h = self.t[abi.MAP_HEALTH][self.t[abi.MAP_HEALTH].Key(b.health_id)]
         hb_on, passive_on = bool(sc.flags & abi.SVC_F_HEARTBEAT), bool(sc.flags & abi.SVC_F_PASSIVE)
         age_s = (now - h.last_seen_ns) / 1e9 if h.last_seen_ns else None
-        ejected = h.ejected_until_ns > now
+        # an ejection left from before passive detection was turned off counts no more
+        ejected = (hb_on or passive_on) and h.ejected_until_ns > now
         state = "up"
-        if not b.flags & abi.BE_F_UP:
+        if b.flags & (abi.BE_F_VALID | abi.BE_F_UP) != abi.BE_F_VALID | abi.BE_F_UP:
             state = "admin-down"
         elif ejected:
             state = "ejected"
-        elif hb_on and (age_s is None or now - h.last_seen_ns > sc.hb_timeout_ns):
+        elif hb_on and h.last_seen_ns + sc.hb_timeout_ns < now:  # as the C compares: no "now - stamp"
             state = "down"
         elif hb_on and h.rise_count < sc.rise:
             state = "rising"
@@ -602,9 +726,16 @@ class Maps:
         t = self.t[name]
         return sum(int(v) for v in t.getvalue(t.Key(index)))
 
-    def snapshot(self, count_conntrack: bool = False) -> dict:
+    def counters(self) -> dict[str, dict[str, int]]:
+        """{"verdicts": {name: n}, "drops": {name: n}}, summed over CPUs."""
+        return {"verdicts": {n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()},
+                "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()}}
+
+    def snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
         """Everything status shows, as plain data. Counting conntrack entries
-        walks the whole table (seconds when it is full), so it is asked for."""
+        walks the whole table (seconds when it is full), so it is asked for; past
+        deadline_ns (CLOCK_MONOTONIC) the count stops: conntrack_entries is None and
+        conntrack_partial the entries counted before."""
         node = self.node()
         vips = self._vip_keys_in_maps()
         svc_names = self._services_in_maps()
@@ -645,11 +776,16 @@ class Maps:
                 **self._sum_percpu(abi.MAP_VIP_STATS, vid),
                 "backends": backends_by_vip.get(vid, []),
             })
-        return {
+        out = {
             "node": node,
             "services": services,
-            "verdicts": {n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()},
-            "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()},
-            "conntrack_entries": sum(1 for _ in self.t[abi.MAP_CT].keys()) if count_conntrack else None,
+            **self.counters(),
+            "conntrack_entries": None,
         }
+        if count_conntrack:
+            n, complete = count_entries(self.t[abi.MAP_CT].keys(), deadline_ns)
+            out["conntrack_entries"] = n if complete else None
+            if not complete:
+                out["conntrack_partial"] = n
+        return out
 

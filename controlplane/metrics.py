@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
+import inspect
 import re
 import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Awaitable, Callable, Iterable, Iterator, Optional
 
 from prometheus_client import MetricsHandler, ProcessCollector
 from prometheus_client.core import (
@@ -36,7 +37,7 @@ from controlplane.signals import Sample, quantile
 
 # 0.1 ms (a probe on the same rack) to 1 s (far beyond any probe timeout worth having).
 RTT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-LOOP_TIMEOUT_S = 2.0  # LoopSource: longest a scrape waits for edged's loop
+LOOP_TIMEOUT_S = 6.0  # LoopSource: longest a scrape waits for edged (its walks end within 5 s)
 
 BE = ("service", "backend")
 
@@ -106,6 +107,7 @@ METRICS = (
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
     Spec("edge_datapath_up", "gauge",
          "1 while edged finds its data path whole (XDP and return path attached, maps pinned), else 0"),
+    Spec("edge_map_errors_total", "counter", "Failed reads or writes of a map by edged's loops", ("map",)),
 )
 SPECS = {spec.name: spec for spec in METRICS}
 
@@ -139,6 +141,7 @@ class Observed:
     probes: dict[tuple[str, str], tuple[int, int]]  # ok, failed
     sla: dict[str, tuple[int, int]]  # windows, violations
     pushes: dict[str, int]
+    map_errors: dict[str, int] = field(default_factory=dict)  # map name -> failures
 
 
 class Observer:
@@ -157,6 +160,7 @@ class Observer:
         self._lock = threading.Lock()
         self._backends: dict[tuple[str, str], _BackendStats] = {}
         self._services: dict[str, _ServiceStats] = {}
+        self._map_errors: dict[str, int] = {}
 
     def observe_sample(self, service: str, backend: str, sample: Sample, window: int,
                        sla_p99_s: float | None) -> None:
@@ -198,6 +202,11 @@ class Observer:
         with self._lock:
             self._services.setdefault(service, _ServiceStats()).pushes += 1
 
+    def map_error(self, name: str) -> None:
+        """A read or write of map name failed (the loop that met it goes on)."""
+        with self._lock:
+            self._map_errors[name] = self._map_errors.get(name, 0) + 1
+
     def retain(self, backends: Iterable[tuple[str, str]]) -> None:
         """Forgets backends (and services) not in backends: call on reload."""
         keep = set(backends)
@@ -220,6 +229,7 @@ class Observer:
                 probes={key: (b.ok, b.failed) for key, b in self._backends.items()},
                 sla={name: (s.sla_windows, s.sla_violations) for name, s in self._services.items() if s.sla},
                 pushes={name: s.pushes for name, s in self._services.items()},
+                map_errors=dict(self._map_errors),
             )
 
 
@@ -336,6 +346,9 @@ def _add_observed(fams: dict[str, Metric], seen: Observed, services: list[str]) 
     # every deployed service has a push counter from the start, so rate() sees the first push
     for name in sorted(set(services) | set(seen.pushes)):
         fams["edge_weight_pushes_total"].add_metric([name], seen.pushes.get(name, 0))
+    # every map has its counter from the start, so rate() sees the first failure
+    for name in sorted(set(abi.MAP_NAMES) | set(seen.map_errors)):
+        fams["edge_map_errors_total"].add_metric([name], seen.map_errors.get(name, 0))
 
 
 def make_registry(collector: EdgeCollector, process: bool = True) -> CollectorRegistry:
@@ -349,23 +362,37 @@ def make_registry(collector: EdgeCollector, process: bool = True) -> CollectorRe
 
 class LoopSource:
     """A source that runs fn() on an asyncio loop (edged's) and waits for it
-    from the scrape thread, so the maps and edged's state are read where they
-    are written. Never call snapshot() on the loop's own thread."""
+    from the scrape thread, so edged's state is read where it is written. fn may
+    be a coroutine function: the loop runs it without blocking on it (edged walks
+    the maps on a worker thread). Never call snapshot() on the loop's own thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], dict],
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], dict | Awaitable[dict]],
                  timeout_s: float = LOOP_TIMEOUT_S):
         self.loop, self.fn, self.timeout_s = loop, fn, timeout_s
 
     def snapshot(self) -> dict:
         future: concurrent.futures.Future = concurrent.futures.Future()
 
+        def finish(task: asyncio.Future) -> None:
+            if task.cancelled():
+                future.set_exception(EdgeError("the daemon cancelled the snapshot"))
+            elif task.exception() is not None:
+                future.set_exception(task.exception())
+            else:
+                future.set_result(task.result())
+
         def run() -> None:
             if not future.set_running_or_notify_cancel():
                 return  # the scrape stopped waiting
             try:
-                future.set_result(self.fn())
+                value = self.fn()
             except Exception as e:  # handed to the scrape thread, which counts it
                 future.set_exception(e)
+                return
+            if inspect.isawaitable(value):
+                asyncio.ensure_future(value).add_done_callback(finish)
+            else:
+                future.set_result(value)
 
         self.loop.call_soon_threadsafe(run)
         try:

@@ -14,7 +14,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterable, Mapping, Optional
 
 from controlplane import config
 from controlplane.signals import Load, Sample
@@ -53,7 +53,7 @@ class Tracker:
 class Decision:
     """decide()'s answer for one service; every dict is keyed by backend name."""
 
-    weights: dict[str, int]  # what to use: computed when push, else pushed
+    weights: dict[str, int]  # what to use: computed (forced ones as forced) when push, else pushed
     computed: dict[str, int]  # what the policy wants right now
     states: dict[str, str]  # static, draining, down, fail-open, hung, slow-start, unknown-load, no-metrics, up
     reasons: dict[str, str]  # a few words for status and events
@@ -181,15 +181,31 @@ def describe(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape] =
 # ---- the decision ----
 
 
+def forced(service: config.Service, zero: Iterable[str], overrides: Mapping[str, int]) -> dict[str, int]:
+    """Backend name -> the weight the operator forces: 0 for the names in zero (drained,
+    or removed by a reload and draining out), else the override. Names not in service
+    are left out."""
+    zero = set(zero)
+    out = {}
+    for b in service.backends:
+        if b.name in zero:
+            out[b.name] = 0
+        elif b.name in overrides:
+            out[b.name] = int(overrides[b.name])
+    return out
+
+
 def decide(
     service: config.Service,
     trackers: dict[str, Tracker],
     pushed: Optional[dict[str, int]],
     now_ns: int,
+    forced: Optional[Mapping[str, int]] = None,
 ) -> Decision:
     """Weights for every backend of service now; trackers are read, never changed.
 
     pushed: the weights last written to the data path, None when nothing was.
+    forced: backend name -> the operator's weight, beating the policy (see forced()).
     A backend without a tracker is treated as never probed nor scraped.
 
     Rules, per service (w = service.weights; weights are integers 0..65535, 0 = no new flows):
@@ -253,6 +269,13 @@ def decide(
                 (relative to its own weight, but weights near the floor don't churn: the
                 threshold never drops below that of the smallest weight the bounds allow).
                 When no push is due, Decision.weights is pushed unchanged.
+
+    operator    forced (see forced(): 0 for a drain or a backend a reload removed, else the
+                API's override) beats the policy for those backends. The hysteresis is
+                judged on the backends the policy still owns (as if the forced ones held
+                what the policy computes for them), so a drain or an override never turns
+                every small change into a push; a forced weight that differs from the
+                pushed one is a push of its own.
     """
     w = service.weights
     if w.policy == "static":
@@ -261,9 +284,15 @@ def decide(
         reasons = {b.name: f"configured weight {b.weight}" for b in service.backends}
     else:
         computed, states, reasons = _latency_inverse(service, trackers, now_ns)
-    push = _push_due(computed, pushed, w)
-    weights = dict(computed) if push or pushed is None else dict(pushed)
-    return Decision(weights=weights, computed=computed, states=states, reasons=reasons, push=push)
+    forced = {n: v for n, v in (forced or {}).items() if n in computed}
+    judged = pushed
+    if forced and pushed is not None:
+        judged = {**pushed, **{n: computed[n] for n in forced}}
+    push = _push_due(computed, judged, w)
+    weights = {**(computed if push or judged is None else judged), **forced}
+    push = (push or any(pushed is None or pushed.get(n) != v for n, v in forced.items())) and weights != pushed
+    return Decision(weights=weights if push or pushed is None else dict(pushed), computed=computed,
+                    states=states, reasons=reasons, push=push)
 
 
 def _latency_inverse(

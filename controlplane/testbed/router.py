@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 import yaml
 
-from controlplane import abi
+from controlplane import abi, maps
 from controlplane.config import Node
 
 if TYPE_CHECKING:
@@ -170,23 +170,14 @@ class Router:
         first (seconds): for tests that poll counters or read them per case. The names are those
         of `status --json`.
         """
-        return {"verdicts": self._pinned_counts(abi.MAP_VERDICTS, abi.CNT_NAMES),
-                "drops": self._pinned_counts(abi.MAP_DROPS, abi.DROP_NAMES)}
+        return {"verdicts": self._pinned_counts(abi.MAP_VERDICTS), "drops": self._pinned_counts(abi.MAP_DROPS)}
 
-    def _pinned_counts(self, map_name: str, names: dict[int, str]) -> dict[str, int]:
-        # A per-CPU array of u64 counters: key u32, one value per CPU, both in host byte order.
+    def _pinned_counts(self, map_name: str) -> dict[str, int]:
         done = subprocess.run(["bpftool", "-j", "map", "dump", "pinned", str(self.pin_path / map_name)],
                               capture_output=True, text=True, timeout=10.0)
         if done.returncode != 0:
             raise EdgectlError(f"bpftool map dump {map_name}: {done.stderr.strip()}")
-        counts = {}
-        for entry in json.loads(done.stdout):
-            key = int.from_bytes(bytes(int(b, 16) for b in entry["key"]), sys.byteorder)
-            total = sum(int.from_bytes(bytes(int(b, 16) for b in v["value"]), sys.byteorder)
-                        for v in entry["values"])
-            if key in names:
-                counts[names[key]] = total
-        return counts
+        return maps.counts_from_dump(map_name, json.loads(done.stdout))
 
     # ------------------------------------------------------------ what is on the node
 

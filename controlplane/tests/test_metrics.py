@@ -222,7 +222,7 @@ def test_labels_are_bounded_names_never_addresses():
     addresses = {"198.18.0.10", "198.18.0.11", "198.18.1.2", "198.18.2.2", "198.18.3.2", "198.18.4.2"}
     assert not label_values & addresses
     label_names = {k for f in fams.values() for s in f.samples for k in s.labels}
-    assert label_names <= {"service", "backend", "reason", "verdict", "result", "le", "version", "iface", "abi"}
+    assert label_names <= {"service", "backend", "reason", "verdict", "result", "le", "version", "iface", "abi", "map"}
 
 
 def test_info_names_version_interface_and_abi():
@@ -497,6 +497,18 @@ def test_loop_source_reads_on_the_loop_thread():
     assert threads == [loop_thread]
 
 
+def test_loop_source_awaits_a_coroutine_source_on_the_loop():
+    async def snap():
+        await asyncio.sleep(0)  # edged awaits its walk of the maps on a worker thread
+        return realistic_snapshot()
+
+    with running_loop() as (loop, _):
+        with endpoint(metrics.LoopSource(loop, snap)) as server:
+            fams = scrape(server)
+    assert value(fams, "edge_packets_total", **be("llama-70b", "h100-a")) == 120_000
+    assert value(fams, "edge_scrape_errors_total") == 0
+
+
 def test_loop_source_times_out_when_the_loop_is_busy():
     with running_loop() as (loop, _):
         release = threading.Event()
@@ -507,3 +519,15 @@ def test_loop_source_times_out_when_the_loop_is_busy():
         finally:
             release.set()
     assert value(fams, "edge_scrape_errors_total") == 1
+
+
+def test_map_errors_of_edgeds_loops_are_counted_per_map():
+    observer = metrics.Observer()
+    observer.map_error("edge_vips")
+    observer.map_error("edge_vips")
+    observer.map_error("edge_be_probe")
+    with endpoint(Source(), observer) as server:
+        fams = scrape(server)
+    assert value(fams, "edge_map_errors_total", map="edge_vips") == 2
+    assert value(fams, "edge_map_errors_total", map="edge_be_probe") == 1
+    assert value(fams, "edge_map_errors_total", map="edge_ct") == 0

@@ -1,0 +1,122 @@
+"""controlplane.maps: the records only maps.py packs and unpacks. edge_be_probe (struct
+backend_probe) against the struct as bpf/include/abi.h declares it, and the per-CPU
+counters as bpftool dumps them.
+
+Unprivileged: the record's ctypes layout is read from abi.h here (what bcc builds from
+the same header), and Maps runs over an in-memory array of it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane import abi
+from controlplane.maps import PROBE_TEXT, Maps, ProbeStatus, counts_from_dump, pack_probe, unpack_probe
+
+ABI_H = Path(__file__).resolve().parents[2] / "bpf" / "include" / "abi.h"
+C_TYPES = {"__u64": ctypes.c_uint64, "__u32": ctypes.c_uint32, "__u16": ctypes.c_uint16, "__u8": ctypes.c_uint8,
+           "__be32": ctypes.c_uint32, "__be16": ctypes.c_uint16, "char": ctypes.c_char}
+
+
+def c_struct(name: str) -> type[ctypes.Structure]:
+    """struct name of abi.h as ctypes (scalar fields and arrays of them; an array's size
+    is a number or an EDGE_ constant of abi.py)."""
+    text = ABI_H.read_text()
+    body = re.search(rf"struct {name} \{{(.*?)\n\}};", text, re.S).group(1)
+    fields = []
+    for ctype, field, n in re.findall(r"^\s*(__u\d+|__be\d+|char)\s+(\w+)(?:\[(\w+)\])?;", body, re.M):
+        base = C_TYPES[ctype]
+        size = int(n) if n.isdigit() else getattr(abi, n.removeprefix("EDGE_")) if n else 0
+        fields.append((field, base * size if n else base))
+    return type(name, (ctypes.Structure,), {"_fields_": fields})
+
+
+PROBE = c_struct("backend_probe")
+
+
+class Array:
+    """A bcc array map's Python face, in memory: Key, Leaf, item get and set."""
+
+    Key = ctypes.c_uint32
+
+    def __init__(self, leaf: type, n: int) -> None:
+        self.Leaf = leaf
+        self.values = [leaf() for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, key):
+        v = self.Leaf()
+        ctypes.memmove(ctypes.addressof(v), ctypes.addressof(self.values[key.value]), ctypes.sizeof(v))
+        return v
+
+    def __setitem__(self, key, value) -> None:
+        self.values[key.value] = value
+
+
+def test_the_struct_read_from_abi_h_has_the_size_abi_h_asserts():
+    size = int(re.search(r"sizeof\(struct backend_probe\) == (\d+)", ABI_H.read_text()).group(1))
+    assert ctypes.sizeof(PROBE) == size
+
+
+def test_pack_probe_fills_every_field_of_the_struct_and_no_other():
+    assert set(pack_probe(ProbeStatus())) == {f for f, _ in PROBE._fields_ if not f.startswith("pad")}
+    assert {f: getattr(PROBE, f).size for f in PROBE_TEXT} == PROBE_TEXT
+
+
+seconds = st.none() | st.floats(1e-6, 4000.0)
+counts = st.none() | st.integers(0, 10**6).map(float)
+text = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=80)
+
+
+@settings(max_examples=100, deadline=None)
+@given(p=st.builds(
+    ProbeStatus, updated_ns=st.integers(0, 2**63), config_weight=st.integers(0, 65535),
+    rtt_p50_s=seconds, rtt_p99_s=seconds, rtt_smoothed_s=seconds, waiting=counts, running=counts,
+    kv_usage=st.none() | st.floats(0.0, 1.0), probes_ok=st.integers(0, 2**32 - 1),
+    probes_failed=st.integers(0, 2**32 - 1), state=text, reason=text, drained=st.booleans(),
+    override=st.none() | st.integers(0, 65535), leave_until_s=st.none() | st.integers(1, 2**32 - 1)))
+def test_a_status_written_through_maps_reads_back_the_same_to_the_units_of_the_record(p):
+    maps = Maps({abi.MAP_BACKENDS: Array(ctypes.c_uint8, 4), abi.MAP_BE_PROBE: Array(PROBE, 4)},
+                maglev_fd=-1, maglev_m=13, max_services=1)
+    maps.write_status(2, p)
+    got = maps.read_status(2)
+
+    def rounded(s):
+        return None if s is None else max(1, round(s * 1e6)) / 1e6
+
+    assert got == ProbeStatus(
+        updated_ns=p.updated_ns, config_weight=p.config_weight,
+        rtt_p50_s=rounded(p.rtt_p50_s), rtt_p99_s=rounded(p.rtt_p99_s), rtt_smoothed_s=rounded(p.rtt_smoothed_s),
+        waiting=p.waiting, running=p.running,
+        kv_usage=None if p.kv_usage is None else round(p.kv_usage * 1000) / 1000,
+        probes_ok=p.probes_ok, probes_failed=p.probes_failed,
+        state=p.state[: PROBE_TEXT["state"] - 1], reason=p.reason[: PROBE_TEXT["reason"] - 1],
+        drained=p.drained, override=p.override, leave_until_s=p.leave_until_s)
+    raw = maps.read_probe(2)  # what `status --json` shows: the C names
+    assert raw["flags"] == pack_probe(p)["flags"] and raw["state"] == got.state
+    assert unpack_probe(pack_probe(got)) == got  # a restarted edged writes back what it read
+
+
+def test_out_of_range_load_signals_are_clamped_not_wrapped():
+    packed = pack_probe(ProbeStatus(waiting=-3.0, running=1e12, kv_usage=1.7, rtt_p50_s=1e9))
+    assert (packed["waiting"], packed["running"], packed["kv_permille"]) == (0, 0xFFFFFFFE, 1000)
+    assert packed["rtt_p50_us"] == 0xFFFFFFFE
+
+
+def test_a_bpftool_dump_of_the_verdict_counters_sums_cpus_by_name():
+    def hexes(n: int, size: int) -> list[str]:
+        return [f"0x{b:02x}" for b in n.to_bytes(size, sys.byteorder)]
+
+    dump = [{"key": hexes(abi.CNT_REDIRECT, 4), "values": [{"cpu": 0, "value": hexes(5, 8)},
+                                                            {"cpu": 1, "value": hexes(2**40, 8)}]},
+            {"key": hexes(abi.CNT_PASS, 4), "values": [{"cpu": 0, "value": hexes(0, 8)}]},
+            {"key": hexes(999, 4), "values": [{"cpu": 0, "value": hexes(7, 8)}]}]
+    assert counts_from_dump(abi.MAP_VERDICTS, dump) == {"redirect": 5 + 2**40, "pass": 0}
