@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
-import json
 import os
 import re
 import stat
 import struct
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +20,12 @@ from typing import Callable, Iterator, Mapping
 from controlplane import abi
 from controlplane.config import Node
 from controlplane.errors import CompileError, LoaderError, MapError, NotDeployed
+# Interfaces, routes, tc and sysctl are pyroute2's, in netlink.py; deploy and
+# the data-path watch reach them through this module, the one that attaches.
+from controlplane.netlink import (  # noqa: F401  (re-exported)
+    TC_HANDLE, TC_INGRESS_PARENT, TC_PRIO, XdpState, attach_tc, detach_tc, has_clsact, ifindex,
+    ifindexes, ifname, ip_forward, prog_name, return_filter, route_oif, set_ip_forward, xdp_state,
+)
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCES = ("edge_xdp.c", "edge_tc.c")
@@ -33,9 +36,6 @@ XDP_FLAGS_SKB_MODE = 1 << 1
 XDP_FLAGS_DRV_MODE = 1 << 2
 XDP_MODES = {"native": XDP_FLAGS_DRV_MODE, "generic": XDP_FLAGS_SKB_MODE}
 
-TC_INGRESS_PARENT = "ffff:fff2"
-TC_PRIO = 0xED  # our filter's priority on clsact ingress; identifies it
-TC_HANDLE = 1
 
 _INCLUDE = re.compile(r'^#include\s+"([^"]+)"\s*$', re.M)
 
@@ -479,100 +479,7 @@ def verified_insns(prog_fd: int) -> int:
     return struct.unpack_from("=I", info.raw, _PROG_INFO_VERIFIED_INSNS)[0]
 
 
-# ---------------------------------------------------------------- netlink
-
-def _ipr():
-    from pyroute2 import IPRoute
-
-    return IPRoute()
-
-
-def ifindex(name: str) -> int:
-    """ifindex of an interface in this network namespace, or LoaderError."""
-    with _ipr() as ipr:
-        found = ipr.link_lookup(ifname=name)
-    if not found:
-        raise LoaderError(f"interface {name}: no such interface in this network namespace")
-    return found[0]
-
-
-def ifindexes() -> list[int]:
-    """Every interface of this network namespace."""
-    with _ipr() as ipr:
-        return [link["index"] for link in ipr.get_links()]
-
-
-def ifname(index: int) -> str:
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    with _ipr() as ipr:
-        try:
-            return ipr.get_links(index)[0].get_attr("IFLA_IFNAME")
-        except NetlinkError as e:
-            if e.code == errno.ENODEV:
-                return f"ifindex {index}"
-            raise
-
-
-def route_oif(address: str) -> int | None:
-    """Egress ifindex of this namespace's route to address; None if unrouted."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    with _ipr() as ipr:
-        try:
-            routes = ipr.route("get", dst=address)
-        except NetlinkError as e:
-            if e.code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
-                return None
-            raise
-    for route in routes:
-        if route.get_attr("RTA_TYPE", route["type"]) not in (1, 2):  # unicast, local
-            return None
-        oif = route.get_attr("RTA_OIF")
-        if oif:
-            return oif
-    return None
-
-
-@dataclass(frozen=True)
-class XdpState:
-    prog_id: int
-    name: str
-    mode: str  # native | generic | offload
-
-
-def xdp_state(index: int) -> XdpState | None:
-    """The XDP program attached to an interface, if any (None when the interface is gone)."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    with _ipr() as ipr:
-        try:
-            link = ipr.get_links(index)[0]
-        except NetlinkError as e:
-            if e.code == errno.ENODEV:
-                return None
-            raise
-    xdp = link.get_attr("IFLA_XDP")
-    if not xdp:
-        return None
-    prog_id = xdp.get_attr("IFLA_XDP_PROG_ID")
-    if not prog_id:
-        return None
-    attached = xdp.get_attr("IFLA_XDP_ATTACHED")
-    # pyroute2 decodes the attach mode to a name; older versions give the number
-    mode = {1: "native", 2: "generic", 3: "offload", "xdp": "native",
-            "xdpgeneric": "generic", "xdpoffload": "offload"}.get(attached, "multi")
-    return XdpState(prog_id, prog_name(prog_id), mode)
-
-
-def prog_name(prog_id: int) -> str:
-    out = subprocess.run(
-        ["bpftool", "-j", "prog", "show", "id", str(prog_id)], capture_output=True, text=True
-    )
-    if out.returncode != 0:
-        return "?"
-    return json.loads(out.stdout).get("name", "?")
-
+# ---------------------------------------------------------------- XDP attach (bcc)
 
 def attach_xdp(iface: str, fn, mode: str, replace: bool) -> int:
     """Attaches (or atomically replaces) the ingress program; returns flags."""
@@ -598,84 +505,3 @@ def detach_xdp(iface: str, flags: int) -> None:
             BPF.remove_xdp(iface, flags)
         except Exception as e:  # bcc raises bare Exception
             raise LoaderError(f"detach XDP on {iface}: {_first_error(log()) or e}") from e
-
-
-def has_clsact(index: int) -> bool:
-    with _ipr() as ipr:
-        return any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index))
-
-
-def return_filter(index: int) -> str | None:
-    """Name of the program in our return-path filter slot, if one is there."""
-    with _ipr() as ipr:
-        filters = ipr.get_filters(index=index, parent=TC_INGRESS_PARENT)
-    for f in filters:
-        if f.get_attr("TCA_KIND") != "bpf" or (f["info"] >> 16) != TC_PRIO:
-            continue
-        opts = f.get_attr("TCA_OPTIONS")
-        if opts is not None:
-            return opts.get_attr("TCA_BPF_NAME") or "?"
-    return None
-
-
-def attach_tc(index: int, fn, undo: Undo) -> bool:
-    """Puts the return-path program on clsact ingress of index (replacing
-    ours if present). Returns whether clsact had to be added."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    added = False
-    with _ipr() as ipr:
-        try:
-            if not has_clsact(index):
-                ipr.tc("add", "clsact", index)
-                added = True
-                undo.push(f"remove clsact from ifindex {index}", lambda: _del_clsact(index))
-            had = return_filter(index) is not None
-            ipr.tc(
-                "replace-filter", "bpf", index, TC_HANDLE, fd=fn.fd, name=fn.name,
-                parent=TC_INGRESS_PARENT, prio=TC_PRIO, classid=1, direct_action=True,
-            )
-            if not had:
-                undo.push(f"remove return filter from ifindex {index}", lambda: detach_tc(index))
-        except NetlinkError as e:
-            raise LoaderError(f"attach tc on {ifname(index)}: {os.strerror(e.code)}") from e
-    return added
-
-
-def detach_tc(index: int, remove_clsact: bool = False) -> None:
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    with _ipr() as ipr:
-        try:
-            if return_filter(index) is not None:
-                ipr.tc("del-filter", "bpf", index, TC_HANDLE, parent=TC_INGRESS_PARENT, prio=TC_PRIO)
-        except NetlinkError as e:
-            if e.code not in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
-                raise
-    if remove_clsact:
-        _del_clsact(index)
-
-
-def _del_clsact(index: int) -> None:
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    with _ipr() as ipr:
-        try:
-            ipr.tc("del", "clsact", index)
-        except NetlinkError as e:
-            if e.code not in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
-                raise
-
-
-# ---------------------------------------------------------------- sysctl
-
-IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
-
-
-def ip_forward() -> int:
-    return int(IP_FORWARD.read_text().strip())
-
-
-def set_ip_forward(value: int) -> None:
-    IP_FORWARD.write_text(f"{value}\n")
-
