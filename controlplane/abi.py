@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -21,6 +21,7 @@ BE_F_STANDBY = 0x4
 BE_F_DRAINING = 0x8
 
 CT_F_SYN = 0x1
+CT_F_SYN_PENDING = 0x2
 
 UNKNOWN = 0xFFFFFFFF
 PROBE_F_DRAINED = 0x1
@@ -50,7 +51,8 @@ DROP_NO_BACKEND = 2
 DROP_IP_OPTIONS = 3
 DROP_FRAGMENT = 4
 DROP_SPOOFED_HB = 5
-DROP_MAX = 6
+DROP_BAD_CSUM = 6
+DROP_MAX = 7
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -67,6 +69,7 @@ DROP_NAMES = {
     DROP_IP_OPTIONS: "ip_options",
     DROP_FRAGMENT: "fragment",
     DROP_SPOOFED_HB: "spoofed_heartbeat",
+    DROP_BAD_CSUM: "bad_checksum",
 }
 
 MAP_VIPS = "edge_vips"

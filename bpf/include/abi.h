@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	3
+#define EDGE_ABI_VERSION	4
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -126,16 +126,18 @@ struct flow_key {
 	__u8	pad[3];
 };
 
-/* Value of edge_ct: the backend a connection is pinned to. */
+/* Value of edge_ct: the backend a connection is pinned to. Only a TCP SYN
+ * (or any UDP datagram) creates one. */
 struct flow_info {
 	__u32	backend_id;
 	__u32	vip_id;
 	__u32	flags;		/* EDGE_CT_F_* */
-	__u32	pad;
+	__be32	syn_seq;	/* sequence number of the last SYN through the VIP (EDGE_CT_F_SYN) */
 };
 
 /* flow_info.flags */
-#define EDGE_CT_F_SYN		0x1	/* a SYN went through the VIP; its SYN-ACK is ours */
+#define EDGE_CT_F_SYN		0x1	/* a SYN went through the VIP: SYN-ACKs acking syn_seq are ours */
+#define EDGE_CT_F_SYN_PENDING	0x2	/* passive detection awaits the answer to that SYN */
 
 /* Key of edge_rnat: a backend endpoint. Each endpoint serves one service
  * (config enforces it), so replies need no per-flow state. */
@@ -246,7 +248,8 @@ struct node_info {
 #define EDGE_DROP_IP_OPTIONS	3	/* IPv4 options on VIP traffic (not handled) */
 #define EDGE_DROP_FRAGMENT	4	/* IPv4 fragment for a VIP (not handled) */
 #define EDGE_DROP_SPOOFED_HB	5	/* heartbeat from the wrong address, port, interface or token */
-#define EDGE_DROP_MAX		6
+#define EDGE_DROP_BAD_CSUM	6	/* VIP packet with a wrong IPv4 header checksum, or SYN with a wrong TCP checksum */
+#define EDGE_DROP_MAX		7
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");

@@ -130,8 +130,9 @@ static __always_inline void note_syn(const struct backend_info *be, __u64 now)
 	h->syn_outstanding++;
 }
 
-/* The return path saw this backend answer a SYN: with SYN-ACK (healthy) or
- * with RST (refusing: a dead server behind a live host). */
+/* The return path saw this backend answer a SYN the ingress counted (see
+ * classify_answer in edge_tc.c): with SYN-ACK (healthy) or with RST
+ * (refusing: a dead server behind a live host). */
 static __always_inline void note_syn_answer(const struct backend_info *be,
 					    const struct service_cfg *sc,
 					    int syn_ack, __u64 now)
@@ -148,8 +149,6 @@ static __always_inline void note_syn_answer(const struct backend_info *be,
 			h->ejections = 0;
 		return;
 	}
-	if (!h->syn_outstanding)
-		return;
 	h->rst_count++;
 	if ((sc->flags & EDGE_SVC_F_PASSIVE) && h->rst_count >= sc->consecutive)
 		try_eject(sc, h, now);

@@ -1,0 +1,183 @@
+"""Health logic a client cannot abuse: crafted frames from the client namespace against real backends.
+
+        client ──veth── router ──veth── b0
+      real sockets,   rt-c (XDP)  ├──veth── b1
+      and crafted frames          └──veth── b2
+      from 198.18.0.77
+
+Each test attacks one rule of the health logic with what any client can send (bad checksums,
+bare ACKs, a SYN it never completes, a flood of spoofed ACKs) or with an ordinary failure that
+must not spread (a backend's heartbeats stop), then checks with real connections that the
+router still judges the backends by what they did: passive detection counts only answers to
+SYNs the router forwarded, matched by sequence number; conntrack holds only connections that
+began with a SYN; no reply leaves with a backend's address.
+
+Crafted frames are built with scapy and sent out of the client's veth (testbed.frames), from
+CRAFTED_SRC, an address no socket uses. Where a test needs the backends' answers to reach the
+client's link, the router gets a static neighbour entry for CRAFTED_SRC (the client's MAC):
+the client's kernel drops what is not addressed to it, so nothing answers back, and a capture
+on the client's veth sees exactly what the router sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from contextlib import contextmanager
+from ipaddress import IPv4Address
+from typing import Callable, Iterator
+
+from scapy.layers.inet import IP, TCP
+from scapy.layers.l2 import Ether
+
+import hb
+from controlplane.testbed.frames import Capture, send_frames
+from controlplane.testbed.router import Router, link_mac
+from controlplane.testbed.topo import Net
+from controlplane.testbed.traffic import backends_seen, close_all, open_connections, wait_until
+
+PORT = 8000  # conftest.BACKEND_PORT
+CRAFTED_SRC = IPv4Address("198.18.0.77")  # in the client's subnet, used by no socket
+ALL = {"b0", "b1", "b2"}
+TOKENS = {i: 0x5EED0100 + i for i in range(3)}
+PASSIVE = {"syn_timeout_ms": 50, "consecutive": 3, "ejection_ms": 2000, "max_ejected_percent": 50}
+HEARTBEAT = {"port": hb.HB_PORT, "interval_ms": 1, "timeout_ms": 250, "rise": 3}
+
+
+def web(router: Router, health: dict, **extra) -> dict:
+    svc = router.service("web", health=health, **extra)
+    if "heartbeat" in health:
+        for entry in svc["backends"]:
+            entry["token"] = hex(TOKENS[int(entry["name"][1:])])
+    return svc
+
+
+def crafter(net: Net, router: Router) -> Callable[[TCP], bytes]:
+    """frame(tcp): one frame from CRAFTED_SRC to the VIP, out of the client's veth to the router."""
+    eth = Ether(dst=router.mac(), src=link_mac(net.client, net.client_iface))
+    return lambda tcp: bytes(eth / IP(src=str(CRAFTED_SRC), dst=str(net.vip), ttl=64) / tcp)
+
+
+def flows(net: Net, n: int) -> Counter:
+    return backends_seen(net.client, net.vip, PORT, n, flow_timeout_s=1.0)
+
+
+def answer(conn) -> str:
+    """The backend answering one more request on conn, or "error:<exception>"."""
+    try:
+        return conn.request().backend
+    except OSError as e:
+        return f"error:{type(e).__name__}"
+
+
+def handled(router: Router, before: dict, n: int) -> None:
+    """Wait until the router has forwarded or dropped n more VIP packets than in before."""
+    def count(c: dict) -> int:
+        v = c["verdicts"]
+        return v["redirect"] + v["nat_pass"] + v["drop"]
+
+    wait_until(lambda: count(router.counters()) - count(before) >= n, 5.0, f"{n} frames handled",
+               observe=lambda: count(router.counters()) - count(before))
+
+
+@contextmanager
+def crafted_neighbour(net: Net) -> Iterator[None]:
+    """The router resolves CRAFTED_SRC to the client's MAC inside the block."""
+    mac = link_mac(net.client, net.client_iface)
+    with net.router.iproute() as ipr:
+        index = ipr.link_lookup(ifname=net.router_client_iface)[0]
+        ipr.neigh("add", dst=str(CRAFTED_SRC), lladdr=mac, ifindex=index, state="permanent")
+    try:
+        yield
+    finally:
+        with net.router.iproute() as ipr:
+            ipr.neigh("del", dst=str(CRAFTED_SRC), lladdr=mac, ifindex=index)
+
+
+def test_bad_checksum_syns_and_bare_acks_eject_no_backend(net, router):
+    """Passive detection on, no heartbeats. From 300 fresh client ports: a SYN with a wrong TCP
+    checksum (the backend's kernel discards it unanswered) and a bare ACK (answered with RST).
+    The bad SYNs are dropped as bad_checksum; the ACKs reach backends and are reset. Once the
+    SYN timeout has long passed, 90 real connections all succeed on every backend and nothing
+    was ejected: neither unanswered bad SYNs nor RSTs to stray ACKs count against a backend."""
+    router.deploy([web(router, {"passive": PASSIVE})])
+    wait_until(lambda: set(flows(net, 30)) == ALL, 5.0, "flows on every backend")
+    before = router.counters()
+    frame, frames = crafter(net, router), []
+    for port in range(30000, 30300):
+        frames.append(frame(TCP(sport=port, dport=PORT, flags="S", seq=1000, chksum=0xBAD)))
+        frames.append(frame(TCP(sport=port + 1000, dport=PORT, flags="A", seq=5000, ack=7000)))
+    send_frames(net.client, net.client_iface, frames)
+    handled(router, before, len(frames))
+    time.sleep(4 * PASSIVE["syn_timeout_ms"] / 1000)  # the span a SYN has to be answered in, passed
+
+    seen = flows(net, 90)
+    after = router.counters()
+    snap = router.status()
+
+    assert set(seen) == ALL, seen
+    assert after["verdicts"]["ejection"] == before["verdicts"]["ejection"], snap["services"][0]["backends"]
+    assert after["drops"]["bad_checksum"] - before["drops"]["bad_checksum"] == 300
+    assert {b["state"] for b in snap["services"][0]["backends"]} == {"up"}
+
+
+def test_resets_of_reselected_flows_eject_no_survivor(net, router):
+    """Heartbeats and passive detection. 30 long-lived connections over the three backends; b0's
+    heartbeats stop, so its connections move to b1 and b2 (reselect), which answer them with RST
+    while new connections keep arriving. The survivors are not ejected for those resets: new
+    flows reach exactly b1 and b2, and the ejection counter does not move."""
+    router.deploy([web(router, {"heartbeat": HEARTBEAT, "passive": PASSIVE})])
+    agents = [hb.start_heartbeats(net, i, token=TOKENS[i]) for i in range(3)]
+    try:
+        wait_until(lambda: set(flows(net, 30)) == ALL, 5.0, "flows on every backend")
+        conns = open_connections(net.client, net.vip, PORT, 30)
+        try:
+            first = [c.request().backend for c in conns]
+            agents[0].stop()
+            wait_until(lambda: set(flows(net, 30)) == {"b1", "b2"}, 5.0, "flows avoid b0")
+            before = router.counters()
+            # Live flows keep a silent backend for twice the timeout: the first of b0's
+            # connections to be reset says that has passed.
+            probe = conns[first.index("b0")]
+            wait_until(lambda: answer(probe).startswith("error:"), 5.0, "a connection of b0 reset")
+            again = []
+            for k, conn in enumerate(conns):
+                again.append("error:probe" if conn is probe else answer(conn))
+                if k % 3 == 0:
+                    flows(net, 5)  # new connections alongside: SYNs outstanding while resets come back
+            seen = flows(net, 60)
+            after = router.counters()
+        finally:
+            close_all(conns)
+    finally:
+        for agent in agents:
+            agent.stop()
+
+    assert "b0" in first, first
+    assert all(a == f for f, a in zip(first, again) if f != "b0"), (first, again)
+    assert all(a.startswith("error:") for f, a in zip(first, again) if f == "b0"), (first, again)
+    assert set(seen) == {"b1", "b2"}, seen
+    assert after["verdicts"]["ejection"] == before["verdicts"]["ejection"]
+
+
+def test_a_retransmitted_syn_ack_leaves_with_the_vip_as_its_source(net, router):
+    """A SYN from CRAFTED_SRC that is never completed: the backend answers with a SYN-ACK and, with
+    no ACK coming, retransmits it a second later. Both SYN-ACKs reach the client's link with the
+    VIP as their source, none with the backend's address."""
+    router.deploy([web(router, {})])
+    syn = crafter(net, router)(TCP(sport=31000, dport=PORT, flags="S", seq=424242))
+    with crafted_neighbour(net), Capture([(net.client, net.client_iface)]) as capture:
+        send_frames(net.client, net.client_iface, [syn])
+
+        def syn_acks() -> list[tuple[str, int]]:
+            out = []
+            for frame in capture.take()[net.client_iface]:
+                ip = IP(frame[14:])
+                if ip.dst == str(CRAFTED_SRC) and TCP in ip and ip[TCP].dport == 31000 and ip[TCP].flags == "SA":
+                    out.append((ip.src, ip[TCP].sport))
+            return out
+
+        got = wait_until(lambda: (lambda s: s if len(s) >= 2 else None)(syn_acks()), 5.0,
+                         "the SYN-ACK and its retransmission", observe=syn_acks)
+
+    assert set(got) == {(str(net.vip), PORT)}, got
