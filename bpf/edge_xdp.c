@@ -115,7 +115,7 @@ int edge_ingress(struct xdp_md *ctx)
 	struct service_cfg *sc;
 	struct backend_info *be;
 	__u64 now = 0;
-	__u32 bid;
+	__u32 bid, drop;
 	int verdict, new_flow, failover;
 
 	verdict = parse_packet(ctx, &pkt);
@@ -158,9 +158,9 @@ int edge_ingress(struct xdp_md *ctx)
 	if (sc->flags)
 		now = bpf_ktime_get_ns();
 
-	be = select_backend(vip, sc, &pkt, now, &bid, &new_flow, &failover);
+	be = select_backend(vip, sc, &pkt, now, &bid, &new_flow, &failover, &drop);
 	if (!be)
-		return count_drop(EDGE_DROP_NO_BACKEND);
+		return count_drop(drop);
 
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
 	if (pkt.syn && !new_flow)

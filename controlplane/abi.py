@@ -52,7 +52,8 @@ DROP_IP_OPTIONS = 3
 DROP_FRAGMENT = 4
 DROP_SPOOFED_HB = 5
 DROP_BAD_CSUM = 6
-DROP_MAX = 7
+DROP_UNTRACKED = 7
+DROP_MAX = 8
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -70,6 +71,7 @@ DROP_NAMES = {
     DROP_FRAGMENT: "fragment",
     DROP_SPOOFED_HB: "spoofed_heartbeat",
     DROP_BAD_CSUM: "bad_checksum",
+    DROP_UNTRACKED: "untracked",
 }
 
 MAP_VIPS = "edge_vips"
@@ -91,12 +93,13 @@ MAP_HB = "edge_hb"
 MAP_HB_PORTS = "edge_hb_ports"
 MAP_NEXTHOP = "edge_nexthop"
 MAP_BE_PROBE = "edge_be_probe"
+MAP_CT_BUDGET = "edge_ct_budget"
 
 MAP_NAMES = (
     MAP_VIPS, MAP_VIP_ADDRS, MAP_BACKENDS, MAP_MAGLEV, MAP_CT, MAP_RNAT,
     MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
     MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
-    MAP_BE_PROBE,
+    MAP_BE_PROBE, MAP_CT_BUDGET,
 )
 
 

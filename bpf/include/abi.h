@@ -166,6 +166,14 @@ struct nexthop {
 	__u8	dmac[6];
 };
 
+/* Value of edge_ct_budget (per CPU, one entry): conntrack entries that TCP
+ * packets other than SYNs created in the current one-second window. */
+struct ct_budget {
+	__u64	window_ns;	/* bpf_ktime_get_coarse_ns() the window started */
+	__u32	used;
+	__u32	pad;
+};
+
 /* Value of edge_vip_stats and edge_be_stats (per CPU). */
 struct traffic_stats {
 	__u64	packets;	/* forwarded client -> backend */
@@ -249,7 +257,8 @@ struct node_info {
 #define EDGE_DROP_FRAGMENT	4	/* IPv4 fragment for a VIP (not handled) */
 #define EDGE_DROP_SPOOFED_HB	5	/* heartbeat from the wrong address, port, interface or token */
 #define EDGE_DROP_BAD_CSUM	6	/* VIP packet with a wrong IPv4 header checksum, or SYN with a wrong TCP checksum */
-#define EDGE_DROP_MAX		7
+#define EDGE_DROP_UNTRACKED	7	/* TCP, no SYN, no conntrack entry, and this CPU's budget of new entries spent */
+#define EDGE_DROP_MAX		8
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
@@ -260,6 +269,7 @@ _Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
 _Static_assert(sizeof(struct backend_key) == 8, "abi: backend_key");
 _Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
+_Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");
 _Static_assert(sizeof(struct service_cfg) == 304, "abi: service_cfg");
 _Static_assert(sizeof(struct backend_health) == 48, "abi: backend_health");
 _Static_assert(sizeof(struct hb_key) == 8, "abi: hb_key");

@@ -42,6 +42,32 @@ static __always_inline __u32 hash_flow(const struct flow_key *k)
 	return hash_mix(h ^ k->proto);
 }
 
+#ifndef EDGE_CT_MISS_PER_S
+#define EDGE_CT_MISS_PER_S	64	/* entries per CPU and second TCP packets other than SYNs may create */
+#endif
+
+/* 1 when a TCP packet that is no SYN may create a conntrack entry: this
+ * CPU has not used up its budget for the current second. A flood of such
+ * packets (spoofed ACKs) thus cannot push real connections out of the LRU;
+ * the budget lets connections whose entry was lost get one back. */
+static __always_inline int ct_budget_take(void)
+{
+	__u32 zero = 0;
+	struct ct_budget *b = edge_ct_budget.lookup(&zero);
+	__u64 now = bpf_ktime_get_coarse_ns();
+
+	if (!b)
+		return 0;
+	if (b->window_ns + 1000000000ULL < now) {
+		b->window_ns = now;
+		b->used = 0;
+	}
+	if (b->used >= EDGE_CT_MISS_PER_S)
+		return 0;
+	b->used++;
+	return 1;
+}
+
 /* flow_info.flags for a packet through the VIP: a SYN's answer is ours,
  * and passive detection waits for it when the SYN counts. */
 static __always_inline __u32 syn_flags(const struct pkt *pkt)

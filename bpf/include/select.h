@@ -128,12 +128,15 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 	return scan_backends(sc, hash, now, bid);
 }
 
-/* Resolves the backend of this packet, or NULL when the VIP has none usable.
- * *new_flow: conntrack was missed or replaced; *failover: see pick_new. */
+/* Resolves the backend of this packet, or NULL with the drop reason in
+ * *drop: the VIP has none usable, or the packet is TCP but no SYN, conntrack
+ * does not know it and the budget for such entries is spent (forwarded, its
+ * answer could not be reverse-NATed). *new_flow: conntrack was missed or
+ * replaced; *failover: see pick_new. */
 static __always_inline struct backend_info *
 select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 	       struct pkt *pkt, __u64 now, __u32 *bid, int *new_flow,
-	       int *failover)
+	       int *failover, __u32 *drop)
 {
 	struct flow_info *fi = edge_ct.lookup(&pkt->flow);
 	struct backend_info *be;
@@ -155,11 +158,23 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 		}
 	}
 	*new_flow = 1;
+	*drop = EDGE_DROP_NO_BACKEND;
+	if (!fi && pkt->flow.proto == IPPROTO_TCP && !pkt->syn && !ct_budget_take()) {
+		*drop = EDGE_DROP_UNTRACKED;
+		return NULL;
+	}
 	be = pick_new(vip, sc, pkt, now, bid, failover);
 	if (!be)
 		return NULL;
-	if (fi)
-		*failover = 1;	/* an established flow moved */
+	if (fi) {
+		/* An established flow moved: rewritten in place, so moving
+		 * flows never evicts another entry. */
+		*failover = 1;
+		fi->backend_id = *bid;
+		fi->flags = syn_flags(pkt);
+		fi->syn_seq = pkt->seq;
+		return be;
+	}
 	flow_insert(pkt, vip, *bid);
 	return be;
 }
