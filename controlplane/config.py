@@ -365,6 +365,10 @@ class Health:
     passive: Optional[Passive] = option("ejection on unanswered connections", _section(Passive), None)
     probe: Optional[Probe] = option("active probes from the control plane", _section(Probe), None)
     metrics: Optional[MetricsScrape] = option("load signals from the backend", _section(MetricsScrape), None)
+    panic_percent: int = option(
+        "when fewer than this share of the primaries is usable (and some is, or no standby is), new flows go "
+        "to every admin-up primary by weight, health ignored; 0 is off", _int(0, 100), 0
+    )
 
 
 @dataclass(frozen=True)

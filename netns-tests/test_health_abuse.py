@@ -216,3 +216,32 @@ def test_a_flood_of_spoofed_acks_does_not_flush_conntrack(net, router):
     assert entries == len(conns) + len(flood) - untracked
     assert "b1" in first, first
     assert again == first
+
+
+def test_panic_mode_spreads_new_flows_over_every_backend_when_too_few_are_usable(net, router):
+    """health.panic_percent 50, heartbeats. Only b0 heartbeats: 1 of 3 usable (33 % < 50 %), so new
+    flows spread over all three (their servers answer) instead of piling onto b0. b1 heartbeats
+    too: 2 of 3 (67 %), no panic, flows reach exactly b0 and b1. Nothing heartbeats: panic, and
+    flows reach all three instead of being dropped as no_backend."""
+    router.deploy([web(router, {"heartbeat": HEARTBEAT, "panic_percent": 50})])
+    agents = [hb.start_heartbeats(net, 0, token=TOKENS[0])]
+    try:
+        wait_until(lambda: set(flows(net, 30)) == ALL, 5.0, "one usable of three: flows on all three")
+        panic = flows(net, 90)
+        agents.append(hb.start_heartbeats(net, 1, token=TOKENS[1]))
+        wait_until(lambda: set(flows(net, 30)) == {"b0", "b1"}, 5.0, "two usable of three: flows on b0 and b1")
+        calm = flows(net, 90)
+        for agent in agents:
+            agent.stop()
+        before = router.counters()
+        wait_until(lambda: set(flows(net, 30)) == ALL, 5.0, "none usable: flows on all three")
+        all_down = flows(net, 90)
+        dropped = router.counters()["drops"]["no_backend"] - before["drops"]["no_backend"]
+    finally:
+        for agent in agents:
+            agent.stop()
+
+    assert set(panic) == ALL, panic
+    assert set(calm) == {"b0", "b1"}, calm
+    assert set(all_down) == ALL, all_down
+    assert dropped == 0

@@ -65,7 +65,7 @@ struct service_cfg {
 	__u32	consecutive;	/* passive: failures in a row that eject */
 	__u32	max_ejected_pct; /* passive: cap on ejected backends, percent */
 	__u32	n_backends;	/* entries used in backends[] */
-	__u32	pad;
+	__u32	panic_below;	/* panic mode while fewer primaries are usable; 0 = off */
 	__u32	backends[EDGE_MAX_PER_SERVICE];	/* backend ids, primaries first */
 };
 

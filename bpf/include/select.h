@@ -14,6 +14,13 @@
 #define EDGE_MAX_WALK	4	/* extra Maglev slots tried before the fallback scan */
 #endif
 
+/* Admin-up and not draining, whatever its health. */
+static __always_inline int in_service(const struct backend_info *be)
+{
+	return (be->flags & (EDGE_BE_F_VALID | EDGE_BE_F_UP | EDGE_BE_F_DRAINING)) ==
+	       (EDGE_BE_F_VALID | EDGE_BE_F_UP);
+}
+
 /* Usable and allowed new flows (not draining). */
 static __always_inline int takes_new_flows(const struct backend_info *be,
 					   const struct service_cfg *sc, __u64 now)
@@ -23,7 +30,10 @@ static __always_inline int takes_new_flows(const struct backend_info *be,
 
 /* Deterministic pick among the service's usable backends: the
  * (hash % count)-th primary, or if no primary is usable the
- * (hash % count)-th standby. Slow path only.
+ * (hash % count)-th standby. Slow path only. Panic mode: with fewer than
+ * panic_below primaries usable (and some usable, or no standby), pick_id
+ * (the Maglev slot's backend) takes the flow if it is in service, health
+ * ignored, so new flows spread over all in-service primaries by weight.
  *
  * verifier: the two loops (count, then pick) and the first Maglev pick
  * written out before the walk in pick_new are on purpose. edge_ingress as
@@ -35,8 +45,10 @@ static __always_inline int takes_new_flows(const struct backend_info *be,
  * scan (an early return for an empty table). tools/bench-datapath prints
  * the count (verified_insns): read it before and after changing this file. */
 static __always_inline struct backend_info *
-scan_backends(const struct service_cfg *sc, __u32 hash, __u64 now, __u32 *bid)
+scan_backends(const struct service_cfg *sc, __u32 hash, __u64 now, __u32 *bid,
+	      __u32 pick_id)
 {
+	struct backend_info *pick;
 	__u32 i, n = sc->n_backends, primaries = 0, standbys = 0, want;
 	__u16 kind;
 
@@ -54,6 +66,13 @@ scan_backends(const struct service_cfg *sc, __u32 hash, __u64 now, __u32 *bid)
 			standbys++;
 		else
 			primaries++;
+	}
+	if (primaries < sc->panic_below && (primaries || !standbys)) {
+		pick = edge_backends.lookup(&pick_id);
+		if (pick && in_service(pick)) {
+			*bid = pick_id;
+			return pick;
+		}
 	}
 	if (primaries) {
 		kind = 0;
@@ -90,7 +109,7 @@ static __always_inline struct backend_info *
 pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 	 const struct pkt *pkt, __u64 now, __u32 *bid, int *failover)
 {
-	__u32 hash = hash_flow(&pkt->flow), slot, i, base, idx, *id;
+	__u32 hash = hash_flow(&pkt->flow), slot, i, base, idx, *id, pick_id;
 	struct backend_info *be;
 
 	*failover = 0;
@@ -103,16 +122,20 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 	/* An empty table (every primary drains) goes straight to the scan.
 	 * verifier: the scan has one call site and the first pick stays out
 	 * of the walk loop; see scan_backends for the counts. */
+	pick_id = EDGE_NO_BACKEND;
 	if (id && *id != EDGE_NO_BACKEND) {
-		be = edge_backends.lookup(id);
+		pick_id = *id;
+		be = edge_backends.lookup(&pick_id);
 		if (be && takes_new_flows(be, sc, now) && passive_ok(be, sc, now)) {
-			*bid = *id;
+			*bid = pick_id;
 			return be;
 		}
 		*failover = 1;
 		/* Further picks come from independent hashes, not neighbouring
-		 * slots, so a dead backend's flows spread by the others' weights. */
-		for (i = 0; i < EDGE_MAX_WALK; i++) {
+		 * slots, so a dead backend's flows spread by the others' weights.
+		 * Not in panic mode (panic_below set): there the scan decides on
+		 * the first pick, so a usable backend's share stays its own. */
+		for (i = 0; i < EDGE_MAX_WALK && !sc->panic_below; i++) {
 			slot = hash_mix(hash + i + 1) % EDGE_MAGLEV_M;
 			idx = base + slot;
 			id = edge_maglev.lookup(&idx);
@@ -125,7 +148,7 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 			}
 		}
 	}
-	return scan_backends(sc, hash, now, bid);
+	return scan_backends(sc, hash, now, bid, pick_id);
 }
 
 /* Resolves the backend of this packet, or NULL with the drop reason in

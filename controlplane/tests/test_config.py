@@ -507,7 +507,7 @@ ERROR_CASES = [
     Case(
         "health unknown section",
         {"services[0].health.active": {}},
-        "services[0].health.active: unknown key (allowed: heartbeat, passive, probe, metrics)",
+        "services[0].health.active: unknown key (allowed: heartbeat, passive, probe, metrics, panic_percent)",
     ),
     Case("heartbeat null", {"services[0].health.heartbeat": None}, "services[0].health.heartbeat: expected a mapping, got null"),
     Case(
