@@ -32,9 +32,9 @@ SVC_F_HEARTBEAT = 0x1
 SVC_F_PASSIVE = 0x2
 
 HB_MAGIC = 0x45444745
-HB_VERSION = 1
+HB_VERSION = 2
 HEARTBEAT_SIZE = 24
-# struct heartbeat: magic, version, service port, seq, pad, token (network order)
+# struct heartbeat: magic, version, service port, seq, epoch, token (network order)
 HEARTBEAT = struct.Struct("!IHHIIQ")
 
 CNT_PASS = 0
@@ -53,7 +53,8 @@ DROP_FRAGMENT = 4
 DROP_SPOOFED_HB = 5
 DROP_BAD_CSUM = 6
 DROP_UNTRACKED = 7
-DROP_MAX = 8
+DROP_REPLAYED_HB = 8
+DROP_MAX = 9
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -72,6 +73,7 @@ DROP_NAMES = {
     DROP_SPOOFED_HB: "spoofed_heartbeat",
     DROP_BAD_CSUM: "bad_checksum",
     DROP_UNTRACKED: "untracked",
+    DROP_REPLAYED_HB: "replayed_heartbeat",
 }
 
 MAP_VIPS = "edge_vips"
@@ -103,9 +105,10 @@ MAP_NAMES = (
 )
 
 
-def heartbeat(port: int, seq: int, token: int) -> bytes:
-    """The UDP payload of one heartbeat for the backend serving port."""
-    return HEARTBEAT.pack(HB_MAGIC, HB_VERSION, port, seq & 0xFFFFFFFF, 0, token)
+def heartbeat(port: int, seq: int, token: int, epoch: int) -> bytes:
+    """The UDP payload of one heartbeat for the backend serving port, from the agent run epoch
+    (>= 1; the router takes a newer epoch, or a higher seq within the one it last took)."""
+    return HEARTBEAT.pack(HB_MAGIC, HB_VERSION, port, seq & 0xFFFFFFFF, epoch & 0xFFFFFFFF, token)
 
 # Program entry points (edge_xdp.c, edge_tc.c).
 PROG_INGRESS = "edge_ingress"

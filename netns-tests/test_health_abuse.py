@@ -245,3 +245,45 @@ def test_panic_mode_spreads_new_flows_over_every_backend_when_too_few_are_usable
     assert set(calm) == {"b0", "b1"}, calm
     assert set(all_down) == ALL, all_down
     assert dropped == 0
+
+
+def test_replayed_heartbeats_do_not_revive_a_silent_backend(net, router):
+    """Heartbeats with rise 3. b1 and b2 run agents; b0's heartbeats are sent one at a time from
+    its own address with its token (epoch E, seq 1..3): it rises and takes flows. Then it goes
+    silent, and new flows avoid it. Someone on b0's link replays those three datagrams, 10 times
+    over, and sends one of an older epoch with a higher seq: each is dropped as
+    replayed_heartbeat, none is consumed, and b0 takes no new flow. A heartbeat of a newer
+    epoch (an agent restarted) is taken again."""
+    router.deploy([web(router, {"heartbeat": HEARTBEAT})])
+    agents = [hb.start_heartbeats(net, i, token=TOKENS[i]) for i in (1, 2)]
+    sock = hb.hb_socket(net.backends[0], net.backend_addr(0))
+    dst = net.topo.router_backend_addr(0).ip
+    epoch = int(time.time())
+    try:
+        def beat(seq: int, at_epoch: int = epoch) -> None:
+            hb.send(sock, dst, seq, TOKENS[0], epoch=at_epoch)
+
+        for seq in (1, 2, 3):
+            beat(seq)
+        wait_until(lambda: set(flows(net, 30)) == ALL, 5.0, "b0 risen: flows on every backend")
+        wait_until(lambda: set(flows(net, 30)) == {"b1", "b2"}, 5.0, "b0 silent: flows avoid it")
+        before = router.counters()
+        for _ in range(10):
+            for seq in (1, 2, 3):
+                beat(seq)
+        beat(1000, epoch - 1)
+        wait_until(lambda: router.counters()["drops"]["replayed_heartbeat"] - before["drops"]["replayed_heartbeat"]
+                   >= 31, 2.0, "31 replays dropped")
+        after = router.counters()
+        seen = flows(net, 60)
+        for seq in (0, 1, 2):
+            beat(seq, epoch + 1)
+        wait_until(lambda: router.counters()["verdicts"]["heartbeat"] >= after["verdicts"]["heartbeat"] + 3, 2.0,
+                   "a newer epoch taken")
+    finally:
+        sock.close()
+        for agent in agents:
+            agent.stop()
+
+    assert after["drops"]["replayed_heartbeat"] - before["drops"]["replayed_heartbeat"] == 31
+    assert set(seen) == {"b1", "b2"}, seen

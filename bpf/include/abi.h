@@ -83,8 +83,8 @@ struct backend_health {
 	__u32	syn_outstanding; /* SYNs forwarded since the last SYN-ACK */
 	__u32	rst_count;	/* RSTs answering SYNs since the last SYN-ACK */
 	__u32	ejections;	/* times ejected; doubles the next ejection */
-	__u32	hb_seq;		/* sequence number of the last heartbeat */
-	__u32	pad;
+	__u32	hb_seq;		/* sequence number of the last heartbeat taken */
+	__u32	hb_epoch;	/* epoch of the last heartbeat taken; an older one, or no higher seq in it, is a replay */
 };
 
 /* Key of edge_hb: who may send a heartbeat, for which backend, to which port. */
@@ -105,14 +105,14 @@ struct hb_target {
 /* Heartbeat wire format: the UDP payload a backend's agent sends. All fields
  * in network byte order. */
 #define EDGE_HB_MAGIC		0x45444745	/* "EDGE" */
-#define EDGE_HB_VERSION		1
+#define EDGE_HB_VERSION		2
 #define EDGE_HEARTBEAT_SIZE	24
 struct heartbeat {
 	__be32	magic;
 	__be16	version;
 	__be16	port;		/* service port of the backend it speaks for */
-	__be32	seq;
-	__be32	pad;
+	__be32	seq;		/* rises within an epoch */
+	__be32	epoch;		/* the agent's run: seconds since 1970 at its start, >= 1 */
 	__be64	token;		/* per-backend secret from the config */
 };
 
@@ -258,7 +258,8 @@ struct node_info {
 #define EDGE_DROP_SPOOFED_HB	5	/* heartbeat from the wrong address, port, interface or token */
 #define EDGE_DROP_BAD_CSUM	6	/* VIP packet with a wrong IPv4 header checksum, or SYN with a wrong TCP checksum */
 #define EDGE_DROP_UNTRACKED	7	/* TCP, no SYN, no conntrack entry, and this CPU's budget of new entries spent */
-#define EDGE_DROP_MAX		8
+#define EDGE_DROP_REPLAYED_HB	8	/* valid heartbeat of an older epoch, or without a higher seq in the same one */
+#define EDGE_DROP_MAX		9
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");

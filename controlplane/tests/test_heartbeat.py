@@ -46,6 +46,7 @@ from controlplane.agent import (
     parser,
     sleep_until,
 )
+from controlplane.agent import wire
 from controlplane.testbed.traffic import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -476,7 +477,7 @@ class Datagram:
     version: int
     port: int
     seq: int
-    pad: int
+    epoch: int
     token: int
 
 
@@ -591,10 +592,12 @@ def test_agent_sends_only_while_its_server_is_ready(server, receiver):
     assert len(during) <= 1, during
     assert code == 0
     assert receiver.sizes == {abi.HEARTBEAT_SIZE}
-    assert {(d.magic, d.version, d.port, d.pad, d.token) for d in receiver.got} == {
-        (abi.HB_MAGIC, abi.HB_VERSION, SERVICE_PORT, 0, TOKEN)}
-    # seq counts heartbeats sent: consecutive from 0 (loopback loses none), none sent while not ready.
-    assert [d.seq for d in receiver.got] == list(range(len(receiver.got)))
+    assert {(d.magic, d.version, d.port, d.token) for d in receiver.got} == {
+        (abi.HB_MAGIC, abi.HB_VERSION, SERVICE_PORT, TOKEN)}
+    # One run, one epoch; seq counts heartbeats sent: consecutive (loopback loses none), none sent
+    # while not ready.
+    assert len({d.epoch for d in receiver.got}) == 1
+    assert [d.seq - receiver.got[0].seq for d in receiver.got] == list(range(len(receiver.got)))
     text = agent.text()
     assert text[0].startswith(f"sending to 127.0.0.1:{receiver.port} from 127.0.0.1 every 1 ms")
     assert text[1:4] == ["ready: http 200", "not ready: http 503", "ready: http 200"]
@@ -626,7 +629,7 @@ def test_agent_without_a_check_sends_at_once_until_its_duration_ends(receiver):
     assert code == 0
     assert agent.text()[1] == "ready: no check"
     assert receiver.got, "no heartbeat arrived"
-    assert [d.seq for d in receiver.got] == list(range(len(receiver.got)))
+    assert [d.seq - receiver.got[0].seq for d in receiver.got] == list(range(len(receiver.got)))
 
 
 def checker_pid(agent: AgentProcess) -> int:
@@ -691,3 +694,22 @@ def test_agent_refuses_a_source_address_it_does_not_have(receiver):
 
     assert code == 2
     assert agent.stderr == "edge-heartbeat: --source 198.18.0.99: cannot assign requested address\n"
+
+
+def test_a_restart_within_the_same_second_starts_above_the_previous_runs_seq():
+    """The router takes a heartbeat only with a newer epoch or a higher seq in the same one. A
+    run that sent one heartbeat per microsecond (far faster than any interval) since it started
+    is still below a run restarted later in the same second."""
+    second = 1_700_000_000 * 1_000_000_000
+    epoch, seq = wire.first_epoch_seq(second + 250_000_000)
+    assert (epoch, seq) == (1_700_000_000, 250_000)
+    later = second + 600_000_000
+    sent = (later - (second + 250_000_000)) // 1000  # one per microsecond
+    restarted = wire.first_epoch_seq(later)
+    assert restarted[0] == epoch and restarted[1] > seq + sent - 1
+
+
+def test_seq_moves_to_a_newer_epoch_instead_of_wrapping():
+    assert wire.next_epoch_seq(5, 7, 0) == (5, 8)
+    assert wire.next_epoch_seq(5, wire.SEQ_MAX, 3 * 1_000_000_000) == (6, 0)
+    assert wire.next_epoch_seq(5, wire.SEQ_MAX, 9 * 1_000_000_000) == (9, 0)
