@@ -287,3 +287,31 @@ def test_replayed_heartbeats_do_not_revive_a_silent_backend(net, router):
 
     assert after["drops"]["replayed_heartbeat"] - before["drops"]["replayed_heartbeat"] == 31
     assert set(seen) == {"b1", "b2"}, seen
+
+
+def test_a_dead_server_behind_passive_detection_costs_one_connection_per_readmission(net, router):
+    """Passive detection only (no heartbeats, no probes), ejection 200 ms doubling. b0's server is
+    killed; connections are made one at a time. The first `consecutive` (3) reaching b0 are
+    refused and eject it. When an ejection ends, b0 gets one trial connection, not more: refused,
+    it is ejected again for twice as long. So after E ejections at most 3 + (E - 1) connections
+    were refused (on main: 3 per ejection), and every other one reached b1 or b2."""
+    passive = {**PASSIVE, "ejection_ms": 200}
+    router.deploy([web(router, {"passive": passive})])
+    wait_until(lambda: set(flows(net, 30)) == ALL, 5.0, "flows on every backend")
+    net.servers[0].proc.kill()
+    net.servers[0].proc.wait(timeout=5.0)
+    before = router.counters()["verdicts"]["ejection"]
+    seen: Counter = Counter()
+
+    def ejections() -> int:
+        return router.counters()["verdicts"]["ejection"] - before
+
+    def four_ejections() -> bool:
+        seen.update(backends_seen(net.client, net.vip, PORT, 20, concurrency=1, flow_timeout_s=1.0))
+        return ejections() >= 4
+
+    wait_until(four_ejections, 30.0, "4 ejections", observe=lambda: (ejections(), seen))
+    ejected = ejections()
+
+    assert set(seen) - {"error:refused"} == {"b1", "b2"}, seen
+    assert seen["error:refused"] <= passive["consecutive"] + ejected - 1, (seen, ejected)

@@ -79,12 +79,15 @@ struct backend_health {
 	__u64	last_seen_ns;	/* bpf_ktime_get_ns() of the last valid heartbeat */
 	__u64	ejected_until_ns; /* passive ejection ends at this time */
 	__u64	first_syn_ns;	/* oldest SYN still unanswered */
+	__u64	trial_ns;	/* probation: when the trial flow was let through; 0 = not yet */
 	__u32	rise_count;	/* valid heartbeats in a row (no gap > timeout) */
 	__u32	syn_outstanding; /* SYNs forwarded since the last SYN-ACK */
 	__u32	rst_count;	/* RSTs answering SYNs since the last SYN-ACK */
 	__u32	ejections;	/* times ejected; doubles the next ejection */
 	__u32	hb_seq;		/* sequence number of the last heartbeat taken */
 	__u32	hb_epoch;	/* epoch of the last heartbeat taken; an older one, or no higher seq in it, is a replay */
+	__u32	probation;	/* 1 from an ejection until evidence: a matched SYN-ACK or a heartbeat after it */
+	__u32	pad;
 };
 
 /* Key of edge_hb: who may send a heartbeat, for which backend, to which port. */
@@ -272,7 +275,7 @@ _Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
 _Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");
 _Static_assert(sizeof(struct service_cfg) == 304, "abi: service_cfg");
-_Static_assert(sizeof(struct backend_health) == 48, "abi: backend_health");
+_Static_assert(sizeof(struct backend_health) == 64, "abi: backend_health");
 _Static_assert(sizeof(struct hb_key) == 8, "abi: hb_key");
 _Static_assert(sizeof(struct hb_target) == 24, "abi: hb_target");
 _Static_assert(sizeof(struct heartbeat) == EDGE_HEARTBEAT_SIZE, "abi: heartbeat");

@@ -100,6 +100,11 @@ static __always_inline int consume_heartbeat(struct __sk_buff *skb,
 	else if (h->rise_count < EDGE_HB_RISE_CAP)
 		h->rise_count++;
 	h->last_seen_ns = now;
+	/* evidence after an ejection: the agent's check passes again */
+	if (h->probation && h->ejected_until_ns < now) {
+		h->probation = 0;
+		h->trial_ns = 0;
+	}
 	h->hb_epoch = epoch;
 	h->hb_seq = seq;
 	count_index(EDGE_CNT_HEARTBEAT);

@@ -126,7 +126,8 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 	if (id && *id != EDGE_NO_BACKEND) {
 		pick_id = *id;
 		be = edge_backends.lookup(&pick_id);
-		if (be && takes_new_flows(be, sc, now) && passive_ok(be, sc, now)) {
+		if (be && !(be->flags & EDGE_BE_F_DRAINING) &&
+		    backend_health_ok(be, sc, now, 1, HEALTH_TRIAL) && passive_ok(be, sc, now)) {
 			*bid = pick_id;
 			return be;
 		}
