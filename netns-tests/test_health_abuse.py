@@ -12,7 +12,7 @@ router still judges the backends by what they did: passive detection counts only
 SYNs the router forwarded, matched by sequence number; conntrack holds only connections that
 began with a SYN; no reply leaves with a backend's address.
 
-Crafted frames are built with scapy and sent out of the client's veth (testbed.frames), from
+Crafted frames are built with scapy and sent out of the client's veth (netns-tests/packets.py), from
 CRAFTED_SRC, an address no socket uses. Where a test needs the backends' answers to reach the
 client's link, the router gets a static neighbour entry for CRAFTED_SRC (the client's MAC):
 the client's kernel drops what is not addressed to it, so nothing answers back, and a capture
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from ipaddress import IPv4Address
 from typing import Callable, Iterator
@@ -31,10 +32,10 @@ from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
 import hb
-from controlplane.testbed.frames import Capture, send_frames
 from controlplane.testbed.router import Router, link_mac
 from controlplane.testbed.topo import Net
 from controlplane.testbed.traffic import backends_seen, close_all, open_connections, wait_until
+from packets import Capture, send_frames
 
 PORT = 8000  # conftest.BACKEND_PORT
 CRAFTED_SRC = IPv4Address("198.18.0.77")  # in the client's subnet, used by no socket
@@ -123,9 +124,10 @@ def test_bad_checksum_syns_and_bare_acks_eject_no_backend(net, router):
 
 def test_resets_of_reselected_flows_eject_no_survivor(net, router):
     """Heartbeats and passive detection. 30 long-lived connections over the three backends; b0's
-    heartbeats stop, so its connections move to b1 and b2 (reselect), which answer them with RST
-    while new connections keep arriving. The survivors are not ejected for those resets: new
-    flows reach exactly b1 and b2, and the ejection counter does not move."""
+    heartbeats stop, so its connections move to b1 and b2 (reselect), which answer them with RST;
+    all of them send at once while new connections arrive (SYNs outstanding at the survivors when
+    the resets come back). The survivors are not ejected for those resets: new flows reach
+    exactly b1 and b2, and the ejection counter does not move."""
     router.deploy([web(router, {"heartbeat": HEARTBEAT, "passive": PASSIVE})])
     agents = [hb.start_heartbeats(net, i, token=TOKENS[i]) for i in range(3)]
     try:
@@ -140,11 +142,12 @@ def test_resets_of_reselected_flows_eject_no_survivor(net, router):
             # connections to be reset says that has passed.
             probe = conns[first.index("b0")]
             wait_until(lambda: answer(probe).startswith("error:"), 5.0, "a connection of b0 reset")
-            again = []
-            for k, conn in enumerate(conns):
-                again.append("error:probe" if conn is probe else answer(conn))
-                if k % 3 == 0:
-                    flows(net, 5)  # new connections alongside: SYNs outstanding while resets come back
+            with ThreadPoolExecutor(max_workers=len(conns) + 1) as pool:
+                during = pool.submit(flows, net, 60)
+                pending = [pool.submit(answer, conn) for conn in conns if conn is not probe]
+                during.result()
+                moved = iter([f.result() for f in pending])
+            again = ["error:probe" if conn is probe else next(moved) for conn in conns]
             seen = flows(net, 60)
             after = router.counters()
         finally:

@@ -31,9 +31,10 @@ static __always_inline int takes_new_flows(const struct backend_info *be,
 /* Id of a deterministic pick among the service's usable backends: the
  * (hash % count)-th primary, or if no primary is usable the
  * (hash % count)-th standby, or EDGE_NO_BACKEND. Slow path only. Panic
- * mode: with fewer than panic_below primaries usable (and some usable, or no standby), pick_id
- * (the Maglev slot's backend) takes the flow if it is in service, health
- * ignored, so new flows spread over all in-service primaries by weight.
+ * mode: with fewer than panic_below primaries usable (and some usable, or
+ * no standby), pick_id (the Maglev slot's backend) takes the flow if it is
+ * in service, health ignored, so new flows spread over all in-service
+ * primaries by weight.
  *
  * verifier: the two loops (count, then pick) and the first Maglev pick
  * written out before the walk in pick_new are on purpose. edge_ingress as
