@@ -21,8 +21,11 @@
 #define TCP_FLAG_RST_	0x04
 #define TCP_FLAG_ACK_	0x10
 
-/* Passive detection: a backend answered a SYN (SYN-ACK) or refused (RST). */
-static __always_inline void note_answer(const struct rnat_info *ri, __u8 flags)
+#define ANSWER_NONE	(-1)
+
+/* Passive detection: the backend answered the SYN passive detection waits
+ * for with a SYN-ACK (1) or refused it with a RST (0). */
+static __always_inline void note_answer(const struct rnat_info *ri, int syn_ack)
 {
 	__u32 bid = ri->backend_id, vid = ri->vip_id;
 	struct backend_info *be = edge_backends.lookup(&bid);
@@ -30,10 +33,35 @@ static __always_inline void note_answer(const struct rnat_info *ri, __u8 flags)
 
 	if (!be || !sc || !(sc->flags & EDGE_SVC_F_PASSIVE))
 		return;
-	if ((flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == (TCP_FLAG_SYN_ | TCP_FLAG_ACK_))
-		note_syn_answer(be, sc, 1, bpf_ktime_get_ns());
-	else if (flags & TCP_FLAG_RST_)
-		note_syn_answer(be, sc, 0, bpf_ktime_get_ns());
+	note_syn_answer(be, sc, syn_ack, bpf_ktime_get_ns());
+}
+
+/* What a SYN-ACK or RST of a VIP connection says. A SYN-ACK acknowledging
+ * the VIP SYN's sequence number (plus any data it carried) answers it: it is
+ * NATed, retransmitted or not; one acknowledging anything else answers a SYN
+ * that did not come through the VIP (a direct connection on a reused client
+ * port): TC_ACT_UNSPEC, and the stale entry goes. Passive detection hears
+ * only the first exact answer (ack = seq + 1) to a SYN it counted:
+ * never a RST on an established or moved flow, nor one answering a stray
+ * ACK (such a RST carries no ACK). *answer: 1, 0 or ANSWER_NONE. */
+static __always_inline int classify_answer(struct flow_info *fi, struct flow_key *fk,
+					   __u8 flags, __be32 ack_seq, int *answer)
+{
+	__u32 past = bpf_ntohl(ack_seq) - bpf_ntohl(fi->syn_seq) - 1;
+	int ours = (fi->flags & EDGE_CT_F_SYN) && (flags & TCP_FLAG_ACK_) && past <= 0xffff;
+	int syn_ack = (flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == (TCP_FLAG_SYN_ | TCP_FLAG_ACK_);
+
+	*answer = ANSWER_NONE;
+	if (syn_ack && !ours) {
+		edge_ct.delete(fk);
+		return TC_ACT_UNSPEC;
+	}
+	if (ours && past == 0 && (fi->flags & EDGE_CT_F_SYN_PENDING) &&
+	    (syn_ack || (flags & TCP_FLAG_RST_))) {
+		fi->flags &= ~EDGE_CT_F_SYN_PENDING;
+		*answer = syn_ack;
+	}
+	return TC_ACT_OK;
 }
 
 int edge_return(struct __sk_buff *skb)
@@ -51,6 +79,8 @@ int edge_return(struct __sk_buff *skb)
 	__be16 old_port;
 	int proto, vlans, verdict;
 	__u8 tcp_flags = 0;
+	__be32 ack_seq = 0;
+	int answer = ANSWER_NONE;
 
 	proto = parse_eth(&nh, data_end, &eth, &vlans);
 	if (proto != bpf_htons(ETH_P_IP))
@@ -89,16 +119,13 @@ int edge_return(struct __sk_buff *skb)
 	fi = edge_ct.lookup(&fk);
 	if (!fi || fi->backend_id != ri->backend_id)
 		return TC_ACT_UNSPEC;
-	if (proto == IPPROTO_TCP)
+	if (proto == IPPROTO_TCP) {
 		bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1);
-	if ((tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) {
-		/* A SYN-ACK nobody asked for through the VIP: the client reused
-		 * the port of a finished VIP connection for a direct one. */
-		if (!(fi->flags & EDGE_CT_F_SYN)) {
-			edge_ct.delete(&fk);
-			return TC_ACT_UNSPEC;
+		if (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_)) {
+			bpf_skb_load_bytes(skb, l4_off + 8, &ack_seq, sizeof(ack_seq));
+			if (classify_answer(fi, &fk, tcp_flags, ack_seq, &answer) != TC_ACT_OK)
+				return TC_ACT_UNSPEC;
 		}
-		fi->flags &= ~EDGE_CT_F_SYN;
 	}
 
 	if (proto == IPPROTO_TCP) {
@@ -122,8 +149,8 @@ int edge_return(struct __sk_buff *skb)
 	bpf_skb_store_bytes(skb, l3_off + IP_SADDR_OFF, &ri->vip_addr,
 			    sizeof(old_addr), 0);
 
-	if (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_))
-		note_answer(ri, tcp_flags);
+	if (answer != ANSWER_NONE)
+		note_answer(ri, answer);
 	count_return(ri->vip_id, ri->backend_id);
 	return count_verdict(EDGE_CNT_RETURN_NAT, TC_ACT_OK);
 }

@@ -69,7 +69,9 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 		pkt->flow.proto = IPPROTO_TCP;
 		pkt->flow.sport = th->source;
 		pkt->flow.dport = th->dest;
-		pkt->syn = th->syn && !th->ack;
+		pkt->syn = th->syn && !(th->ack | th->rst | th->fin);
+		pkt->seq = th->seq;
+		pkt->tcp_hlen = th->doff * 4;
 	} else {
 		struct udphdr *uh;
 
@@ -82,6 +84,29 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 	return EDGE_CONTINUE;
 }
 
+/* TCP checksum of a SYN that carries no data: 1 right, 0 wrong, -1 not
+ * checked (a SYN with data, as TCP Fast Open sends: forwarded, but passive
+ * detection does not count it). A backend discards a SYN with a wrong
+ * checksum unanswered, so only checked SYNs may count as unanswered. */
+static __always_inline int syn_csum(struct xdp_md *ctx, const struct pkt *pkt)
+{
+	__u32 buf[15] = {};	/* the longest TCP header */
+	__u32 hlen = pkt->tcp_hlen, off;
+	__u64 sum;
+
+	if (pkt->l3_len != sizeof(struct iphdr) + hlen)
+		return -1;
+	hlen &= 0x3c;	/* doff * 4 is at most 60; verifier: a mask keeps the bound */
+	if (hlen < sizeof(struct tcphdr))
+		return 0;
+	off = sizeof(struct ethhdr) + pkt->vlans * sizeof(struct vlan_hdr) + sizeof(struct iphdr);
+	if (bpf_xdp_load_bytes(ctx, off, buf, hlen) < 0)
+		return 0;
+	sum = (__u32)bpf_csum_diff(NULL, 0, (void *)buf, hlen, 0);
+	sum += (__u64)pkt->flow.src + pkt->flow.dst + bpf_htonl((IPPROTO_TCP << 16) | hlen);
+	return csum_fold64(sum) == 0xffff;
+}
+
 int edge_ingress(struct xdp_md *ctx)
 {
 	struct pkt pkt = {};
@@ -90,7 +115,7 @@ int edge_ingress(struct xdp_md *ctx)
 	struct service_cfg *sc;
 	struct backend_info *be;
 	__u64 now = 0;
-	__u32 bid;
+	__u32 bid, drop;
 	int verdict, new_flow, failover;
 
 	verdict = parse_packet(ctx, &pkt);
@@ -108,9 +133,24 @@ int edge_ingress(struct xdp_md *ctx)
 		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
 	}
 
+	/* A corrupted header must not be NATed: the checksum would be fixed up
+	 * incrementally and stay wrong. */
+	if ((void *)(pkt.iph + 1) > (void *)(long)ctx->data_end)
+		return count_drop(EDGE_DROP_MALFORMED);
+	if (!ipv4_csum_ok(pkt.iph))
+		return count_drop(EDGE_DROP_BAD_CSUM);
+
 	/* Let the stack answer an expiring packet with ICMP time exceeded. */
 	if (pkt.iph->ttl <= 1)
 		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+
+	if (pkt.syn) {
+		int csum = syn_csum(ctx, &pkt);
+
+		if (!csum)
+			return count_drop(EDGE_DROP_BAD_CSUM);
+		pkt.syn_counted = csum > 0;
+	}
 
 	sc = edge_svc_cfg.lookup(&vip->id);
 	if (!sc)
@@ -118,14 +158,14 @@ int edge_ingress(struct xdp_md *ctx)
 	if (sc->flags)
 		now = bpf_ktime_get_ns();
 
-	be = select_backend(vip, sc, &pkt, now, &bid, &new_flow, &failover);
+	be = select_backend(vip, sc, &pkt, now, &bid, &new_flow, &failover, &drop);
 	if (!be)
-		return count_drop(EDGE_DROP_NO_BACKEND);
+		return count_drop(drop);
 
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
 	if (pkt.syn && !new_flow)
 		flow_mark_syn(&pkt);
-	if (pkt.syn && (sc->flags & EDGE_SVC_F_PASSIVE))
+	if (pkt.syn_counted && (sc->flags & EDGE_SVC_F_PASSIVE))
 		note_syn(be, now);
 	if (dnat(&pkt, be, (void *)(long)ctx->data_end) < 0)
 		return count_drop(EDGE_DROP_MALFORMED);

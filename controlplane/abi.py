@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -21,6 +21,7 @@ BE_F_STANDBY = 0x4
 BE_F_DRAINING = 0x8
 
 CT_F_SYN = 0x1
+CT_F_SYN_PENDING = 0x2
 
 UNKNOWN = 0xFFFFFFFF
 PROBE_F_DRAINED = 0x1
@@ -31,9 +32,9 @@ SVC_F_HEARTBEAT = 0x1
 SVC_F_PASSIVE = 0x2
 
 HB_MAGIC = 0x45444745
-HB_VERSION = 1
+HB_VERSION = 2
 HEARTBEAT_SIZE = 24
-# struct heartbeat: magic, version, service port, seq, pad, token (network order)
+# struct heartbeat: magic, version, service port, seq, epoch, token (network order)
 HEARTBEAT = struct.Struct("!IHHIIQ")
 
 CNT_PASS = 0
@@ -50,7 +51,10 @@ DROP_NO_BACKEND = 2
 DROP_IP_OPTIONS = 3
 DROP_FRAGMENT = 4
 DROP_SPOOFED_HB = 5
-DROP_MAX = 6
+DROP_BAD_CSUM = 6
+DROP_UNTRACKED = 7
+DROP_REPLAYED_HB = 8
+DROP_MAX = 9
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -67,6 +71,9 @@ DROP_NAMES = {
     DROP_IP_OPTIONS: "ip_options",
     DROP_FRAGMENT: "fragment",
     DROP_SPOOFED_HB: "spoofed_heartbeat",
+    DROP_BAD_CSUM: "bad_checksum",
+    DROP_UNTRACKED: "untracked",
+    DROP_REPLAYED_HB: "replayed_heartbeat",
 }
 
 MAP_VIPS = "edge_vips"
@@ -88,18 +95,20 @@ MAP_HB = "edge_hb"
 MAP_HB_PORTS = "edge_hb_ports"
 MAP_NEXTHOP = "edge_nexthop"
 MAP_BE_PROBE = "edge_be_probe"
+MAP_CT_BUDGET = "edge_ct_budget"
 
 MAP_NAMES = (
     MAP_VIPS, MAP_VIP_ADDRS, MAP_BACKENDS, MAP_MAGLEV, MAP_CT, MAP_RNAT,
     MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
     MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
-    MAP_BE_PROBE,
+    MAP_BE_PROBE, MAP_CT_BUDGET,
 )
 
 
-def heartbeat(port: int, seq: int, token: int) -> bytes:
-    """The UDP payload of one heartbeat for the backend serving port."""
-    return HEARTBEAT.pack(HB_MAGIC, HB_VERSION, port, seq & 0xFFFFFFFF, 0, token)
+def heartbeat(port: int, seq: int, token: int, epoch: int) -> bytes:
+    """The UDP payload of one heartbeat for the backend serving port, from the agent run epoch
+    (>= 1; the router takes a newer epoch, or a higher seq within the one it last took)."""
+    return HEARTBEAT.pack(HB_MAGIC, HB_VERSION, port, seq & 0xFFFFFFFF, epoch & 0xFFFFFFFF, token)
 
 # Program entry points (edge_xdp.c, edge_tc.c).
 PROG_INGRESS = "edge_ingress"

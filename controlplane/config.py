@@ -227,6 +227,8 @@ def _token(value: Any, path: str) -> int:
         raise ConfigError(f"{path}: expected an integer or a string like '0x5eed0001', got {_show(value)}")
     if not 0 <= number <= TOKEN_MAX:
         raise ConfigError(f"{path}: {_show(value)} is out of range 0..2**64-1")
+    if number == 0:
+        raise ConfigError(f"{path}: 0 is not a token (it is what an unset field holds); use a random 64-bit value")
     return number
 
 
@@ -365,6 +367,10 @@ class Health:
     passive: Optional[Passive] = option("ejection on unanswered connections", _section(Passive), None)
     probe: Optional[Probe] = option("active probes from the control plane", _section(Probe), None)
     metrics: Optional[MetricsScrape] = option("load signals from the backend", _section(MetricsScrape), None)
+    panic_percent: int = option(
+        "when fewer than this share of the primaries is usable (and some is, or no standby is), new flows go "
+        "to every admin-up primary by weight, health ignored; 0 is off", _int(0, 100), 0
+    )
 
 
 @dataclass(frozen=True)
@@ -687,8 +693,16 @@ class Config:
                 f"services: {total} backends in all services, more than node.max_backends ({node.max_backends})"
             )
         endpoints: dict[tuple[IPv4Address, int, str], str] = {}
+        tokens: dict[int, str] = {}
         for i, service in enumerate(self.services):
             for j, backend in enumerate(service.backends):
+                if backend.token is not None:
+                    if backend.token in tokens:
+                        raise ConfigError(
+                            f"services[{i}].backends[{j}].token: the same as {tokens[backend.token]}; each backend "
+                            f"needs its own (one backend's token must not make heartbeats for another)"
+                        )
+                    tokens[backend.token] = f"services[{i}].backends[{j}].token"
                 endpoint = (backend.address, backend.port, service.protocol)
                 if endpoint in endpoints:
                     raise ConfigError(

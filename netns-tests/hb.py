@@ -9,6 +9,7 @@ Every sender is bounded in count and time.
 from __future__ import annotations
 
 import socket
+import time
 from ipaddress import IPv4Address
 
 from controlplane import abi
@@ -35,9 +36,11 @@ def hb_socket(ns: Ns, source: IPv4Address, *, forge: bool = False) -> socket.soc
 
 
 def send(sock: socket.socket, dst: IPv4Address, seq: int, token: int, *,
-         hb_port: int = HB_PORT, service_port: int = SERVICE_PORT) -> None:
-    """One heartbeat (abi.heartbeat) from sock to dst:hb_port."""
-    sock.sendto(abi.heartbeat(service_port, seq, token), (str(dst), hb_port))
+         hb_port: int = HB_PORT, service_port: int = SERVICE_PORT, epoch: int | None = None) -> None:
+    """One heartbeat (abi.heartbeat) from sock to dst:hb_port; epoch: the sender's run, by default
+    this second (the router takes a newer epoch, or a higher seq in the same one)."""
+    epoch = int(time.time()) if epoch is None else epoch
+    sock.sendto(abi.heartbeat(service_port, seq, token, epoch), (str(dst), hb_port))
 
 
 def start_heartbeats(net: Net, i: int, *, token: int, hb_port: int = HB_PORT, interval_ms: float = 1,

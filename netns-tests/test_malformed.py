@@ -50,7 +50,7 @@ CRAFTED_SRC = IPv4Address("198.18.0.77")  # in the client's subnet, used by no s
 MARKER = b"edge-malformed-test-marker"
 ETH_P_IP, ETH_P_8021Q = 0x0800, 0x8100
 ETH_MIN_FRAME = 60  # without the FCS; what a NIC pads short frames to
-DROP_REASONS = ("malformed", "ip_options", "fragment")
+DROP_REASONS = ("malformed", "ip_options", "fragment", "bad_checksum")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,13 @@ class Case:
 
 def syn(sport: int = 40000, **fields) -> TCP:
     return TCP(sport=sport, dport=PORT, flags="S", **fields)
+
+
+def bad_ip_checksum(frame: bytes) -> bytes:
+    """frame with its IPv4 header checksum made wrong (one byte flipped)."""
+    out = bytearray(frame)
+    out[14 + 10] ^= 0xFF
+    return bytes(out)
 
 
 def padded(frame: bytes) -> bytes:
@@ -113,6 +120,16 @@ CASES = [
          lambda w: bytes(w.eth() / w.ip() / UDP(sport=40000, dport=PORT, len=0) / Raw(MARKER)), "malformed"),
     Case("UDP length larger than the payload to a UDP VIP",
          lambda w: bytes(w.eth() / w.ip() / UDP(sport=40000, dport=PORT, len=200) / Raw(MARKER)), "malformed"),
+    Case("IPv4 header checksum wrong to the VIP",
+         lambda w: bad_ip_checksum(bytes(w.eth() / w.ip() / syn(40005) / Raw(MARKER))), "bad_checksum"),
+    Case("IPv4 header checksum wrong to a UDP VIP",
+         lambda w: bad_ip_checksum(bytes(w.eth() / w.ip() / UDP(sport=40006, dport=PORT) / Raw(MARKER))),
+         "bad_checksum"),
+    Case("TCP SYN with a wrong TCP checksum to the VIP",
+         lambda w: bytes(w.eth() / w.ip() / syn(40007, chksum=0xBAD)), "bad_checksum"),
+    Case("IPv4 header checksum wrong to a backend address (no VIP; the kernel discards it)",
+         lambda w: bad_ip_checksum(bytes(w.eth() / w.ip(w.backend) / UDP(sport=40000, dport=9) / Raw(MARKER))),
+         "pass"),
     Case("IPv4 options to a backend address (no VIP)",
          lambda w: bytes(w.eth() / w.ip(w.backend, options=[IPOption_RR()]) / UDP(sport=40000, dport=9) / Raw(MARKER)),
          "pass", reaches="b0"),

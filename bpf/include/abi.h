@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	3
+#define EDGE_ABI_VERSION	4
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -65,7 +65,7 @@ struct service_cfg {
 	__u32	consecutive;	/* passive: failures in a row that eject */
 	__u32	max_ejected_pct; /* passive: cap on ejected backends, percent */
 	__u32	n_backends;	/* entries used in backends[] */
-	__u32	pad;
+	__u32	panic_below;	/* panic mode while fewer primaries are usable; 0 = off */
 	__u32	backends[EDGE_MAX_PER_SERVICE];	/* backend ids, primaries first */
 };
 
@@ -79,11 +79,14 @@ struct backend_health {
 	__u64	last_seen_ns;	/* bpf_ktime_get_ns() of the last valid heartbeat */
 	__u64	ejected_until_ns; /* passive ejection ends at this time */
 	__u64	first_syn_ns;	/* oldest SYN still unanswered */
+	__u64	trial_ns;	/* probation: when the trial flow was let through; 0 = not yet */
 	__u32	rise_count;	/* valid heartbeats in a row (no gap > timeout) */
 	__u32	syn_outstanding; /* SYNs forwarded since the last SYN-ACK */
 	__u32	rst_count;	/* RSTs answering SYNs since the last SYN-ACK */
 	__u32	ejections;	/* times ejected; doubles the next ejection */
-	__u32	hb_seq;		/* sequence number of the last heartbeat */
+	__u32	hb_seq;		/* sequence number of the last heartbeat taken */
+	__u32	hb_epoch;	/* epoch of the last heartbeat taken; an older one, or no higher seq in it, is a replay */
+	__u32	probation;	/* 1 from an ejection until evidence: a matched SYN-ACK or a heartbeat after it */
 	__u32	pad;
 };
 
@@ -105,14 +108,14 @@ struct hb_target {
 /* Heartbeat wire format: the UDP payload a backend's agent sends. All fields
  * in network byte order. */
 #define EDGE_HB_MAGIC		0x45444745	/* "EDGE" */
-#define EDGE_HB_VERSION		1
+#define EDGE_HB_VERSION		2
 #define EDGE_HEARTBEAT_SIZE	24
 struct heartbeat {
 	__be32	magic;
 	__be16	version;
 	__be16	port;		/* service port of the backend it speaks for */
-	__be32	seq;
-	__be32	pad;
+	__be32	seq;		/* rises within an epoch */
+	__be32	epoch;		/* the agent's run: seconds since 1970 at its start, >= 1 */
 	__be64	token;		/* per-backend secret from the config */
 };
 
@@ -126,16 +129,18 @@ struct flow_key {
 	__u8	pad[3];
 };
 
-/* Value of edge_ct: the backend a connection is pinned to. */
+/* Value of edge_ct: the backend a connection is pinned to. Only a TCP SYN
+ * (or any UDP datagram) creates one. */
 struct flow_info {
 	__u32	backend_id;
 	__u32	vip_id;
 	__u32	flags;		/* EDGE_CT_F_* */
-	__u32	pad;
+	__be32	syn_seq;	/* sequence number of the last SYN through the VIP (EDGE_CT_F_SYN) */
 };
 
 /* flow_info.flags */
-#define EDGE_CT_F_SYN		0x1	/* a SYN went through the VIP; its SYN-ACK is ours */
+#define EDGE_CT_F_SYN		0x1	/* a SYN went through the VIP: SYN-ACKs acking syn_seq are ours */
+#define EDGE_CT_F_SYN_PENDING	0x2	/* passive detection awaits the answer to that SYN */
 
 /* Key of edge_rnat: a backend endpoint. Each endpoint serves one service
  * (config enforces it), so replies need no per-flow state. */
@@ -162,6 +167,14 @@ struct nexthop {
 	__u32	ifindex;
 	__u8	smac[6];
 	__u8	dmac[6];
+};
+
+/* Value of edge_ct_budget (per CPU, one entry): conntrack entries that TCP
+ * packets other than SYNs created in the current one-second window. */
+struct ct_budget {
+	__u64	window_ns;	/* bpf_ktime_get_coarse_ns() the window started */
+	__u32	used;
+	__u32	pad;
 };
 
 /* Value of edge_vip_stats and edge_be_stats (per CPU). */
@@ -246,7 +259,10 @@ struct node_info {
 #define EDGE_DROP_IP_OPTIONS	3	/* IPv4 options on VIP traffic (not handled) */
 #define EDGE_DROP_FRAGMENT	4	/* IPv4 fragment for a VIP (not handled) */
 #define EDGE_DROP_SPOOFED_HB	5	/* heartbeat from the wrong address, port, interface or token */
-#define EDGE_DROP_MAX		6
+#define EDGE_DROP_BAD_CSUM	6	/* VIP packet with a wrong IPv4 header checksum, or SYN with a wrong TCP checksum */
+#define EDGE_DROP_UNTRACKED	7	/* TCP, no SYN, no conntrack entry, and this CPU's budget of new entries spent */
+#define EDGE_DROP_REPLAYED_HB	8	/* valid heartbeat of an older epoch, or without a higher seq in the same one */
+#define EDGE_DROP_MAX		9
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
@@ -257,8 +273,9 @@ _Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
 _Static_assert(sizeof(struct backend_key) == 8, "abi: backend_key");
 _Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
+_Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");
 _Static_assert(sizeof(struct service_cfg) == 304, "abi: service_cfg");
-_Static_assert(sizeof(struct backend_health) == 48, "abi: backend_health");
+_Static_assert(sizeof(struct backend_health) == 64, "abi: backend_health");
 _Static_assert(sizeof(struct hb_key) == 8, "abi: hb_key");
 _Static_assert(sizeof(struct hb_target) == 24, "abi: hb_target");
 _Static_assert(sizeof(struct heartbeat) == EDGE_HEARTBEAT_SIZE, "abi: heartbeat");

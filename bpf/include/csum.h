@@ -7,6 +7,8 @@
 #ifndef EDGE_CSUM_H
 #define EDGE_CSUM_H
 
+#include <uapi/linux/ip.h>
+
 static __always_inline __u16 csum_fold(__u32 sum)
 {
 	sum = (sum & 0xffff) + (sum >> 16);
@@ -32,6 +34,24 @@ static __always_inline __u16 csum_replace16(__u16 check, __be16 from, __be16 to)
 	sum += (__u16)~from;
 	sum += to;
 	return (__u16)~csum_fold(sum);
+}
+
+/* A 64-bit one's complement accumulator folded to 16 bits. */
+static __always_inline __u16 csum_fold64(__u64 sum)
+{
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	return csum_fold((__u32)sum);
+}
+
+/* 1 when the 20-byte IPv4 header at iph (checked against the packet end by
+ * the caller) sums to all ones, as a header with a correct checksum does. */
+static __always_inline int ipv4_csum_ok(const struct iphdr *iph)
+{
+	const __u32 *w = (const void *)iph;
+	__u64 sum = (__u64)w[0] + w[1] + w[2] + w[3] + w[4];
+
+	return csum_fold64(sum) == 0xffff;
 }
 
 #endif /* EDGE_CSUM_H */

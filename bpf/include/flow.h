@@ -14,7 +14,10 @@ struct pkt {
 	struct iphdr *iph;
 	__u32 l3_len;		/* IPv4 total length, for byte counters */
 	int vlans;		/* 802.1Q tags in front of IPv4 */
-	int syn;		/* TCP SYN without ACK: a connection attempt */
+	int syn;		/* TCP SYN without ACK, RST or FIN: a connection attempt */
+	int syn_counted;	/* that SYN counts for passive detection (checksum checked) */
+	__be32 seq;		/* TCP sequence number */
+	__u32 tcp_hlen;		/* TCP header length in bytes */
 };
 
 /* 32-bit finaliser of MurmurHash3 (public domain): full avalanche. */
@@ -39,6 +42,41 @@ static __always_inline __u32 hash_flow(const struct flow_key *k)
 	return hash_mix(h ^ k->proto);
 }
 
+#ifndef EDGE_CT_MISS_PER_S
+#define EDGE_CT_MISS_PER_S	64	/* entries per CPU and second TCP packets other than SYNs may create */
+#endif
+
+/* 1 when a TCP packet that is no SYN may create a conntrack entry: this
+ * CPU has not used up its budget for the current second. A flood of such
+ * packets (spoofed ACKs) thus cannot push real connections out of the LRU;
+ * the budget lets connections whose entry was lost get one back. */
+static __always_inline int ct_budget_take(void)
+{
+	__u32 zero = 0;
+	struct ct_budget *b = edge_ct_budget.lookup(&zero);
+	__u64 now = bpf_ktime_get_coarse_ns();
+
+	if (!b)
+		return 0;
+	if (b->window_ns + 1000000000ULL < now) {
+		b->window_ns = now;
+		b->used = 0;
+	}
+	if (b->used >= EDGE_CT_MISS_PER_S)
+		return 0;
+	b->used++;
+	return 1;
+}
+
+/* flow_info.flags for a packet through the VIP: a SYN's answer is ours,
+ * and passive detection waits for it when the SYN counts. */
+static __always_inline __u32 syn_flags(const struct pkt *pkt)
+{
+	if (!pkt->syn)
+		return 0;
+	return EDGE_CT_F_SYN | (pkt->syn_counted ? EDGE_CT_F_SYN_PENDING : 0);
+}
+
 /* Pins a new connection to a backend. The reply direction needs no entry:
  * edge_rnat is keyed by the backend endpoint. */
 static __always_inline void flow_insert(const struct pkt *pkt,
@@ -48,20 +86,23 @@ static __always_inline void flow_insert(const struct pkt *pkt,
 	struct flow_info fi = {
 		.backend_id = backend_id,
 		.vip_id = vip->id,
-		.flags = pkt->syn ? EDGE_CT_F_SYN : 0,
+		.flags = syn_flags(pkt),
+		.syn_seq = pkt->seq,
 	};
 
 	edge_ct.update((struct flow_key *)&pkt->flow, &fi);
 }
 
-/* A SYN for an existing entry (the client reuses its port): its SYN-ACK
- * will be ours. */
+/* A SYN for an existing entry (the client reuses its port, or retransmits):
+ * its answer will be ours. */
 static __always_inline void flow_mark_syn(const struct pkt *pkt)
 {
 	struct flow_info *fi = edge_ct.lookup((struct flow_key *)&pkt->flow);
 
-	if (fi)
-		fi->flags |= EDGE_CT_F_SYN;
+	if (!fi)
+		return;
+	fi->syn_seq = pkt->seq;
+	fi->flags = (fi->flags & ~EDGE_CT_F_SYN_PENDING) | syn_flags(pkt);
 }
 
 #endif /* EDGE_FLOW_H */

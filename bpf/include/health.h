@@ -20,10 +20,16 @@ static __always_inline struct backend_health *health_of(const struct backend_inf
 	return edge_health.lookup(&hid);
 }
 
+#define HEALTH_ALIVE	0	/* an established flow: no rise asked again, probation ignored */
+#define HEALTH_NEW	1	/* a new flow: risen, not on probation */
+#define HEALTH_TRIAL	2	/* a new flow's own Maglev pick: risen; on probation passive_ok decides */
+
 /* Admin-up, not ejected, and (when the service uses heartbeats) heard from
- * within silence_mult timeouts, with rise heartbeats in a row if need_rise.
- * Times are compared as "stamp + span < now", never "now - stamp": another
- * CPU may stamp a heartbeat after this packet read now. */
+ * within silence_mult timeouts, with rise heartbeats in a row unless
+ * HEALTH_ALIVE. After an ejection a backend is on probation until evidence
+ * (see passive_ok): HEALTH_NEW refuses it. Times are compared as
+ * "stamp + span < now", never "now - stamp": another CPU may stamp a
+ * heartbeat after this packet read now. */
 static __always_inline int backend_health_ok(const struct backend_info *be,
 					     const struct service_cfg *sc, __u64 now,
 					     __u32 silence_mult, int need_rise)
@@ -38,6 +44,8 @@ static __always_inline int backend_health_ok(const struct backend_info *be,
 	h = health_of(be);
 	if (!h || h->ejected_until_ns > now)
 		return 0;
+	if (need_rise == HEALTH_NEW && h->probation)
+		return 0;
 	if (sc->flags & EDGE_SVC_F_HEARTBEAT) {
 		if (h->last_seen_ns + silence_mult * sc->hb_timeout_ns < now)
 			return 0;
@@ -47,12 +55,12 @@ static __always_inline int backend_health_ok(const struct backend_info *be,
 	return 1;
 }
 
-/* For new flows: heartbeats fresh and risen, not ejected. Draining and
- * standby are the caller's business. */
+/* For new flows: heartbeats fresh and risen, not ejected, not on
+ * probation. Draining and standby are the caller's business. */
 static __always_inline int backend_usable(const struct backend_info *be,
 					  const struct service_cfg *sc, __u64 now)
 {
-	return backend_health_ok(be, sc, now, 1, 1);
+	return backend_health_ok(be, sc, now, 1, HEALTH_NEW);
 }
 
 /* For an established flow: not silent for twice the timeout (rise is not
@@ -61,7 +69,7 @@ static __always_inline int backend_usable(const struct backend_info *be,
 static __always_inline int backend_alive(const struct backend_info *be,
 					 const struct service_cfg *sc, __u64 now)
 {
-	return backend_health_ok(be, sc, now, 2, 0);
+	return backend_health_ok(be, sc, now, 2, HEALTH_ALIVE);
 }
 
 /* Ejects h unless that would take out more than max_ejected_pct of the
@@ -88,34 +96,57 @@ static __always_inline int try_eject(const struct service_cfg *sc,
 		if (oh && oh != h && oh->ejected_until_ns > now)
 			ejected++;
 	}
-	if ((ejected + 1) * 100 > (__u64)sc->max_ejected_pct * n)
+	h->trial_ns = 0;
+	if ((ejected + 1) * 100 > (__u64)sc->max_ejected_pct * n) {
+		h->probation = 0;	/* kept in service, as without a trial */
 		return 0;
+	}
 	shift = h->ejections < EDGE_MAX_EJECT_SHIFT ? h->ejections : EDGE_MAX_EJECT_SHIFT;
 	h->ejected_until_ns = now + (sc->ejection_ns << shift);
 	h->ejections++;
+	h->probation = 1;
 	h->syn_outstanding = 0;
 	h->rst_count = 0;
 	count_index(EDGE_CNT_EJECTION);
 	return 1;
 }
 
-/* Passive check before a new flow is given to this backend: consecutive
- * SYNs unanswered for longer than syn_timeout eject it. Returns 1 if the
- * backend may take the flow. */
+/* Failures in a row that eject: consecutive, or one on probation. */
+static __always_inline __u32 eject_after(const struct backend_health *h,
+					 const struct service_cfg *sc)
+{
+	return h->probation ? 1 : sc->consecutive;
+}
+
+/* Passive check before a new flow is given to this backend (its own Maglev
+ * pick): eject_after SYNs unanswered for longer than syn_timeout eject it.
+ * Readmission needs evidence: after an ejection the backend is on probation
+ * until a SYN it was sent is answered with a SYN-ACK (or, with heartbeats,
+ * a heartbeat arrives after the ejection). Meanwhile exactly one new flow at
+ * a time is let through as a trial; a trial unanswered for syn_timeout (or
+ * refused) ejects it again, for twice as long. Returns 1 if the backend
+ * may take the flow. */
 static __always_inline int passive_ok(const struct backend_info *be,
 				      const struct service_cfg *sc, __u64 now)
 {
 	struct backend_health *h;
+	__u64 trial;
 
 	if (!(sc->flags & EDGE_SVC_F_PASSIVE))
 		return 1;
 	h = health_of(be);
 	if (!h)
 		return 1;
-	if (h->syn_outstanding >= sc->consecutive &&
-	    h->first_syn_ns + sc->syn_timeout_ns < now)
+	trial = h->trial_ns;
+	if ((h->syn_outstanding >= eject_after(h, sc) &&
+	     h->first_syn_ns + sc->syn_timeout_ns < now) ||
+	    (trial && trial + sc->syn_timeout_ns < now))
 		return !try_eject(sc, h, now);
-	return 1;
+	if (!h->probation)
+		return 1;
+	if (trial)
+		return 0;	/* the trial is out */
+	return __sync_val_compare_and_swap(&h->trial_ns, 0, now) == 0;
 }
 
 /* A SYN is being forwarded to this backend. */
@@ -130,8 +161,9 @@ static __always_inline void note_syn(const struct backend_info *be, __u64 now)
 	h->syn_outstanding++;
 }
 
-/* The return path saw this backend answer a SYN: with SYN-ACK (healthy) or
- * with RST (refusing: a dead server behind a live host). */
+/* The return path saw this backend answer a SYN the ingress counted (see
+ * classify_answer in edge_tc.c): with SYN-ACK (healthy) or with RST
+ * (refusing: a dead server behind a live host). */
 static __always_inline void note_syn_answer(const struct backend_info *be,
 					    const struct service_cfg *sc,
 					    int syn_ack, __u64 now)
@@ -143,15 +175,15 @@ static __always_inline void note_syn_answer(const struct backend_info *be,
 	if (syn_ack) {
 		h->syn_outstanding = 0;
 		h->rst_count = 0;
+		h->probation = 0;
+		h->trial_ns = 0;
 		/* a long healthy stretch forgets past ejections */
 		if (h->ejections && now > h->ejected_until_ns + (sc->ejection_ns << EDGE_MAX_EJECT_SHIFT))
 			h->ejections = 0;
 		return;
 	}
-	if (!h->syn_outstanding)
-		return;
 	h->rst_count++;
-	if ((sc->flags & EDGE_SVC_F_PASSIVE) && h->rst_count >= sc->consecutive)
+	if ((sc->flags & EDGE_SVC_F_PASSIVE) && h->rst_count >= eject_after(h, sc))
 		try_eject(sc, h, now);
 }
 

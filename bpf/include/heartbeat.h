@@ -73,6 +73,7 @@ static __always_inline int consume_heartbeat(struct __sk_buff *skb,
 	struct heartbeat hb;
 	struct hb_target *t;
 	struct backend_health *h;
+	__u32 epoch, seq;
 	__u64 now;
 
 	if (!is_hb_port(dport))
@@ -86,13 +87,26 @@ static __always_inline int consume_heartbeat(struct __sk_buff *skb,
 	h = edge_health.lookup(&t->health_id);
 	if (!h)
 		goto spoofed;
+	/* A copy of an earlier heartbeat must not keep a dead backend alive. */
+	epoch = bpf_ntohl(hb.epoch);
+	seq = bpf_ntohl(hb.seq);
+	if (!epoch || epoch < h->hb_epoch || (epoch == h->hb_epoch && seq <= h->hb_seq)) {
+		count_reason(EDGE_DROP_REPLAYED_HB);
+		return TC_ACT_SHOT;
+	}
 	now = bpf_ktime_get_ns();
 	if (h->last_seen_ns + t->timeout_ns < now)	/* not now - last: see health.h */
 		h->rise_count = 1;
 	else if (h->rise_count < EDGE_HB_RISE_CAP)
 		h->rise_count++;
 	h->last_seen_ns = now;
-	h->hb_seq = bpf_ntohl(hb.seq);
+	/* evidence after an ejection: the agent's check passes again */
+	if (h->probation && h->ejected_until_ns < now) {
+		h->probation = 0;
+		h->trial_ns = 0;
+	}
+	h->hb_epoch = epoch;
+	h->hb_seq = seq;
 	count_index(EDGE_CNT_HEARTBEAT);
 	return TC_ACT_SHOT;
 spoofed:

@@ -60,6 +60,9 @@ BPF_TABLE_PINNED("array", __u32, __u32, edge_maglev,
 /* Conntrack: client 5-tuple -> backend. */
 BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow_info, edge_ct,
 		 EDGE_CT_SIZE, EDGE_PIN(edge_ct));
+/* Per-CPU budget of conntrack entries for TCP packets that are no SYN. */
+BPF_TABLE_PINNED("percpu_array", __u32, struct ct_budget, edge_ct_budget,
+		 1, EDGE_PIN(edge_ct_budget));
 /* Reverse NAT: backend endpoint -> VIP to restore. */
 BPF_TABLE_PINNED("hash", struct backend_key, struct rnat_info, edge_rnat,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_rnat));

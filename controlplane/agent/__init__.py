@@ -3,7 +3,7 @@ every --interval-ms while the server's own health check passes, and none while i
 Knows nothing of the router's maps or config files.
 
     edge-heartbeat --router 198.18.1.1 --source 198.18.1.2 --service-port 8000 \\
-        --token 0x5eed0001 --interval-ms 1 --check-url http://198.18.1.2:8000/health
+        --token-file /etc/edge/token --interval-ms 1 --check-url http://198.18.1.2:8000/health
 
 Two processes sharing one page: the sender wakes on absolute deadlines (no drift; late ticks
 are skipped, never bunched) and never waits for the checker, which probes the server over a
@@ -31,6 +31,7 @@ from controlplane.agent.options import (
     parse_ms,
     parse_router,
     parse_token,
+    read_token_file,
     parser,
 )
 from controlplane.agent.schedule import MAX_NAP_S, StopFlag, Ticker, sleep_until
@@ -42,5 +43,5 @@ __all__ = [
     "DEFAULT_INTERVAL_MS", "DEFAULT_ROUTER_PORT", "Gate", "HttpCheck", "MAX_NAP_S", "NoCheck",
     "Options", "PROG", "Readiness", "Result", "SendStats", "StopFlag", "Target", "TcpCheck",
     "Ticker", "UsageError", "main", "make_check", "options", "parse_check_url", "parse_ms",
-    "parse_router", "parse_token", "parser", "run", "send_loop", "sleep_until", "start_checker",
+    "parse_router", "parse_token", "parser", "read_token_file", "run", "send_loop", "sleep_until", "start_checker",
 ]

@@ -51,14 +51,25 @@ def parse_router(text: str) -> tuple[IPv4Address, int]:
 
 
 def parse_token(text: str) -> int:
-    """A 64-bit token, decimal or 0x hex, as the config writes it."""
+    """A 64-bit token, decimal or 0x hex, as the config writes it (never 0, as the config)."""
     try:
         value = int(text, 0)
     except ValueError:
-        raise UsageError(f"--token: {text!r} is not an integer (e.g. 0x5eed0001)") from None
-    if not 0 <= value <= TOKEN_MAX:
-        raise UsageError(f"--token: {text} is out of range 0..2**64-1")
+        raise UsageError("--token-file: the token is not an integer (e.g. 0x5eed0001)") from None
+    if not 0 < value <= TOKEN_MAX:
+        raise UsageError("--token-file: the token is out of range 1..2**64-1")
     return value
+
+
+def read_token_file(path: str) -> int:
+    """The token in the file at path: one line, decimal or 0x hex. A token is a secret, so it is
+    read from a file, never taken from the command line (which every local user can read)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(100).decode("ascii", "replace").strip()
+    except OSError as e:
+        raise UsageError(f"--token-file: cannot read {path}: {e.strerror or e}") from None
+    return parse_token(text)
 
 
 def parse_number(text: str, what: str, lo: float, hi: float, unit: str) -> float:
@@ -173,10 +184,10 @@ def options(args: argparse.Namespace) -> Options:
             target = Target(target.host, service_port)
     elif args.check_url is not None:
         raise UsageError("--check-url: given with --check none")
-    if (args.token is None) == (args.token_secret_file is None):
-        raise UsageError("--token: give exactly one of --token, --token-secret-file")
-    if args.token is not None:
-        token = parse_token(args.token)
+    if (args.token_file is None) == (args.token_secret_file is None):
+        raise UsageError("--token-file: give exactly one of --token-file, --token-secret-file")
+    if args.token_file is not None:
+        token = read_token_file(args.token_file)
     else:
         token = secret_token(args.token_secret_file, source, router, router_port, service_port)
     return Options(router, router_port, source, service_port, token, interval_ms,
@@ -206,10 +217,11 @@ def parser() -> argparse.ArgumentParser:
                         "(heartbeats from any other address are rejected); default: the kernel's choice")
     p.add_argument("--service-port", required=True, metavar="PORT",
                    help="the backend's service port in the router's config, written into each heartbeat")
-    p.add_argument("--token", metavar="TOKEN",
-                   help="the backend's token in the router's config, decimal or 0x hex")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="file holding the backend's token in the router's config, decimal or 0x hex "
+                        "(a file, not an argument: command lines are readable by every local user)")
     p.add_argument("--token-secret-file", metavar="FILE",
-                   help="instead of --token, for a discovered backend: the service's secret "
+                   help="instead of --token-file, for a discovered backend: the service's secret "
                         "(discovery.token_secret_file); the token is HMAC-SHA256(secret, 'ADDR:PORT') "
                         "cut to 64 bits, ADDR being --source or the address heartbeats leave from")
     p.add_argument("--interval-ms", default=f"{DEFAULT_INTERVAL_MS:g}", metavar="MS",

@@ -14,8 +14,10 @@ knows nothing of the router's config or maps.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,9 +38,10 @@ STOP_TIMEOUT_S = 10.0  # the agent needs ~0.1 s (its checker's at most ~1.2 s); 
 class Agent:
     """One edge-heartbeat process in a backend namespace; a thread keeps its output lines."""
 
-    def __init__(self, backend: int, proc: subprocess.Popen):
+    def __init__(self, backend: int, proc: subprocess.Popen, token_dir: Optional[str] = None):
         self.backend = backend
         self.proc = proc
+        self.token_dir = token_dir  # holds the token file; removed once the agent is stopped
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, name=f"agent-b{backend}", daemon=True)
@@ -93,9 +96,22 @@ class Agent:
     def _close(self, timeout_s: float) -> None:
         self._reader.join(timeout=timeout_s)
         terminate(self.proc, timeout_s)  # the process is gone already: this closes the pipes
+        if self.token_dir is not None:
+            shutil.rmtree(self.token_dir, ignore_errors=True)
+            self.token_dir = None
 
 
-def agent_argv(net: "Net", i: int, *, token: int, hb_port: int = DEFAULT_HB_PORT, interval_ms: float = 1,
+def write_token_file(token: int) -> tuple[str, str]:
+    """(directory, file): a new private directory holding token in a file only its owner reads."""
+    directory = tempfile.mkdtemp(prefix="edge-agent-token-")
+    path = os.path.join(directory, "token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{token:#x}\n")
+    return directory, path
+
+
+def agent_argv(net: "Net", i: int, *, token_file: str, hb_port: int = DEFAULT_HB_PORT, interval_ms: float = 1,
                check: str = "none", service_port: int = 8000, check_url: Optional[str] = None,
                check_interval_ms: Optional[float] = None, check_timeout_ms: Optional[float] = None,
                rt_priority: int = 0) -> list[str]:
@@ -103,7 +119,7 @@ def agent_argv(net: "Net", i: int, *, token: int, hb_port: int = DEFAULT_HB_PORT
     argv = [sys.executable, "-m", "controlplane.agent",
             "--router", f"{net.topo.router_backend_addr(i).ip}:{hb_port}",
             "--source", str(net.backend_addr(i)),
-            "--service-port", str(service_port), "--token", hex(token),
+            "--service-port", str(service_port), "--token-file", token_file,
             "--interval-ms", f"{interval_ms:g}", "--check", check]
     if check_url is not None:
         argv += ["--check-url", check_url]
@@ -116,11 +132,17 @@ def agent_argv(net: "Net", i: int, *, token: int, hb_port: int = DEFAULT_HB_PORT
     return argv
 
 
-def _spawn(net: "Net", i: int, **kw) -> subprocess.Popen:
+def _spawn(net: "Net", i: int, *, token: int, **kw) -> Agent:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
-    return net.backends[i].popen(agent_argv(net, i, **kw), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, env=env)
+    directory, path = write_token_file(token)
+    try:
+        proc = net.backends[i].popen(agent_argv(net, i, token_file=path, **kw), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return Agent(i, proc, directory)
 
 
 def _started(agent: Agent, timeout_s: float) -> Agent:
@@ -145,9 +167,9 @@ def start_heartbeats(net: "Net", i: int, *, token: int, hb_port: int = DEFAULT_H
     testbed backend answers 200 on any path). kw: check_interval_ms, check_timeout_ms,
     rt_priority, passed on to the agent.
     """
-    proc = _spawn(net, i, token=token, hb_port=hb_port, interval_ms=interval_ms, check=check,
-                  service_port=service_port, check_url=check_url, **kw)
-    return _started(Agent(i, proc), timeout_s)
+    agent = _spawn(net, i, token=token, hb_port=hb_port, interval_ms=interval_ms, check=check,
+                   service_port=service_port, check_url=check_url, **kw)
+    return _started(agent, timeout_s)
 
 
 def start_all(net: "Net", tokens: Sequence[int], *, timeout_s: float = START_TIMEOUT_S, **kw) -> list[Agent]:
@@ -155,7 +177,7 @@ def start_all(net: "Net", tokens: Sequence[int], *, timeout_s: float = START_TIM
     agents: list[Agent] = []
     try:
         for i, token in enumerate(tokens):
-            agents.append(Agent(i, _spawn(net, i, token=token, **kw)))
+            agents.append(_spawn(net, i, token=token, **kw))
         deadline = time.monotonic() + timeout_s
         return [_started(agent, max(0.1, deadline - time.monotonic())) for agent in agents]
     except BaseException:

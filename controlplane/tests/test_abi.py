@@ -37,6 +37,6 @@ def test_entry_points_exist_in_the_c_sources():
 
 def test_heartbeat_wire_format_has_the_size_the_header_asserts():
     assert abi.HEARTBEAT.size == abi.HEARTBEAT_SIZE
-    hb = abi.heartbeat(8000, 7, 0x5EED0001)
+    hb = abi.heartbeat(8000, 7, 0x5EED0001, 1_700_000_000)
     assert len(hb) == abi.HEARTBEAT_SIZE
     assert hb[:4] == b"EDGE"

@@ -243,7 +243,6 @@ def test_empty_health_sub_sections_get_their_defaults_and_absent_ones_are_off():
         {"services[1].port": 8000, "services[1].protocol": "udp"},
         {"services[0].backends[1].address": "198.18.1.2", "services[0].backends[1].port": 8002},
         {"services[0].backends[0].token": "18446744073709551615"},
-        {"services[0].backends[0].token": 0},
         {"services[0].backends[0].weight": 0, "services[0].backends[1].weight": 0},  # all draining
         {"node.maglev_m": 1000003, "node.max_services": 3, "node.max_backends": 5},
         {"node.metrics_listen": "[::1]:9470"},
@@ -476,6 +475,14 @@ ERROR_CASES = [
         {"services[0].backends[0].token": "0xzz"},
         "services[0].backends[0].token: '0xzz' is not an integer (e.g. 0x5eed0001)",
     ),
+    Case("token 0", {"services[0].backends[0].token": 0},
+         "services[0].backends[0].token: 0 is not a token (it is what an unset field holds); use a random 64-bit value"),
+    Case(
+        "token shared by two backends",
+        {"services[0].backends[1].token": "0x5eed0001"},
+        "services[0].backends[1].token: the same as services[0].backends[0].token; each backend needs its own "
+        "(one backend's token must not make heartbeats for another)",
+    ),
     Case("token negative", {"services[0].backends[0].token": -1}, "services[0].backends[0].token: -1 is out of range 0..2**64-1"),
     Case(
         "token 2**64",
@@ -507,7 +514,7 @@ ERROR_CASES = [
     Case(
         "health unknown section",
         {"services[0].health.active": {}},
-        "services[0].health.active: unknown key (allowed: heartbeat, passive, probe, metrics)",
+        "services[0].health.active: unknown key (allowed: heartbeat, passive, probe, metrics, panic_percent)",
     ),
     Case("heartbeat null", {"services[0].health.heartbeat": None}, "services[0].health.heartbeat: expected a mapping, got null"),
     Case(

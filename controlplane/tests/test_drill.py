@@ -62,7 +62,8 @@ def test_testbed_config_keeps_names_weights_tokens_and_health_but_takes_the_test
         ("b", "198.18.2.2", 9000, 2, "0x5eed0002", False),
         ("spare", "198.18.3.2", 9000, 1, "0x5eed0003", True),
     ]
-    assert svc["health"] == {"heartbeat": {"port": 7946, "interval_ms": 1, "timeout_ms": 5, "rise": 3}}
+    assert svc["health"] == {"heartbeat": {"port": 7946, "interval_ms": 1, "timeout_ms": 5, "rise": 3},
+                             "panic_percent": 0}
     assert doc["node"]["maglev_m"] == 1009 and "pin_dir" not in doc["node"]
     assert parse_config(doc).services[0].backends[2].standby  # what is deployed is a valid config
 

@@ -46,6 +46,7 @@ from controlplane.agent import (
     parser,
     sleep_until,
 )
+from controlplane.agent import wire
 from controlplane.testbed.traffic import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,21 +134,54 @@ def test_router_errors_name_the_option(text, message):
 
 
 @pytest.mark.parametrize("text, value", [("0x5eed0001", 0x5EED0001), ("12345", 12345),
-                                         ("0xffffffffffffffff", 2**64 - 1), ("0", 0)])
+                                         ("0xffffffffffffffff", 2**64 - 1)])
 def test_tokens_are_decimal_or_hex_like_the_config(text, value):
     assert parse_token(text) == value
 
 
-@pytest.mark.parametrize("text, message", [("zz", "is not an integer"), ("-1", "out of range"),
+@pytest.mark.parametrize("text, message", [("zz", "is not an integer"), ("-1", "out of range"), ("0", "out of range"),
                                            ("0x10000000000000000", "out of range")])
 def test_bad_tokens_are_refused(text, message):
     with pytest.raises(UsageError, match=message):
         parse_token(text)
 
 
+TOKEN_FILES: dict[int, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def token_files(tmp_path_factory) -> Iterator[None]:
+    """Files holding the tokens the tests pass with --token-file (token_file(t))."""
+    directory = tmp_path_factory.mktemp("tokens")
+    for token in (1, 7, TOKEN):
+        path = directory / f"{token:#x}"
+        path.write_text(f"{token:#x}\n")
+        TOKEN_FILES[token] = str(path)
+    yield
+    TOKEN_FILES.clear()
+
+
+def token_file(token: int) -> str:
+    return TOKEN_FILES[token]
+
+
+def test_the_token_comes_from_a_file_never_from_the_command_line(tmp_path):
+    assert opts().token == 7
+    assert "--token" not in parser().format_help().replace("--token-file", "").replace("--token-secret-file", "")
+    missing = tmp_path / "absent"
+    with pytest.raises(UsageError, match=f"^--token-file: cannot read {missing}: No such file or directory$"):
+        options(parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000",
+                                     "--token-file", str(missing)]))
+    zero = tmp_path / "zero"
+    zero.write_text("0\n")
+    with pytest.raises(UsageError, match="^--token-file: the token is out of range 1..2"):
+        options(parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000",
+                                     "--token-file", str(zero)]))
+
+
 def opts(*argv: str):
     return options(parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000",
-                                        "--token", "7", *argv]))
+                                        "--token-file", token_file(7), *argv]))
 
 
 def test_check_defaults_follow_the_heartbeat_interval_and_the_source_address():
@@ -177,8 +211,8 @@ def test_a_token_secret_file_gives_the_token_the_router_derives(tmp_path):
     local = options(parser().parse_args(["--router", "127.0.0.1", "--service-port", "8000",
                                          "--token-secret-file", str(secret)]))
     assert local.token == derive_token(b"0123456789abcdef-secret", "127.0.0.1", 8000)
-    with pytest.raises(UsageError, match="^--token: give exactly one of --token, --token-secret-file$"):
-        options(parser().parse_args(["--router", "127.0.0.1", "--service-port", "8000", "--token", "1",
+    with pytest.raises(UsageError, match="^--token-file: give exactly one of --token-file, --token-secret-file$"):
+        options(parser().parse_args(["--router", "127.0.0.1", "--service-port", "8000", "--token-file", token_file(1),
                                      "--token-secret-file", str(secret)]))
 
 
@@ -205,7 +239,7 @@ def test_the_console_script_is_declared():
     (["--service-port", "0"], "--service-port: '0' is not a port"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v) or "nothing")
 def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
-    required = {"--router": "127.0.0.1", "--service-port": "8000", "--token": "1"} if argv else {}
+    required = {"--router": "127.0.0.1", "--service-port": "8000", "--token-file": token_file(1)} if argv else {}
     for flag in argv[::2]:
         required.pop(flag, None)
     try:
@@ -476,7 +510,7 @@ class Datagram:
     version: int
     port: int
     seq: int
-    pad: int
+    epoch: int
     token: int
 
 
@@ -563,7 +597,7 @@ def receiver() -> Iterator[Receiver]:
 
 def agent_args(receiver: Receiver, *extra: str) -> list[str]:
     return ["--router", f"{LOOPBACK}:{receiver.port}", "--source", LOOPBACK, "--service-port",
-            str(SERVICE_PORT), "--token", hex(TOKEN), "--interval-ms", "1", *extra]
+            str(SERVICE_PORT), "--token-file", token_file(TOKEN), "--interval-ms", "1", *extra]
 
 
 def test_agent_sends_only_while_its_server_is_ready(server, receiver):
@@ -591,10 +625,12 @@ def test_agent_sends_only_while_its_server_is_ready(server, receiver):
     assert len(during) <= 1, during
     assert code == 0
     assert receiver.sizes == {abi.HEARTBEAT_SIZE}
-    assert {(d.magic, d.version, d.port, d.pad, d.token) for d in receiver.got} == {
-        (abi.HB_MAGIC, abi.HB_VERSION, SERVICE_PORT, 0, TOKEN)}
-    # seq counts heartbeats sent: consecutive from 0 (loopback loses none), none sent while not ready.
-    assert [d.seq for d in receiver.got] == list(range(len(receiver.got)))
+    assert {(d.magic, d.version, d.port, d.token) for d in receiver.got} == {
+        (abi.HB_MAGIC, abi.HB_VERSION, SERVICE_PORT, TOKEN)}
+    # One run, one epoch; seq counts heartbeats sent: consecutive (loopback loses none), none sent
+    # while not ready.
+    assert len({d.epoch for d in receiver.got}) == 1
+    assert [d.seq - receiver.got[0].seq for d in receiver.got] == list(range(len(receiver.got)))
     text = agent.text()
     assert text[0].startswith(f"sending to 127.0.0.1:{receiver.port} from 127.0.0.1 every 1 ms")
     assert text[1:4] == ["ready: http 200", "not ready: http 503", "ready: http 200"]
@@ -626,7 +662,7 @@ def test_agent_without_a_check_sends_at_once_until_its_duration_ends(receiver):
     assert code == 0
     assert agent.text()[1] == "ready: no check"
     assert receiver.got, "no heartbeat arrived"
-    assert [d.seq for d in receiver.got] == list(range(len(receiver.got)))
+    assert [d.seq - receiver.got[0].seq for d in receiver.got] == list(range(len(receiver.got)))
 
 
 def checker_pid(agent: AgentProcess) -> int:
@@ -683,7 +719,7 @@ def test_the_agent_exits_1_when_its_checker_dies(server, receiver):
 
 def test_agent_refuses_a_source_address_it_does_not_have(receiver):
     agent = AgentProcess("--router", f"{LOOPBACK}:{receiver.port}", "--source", "198.18.0.99",
-                         "--service-port", "8000", "--token", "1", "--check", "none")
+                         "--service-port", "8000", "--token-file", token_file(1), "--check", "none")
     try:
         code = agent.proc.wait(timeout=10)
     finally:
@@ -691,3 +727,22 @@ def test_agent_refuses_a_source_address_it_does_not_have(receiver):
 
     assert code == 2
     assert agent.stderr == "edge-heartbeat: --source 198.18.0.99: cannot assign requested address\n"
+
+
+def test_a_restart_within_the_same_second_starts_above_the_previous_runs_seq():
+    """The router takes a heartbeat only with a newer epoch or a higher seq in the same one. A
+    run that sent one heartbeat per microsecond (far faster than any interval) since it started
+    is still below a run restarted later in the same second."""
+    second = 1_700_000_000 * 1_000_000_000
+    epoch, seq = wire.first_epoch_seq(second + 250_000_000)
+    assert (epoch, seq) == (1_700_000_000, 250_000)
+    later = second + 600_000_000
+    sent = (later - (second + 250_000_000)) // 1000  # one per microsecond
+    restarted = wire.first_epoch_seq(later)
+    assert restarted[0] == epoch and restarted[1] > seq + sent - 1
+
+
+def test_seq_moves_to_a_newer_epoch_instead_of_wrapping():
+    assert wire.next_epoch_seq(5, 7, 0) == (5, 8)
+    assert wire.next_epoch_seq(5, wire.SEQ_MAX, 3 * 1_000_000_000) == (6, 0)
+    assert wire.next_epoch_seq(5, wire.SEQ_MAX, 9 * 1_000_000_000) == (9, 0)

@@ -439,11 +439,11 @@ def test_bad_options_are_refused_naming_the_option(opts, message):
 def test_the_heartbeat_agent_checks_this_servers_health_and_sends_from_its_address():
     opts = Options(host="198.18.1.2", heartbeat="198.18.1.1:7946", token="0x5eed0001", hb_interval_ms=1)
 
-    cmd = heartbeat_command(opts, 8000)
+    cmd = heartbeat_command(opts, 8000, "/run/token")
 
     assert cmd[:3] == [sys.executable, "-m", "controlplane.agent"]
     args = dict(zip(cmd[3::2], cmd[4::2]))
-    assert args == {"--router": "198.18.1.1:7946", "--service-port": "8000", "--token": "0x5eed0001",
+    assert args == {"--router": "198.18.1.1:7946", "--service-port": "8000", "--token-file": "/run/token",
                     "--interval-ms": "1", "--check": "http", "--check-url": "http://198.18.1.2:8000/health",
                     "--source": "198.18.1.2"}
 

@@ -123,7 +123,7 @@ class Options:
                 agent.parse_token(str(self.token))
                 agent.parse_ms(f"{self.hb_interval_ms}", "--hb-interval-ms")
             except agent.UsageError as e:
-                raise UsageError(str(e).replace("--router", "--heartbeat")) from None
+                raise UsageError(str(e).replace("--router", "--heartbeat").replace("--token-file", "--token")) from None
             try:
                 ipaddress.IPv4Address(self.host)
             except ValueError:
@@ -132,12 +132,13 @@ class Options:
         return self
 
 
-def heartbeat_command(opts: Options, port: int) -> list[str]:
+def heartbeat_command(opts: Options, port: int, token_file: str) -> list[str]:
     """The edge-heartbeat command line for a server of opts bound to port: it sends from the
-    listening address (unless that is 0.0.0.0) while GET /health answers 2xx."""
+    listening address (unless that is 0.0.0.0) while GET /health answers 2xx, with the token
+    opts.token that the caller wrote to token_file."""
     check_host = "127.0.0.1" if opts.host == "0.0.0.0" else opts.host
     cmd = [sys.executable, "-m", "controlplane.agent", "--router", str(opts.heartbeat),
-           "--service-port", str(port), "--token", str(opts.token),
+           "--service-port", str(port), "--token-file", token_file,
            "--interval-ms", f"{opts.hb_interval_ms:g}", "--check", "http",
            "--check-url", f"http://{check_host}:{port}/health"]
     if opts.host != "0.0.0.0":

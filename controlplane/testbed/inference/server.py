@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -15,6 +16,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from controlplane.agent import parse_token
+from controlplane.testbed.heartbeats import write_token_file
 from controlplane.testbed.inference.engine import Engine, Overloaded, Request
 from controlplane.testbed.inference.options import KnobError, Knobs, Options, heartbeat_command
 
@@ -130,6 +133,7 @@ class Server:
         self.engine = Engine(opts, self.state)
         self.address: tuple[str, int] = (opts.host, opts.port)
         self.agent: Optional[subprocess.Popen] = None  # the edge-heartbeat child, if any
+        self._token_dir: Optional[str] = None  # its token file's directory
         self._server: Optional[asyncio.base_events.Server] = None
         self._conns: dict[asyncio.Task, asyncio.StreamWriter] = {}
         self._closing: Optional[asyncio.Task] = None
@@ -147,8 +151,9 @@ class Server:
         if self.opts.heartbeat is not None:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
+            self._token_dir, token_file = write_token_file(parse_token(self.opts.token))
             # Its chatter goes to stderr: stdout keeps this server's one "listening" line.
-            self.agent = subprocess.Popen(heartbeat_command(self.opts, self.address[1]), env=env,
+            self.agent = subprocess.Popen(heartbeat_command(self.opts, self.address[1], token_file), env=env,
                                           stdin=subprocess.DEVNULL, stdout=2)
 
     def degrade(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -199,6 +204,8 @@ class Server:
                 await asyncio.wait(list(self._conns), timeout=1.0)
             if self.agent is not None:
                 await asyncio.to_thread(_stop_process, self.agent, STOP_AGENT_TIMEOUT_S)
+            if self._token_dir is not None:
+                shutil.rmtree(self._token_dir, ignore_errors=True)
         finally:
             self._closed.set()
 
