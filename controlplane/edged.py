@@ -5,54 +5,34 @@ One asyncio loop, never blocked for long: walks of the maps for status and metri
 worker thread within a deadline; a failed map write is an error event and
 edge_map_errors_total, and the loop goes on. Stopping edged leaves the data path forwarding.
 
-    edged --config /etc/edge/edge.yaml [--iface eth0]
+    (the command line, serve() and main() are in edgedcli.py)
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import signal
-import sys
 import time
-import traceback
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from controlplane import __version__, announce, bird, deploy, loader, metrics, sdnotify, watch, weights
+from controlplane import announce, bird, deploy, loader, metrics, sdnotify, watch, weights
 from controlplane.config import Config, Service, load_config, load_config_text
-from controlplane.errors import CompileError, ConfigError, EdgeError
+from controlplane.errors import ConfigError, EdgeError
+from controlplane.events import Events
 from controlplane.maps import ProbeStatus
-from controlplane.api import server as api_server
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.probe import Prober, Target
 from controlplane.signals import Load, Sample
 
-PROG = "edged"
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
 # A status walk stops counting conntrack here and reports it unknown. A full table of the
 # default ct_size (262144) counts in about 0.9 s on a 2-core test VM; 3 s leaves a busy node room.
 WALK_DEADLINE_S = 3.0
 WALK_GRACE_S = 2.0  # past the deadline, a caller stops waiting for a walk that has not ended
 LEAVING_IDLE_S = 3.0  # a removed backend with no packets this long has no connections left
-EVENTS_KEPT = 512
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
-# Exit status when the data path cannot be compiled (kernel headers missing after a kernel
-# change): edged.service's RestartPreventExitStatus, since a restart would fail the same way.
-EXIT_CANNOT_COMPILE = 3
 WATCH_EVERY_S = 1.0  # how often edged checks that its data path is still attached and pinned
-
-
-def _log(line: str) -> None:
-    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-
-
-def _log_json(event: dict) -> None:
-    sys.stderr.write(json.dumps(event, default=str) + "\n")  # one write: lines never interleave
-    sys.stderr.flush()
 
 
 # pyroute2's sync calls cannot run on a thread whose event loop is running: the data-path
@@ -61,38 +41,6 @@ _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-netlink")
 # Walks of the maps for status and metrics run here, never on the loop: counting conntrack
 # is O(ct_size) (seconds when full), the rest O(max_backends). One at a time.
 _walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
-
-
-class Events:
-    """What edged did and saw, in order: for the log, tests and API watchers.
-    Each event is a dict with t (UNIX time), kind, and fields of its own."""
-
-    def __init__(self, json_lines: bool = False, keep: int = EVENTS_KEPT):
-        self.recent: deque[dict] = deque(maxlen=keep)
-        self.queues: set[asyncio.Queue] = set()
-        self.json_lines = json_lines
-
-    def emit(self, kind: str, text: str, **fields) -> dict:
-        event = {"t": time.time(), "kind": kind, "text": text, **fields}
-        self.recent.append(event)
-        if self.json_lines:
-            _log_json(event)
-        else:
-            _log(text)
-        for q in list(self.queues):
-            try:
-                q.put_nowait(event)
-            except asyncio.QueueFull:  # a watcher that does not read loses events, not edged
-                pass
-        return event
-
-    def subscribe(self, size: int = 1024) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue(size)
-        self.queues.add(q)
-        return q
-
-    def unsubscribe(self, q: asyncio.Queue) -> None:
-        self.queues.discard(q)
 
 
 @dataclass
@@ -747,105 +695,7 @@ class Daemon:
                 ))
 
 
-# ---------------------------------------------------------------- command line
-
-
 async def _maybe_await(value):
     if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
         return await value
     return value
-
-
-def pick_iface(cfg: Config, given: str | None) -> str:
-    """--iface, else node.iface, else the one router already deployed here."""
-    if given:
-        return given
-    if cfg.node.iface:
-        return cfg.node.iface
-    loader.check_bpffs(cfg.node.pin_dir)
-    here = loader.instances_here(cfg.node.pin_dir)
-    if len(here) == 1:
-        return here[0].rsplit("-", 1)[0]
-    raise ConfigError("node.iface: not set, and no --iface given (edged needs the interface to deploy on)")
-
-
-async def serve(cfg: Config, iface: str, events: Events | None = None, config_path: str | None = None,
-                ready: Callable[[Daemon], None] | None = None) -> int:
-    """Runs edged until SIGTERM/SIGINT, telling systemd (NOTIFY_SOCKET) how it goes."""
-    daemon = Daemon(cfg, iface, events, config_path)
-    notify = daemon.notify
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, daemon.stop)
-    loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(_reload_logged(daemon)))
-    watchdog = api = None
-    try:
-        notify.status(f"deploying on {iface}")
-        await daemon.start()  # compiles the data path: before READY=1, so the watchdog is not armed yet
-        api = await api_server.start(daemon, cfg.node)
-        daemon.on_serving = api.set_serving
-        daemon.events.emit("api", f"API on {cfg.node.api_socket}"
-                                  + (f" and {cfg.node.api_listen} (mTLS)" if cfg.node.api_listen else ""))
-        if ready:
-            ready(daemon)
-        notify.ready(f"steering {len(cfg.services)} services on {iface}")
-        watchdog = asyncio.create_task(sdnotify.watchdog_loop(notify, daemon.healthy))
-        await daemon.run()
-    finally:
-        notify.stopping()
-        if watchdog is not None:
-            watchdog.cancel()
-        if api is not None:
-            await api.stop(grace_s=1.0)
-        await daemon.close()
-        notify.close()
-    daemon.events.emit("stopped", "stopped; the data path keeps forwarding with the last weights")
-    return 0
-
-
-async def _reload_logged(daemon: Daemon) -> None:
-    """SIGHUP: reload; a bad config was already reported by reload() and changed nothing."""
-    try:
-        await daemon.reload()
-    except EdgeError:
-        pass
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description="The edge router's daemon: deploys (or adopts) the data path, probes every backend "
-                    "and steers new flows by latency and GPU load. Runs in the foreground; stop it with "
-                    "SIGTERM. The data path keeps forwarding while edged is down.",
-    )
-    p.add_argument("--config", required=True, metavar="FILE", help="YAML config (see edge/edge.yaml)")
-    p.add_argument("--iface", help="client-facing interface (default: node.iface, or the one deployed here)")
-    p.add_argument("--log-format", choices=("text", "json"), default="text",
-                   help="stderr lines: text, or one JSON event per line (default %(default)s)")
-    p.add_argument("--debug", action="store_true", help="tracebacks on errors")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        cfg = load_config(args.config)
-        iface = pick_iface(cfg, args.iface)
-        return asyncio.run(serve(cfg, iface, Events(json_lines=args.log_format == "json"), args.config))
-    except CompileError as e:
-        if args.debug:
-            traceback.print_exc()
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return EXIT_CANNOT_COMPILE
-    except EdgeError as e:
-        if args.debug:
-            traceback.print_exc()
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 from controlplane import abi
-from controlplane import edged as edged_module
+from controlplane import edgedcli as edged_module
 from controlplane.api.client import Client
 from controlplane.testbed.daemon import EdgedProc
 from controlplane.testbed.traffic import http_get
