@@ -6,6 +6,9 @@ edgectl and edged call the same functions."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -35,6 +38,67 @@ class DeployResult:
     maps: Maps | None = None
 
 
+LOCK_DIR_ENV = "EDGE_LOCK_DIR"  # where the writer locks live; the unit's /run/edge by default
+
+
+class NodeLock:
+    """One writer per router: edged holds this for its life, edgectl deploy and undeploy
+    for their run; a second writer is refused with one line naming the holder. A flock
+    on <run dir>/<instance>.lock, so a writer that dies releases it."""
+
+    def __init__(self, instance: str, iface: str):
+        self.path = Path(os.environ.get(LOCK_DIR_ENV, "/run/edge")) / f"{instance}.lock"
+        self.iface = iface
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise LoaderError(f"{self.path}: cannot lock: {e.strerror}") from e
+            raise LoaderError(f"{self.iface}: another writer holds this router ({holder(self.path)}); "
+                              f"while edged runs, change it with 'edgectl reload'") from None
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "NodeLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.release()
+
+
+def holder(path: Path) -> str:
+    """'pid N: command line' of the process holding a flock on path, from /proc/locks."""
+    st = os.stat(path)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split()
+        if "FLOCK" in fields and len(fields) > 5 and fields[5] == inode:
+            pid = fields[4]
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                cmd = "?"
+            return f"pid {pid}: {cmd.strip()[:200]}"
+    return "a process this one cannot see"
+
+
 def adopted(maps: Maps, cfg: Config) -> Config:
     """cfg with the weights the deployed tables were built with, for services and
     backends already there whose weights are computed (policy other than static).
@@ -58,6 +122,9 @@ def adopted(maps: Maps, cfg: Config) -> Config:
         )
         services.append(replace(s, backends=backends))
     return replace(cfg, services=tuple(services))
+
+
+_HELD = NodeLock("", "")  # stands for "the caller holds the lock already"
 
 
 def params_of(cfg: Config) -> loader.Params:
@@ -100,12 +167,18 @@ def _check_sizes(maps: Maps, cfg: Config) -> None:
 
 
 def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: bool = False,
-           hold: bool = False, amend: Callable[[Maps, Config], Config] | None = None) -> DeployResult:
-    """Loads, attaches and programs the data path on iface, or changes nothing.
+           hold: bool = False, amend: Callable[[Maps, Config], Config] | None = None,
+           lock: NodeLock | None = None) -> DeployResult:
+    """Loads, attaches and programs the data path on iface, or changes nothing. Refused
+    while another writer (edged, another deploy) holds the router; lock: the caller's
+    own NodeLock, already held (edged).
     adopt_weights: keep the computed weights already in the tables (see adopted()).
     hold: return the open data path and maps in the result instead of closing them.
     amend: when a deployment is there already, amend(maps, cfg) gives what to program
     instead of cfg (edged keeps backends that are still draining out)."""
+    if lock is None:
+        with NodeLock(loader.instance_name(iface), iface):
+            return deploy(cfg, iface, progress, adopt_weights, hold, amend, lock=_HELD)
     pin_dir = cfg.node.pin_dir
     loader.check_bpffs(pin_dir)
     ingress = loader.ifindex(iface)
@@ -207,8 +280,14 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
 
 
 def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
-    """Removes what deploy put on iface; False when nothing was there."""
+    """Removes what deploy put on iface; False when nothing was there. Refused while
+    another writer (edged, a deploy) holds the router."""
     loader.check_bpffs(pin_dir)
+    with NodeLock(loader.instance_name(iface), iface):
+        return _undeploy(iface, pin_dir, progress)
+
+
+def _undeploy(iface: str, pin_dir: str, progress: Progress) -> bool:
     instance = loader.instance_name(iface)
     pin_path = loader.instance_dir(pin_dir, instance)
     try:

@@ -818,7 +818,8 @@ class Maps:
         t[k] = v  # one hash update: the flip
         if old and bytes(old[0]) != bytes(k):  # the service moved to a new VIP
             try:
-                del t[old[0]]
+                if t[old[0]].id == vid:  # not taken over by another service meanwhile
+                    del t[old[0]]
             except KeyError:  # made room for the new one already
                 pass
 

@@ -232,18 +232,21 @@ def canonical(mem: MemMaps) -> dict:
     return out
 
 
-def vip_keys(cfg) -> set[tuple]:
+def vip_keys(cfg) -> dict[tuple, str]:
+    """VIP key -> the name of the service cfg puts there."""
     from controlplane.maps import PROTOS, be16, be32
-    return {(be32(s.vip), be16(s.port), PROTOS[s.protocol]) for s in cfg.services}
+    return {(be32(s.vip), be16(s.port), PROTOS[s.protocol]): s.name for s in cfg.services}
 
 
-def half_states(mem: MemMaps, target: set[tuple] | None = None) -> list[str]:
+def half_states(mem: MemMaps, target: dict[tuple, str] | None = None) -> list[str]:
     """What a packet arriving now could trip over: a VIP whose address the fast test misses,
     a table or service list naming a backend that is not valid or not the VIP's, a backend
     that takes new flows without the reverse NAT entry its replies need. target: the VIPs
-    of the config being applied; one not in it is going away (a moved VIP's replies are
-    the new VIP's a moment before the move, and that is allowed)."""
+    of the config being applied; a VIP not in it, or the target's for another service, is
+    going away from the service it names now (a moved VIP's replies are the new VIP's a
+    moment before the move, and that is allowed)."""
     t = mem.tables
+    svcs = _ids_to_names(mem)[0]
     bad = []
     addrs = {k.value for k in t[abi.MAP_VIP_ADDRS].keys()}
     rnat = {(k.addr, k.port, k.proto): v for k, v in t[abi.MAP_RNAT].items()}
@@ -260,7 +263,7 @@ def half_states(mem: MemMaps, target: set[tuple] | None = None) -> list[str]:
             if b.flags & abi.BE_F_DRAINING and bid not in table:
                 continue
             r = rnat.get((b.addr, b.port, key[2]))
-            if target is not None and key not in target:
+            if target is not None and target.get(key) != svcs.get(vid):
                 continue
             if r is None or r.backend_id != bid or (r.vip_addr, r.vip_port) != key[:2]:
                 bad.append(f"VIP {key}: backend {bid} takes new flows, its replies are not reverse-NATed")
