@@ -389,6 +389,7 @@ class Maps:
             raise MapError(what) from e
         finally:
             self.t, self._journal = saved_t, None
+            journal.undo.clear()  # its views of the mmap must not outlive it (close() refuses)
         self._ids = p.ids(cfg)
         return report
 
