@@ -18,6 +18,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from controlplane import abi, desired, maglev
+from controlplane.journal import Journal
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
 
@@ -163,66 +164,6 @@ class ApplyReport:
     renamed_services: list[str] = field(default_factory=list)
 
 
-class _Journal:
-    """Records the old value of everything apply() writes, to put it back if a later write
-    fails. tables: the same tables, recording."""
-
-    def __init__(self, tables: Mapping[str, object]):
-        self.undo: list = []
-        self.table = "?"  # the map written last, for the error
-        self.tables = {name: _Recorded(name, t, self) for name, t in tables.items()}
-
-    def rollback(self, maps: "Maps") -> list[str]:
-        failed = []
-        while self.undo:
-            what, step = self.undo.pop()
-            try:
-                step()
-            except Exception as e:  # keep undoing the rest whatever one step raised
-                failed.append(f"{what}: {e}")
-        return failed
-
-
-class _Recorded:
-    """A table whose writes leave their undo in a journal."""
-
-    def __init__(self, name: str, t, journal: _Journal):
-        self._name, self._t, self._j = name, t, journal
-
-    def __getattr__(self, attr):
-        return getattr(self._t, attr)
-
-    def __getitem__(self, key):
-        return self._t[key]
-
-    def __len__(self):
-        return len(self._t)
-
-    def _remember(self, key) -> None:
-        key = type(key).from_buffer_copy(key)
-        try:
-            old = self._t[key]
-        except KeyError:
-            self._j.undo.append((f"{self._name}: remove a new key", lambda: self._discard(key)))
-        else:
-            self._j.undo.append((f"{self._name}: restore", lambda: self._t.__setitem__(key, old)))
-        self._j.table = self._name
-
-    def _discard(self, key) -> None:
-        try:
-            del self._t[key]
-        except KeyError:
-            pass
-
-    def __setitem__(self, key, value) -> None:
-        self._remember(key)
-        self._t[key] = value
-
-    def __delitem__(self, key) -> None:
-        self._remember(key)
-        del self._t[key]
-
-
 class Maps:
     """Typed access to one instance's maps (the handles loader returns)."""
 
@@ -234,7 +175,7 @@ class Maps:
         self._maglev_fd = maglev_fd
         self._mm: mmap.mmap | None = None
         self._ids: dict[str, tuple[int, dict[str, int]]] | None = None  # set by apply(), else read once
-        self._journal: _Journal | None = None  # while apply() runs
+        self._journal: Journal | None = None  # while apply() runs
 
     @classmethod
     def sized_by_node(cls, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int) -> "Maps":
@@ -262,8 +203,8 @@ class Maps:
         base = (vip_id * 2 + half) * self.m
         if self._journal is not None:
             old = words[base : base + self.m].copy()
-            self._journal.undo.append((f"{abi.MAP_MAGLEV}: restore", lambda: words.__setitem__(
-                slice(base, base + self.m), old)))
+            self._journal.push(f"{abi.MAP_MAGLEV}: restore", lambda: words.__setitem__(
+                slice(base, base + self.m), old))
         words[base : base + self.m] = backend_ids.astype(np.uint64)
 
     def read_table(self, vip_id: int, half: int) -> np.ndarray:
@@ -362,7 +303,7 @@ class Maps:
         interface its heartbeats must arrive on."""
         oifs = oifs or {}
         saved_t, saved_ids = self.t, self._ids
-        journal = _Journal(saved_t)
+        journal = Journal(saved_t)
         self.t, self._journal = journal.tables, journal
         try:
             p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
@@ -379,7 +320,7 @@ class Maps:
                 p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
             self._write(cfg, p, oifs)
         except Exception as e:  # bcc raises bare Exception
-            failed = journal.rollback(self)
+            failed = journal.rollback()
             self._ids = saved_ids
             what = str(e).splitlines()[0] if str(e) else type(e).__name__
             if not isinstance(e, MapError):
@@ -389,7 +330,7 @@ class Maps:
             raise MapError(what) from e
         finally:
             self.t, self._journal = saved_t, None
-            journal.undo.clear()  # its views of the mmap must not outlive it (close() refuses)
+            journal.forget()  # its views of the mmap must not outlive it (close() refuses)
         self._ids = p.ids(cfg)
         return report
 
@@ -457,6 +398,8 @@ class Maps:
             if vid not in old_vips or not (names_old_owner or any(waits(s, b) for b in s.backends)):
                 continue
             k = old_vips[vid][0]  # on the VIP it has now; a move comes with the last flip
+            if bytes(k) not in {bytes(x) for x in vips.keys()}:  # moving, and gone to make room
+                continue
             interim = replace(s, vip=from_be32(k.addr), port=from_be16(k.port), protocol=PROTO_NAMES[k.proto],
                               backends=tuple(b for b in s.backends if not waits(s, b)))
             self._flip(interim, vid, p, old_vips)
