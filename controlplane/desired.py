@@ -17,10 +17,9 @@ from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
 from typing import Mapping, Optional
 
+from controlplane.abi import MAX_PER_SERVICE
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
-
-MAX_PER_SERVICE = 64  # abi.MAX_PER_SERVICE; config.py checks it for configs, we for amended ones
 
 VipKey = tuple[IPv4Address, int, str]  # address, port, protocol
 Endpoint = tuple[IPv4Address, int]

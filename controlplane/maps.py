@@ -1,8 +1,9 @@
 """The only module that knows map layouts: it writes services, backends and
 Maglev tables into the pinned maps and reads them back for status. Field
 names are the C names of bpf/include/abi.h through bcc's generated types.
-Writes are ordered so that no packet sees a half-made state, and ids are
-stable across updates (README, design notes: map writes)."""
+Applying a config is a transaction: ids planned by desired.py, writes ordered
+so that no packet sees a half-made state, every write journaled and undone if
+a later one fails (README, design notes)."""
 
 from __future__ import annotations
 
@@ -167,11 +168,13 @@ class ApplyReport:
 class Maps:
     """Typed access to one instance's maps (the handles loader returns)."""
 
-    def __init__(self, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int):
+    def __init__(self, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int,
+                 max_backends: int | None = None):
+        """max_backends: the pinned maps' (node record); default: as the tables were compiled."""
         self.t = tables
         self.m = maglev_m
         self.max_services = max_services
-        self.max_backends = len(tables[abi.MAP_BACKENDS])
+        self.max_backends = max_backends or len(tables[abi.MAP_BACKENDS])
         self._maglev_fd = maglev_fd
         self._mm: mmap.mmap | None = None
         self._ids: dict[str, tuple[int, dict[str, int]]] | None = None  # set by apply(), else read once
@@ -183,7 +186,8 @@ class Maps:
         with other sizes), else by maglev_m and max_services."""
         t = tables[abi.MAP_NODE]
         v = t[t.Key(0)]
-        return cls(tables, maglev_fd, v.maglev_m or maglev_m, v.max_services or max_services)
+        return cls(tables, maglev_fd, v.maglev_m or maglev_m, v.max_services or max_services,
+                   v.max_backends or None)
 
     # ------------------------------------------------------------ maglev mmap
 
@@ -456,10 +460,15 @@ class Maps:
         (the kernel refuses a key into a full map)."""
         t = self.t[name]
         present = {bytes(k): k for k in t.keys()}
-        if len(present) + len(wanted - set(present)) > t.max_entries:
+        if len(present) + len(wanted - set(present)) > self._capacity(name):
             for raw, k in present.items():
                 if raw not in wanted:
                     del t[k]
+
+    def _capacity(self, name: str) -> int:
+        """max_entries of a hash map as pinned (bpf/include/maps.h sizes them by these two)."""
+        by_services = (abi.MAP_VIPS, abi.MAP_VIP_ADDRS, abi.MAP_HB_PORTS)
+        return self.max_services if name in by_services else self.max_backends
 
     def _drop_unwanted(self, name: str, wanted: set[bytes]) -> None:
         t = self.t[name]
@@ -774,7 +783,7 @@ class Maps:
         for s in cfg.services:
             want[be32(s.vip)] = want.get(be32(s.vip), 0) + 1
         present = {k.value for k in t.keys()}
-        if len(present | set(want)) > t.max_entries:  # full: VIPs moving off an address go first
+        if len(present | set(want)) > self._capacity(abi.MAP_VIP_ADDRS):  # full: VIPs moving off an address go first
             vips = self.t[abi.MAP_VIPS]
             for k in list(vips.keys()):
                 if k.addr not in want:
