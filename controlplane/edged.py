@@ -94,7 +94,8 @@ class Daemon:
         self.on_serving: Callable[[bool], object] | None = None  # serve() sets grpc health with it
         self.node_drained = False  # `edgectl drain-node`: every VIP withdrawn from BGP
         self.announcer: announce.Announcer | None = None  # with node.bgp: VIPs over BGP
-        self._node_lock = deploy.NodeLock(self.instance, iface)  # no edgectl deploy/undeploy while edged runs
+        self._node_lock = deploy.NodeLock(self.instance, iface)  # no edgectl deploy while edged runs
+        self._write_lock = deploy.NodeLock(self.instance, iface, "write", deploy.WRITE_WAIT_S)  # nor undeploy midway
 
     # ------------------------------------------------------------ start, stop
 
@@ -110,16 +111,20 @@ class Daemon:
         )
         # before deploy: a bad metrics_listen fails with the kernel untouched
         self._metrics = metrics.start_http(self.cfg.node.metrics_listen, metrics.make_registry(collector))
-        self._node_lock.acquire()  # held until close(): edgectl deploy/undeploy are refused meanwhile
+        self._node_lock.acquire()  # held until close(): edgectl deploy is refused meanwhile
         # discovered backends are there from the first deploy (or a source's failure is on record)
         self.discovery.configure(self.static_cfg, secrets_of(self.static_cfg))
         await self.discovery.first(DISCOVERY_START_S)
         self.cfg = self.discovery.effective(self.static_cfg)
         # pyroute2's sync API runs an event loop of its own: netlink work goes to a thread
-        res = await asyncio.to_thread(
-            deploy.deploy, self.cfg, self.iface, adopt_weights=True, hold=True, amend=self._keep_leaving,
-            progress=lambda line: loop.call_soon_threadsafe(self.events.emit, "progress", line),
-            lock=self._node_lock)
+        await asyncio.to_thread(self._write_lock.acquire)
+        try:
+            res = await asyncio.to_thread(
+                deploy.deploy, self.cfg, self.iface, adopt_weights=True, hold=True, amend=self._keep_leaving,
+                progress=lambda line: loop.call_soon_threadsafe(self.events.emit, "progress", line),
+                lock=self._node_lock)
+        finally:
+            self._write_lock.release()
         self._held, self.maps = res.held, res.maps
         self._adopt_operator_state()
         self._set_services(desired.with_leaving(self.cfg, self.leaving, self.cfg.node.max_services,
@@ -252,6 +257,7 @@ class Daemon:
             self._held.close()
             self._held = None
         self._node_lock.release()
+        self._write_lock.release()
 
     # ------------------------------------------------------------ signals in
 
@@ -526,7 +532,15 @@ class Daemon:
         return report, leaving
 
     async def _apply(self, applied: Config):
-        """Programs applied into the maps; a full deploy when it needs a new return interface."""
+        """Programs applied into the maps; a full deploy when it needs a new return interface.
+        Holds the router's write lock meanwhile: an edgectl undeploy waits for it."""
+        await asyncio.to_thread(self._write_lock.acquire)
+        try:
+            return await self._apply_locked(applied)
+        finally:
+            self._write_lock.release()
+
+    async def _apply_locked(self, applied: Config):
         routes = await asyncio.to_thread(deploy.backend_routes, applied)
         node = self.maps.node()
         if set(routes.values()) <= set(node["return_ifindex"]):

@@ -80,3 +80,23 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path, monkeypatch):
         holder.wait(10)
     with deploy.NodeLock("eth9-1", "eth9"):  # released when its holder ended
         pass
+
+
+def test_a_writer_waits_for_the_write_before_it_and_gives_up_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(deploy.LOCK_DIR_ENV, str(tmp_path))
+    code = ("import sys; from controlplane import deploy; l = deploy.NodeLock('eth9-1', 'eth9', 'write'); "
+            "l.acquire(); print('held', flush=True); sys.stdin.readline(); l.release(); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LoaderError) as e:
+            deploy.NodeLock("eth9-1", "eth9", "write", wait_s=0.1).acquire()
+        assert "\n" not in str(e.value) and f"pid {holder.pid}" in str(e.value) and "0.1 s" in str(e.value)
+        holder.stdin.write("done\n")
+        holder.stdin.flush()
+        with deploy.NodeLock("eth9-1", "eth9", "write", wait_s=30.0):  # got it once the holder let go
+            pass
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
