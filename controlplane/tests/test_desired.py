@@ -100,3 +100,10 @@ def test_a_writer_waits_for_the_write_before_it_and_gives_up_in_one_line(tmp_pat
     finally:
         holder.stdin.close()
         holder.wait(10)
+
+
+def test_a_backend_renamed_on_its_endpoint_is_the_same_backend():
+    """Not a drain plus an add: both would claim the endpoint's reply NAT."""
+    old = config(svc("chat", 1, ("b0", 10), ("b1", 11)))
+    new = config(svc("chat", 1, ("b0", 10), ("gpu-1", 11)))
+    assert desired.leaving_after(old, new, {}, now_ns=0) == {}
