@@ -6,6 +6,10 @@ edgectl and edged call the same functions."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -35,6 +39,86 @@ class DeployResult:
     maps: Maps | None = None
 
 
+LOCK_DIR_ENV = "EDGE_LOCK_DIR"  # where the writer locks live; the unit's /run/edge by default
+
+
+WRITE_WAIT_S = 10.0  # how long a write waits for another router writer to finish
+
+
+class NodeLock:
+    """Who may change a router, as flocks on files in the run dir (a holder that dies
+    releases them). "owner" (<instance>.lock): edged holds it for its life, edgectl deploy
+    for its run; a second one is refused in one line naming the holder. "write"
+    (<instance>.write): every change of the maps takes it, edged's reloads and drain
+    expiry, deploy and undeploy, waiting up to wait_s for the one before to finish;
+    so undeploy, the stop button, still works under edged, but never midway through
+    one of its writes."""
+
+    def __init__(self, instance: str, iface: str, kind: str = "owner", wait_s: float = 0.0):
+        suffix = {"owner": "lock", "write": "write"}[kind]
+        self.path = Path(os.environ.get(LOCK_DIR_ENV, "/run/edge")) / f"{instance}.{suffix}"
+        self.iface, self.kind, self.wait_s = iface, kind, wait_s
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        deadline = time.monotonic() + self.wait_s
+        for _ in range(int(self.wait_s / 0.02) + 1):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._fd = fd
+                return
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise LoaderError(f"{self.path}: cannot lock: {e.strerror}") from e
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        who = holder(self.path)
+        os.close(fd)
+        if self.kind == "owner":
+            raise LoaderError(f"{self.iface}: another writer holds this router ({who}); "
+                              f"while edged runs, change it with 'edgectl reload'")
+        raise LoaderError(f"{self.iface}: another writer is changing this router ({who}) "
+                          f"and did not finish within {self.wait_s:g} s")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "NodeLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.release()
+
+
+def holder(path: Path) -> str:
+    """'pid N: command line' of the process holding a flock on path, from /proc/locks."""
+    st = os.stat(path)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split()
+        if "FLOCK" in fields and len(fields) > 5 and fields[5] == inode:
+            pid = fields[4]
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                cmd = "?"
+            return f"pid {pid}: {cmd.strip()[:200]}"
+    return "a process this one cannot see"
+
+
 def adopted(maps: Maps, cfg: Config) -> Config:
     """cfg with the weights the deployed tables were built with, for services and
     backends already there whose weights are computed (policy other than static).
@@ -58,6 +142,9 @@ def adopted(maps: Maps, cfg: Config) -> Config:
         )
         services.append(replace(s, backends=backends))
     return replace(cfg, services=tuple(services))
+
+
+_HELD = NodeLock("", "")  # stands for "the caller holds the lock already"
 
 
 def params_of(cfg: Config) -> loader.Params:
@@ -100,12 +187,19 @@ def _check_sizes(maps: Maps, cfg: Config) -> None:
 
 
 def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: bool = False,
-           hold: bool = False, amend: Callable[[Maps, Config], Config] | None = None) -> DeployResult:
-    """Loads, attaches and programs the data path on iface, or changes nothing.
+           hold: bool = False, amend: Callable[[Maps, Config], Config] | None = None,
+           lock: NodeLock | None = None) -> DeployResult:
+    """Loads, attaches and programs the data path on iface, or changes nothing. Refused
+    while edged (or another deploy) owns the router; lock: the caller's own NodeLock,
+    already held with the write lock (edged).
     adopt_weights: keep the computed weights already in the tables (see adopted()).
     hold: return the open data path and maps in the result instead of closing them.
     amend: when a deployment is there already, amend(maps, cfg) gives what to program
     instead of cfg (edged keeps backends that are still draining out)."""
+    if lock is None:  # edged passes its own, holding both
+        instance = loader.instance_name(iface)
+        with NodeLock(instance, iface), NodeLock(instance, iface, "write", WRITE_WAIT_S):
+            return deploy(cfg, iface, progress, adopt_weights, hold, amend, lock=_HELD)
     pin_dir = cfg.node.pin_dir
     loader.check_bpffs(pin_dir)
     ingress = loader.ifindex(iface)
@@ -207,8 +301,15 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
 
 
 def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
-    """Removes what deploy put on iface; False when nothing was there."""
+    """Removes what deploy put on iface; False when nothing was there. Also under a
+    running edged (which then reports the data path gone), but never midway through
+    one of its writes."""
     loader.check_bpffs(pin_dir)
+    with NodeLock(loader.instance_name(iface), iface, "write", WRITE_WAIT_S):
+        return _undeploy(iface, pin_dir, progress)
+
+
+def _undeploy(iface: str, pin_dir: str, progress: Progress) -> bool:
     instance = loader.instance_name(iface)
     pin_path = loader.instance_dir(pin_dir, instance)
     try:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from controlplane import announce, bird, deploy, loader, metrics, sdnotify, watch, weights
+from controlplane import abi, announce, bird, deploy, desired, loader, metrics, sdnotify, watch, weights
 from controlplane.config import Config, Service, load_config, load_config_text
 from controlplane.errors import ConfigError, EdgeError
 from controlplane.events import Events
@@ -43,17 +43,7 @@ _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-netlink")
 _walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
 
 
-@dataclass
-class Leaving:
-    """A backend (or a whole service) a reload removed: it stays in the tables with
-    weight 0, keeping its connections, until it is idle or its drain timeout passes."""
-
-    service: Service  # the service as it was, for backends of a removed service
-    backend: object  # config.Backend
-    deadline_ns: int
-    packets: int = -1
-    quiet_since_ns: int = 0
-    whole_service: bool = False
+Leaving = desired.Leaving
 
 
 @dataclass
@@ -104,6 +94,8 @@ class Daemon:
         self.on_serving: Callable[[bool], object] | None = None  # serve() sets grpc health with it
         self.node_drained = False  # `edgectl drain-node`: every VIP withdrawn from BGP
         self.announcer: announce.Announcer | None = None  # with node.bgp: VIPs over BGP
+        self._node_lock = deploy.NodeLock(self.instance, iface)  # no edgectl deploy while edged runs
+        self._write_lock = deploy.NodeLock(self.instance, iface, "write", deploy.WRITE_WAIT_S)  # nor undeploy midway
 
     # ------------------------------------------------------------ start, stop
 
@@ -119,17 +111,24 @@ class Daemon:
         )
         # before deploy: a bad metrics_listen fails with the kernel untouched
         self._metrics = metrics.start_http(self.cfg.node.metrics_listen, metrics.make_registry(collector))
+        self._node_lock.acquire()  # held until close(): edgectl deploy is refused meanwhile
         # discovered backends are there from the first deploy (or a source's failure is on record)
         self.discovery.configure(self.static_cfg, secrets_of(self.static_cfg))
         await self.discovery.first(DISCOVERY_START_S)
         self.cfg = self.discovery.effective(self.static_cfg)
         # pyroute2's sync API runs an event loop of its own: netlink work goes to a thread
-        res = await asyncio.to_thread(
-            deploy.deploy, self.cfg, self.iface, adopt_weights=True, hold=True, amend=self._keep_leaving,
-            progress=lambda line: loop.call_soon_threadsafe(self.events.emit, "progress", line))
+        await asyncio.to_thread(self._write_lock.acquire)
+        try:
+            res = await asyncio.to_thread(
+                deploy.deploy, self.cfg, self.iface, adopt_weights=True, hold=True, amend=self._keep_leaving,
+                progress=lambda line: loop.call_soon_threadsafe(self.events.emit, "progress", line),
+                lock=self._node_lock)
+        finally:
+            self._write_lock.release()
         self._held, self.maps = res.held, res.maps
         self._adopt_operator_state()
-        self._set_services(self._with_leaving(self.cfg, self.leaving))
+        self._set_services(desired.with_leaving(self.cfg, self.leaving, self.cfg.node.max_services,
+                                                self.cfg.node.max_backends)[0])
         if self.cfg.node.bgp is not None:  # announces nothing until run(): the node is not serving yet
             speaker = bird.Bird(self.cfg.node.bgp)
             await speaker.start()
@@ -150,9 +149,13 @@ class Daemon:
         for s in cfg.services:
             for backend, until_s in maps.leaving(s):
                 if all(b.name != backend.name for b in s.backends):  # not back in the config
-                    leaving[(s.name, backend.name)] = Leaving(s, backend, until_s * 1_000_000_000)
+                    until = None if until_s == abi.UNKNOWN else until_s * 1_000_000_000
+                    leaving[(s.name, backend.name)] = Leaving(s, backend, until)
+        applied, dropped = desired.with_leaving(cfg, leaving, cfg.node.max_services, cfg.node.max_backends)
+        for key in dropped:
+            leaving.pop(key)
         self.leaving = leaving
-        return self._with_leaving(cfg, leaving)
+        return applied
 
     def _adopt_operator_state(self) -> None:
         """Drains and weight overrides set through the API live in edge_be_probe, so a
@@ -253,6 +256,8 @@ class Daemon:
         if self._held is not None:
             self._held.close()
             self._held = None
+        self._node_lock.release()
+        self._write_lock.release()
 
     # ------------------------------------------------------------ signals in
 
@@ -488,6 +493,7 @@ class Daemon:
             "added_services": report.added_services,
             "removed_services": [],
             "updated_services": report.updated_services,
+            "renamed_services": report.renamed_services,
             "added_backends": report.added_backends,
             "removed_backends": [],
             "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving),
@@ -506,21 +512,11 @@ class Daemon:
     async def _switch(self, new: Config):
         """Applies new (static + discovered) as a diff against what runs: removed backends and
         services drain out. Returns (apply report, what is draining)."""
-        now = time.monotonic_ns()
-        old = self.cfg
-        new_names = {s.name: s for s in new.services}
-        leaving = dict(self.leaving)
-        for s in old.services:
-            kept = new_names.get(s.name)
-            for b in s.backends:
-                key = (s.name, b.name)
-                if kept is not None and any(nb.name == b.name for nb in kept.backends):
-                    leaving.pop(key, None)
-                    continue
-                if key not in leaving:
-                    leaving[key] = Leaving(s, b, now + s.drain_timeout_ms * 1_000_000,
-                                           whole_service=kept is None)
-        applied = self._with_leaving(new, leaving)
+        now, old = time.monotonic_ns(), self.cfg
+        leaving = desired.leaving_after(old, new, self.leaving, now)
+        applied, dropped = desired.with_leaving(new, leaving, new.node.max_services, new.node.max_backends)
+        for key in dropped:  # its endpoint or VIP is the new config's now, or no room is left
+            leaving.pop(key)
         report = await self._apply(applied)
         self.cfg, self.leaving = new, leaving
         if self.announcer is not None and new.node.bgp != old.node.bgp:
@@ -529,36 +525,29 @@ class Daemon:
             except EdgeError as e:
                 self.events.emit("error", f"bgp: the reloaded node.bgp is not in force: {e}")
         self._write_status(time.monotonic_ns())  # what is draining out must outlive a restart
+        for key in dropped:
+            self.events.emit("removed", f"{key[0]}/{key[1]}: removed at once (its endpoint, VIP or room "
+                                        f"is taken by the new config)", service=key[0], backend=key[1],
+                             why="taken")
         return report, leaving
 
-    @staticmethod
-    def _with_leaving(cfg: Config, leaving: dict) -> Config:
-        """cfg plus what is draining out, each at weight 0."""
-        if not leaving:
-            return cfg
-        services = {s.name: s for s in cfg.services}
-        order = [s.name for s in cfg.services]
-        for (sname, _), gone in sorted(leaving.items()):
-            b = replace(gone.backend, weight=0, standby=False)
-            if sname in services:
-                s = services[sname]
-                if all(x.name != b.name for x in s.backends):
-                    services[sname] = replace(s, backends=s.backends + (b,))
-            else:
-                services[sname] = replace(gone.service, backends=(b,))
-                order.append(sname)
-            if sname not in order:
-                order.append(sname)
-        return replace(cfg, services=tuple(services[n] for n in order))
-
     async def _apply(self, applied: Config):
-        """Programs applied into the maps; a full deploy when it needs a new return interface."""
+        """Programs applied into the maps; a full deploy when it needs a new return interface.
+        Holds the router's write lock meanwhile: an edgectl undeploy waits for it."""
+        await asyncio.to_thread(self._write_lock.acquire)
+        try:
+            return await self._apply_locked(applied)
+        finally:
+            self._write_lock.release()
+
+    async def _apply_locked(self, applied: Config):
         routes = await asyncio.to_thread(deploy.backend_routes, applied)
         node = self.maps.node()
         if set(routes.values()) <= set(node["return_ifindex"]):
             report = self.maps.apply(deploy.adopted(self.maps, applied), routes)
         else:  # new backend-facing interface: deploy attaches the return path there
-            res = await asyncio.to_thread(deploy.deploy, applied, self.iface, adopt_weights=True, hold=True)
+            res = await asyncio.to_thread(deploy.deploy, applied, self.iface, adopt_weights=True, hold=True,
+                                          lock=self._node_lock)
             old_held, old_maps = self._held, self.maps
             self._held, self.maps = res.held, res.maps
             old_maps.close()
@@ -572,31 +561,27 @@ class Daemon:
 
     async def _retire_leaving(self, now_ns: int) -> None:
         """Removes what a reload took out once it is idle (no packets for LEAVING_IDLE_S) or
-        its drain timeout has passed."""
+        its drain timeout has passed (never by time with drain_timeout_ms 0)."""
         if not self.leaving:
             return
-        done = []
-        for key, gone in self.leaving.items():
-            try:
-                _, bids = self.maps.ids(key[0])
-                stats = self.maps.backend_stats(bids[key[1]])
-            except (LookupError, EdgeError):
-                done.append((key, "gone"))
-                continue
-            if stats["packets"] != gone.packets:
-                gone.packets, gone.quiet_since_ns = stats["packets"], now_ns
-            if now_ns >= gone.deadline_ns:
-                done.append((key, "drain timeout"))
-            elif now_ns - gone.quiet_since_ns >= LEAVING_IDLE_S * 1e9:
-                done.append((key, "idle"))
-        if not done:
-            return
         async with self._apply_lock:
+            packets = {}
+            for key in self.leaving:
+                try:
+                    _, bids = self.maps.ids(key[0])
+                    packets[key] = self.maps.backend_stats(bids[key[1]])["packets"]
+                except (LookupError, EdgeError):
+                    packets[key] = None
+            done = desired.retire(self.leaving, packets, now_ns, int(LEAVING_IDLE_S * 1e9))
+            if not done:
+                return
             leaving = dict(self.leaving)
             for key, _ in done:
-                leaving.pop(key, None)
-            await self._apply(self._with_leaving(self.cfg, leaving))
-            self.leaving = leaving
+                leaving.pop(key)
+            applied, dropped = desired.with_leaving(self.cfg, leaving, self.cfg.node.max_services,
+                                                    self.cfg.node.max_backends)
+            await self._apply(applied)
+            self.leaving = {k: v for k, v in leaving.items() if k not in dropped}
         for key, why in done:
             self.events.emit("removed", f"{key[0]}/{key[1]}: removed after draining ({why})",
                              service=key[0], backend=key[1], why=why)
@@ -691,8 +676,15 @@ class Daemon:
                     waiting=v.get("waiting"), running=v.get("running"), kv_usage=v.get("kv_usage"),
                     probes_ok=v["probes_ok"], probes_failed=v["probes_failed"],
                     state=v["state"], reason=v["reason"], drained=v["drained"], override=v["override"],
-                    leave_until_s=gone.deadline_ns // 1_000_000_000 if gone else None,
+                    leave_until_s=_leave_until_s(gone),
                 ))
+
+
+def _leave_until_s(gone: Leaving | None) -> int | None:
+    """edge_be_probe's leave_until_s: None when not leaving, UNKNOWN when until its connections end."""
+    if gone is None:
+        return None
+    return abi.UNKNOWN if gone.deadline_ns is None else gone.deadline_ns // 1_000_000_000
 
 
 async def _maybe_await(value):

@@ -1,8 +1,9 @@
 """The only module that knows map layouts: it writes services, backends and
 Maglev tables into the pinned maps and reads them back for status. Field
 names are the C names of bpf/include/abi.h through bcc's generated types.
-Writes are ordered so that no packet sees a half-made state, and ids are
-stable across updates (README, design notes: map writes)."""
+Applying a config is a transaction: ids planned by desired.py, writes ordered
+so that no packet sees a half-made state, every write journaled and undone if
+a later one fails (README, design notes)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from controlplane import abi, maglev
+from controlplane import abi, desired, maglev
+from controlplane.journal import Journal
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
 
@@ -160,19 +162,23 @@ class ApplyReport:
     updated_services: list[str] = field(default_factory=list)
     added_backends: list[str] = field(default_factory=list)
     removed_backends: list[str] = field(default_factory=list)
+    renamed_services: list[str] = field(default_factory=list)
 
 
 class Maps:
     """Typed access to one instance's maps (the handles loader returns)."""
 
-    def __init__(self, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int):
+    def __init__(self, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int,
+                 max_backends: int | None = None):
+        """max_backends: the pinned maps' (node record); default: as the tables were compiled."""
         self.t = tables
         self.m = maglev_m
         self.max_services = max_services
-        self.max_backends = len(tables[abi.MAP_BACKENDS])
+        self.max_backends = max_backends or len(tables[abi.MAP_BACKENDS])
         self._maglev_fd = maglev_fd
         self._mm: mmap.mmap | None = None
         self._ids: dict[str, tuple[int, dict[str, int]]] | None = None  # set by apply(), else read once
+        self._journal: Journal | None = None  # while apply() runs
 
     @classmethod
     def sized_by_node(cls, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int) -> "Maps":
@@ -180,7 +186,8 @@ class Maps:
         with other sizes), else by maglev_m and max_services."""
         t = tables[abi.MAP_NODE]
         v = t[t.Key(0)]
-        return cls(tables, maglev_fd, v.maglev_m or maglev_m, v.max_services or max_services)
+        return cls(tables, maglev_fd, v.maglev_m or maglev_m, v.max_services or max_services,
+                   v.max_backends or None)
 
     # ------------------------------------------------------------ maglev mmap
 
@@ -198,6 +205,10 @@ class Maps:
         """Writes one Maglev half; the caller flips to it afterwards."""
         words = self._maglev_words()
         base = (vip_id * 2 + half) * self.m
+        if self._journal is not None:
+            old = words[base : base + self.m].copy()
+            self._journal.push(f"{abi.MAP_MAGLEV}: restore", lambda: words.__setitem__(
+                slice(base, base + self.m), old))
         words[base : base + self.m] = backend_ids.astype(np.uint64)
 
     def read_table(self, vip_id: int, half: int) -> np.ndarray:
@@ -254,37 +265,33 @@ class Maps:
                 out[v.name.decode()] = i
         return out
 
-    def _health_in_maps(self) -> dict[tuple[int, int], int]:
-        """(addr, port) in map byte order -> health id, of valid backends."""
-        info = self.t[abi.MAP_BACKENDS]
-        out = {}
+    def _valid_backends(self):
+        """(backend id, backend_info, its name) of every valid backend."""
+        info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
         for i in range(self.max_backends):
             b = info[info.Key(i)]
             if b.flags & abi.BE_F_VALID:
-                out[(b.addr, b.port)] = b.health_id
-        return out
+                yield i, b, meta[meta.Key(i)].name.decode()
 
     def _backends_in_maps(self) -> dict[tuple[int, str], int]:
-        info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
-        out = {}
-        for i in range(self.max_backends):
-            b = info[info.Key(i)]
-            if b.flags & abi.BE_F_VALID:
-                out[(b.vip_id, meta[meta.Key(i)].name.decode())] = i
-        return out
+        return {(b.vip_id, name): i for i, b, name in self._valid_backends()}
 
     def _vip_keys_in_maps(self) -> dict[int, tuple]:
         """vip id -> (key ctypes object, vip_info)."""
         t = self.t[abi.MAP_VIPS]
         return {v.id: (k, v) for k, v in t.items()}
 
-    @staticmethod
-    def _lowest_free(used: set[int], limit: int, what: str) -> int:
-        for i in range(limit):
-            if i not in used:
-                used.add(i)
-                return i
-        raise MapError(f"{what}: all {limit} ids in use")
+    def _deployed(self) -> desired.Deployed:
+        """The ids in the maps, as desired.plan() takes them."""
+        vips = {vid: (from_be32(k.addr), from_be16(k.port), PROTO_NAMES.get(k.proto, "?"))
+                for vid, (k, _) in self._vip_keys_in_maps().items()}
+        services = {name: (vid, vips.get(vid)) for name, vid in self._services_in_maps().items()}
+        backends, health = {}, {}
+        for i, b, name in self._valid_backends():
+            ep = (from_be32(b.addr), from_be16(b.port))
+            backends[(b.vip_id, name)] = (i, ep)
+            health[ep] = b.health_id
+        return desired.Deployed(services, backends, health)
 
     def _zero_stats(self, name: str, index: int) -> None:
         t = self.t[name]
@@ -293,96 +300,181 @@ class Maps:
     # ------------------------------------------------------------ apply
 
     def apply(self, cfg: Config, oifs: Mapping[IPv4Address, int] | None = None) -> ApplyReport:
-        """Makes the maps describe cfg; see the module docstring for order.
-        oifs: backend address -> the interface its heartbeats must arrive on."""
+        """Makes the maps describe cfg, as one transaction: the ids come from desired.plan()
+        (nothing is written when they cannot fit), the writes follow the order of the module
+        docstring, and if any write fails every one before it is undone (the maps are byte-
+        identical to before) and MapError names the map. oifs: backend address -> the
+        interface its heartbeats must arrive on."""
         oifs = oifs or {}
-        report = ApplyReport()
-        old_svcs = self._services_in_maps()
-        old_bes = self._backends_in_maps()
+        saved_t, saved_ids = self.t, self._ids
+        journal = Journal(saved_t)
+        self.t, self._journal = journal.tables, journal
+        try:
+            p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
+            report = ApplyReport(
+                added_services=list(p.new_services), removed_services=sorted(p.removed_services),
+                updated_services=[s.name for s in cfg.services if s.name not in p.new_services],
+                added_backends=[f"{s}/{b}" for s, b in p.new_backends],
+                removed_backends=sorted(name for _, name in p.removed_backends),
+                renamed_services=[f"{a}->{b}" for a, b in sorted(p.renamed_services.items())])
+            if p.recycled:  # an id this change frees is needed: free it first, in the safe order
+                first = desired.kept_part(self._deployed(), cfg, p)
+                self._write(first, desired.plan(self._deployed(), first, self.max_services, self.max_backends),
+                            oifs)
+                p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
+            self._write(cfg, p, oifs)
+        except Exception as e:  # bcc raises bare Exception
+            failed = journal.rollback()
+            self._ids = saved_ids
+            what = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if not isinstance(e, MapError):
+                what = f"{journal.table}: {what}; the maps were restored"
+            if failed:
+                what += f" (and undo failed: {failed[0]})"
+            raise MapError(what) from e
+        finally:
+            self.t, self._journal = saved_t, None
+            journal.forget()  # its views of the mmap must not outlive it (close() refuses)
+        self._ids = p.ids(cfg)
+        return report
+
+    def _write(self, cfg: Config, p: desired.Plan, oifs: Mapping[IPv4Address, int]) -> None:
+        """Writes cfg with plan p's ids, in an order that never shows a packet a half state."""
         old_vips = self._vip_keys_in_maps()
-        used_svc = {i for n, i in old_svcs.items() if n in {s.name for s in cfg.services}}
-        svc_ids: dict[str, int] = {}
-        for s in cfg.services:
-            if s.name in old_svcs:
-                svc_ids[s.name] = old_svcs[s.name]
-            else:
-                svc_ids[s.name] = self._lowest_free(used_svc, self.max_services, "services")
-                report.added_services.append(s.name)
+        old_bes = self._deployed().backends
+        # 0. new ids start clean; a backend that moved loses its cached next hop
+        for name in p.new_services:
+            self._zero_stats(abi.MAP_VIP_STATS, p.svc_ids[name])
+        for key in p.new_backends:
+            bid = p.be_ids[key]
+            self._zero_stats(abi.MAP_BE_STATS, bid)
+            self._zero_stats(abi.MAP_NEXTHOP, bid)
+            probe = self.t[abi.MAP_BE_PROBE]
+            v = probe.Leaf()
+            v.waiting = v.running = v.kv_permille = abi.UNKNOWN
+            probe[probe.Key(bid)] = v
+        for bid in p.moved_backends:
+            self._zero_stats(abi.MAP_NEXTHOP, bid)
+        for hid in p.new_health:
+            t = self.t[abi.MAP_HEALTH]
+            t[t.Key(hid)] = t.Leaf()  # down until it proves itself
 
-        wanted = {(svc_ids[s.name], b.name) for s in cfg.services for b in s.backends}
-        used_be = {i for key, i in old_bes.items() if key in wanted}
-        be_ids: dict[tuple[int, str], int] = {}
-        for s in cfg.services:
-            vid = svc_ids[s.name]
-            for b in s.backends:
-                key = (vid, b.name)
-                if key in old_bes:
-                    be_ids[key] = old_bes[key]
-                else:
-                    be_ids[key] = self._lowest_free(used_be, self.max_backends, "backends")
-                    self._zero_stats(abi.MAP_BE_STATS, be_ids[key])
-                    probe = self.t[abi.MAP_BE_PROBE]
-                    probe[probe.Key(be_ids[key])] = probe.Leaf()
-                    self.write_probe(be_ids[key], waiting=None, running=None, kv_permille=None)
-                    report.added_backends.append(f"{s.name}/{b.name}")
+        # 1. a removed service's VIP stops answering first: its address or backends may be
+        #    someone else's below
+        vips = self.t[abi.MAP_VIPS]
+        for name, vid in p.removed_services.items():
+            if vid in old_vips:
+                del vips[old_vips.pop(vid)[0]]
 
-        # health ids: one per backend address:port, kept across updates
-        old_health = self._health_in_maps()
-        wanted_h = {(be32(b.address), be16(b.port)) for s in cfg.services for b in s.backends}
-        used_h = {h for key, h in old_health.items() if key in wanted_h}
-        health_ids: dict[tuple[int, int], int] = {}
-        for key in sorted(wanted_h):
-            if key in old_health:
-                health_ids[key] = old_health[key]
-            else:
-                health_ids[key] = self._lowest_free(used_h, self.max_backends, "health ids")
-                t = self.t[abi.MAP_HEALTH]
-                t[t.Key(health_ids[key])] = t.Leaf()  # down until it proves itself
+        # An endpoint whose replies change owner (another backend id) is "claimed": the
+        # backends on either side of it wait until the tables stop naming them (3.)
+        rnat_t = self.t[abi.MAP_RNAT]
+        rnat = {(k.addr, k.port, k.proto): v.backend_id for k, v in rnat_t.items()}
+        old_ep = {bid: (be32(ep[0]), be16(ep[1])) for bid, ep in old_bes.values()}
 
-        # 1. service names, backends and health settings, before any table refers to them
+        def ep_of(s, b):
+            return (be32(b.address), be16(b.port), PROTOS[s.protocol])
+
+        claimed = {ep_of(s, b) for s in cfg.services for b in s.backends
+                   if ep_of(s, b) in rnat and rnat[ep_of(s, b)] != p.be_ids[(s.name, b.name)]}
+        old_owners = {rnat[ep] for ep in claimed}
+
+        def waits(s, b) -> bool:
+            bid = p.be_ids[(s.name, b.name)]
+            return ep_of(s, b) in claimed or (bid in old_ep and (*old_ep[bid], PROTOS[s.protocol]) in claimed)
+
+        # 2. addresses, names, backends, heartbeats and new endpoints' reverse NAT, before
+        #    any table names them
+        self._write_vip_addrs(cfg)
+        self._write_reverse_nat(cfg, p, only_new=True)
         for s in cfg.services:
-            vid = svc_ids[s.name]
-            if s.name in report.added_services:
-                self._zero_stats(abi.MAP_VIP_STATS, vid)
+            vid = p.svc_ids[s.name]
             self._write_service_meta(vid, s.name)
             for b in s.backends:
-                hid = health_ids[(be32(b.address), be16(b.port))]
-                self._write_backend(be_ids[(vid, b.name)], vid, b, hid)
-                self.write_probe(be_ids[(vid, b.name)], config_weight=b.weight)
-            self._write_service_cfg(vid, s, [be_ids[(vid, b.name)] for b in s.backends])
-        self._write_heartbeats(cfg, health_ids, oifs)
-        self._write_reverse_nat(cfg, svc_ids, be_ids)
+                if not waits(s, b):
+                    self._write_backend(p.be_ids[(s.name, b.name)], vid, b, p.health_ids[(b.address, b.port)])
+        self._write_heartbeats(cfg, p.health_ids, oifs)
 
-        # 2. tables into the inactive half, then the flip
+        # 3. services naming a backend on a claimed endpoint stop naming it
         for s in cfg.services:
-            vid = svc_ids[s.name]
-            ids = [be_ids[(vid, b.name)] for b in s.backends]
-            old = old_vips.get(vid)
-            half = 1 - old[1].table if old else 0
-            slots = self._write_service_table(vid, half, s, ids)
-            for bid, n in zip(ids, slots):
-                self._set_slots(bid, n)
-            self._write_vip(s, vid, half, old)
-            if old and s.name not in report.added_services:
-                report.updated_services.append(s.name)
+            vid = p.svc_ids[s.name]
+            names_old_owner = any(bid in old_owners for (v, _), (bid, _) in old_bes.items() if v == vid)
+            if vid not in old_vips or not (names_old_owner or any(waits(s, b) for b in s.backends)):
+                continue
+            k = old_vips[vid][0]  # on the VIP it has now; a move comes with the last flip
+            if bytes(k) not in {bytes(x) for x in vips.keys()}:  # moving, and gone to make room
+                continue
+            interim = replace(s, vip=from_be32(k.addr), port=from_be16(k.port), protocol=PROTO_NAMES[k.proto],
+                              backends=tuple(b for b in s.backends if not waits(s, b)))
+            self._flip(interim, vid, p, old_vips)
 
-        # 3. VIP addresses: how many VIPs each address carries
-        self._write_vip_addrs(cfg)
+        # 4. reverse NAT changes owner, the waiting backends are written, then every service's
+        #    list and table, and the flip
+        self._write_reverse_nat(cfg, p)
+        for s in cfg.services:
+            for b in s.backends:
+                if waits(s, b):
+                    self._write_backend(p.be_ids[(s.name, b.name)], p.svc_ids[s.name], b,
+                                        p.health_ids[(b.address, b.port)])
+        for s in cfg.services:
+            probe = self.t[abi.MAP_BE_PROBE]
+            for b in s.backends:
+                bid = p.be_ids[(s.name, b.name)]
+                v = probe[probe.Key(bid)]
+                if v.config_weight != b.weight:
+                    v.config_weight = b.weight
+                    probe[probe.Key(bid)] = v
+        want_keys = {bytes(self._vip_key(s)) for s in cfg.services}
+        self._make_room(abi.MAP_VIPS, want_keys)
+        for s in cfg.services:
+            self._flip(s, p.svc_ids[s.name], p, old_vips)
 
-        # 4. what the config no longer has
-        for name, vid in old_svcs.items():
-            if name not in svc_ids:
-                if vid in old_vips:
-                    del self.t[abi.MAP_VIPS][old_vips[vid][0]]
-                self._write_service_meta(vid, None)
-                report.removed_services.append(name)
-        for (vid, name), bid in old_bes.items():
-            if (vid, name) not in be_ids:
-                self._clear_backend(bid)
-                report.removed_backends.append(name)
-        self._ids = {s.name: (svc_ids[s.name], {b.name: be_ids[(svc_ids[s.name], b.name)] for b in s.backends})
-                     for s in cfg.services}
-        return report
+        # 5. what the config no longer has, now that nothing names it
+        for name, vid in p.removed_services.items():
+            self._write_service_meta(vid, None)
+            t = self.t[abi.MAP_SVC_CFG]
+            t[t.Key(vid)] = t.Leaf()
+        for bid in p.removed_backends.values():
+            self._clear_backend(bid)
+        self._drop_unwanted(abi.MAP_RNAT, self._rnat_keys(cfg))
+        self._drop_unwanted(abi.MAP_HB, self._hb_wanted)
+        self._drop_unwanted(abi.MAP_HB_PORTS, self._hb_ports_wanted)
+        self._drop_unwanted(abi.MAP_VIP_ADDRS, {bytes(self.t[abi.MAP_VIP_ADDRS].Key(be32(s.vip)))
+                                                for s in cfg.services})
+
+    def _flip(self, s: Service, vid: int, p: desired.Plan, old_vips: dict) -> None:
+        """Service s's backend list and Maglev table (inactive half), then one VIP update."""
+        ids = [p.be_ids[(s.name, b.name)] for b in s.backends]
+        self._write_service_cfg(vid, s, ids)
+        old = old_vips.get(vid)
+        half = 1 - old[1].table if old else 0
+        slots = self._write_service_table(vid, half, s, ids)
+        for bid, n in zip(ids, slots):
+            self._set_slots(bid, n)
+        self._write_vip(s, vid, half, old)
+        k = self._vip_key(s)
+        old_vips[vid] = (k, self.t[abi.MAP_VIPS][k])
+
+    def _make_room(self, name: str, wanted: set[bytes]) -> None:
+        """At capacity, a hash map's entries that are going away go before new ones come in
+        (the kernel refuses a key into a full map)."""
+        t = self.t[name]
+        present = {bytes(k): k for k in t.keys()}
+        if len(present) + len(wanted - set(present)) > self._capacity(name):
+            for raw, k in present.items():
+                if raw not in wanted:
+                    del t[k]
+
+    def _capacity(self, name: str) -> int:
+        """max_entries of a hash map as pinned (bpf/include/maps.h sizes them by these two)."""
+        by_services = (abi.MAP_VIPS, abi.MAP_VIP_ADDRS, abi.MAP_HB_PORTS)
+        return self.max_services if name in by_services else self.max_backends
+
+    def _drop_unwanted(self, name: str, wanted: set[bytes]) -> None:
+        t = self.t[name]
+        for k in list(t.keys()):
+            if bytes(k) not in wanted:
+                del t[k]
 
     # ------------------------------------------------------------ weights
 
@@ -554,15 +646,17 @@ class Maps:
         t[t.Key(vid)] = v
 
     def _write_heartbeats(self, cfg: Config, health_ids: dict, oifs: Mapping[IPv4Address, int]) -> None:
-        """edge_hb and edge_hb_ports for every service that uses heartbeats."""
+        """edge_hb and edge_hb_ports for every service that uses heartbeats (added and
+        changed entries; apply() drops the rest once nothing needs them)."""
         hb, ports = self.t[abi.MAP_HB], self.t[abi.MAP_HB_PORTS]
         want: dict[bytes, object] = {}
-        want_ports: set[int] = set()
+        want_ports: dict[bytes, object] = {}
         for s in cfg.services:
             if not (s.health and s.health.heartbeat):
                 continue
             h = s.health.heartbeat
-            want_ports.add(be16(h.port))
+            pk = ports.Key(be16(h.port))
+            want_ports[bytes(pk)] = pk
             for b in s.backends:
                 k = hb.Key()
                 k.addr, k.port, k.hb_port = be32(b.address), be16(b.port), be16(h.port)
@@ -572,38 +666,54 @@ class Maps:
                     v = hb.Leaf()
                     v.timeout_ns = timeout_ns
                 v.token = b.token or 0
-                v.health_id = health_ids[(k.addr, k.port)]
+                v.health_id = health_ids[(b.address, b.port)]
                 v.ifindex = oifs.get(b.address, 0)
                 v.timeout_ns = min(v.timeout_ns, timeout_ns)  # shared by services: the strictest
                 want[bytes(k)] = (k, v)
+        self._hb_wanted, self._hb_ports_wanted = set(want), set(want_ports)
+        self._make_room(abi.MAP_HB, set(want))
         for k, v in want.values():
-            hb[k] = v
-        for k in list(hb.keys()):
-            if bytes(k) not in want:
-                del hb[k]
-        for port in want_ports:
-            ports[ports.Key(port)] = ports.Leaf(1)
-        for k in list(ports.keys()):
-            if k.value not in want_ports:
-                del ports[k]
+            self._put_changed(hb, k, v)
+        self._make_room(abi.MAP_HB_PORTS, set(want_ports))
+        for k in want_ports.values():
+            self._put_changed(ports, k, ports.Leaf(1))
 
-    def _write_reverse_nat(self, cfg: Config, svc_ids: dict, be_ids: dict) -> None:
-        """edge_rnat: each backend endpoint -> the VIP its replies come from."""
+    @staticmethod
+    def _put_changed(t, k, v) -> None:
+        """One write, only when the entry differs: an apply that changes nothing writes nothing."""
+        try:
+            if bytes(t[k]) == bytes(v):
+                return
+        except KeyError:
+            pass
+        t[k] = v
+
+    def _rnat_keys(self, cfg: Config) -> set[bytes]:
         t = self.t[abi.MAP_RNAT]
-        want = set()
+        out = set()
         for s in cfg.services:
-            vid = svc_ids[s.name]
+            for b in s.backends:
+                k = t.Key()
+                k.addr, k.port, k.proto = be32(b.address), be16(b.port), PROTOS[s.protocol]
+                out.add(bytes(k))
+        return out
+
+    def _write_reverse_nat(self, cfg: Config, p: desired.Plan, only_new: bool = False) -> None:
+        """edge_rnat: each backend endpoint -> the VIP its replies come from (only_new: the
+        endpoints that have no entry yet)."""
+        t = self.t[abi.MAP_RNAT]
+        self._make_room(abi.MAP_RNAT, self._rnat_keys(cfg))
+        present = {bytes(k) for k in t.keys()} if only_new else set()
+        for s in cfg.services:
+            vid = p.svc_ids[s.name]
             for b in s.backends:
                 k = t.Key()
                 k.addr, k.port, k.proto = be32(b.address), be16(b.port), PROTOS[s.protocol]
                 v = t.Leaf()
                 v.vip_addr, v.vip_port = be32(s.vip), be16(s.port)
-                v.backend_id, v.vip_id = be_ids[(vid, b.name)], vid
-                t[k] = v
-                want.add(bytes(k))
-        for k in list(t.keys()):
-            if bytes(k) not in want:
-                del t[k]
+                v.backend_id, v.vip_id = p.be_ids[(s.name, b.name)], vid
+                if bytes(k) not in present:
+                    self._put_changed(t, k, v)
 
     def _write_backend(self, bid: int, vid: int, b, health_id: int) -> None:
         info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
@@ -647,27 +757,40 @@ class Maps:
         per_name = dict(zip(names, counts.tolist()))
         return [per_name.get(b.name, 0) for b in s.backends]
 
+    def _vip_key(self, s: Service):
+        k = self.t[abi.MAP_VIPS].Key()
+        k.addr, k.port, k.proto = be32(s.vip), be16(s.port), PROTOS[s.protocol]
+        return k
+
     def _write_vip(self, s: Service, vid: int, half: int, old) -> None:
         t = self.t[abi.MAP_VIPS]
-        k = t.Key()
-        k.addr, k.port, k.proto = be32(s.vip), be16(s.port), PROTOS[s.protocol]
+        k = self._vip_key(s)
         v = t.Leaf()
         v.id, v.table = vid, half
         v.flags = abi.VIP_F_KEEP_FLOWS if s.existing_flows == "keep" else 0
         t[k] = v  # one hash update: the flip
         if old and bytes(old[0]) != bytes(k):  # the service moved to a new VIP
-            del t[old[0]]
+            try:
+                if t[old[0]].id == vid:  # not taken over by another service meanwhile
+                    del t[old[0]]
+            except KeyError:  # made room for the new one already
+                pass
 
     def _write_vip_addrs(self, cfg: Config) -> None:
+        """How many VIPs each address carries (added and changed; apply() drops the rest last)."""
         t = self.t[abi.MAP_VIP_ADDRS]
         want: dict[int, int] = {}
         for s in cfg.services:
             want[be32(s.vip)] = want.get(be32(s.vip), 0) + 1
+        present = {k.value for k in t.keys()}
+        if len(present | set(want)) > self._capacity(abi.MAP_VIP_ADDRS):  # full: VIPs moving off an address go first
+            vips = self.t[abi.MAP_VIPS]
+            for k in list(vips.keys()):
+                if k.addr not in want:
+                    del vips[k]
+        self._make_room(abi.MAP_VIP_ADDRS, {bytes(t.Key(a)) for a in want})
         for addr, n in want.items():
-            t[t.Key(addr)] = t.Leaf(n)
-        for k in list(t.keys()):
-            if k.value not in want:
-                del t[k]
+            self._put_changed(t, t.Key(addr), t.Leaf(n))
 
     # ------------------------------------------------------------ reading
 

@@ -290,7 +290,9 @@ def test_reload_adds_a_backend_and_drains_a_removed_one_at_weight_0(monkeypatch)
     async def go():
         d = daemon(config(("b0", "b1", "b2")))
         d.step(d.services["web"], time.monotonic_ns())
-        summary = await d.reload(yaml.safe_dump(doc(("b0", "b1", "b3"))))  # the API's config text
+        new = doc(("b0", "b1", "b3"))
+        new["services"][0]["backends"][2]["address"] = "198.18.9.2"  # on b2's endpoint, b3 would be b2 renamed
+        summary = await d.reload(yaml.safe_dump(new))  # the API's config text
         d.step(d.services["web"], time.monotonic_ns())
         return d, summary
 

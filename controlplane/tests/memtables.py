@@ -1,0 +1,270 @@
+"""An in-memory model of the pinned maps for tests of maps.py without a kernel:
+tables with the interface maps.py uses from bcc's (Key, Leaf, item get, set and
+delete, keys, items, getvalue and sLeaf for per-CPU arrays, len = max_entries
+for arrays), built from bpf/include/abi.h and maps.h so no layout is written
+twice, and a memfd for the mmap'd Maglev array. Hash maps refuse a new key
+when full, as the kernel does (E2BIG). `fail_at` makes the n-th write raise,
+and `on_write` sees the maps after every write (for invariants)."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import mmap
+import os
+import re
+from pathlib import Path
+
+from controlplane import abi
+from controlplane.maps import MAGLEV_STRIDE, Maps
+
+INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
+SCALARS = {"__u8": ct.c_uint8, "__u16": ct.c_uint16, "__u32": ct.c_uint32, "__u64": ct.c_uint64,
+           "__be16": ct.c_uint16, "__be32": ct.c_uint32, "__be64": ct.c_uint64, "char": ct.c_char}
+STRUCT = re.compile(r"^struct (\w+) \{(.*?)^\};", re.M | re.S)
+FIELD = re.compile(r"^\s*(\w+)\s+(\w+)(?:\[(\w+)\])?;", re.M)
+TABLE = re.compile(r'BPF_TABLE_PINNED\(\s*"(\w+)",\s*([^,]+?),\s*([^,]+?),\s*(\w+),\s*([^,]+?),', re.S)
+NCPU = 2
+
+
+def _defines() -> dict[str, int]:
+    text = (INCLUDE / "abi.h").read_text()
+    return {n: int(v, 0) for n, v in re.findall(r"#define\s+(EDGE_\w+)\s+(0x[0-9a-fA-F]+|\d+)\b", text)}
+
+
+def _structs() -> dict[str, type]:
+    defines = _defines()
+    out: dict[str, type] = {}
+    for name, body in STRUCT.findall((INCLUDE / "abi.h").read_text()):
+        fields = []
+        for ctype, fname, dim in FIELD.findall(re.sub(r"/\*.*?\*/", "", body, flags=re.S)):
+            t = SCALARS[ctype]
+            if dim:
+                t = t * (defines[dim] if dim in defines else int(dim))
+            fields.append((fname, t))
+        out[name] = type(name, (ct.Structure,), {"_fields_": fields})
+    return out
+
+
+def _ctype(decl: str, structs: dict) -> type:
+    decl = decl.strip()
+    return structs[decl.split()[1]] if decl.startswith("struct ") else SCALARS[decl]
+
+
+class Faults:
+    """Counts writes across all tables; raises at write number fail_at."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.fail_at: int | None = None
+        self.on_write = None
+
+    def tick(self, name: str) -> None:
+        self.writes += 1
+        if self.fail_at is not None and self.writes == self.fail_at:
+            raise Exception(f"Could not update table: injected fault in {name}")
+
+
+class Table:
+    def __init__(self, name: str, kind: str, key: type, leaf: type, size: int, faults: Faults):
+        self.name, self.kind, self.max_entries, self.faults = name, kind, size, faults
+        self.Key = key
+        self.array = "array" in kind
+        self.percpu = kind.startswith("percpu")
+        if self.percpu:
+            self.sLeaf = leaf
+            self.Leaf = (leaf if ct.sizeof(leaf) % 8 == 0 else ct.c_uint64) * NCPU
+        else:
+            self.Leaf = leaf
+        self.data: dict[bytes, bytes] = {}
+
+    def _k(self, key) -> bytes:
+        if isinstance(key, int):
+            key = self.Key(key)
+        if self.array and not 0 <= key.value < self.max_entries:
+            raise IndexError("Array index out of range")
+        return bytes(key)
+
+    def __len__(self) -> int:
+        return self.max_entries if self.array else len(self.data)
+
+    def __getitem__(self, key):
+        k = self._k(key)
+        if k in self.data:
+            return self.Leaf.from_buffer_copy(self.data[k])
+        if self.array:
+            return self.Leaf()
+        raise KeyError(key)
+
+    getvalue = __getitem__
+
+    def __setitem__(self, key, leaf) -> None:
+        k = self._k(key)
+        if not self.array and k not in self.data and len(self.data) >= self.max_entries:
+            raise Exception(f"Could not update table: {os.strerror(errno.E2BIG)}")
+        self.faults.tick(self.name)
+        self.data[k] = bytes(leaf)
+        if self.faults.on_write:
+            self.faults.on_write()
+
+    def __delitem__(self, key) -> None:
+        k = self._k(key)
+        if self.array:
+            self.faults.tick(self.name)
+            self.data.pop(k, None)
+        else:
+            if k not in self.data:
+                raise KeyError(key)
+            self.faults.tick(self.name)
+            del self.data[k]
+        if self.faults.on_write:
+            self.faults.on_write()
+
+    def keys(self):
+        if self.array:
+            return [self.Key(i) for i in range(self.max_entries)]
+        return [self.Key.from_buffer_copy(k) for k in list(self.data)]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def items(self):
+        return [(k, self[k]) for k in self.keys()]
+
+    def dump(self) -> dict[bytes, bytes]:
+        """Contents as bytes; arrays without their all-zero entries."""
+        return {k: v for k, v in self.data.items() if not (self.array and not any(v))}
+
+
+class MemMaps:
+    """Every map of the data path in memory, and a Maps over them."""
+
+    def __init__(self, maglev_m: int, max_services: int, max_backends: int, ct_size: int = 1024):
+        sizes = {"EDGE_MAGLEV_M": maglev_m, "EDGE_MAX_SERVICES": max_services,
+                 "EDGE_MAX_BACKENDS": max_backends, "EDGE_CT_SIZE": ct_size, **_defines()}
+        structs = _structs()
+        self.faults = Faults()
+        self.tables: dict[str, Table] = {}
+        for kind, key, leaf, name, size in TABLE.findall((INCLUDE / "maps.h").read_text()):
+            n = 1
+            for part in size.split("*"):
+                part = part.strip()
+                n *= sizes[part] if part in sizes else int(part)
+            if name == abi.MAP_MAGLEV:
+                continue  # the mmap'd memfd below
+            self.tables[name] = Table(name, kind, _ctype(key, structs), _ctype(leaf, structs), n, self.faults)
+        self.m, self.max_services = maglev_m, max_services
+        size = max_services * 2 * maglev_m * MAGLEV_STRIDE
+        self.maglev_fd = os.memfd_create("edge-maglev")
+        os.ftruncate(self.maglev_fd, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE)
+        self._mm = mmap.mmap(self.maglev_fd, size)
+
+    def maps(self) -> Maps:
+        return Maps(self.tables, self.maglev_fd, self.m, self.max_services)
+
+    def image(self) -> dict:
+        """Everything in the maps, byte for byte."""
+        return {**{n: t.dump() for n, t in self.tables.items()}, abi.MAP_MAGLEV: bytes(self._mm)}
+
+    def close(self) -> None:
+        self._mm.close()
+        os.close(self.maglev_fd)
+
+
+def _ids_to_names(mem: MemMaps):
+    t = mem.tables
+    svcs = {}
+    for k, v in t[abi.MAP_SVC_META].data.items():
+        meta = t[abi.MAP_SVC_META].Leaf.from_buffer_copy(v)
+        if meta.in_use:
+            svcs[int.from_bytes(k, "little")] = meta.name.decode()
+    bes, health = {}, {}
+    for k, v in t[abi.MAP_BACKENDS].data.items():
+        b = t[abi.MAP_BACKENDS].Leaf.from_buffer_copy(v)
+        if b.flags & abi.BE_F_VALID:
+            bid = int.from_bytes(k, "little")
+            name = t[abi.MAP_BE_META][bid].name.decode()
+            bes[bid] = (svcs.get(b.vip_id, f"?{b.vip_id}"), name)
+            health[b.health_id] = (b.addr, b.port)
+    return svcs, bes, health
+
+
+def active_tables(mem: MemMaps) -> dict[tuple, list]:
+    """VIP key -> the backend ids of its active Maglev half."""
+    words = memoryview(mem._mm).cast("Q")
+    out = {}
+    for k, v in mem.tables[abi.MAP_VIPS].items():
+        base = (v.id * 2 + v.table) * mem.m
+        out[(k.addr, k.port, k.proto)] = (v.id, [w & 0xFFFFFFFF for w in words[base:base + mem.m]])
+    return out
+
+
+def canonical(mem: MemMaps) -> dict:
+    """What the data path and status see, with every id replaced by the name it stands for."""
+    t = mem.tables
+    svcs, bes, health = _ids_to_names(mem)
+    name = lambda bid: bes.get(bid, ("?", f"?{bid}")) if bid != abi.NO_BACKEND else None  # noqa: E731
+    out: dict = {"services": sorted(svcs.values())}
+    vips = {}
+    for key, (vid, table) in active_tables(mem).items():
+        info = t[abi.MAP_VIPS][t[abi.MAP_VIPS].Key(*key)]
+        vips[key] = (svcs.get(vid), info.flags, [name(b) for b in table])
+    out["vips"] = vips
+    cfgs = {}
+    for vid, sname in svcs.items():
+        c = t[abi.MAP_SVC_CFG][vid]
+        backends = [name(c.backends[i]) for i in range(c.n_backends)]
+        c.backends = (ct.c_uint32 * abi.MAX_PER_SERVICE)()
+        cfgs[sname] = (bytes(c), backends)
+    out["svc_cfg"] = cfgs
+    backends = {}
+    for bid, key in bes.items():
+        b, m, p = t[abi.MAP_BACKENDS][bid], t[abi.MAP_BE_META][bid], t[abi.MAP_BE_PROBE][bid]
+        backends[key] = (b.addr, b.port, b.flags, svcs.get(b.vip_id), health.get(b.health_id),
+                         m.name, m.weight, m.slots, p.config_weight)
+    out["backends"] = backends
+    out["rnat"] = {bytes(k): (v.vip_addr, v.vip_port, name(v.backend_id), svcs.get(v.vip_id))
+                   for k, v in t[abi.MAP_RNAT].items()}
+    out["hb"] = {bytes(k): (v.token, v.timeout_ns, health.get(v.health_id), v.ifindex)
+                 for k, v in t[abi.MAP_HB].items()}
+    out["hb_ports"] = sorted(bytes(k) for k in t[abi.MAP_HB_PORTS].keys())
+    out["vip_addrs"] = {bytes(k): v.value for k, v in t[abi.MAP_VIP_ADDRS].items()}
+    return out
+
+
+def vip_keys(cfg) -> dict[tuple, str]:
+    """VIP key -> the name of the service cfg puts there."""
+    from controlplane.maps import PROTOS, be16, be32
+    return {(be32(s.vip), be16(s.port), PROTOS[s.protocol]): s.name for s in cfg.services}
+
+
+def half_states(mem: MemMaps, target: dict[tuple, str] | None = None) -> list[str]:
+    """What a packet arriving now could trip over: a VIP whose address the fast test misses,
+    a table or service list naming a backend that is not valid or not the VIP's, a backend
+    that takes new flows without the reverse NAT entry its replies need. target: the VIPs
+    of the config being applied; a VIP not in it, or the target's for another service, is
+    going away from the service it names now (a moved VIP's replies are the new VIP's a
+    moment before the move, and that is allowed)."""
+    t = mem.tables
+    svcs = _ids_to_names(mem)[0]
+    bad = []
+    addrs = {k.value for k in t[abi.MAP_VIP_ADDRS].keys()}
+    rnat = {(k.addr, k.port, k.proto): v for k, v in t[abi.MAP_RNAT].items()}
+    for key, (vid, table) in active_tables(mem).items():
+        if key[0] not in addrs:
+            bad.append(f"VIP {key} missing from {abi.MAP_VIP_ADDRS}")
+        c = t[abi.MAP_SVC_CFG][vid]
+        listed = {c.backends[i] for i in range(c.n_backends)}
+        for bid in set(table) - {abi.NO_BACKEND} | listed:
+            b = t[abi.MAP_BACKENDS][bid]
+            if not b.flags & abi.BE_F_VALID or b.vip_id != vid:
+                bad.append(f"VIP {key} (id {vid}) names backend {bid}, which is not valid for it")
+                continue
+            if b.flags & abi.BE_F_DRAINING and bid not in table:
+                continue
+            r = rnat.get((b.addr, b.port, key[2]))
+            if target is not None and target.get(key) != svcs.get(vid):
+                continue
+            if r is None or r.backend_id != bid or (r.vip_addr, r.vip_port) != key[:2]:
+                bad.append(f"VIP {key}: backend {bid} takes new flows, its replies are not reverse-NATed")
+    return bad
