@@ -1,0 +1,180 @@
+"""How maps reads the data path back: per-backend health as the data path
+judges it (tied to health.h by a test), counters, the edge_be_probe status
+records, and the snapshot `edgectl status` and the metrics show. Part of the
+maps package, the only code that knows map layouts; Maps mixes this in."""
+
+from __future__ import annotations
+
+import time
+
+
+from controlplane import abi
+from controlplane.maps.records import (
+    PROBE_TEXT, PROTO_NAMES, ProbeStatus, count_entries, from_be16, from_be32, pack_probe,
+    unpack_probe,
+)
+
+
+class Reader:
+    """Readers of health, counters, status records and the snapshot (mixed into Maps)."""
+
+    def write_probe(self, bid: int, **values) -> None:
+        """Sets fields of backend bid's edge_be_probe entry (C names of struct
+        backend_probe); strings are cut to fit, None load signals are UNKNOWN."""
+        t = self.t[abi.MAP_BE_PROBE]
+        v = t[t.Key(bid)]
+        for name, value in values.items():
+            if name in PROBE_TEXT:
+                value = value.encode()[: PROBE_TEXT[name] - 1]
+            elif value is None:
+                value = abi.UNKNOWN
+            setattr(v, name, value)
+        t[t.Key(bid)] = v
+
+    def write_status(self, bid: int, status: ProbeStatus) -> None:
+        """Backend bid's whole edge_be_probe record, from status."""
+        t = self.t[abi.MAP_BE_PROBE]
+        v = t.Leaf()
+        for name, value in pack_probe(status).items():
+            setattr(v, name, value)
+        t[t.Key(bid)] = v
+
+    def _probe_fields(self, bid: int) -> dict:
+        t = self.t[abi.MAP_BE_PROBE]
+        v = t[t.Key(bid)]
+        return {name: getattr(v, name) for name, _ in t.Leaf._fields_ if not name.startswith("pad")}
+
+    def read_status(self, bid: int) -> ProbeStatus:
+        """Backend bid's edge_be_probe record in plain units."""
+        return unpack_probe(self._probe_fields(bid))
+
+    def read_probe(self, bid: int) -> dict:
+        """Backend bid's edge_be_probe record as `status --json` shows it: C names, text
+        decoded, unknown load signals None."""
+        out = self._probe_fields(bid)
+        for name in PROBE_TEXT:
+            out[name] = out[name].decode(errors="replace")
+        for name in ("waiting", "running", "kv_permille"):
+            if out[name] == abi.UNKNOWN:
+                out[name] = None
+        return out
+
+    def _health(self, b, sc, now: int) -> dict:
+        """What the data path thinks of a backend right now, and why. The state re-states
+        health.h's backend_usable() to name the reason: "up" exactly when it would take new
+        flows (tests/test_health_rule.py runs the C rule against this one)."""
+        h = self.t[abi.MAP_HEALTH][self.t[abi.MAP_HEALTH].Key(b.health_id)]
+        hb_on, passive_on = bool(sc.flags & abi.SVC_F_HEARTBEAT), bool(sc.flags & abi.SVC_F_PASSIVE)
+        age_s = (now - h.last_seen_ns) / 1e9 if h.last_seen_ns else None
+        # an ejection left from before passive detection was turned off counts no more
+        ejected = (hb_on or passive_on) and h.ejected_until_ns > now
+        state = "up"
+        if b.flags & (abi.BE_F_VALID | abi.BE_F_UP) != abi.BE_F_VALID | abi.BE_F_UP:
+            state = "admin-down"
+        elif ejected:
+            state = "ejected"
+        elif hb_on and h.last_seen_ns + sc.hb_timeout_ns < now:  # as the C compares: no "now - stamp"
+            state = "down"
+        elif hb_on and h.rise_count < sc.rise:
+            state = "rising"
+        return {
+            "state": state,
+            "usable": state == "up",
+            "heartbeat": hb_on,
+            "heartbeat_age_s": age_s if hb_on else None,
+            "rise_count": h.rise_count,
+            "heartbeat_seq": h.hb_seq,
+            "passive": passive_on,
+            "ejected_for_s": (h.ejected_until_ns - now) / 1e9 if ejected else 0.0,
+            "ejections": h.ejections,
+            "syn_outstanding": h.syn_outstanding,
+        }
+
+    def _sum_percpu(self, name: str, index: int) -> dict[str, int]:
+        t = self.t[name]
+        per_cpu = t.getvalue(t.Key(index))
+        fields = [f for f, _ in t.sLeaf._fields_ if not f.startswith("pad")]
+        return {f: sum(getattr(v, f) for v in per_cpu) for f in fields}
+
+    def backend_stats(self, bid: int) -> dict[str, int]:
+        """Traffic counters of one backend, summed over CPUs."""
+        return self._sum_percpu(abi.MAP_BE_STATS, bid)
+
+    def usable(self, service: str) -> dict[str, bool]:
+        """Backend name -> whether the data path gives it new flows now (up, not draining)."""
+        _, bids = self.ids(service)
+        info, cfgs = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_SVC_CFG]
+        now = time.monotonic_ns()
+        out = {}
+        for name, bid in bids.items():
+            b = info[info.Key(bid)]
+            out[name] = (bool(b.flags & abi.BE_F_VALID) and not b.flags & abi.BE_F_DRAINING
+                         and self._health(b, cfgs[cfgs.Key(b.vip_id)], now)["usable"])
+        return out
+
+    def _sum_counter(self, name: str, index: int) -> int:
+        t = self.t[name]
+        return sum(int(v) for v in t.getvalue(t.Key(index)))
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """{"verdicts": {name: n}, "drops": {name: n}}, summed over CPUs."""
+        return {"verdicts": {n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()},
+                "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()}}
+
+    def snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
+        """Everything status shows, as plain data. Counting conntrack entries
+        walks the whole table (seconds when it is full), so it is asked for; past
+        deadline_ns (CLOCK_MONOTONIC) the count stops: conntrack_entries is None and
+        conntrack_partial the entries counted before."""
+        node = self.node()
+        vips = self._vip_keys_in_maps()
+        svc_names = self._services_in_maps()
+        info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
+        cfgs = self.t[abi.MAP_SVC_CFG]
+        now = time.monotonic_ns()  # CLOCK_MONOTONIC, as bpf_ktime_get_ns()
+        backends_by_vip: dict[int, list] = {}
+        for bid in range(self.max_backends):
+            b = info[info.Key(bid)]
+            if not b.flags & abi.BE_F_VALID:
+                continue
+            m = meta[meta.Key(bid)]
+            health = self._health(b, cfgs[cfgs.Key(b.vip_id)], now)
+            backends_by_vip.setdefault(b.vip_id, []).append({
+                "id": bid,
+                "name": m.name.decode(),
+                "address": str(from_be32(b.addr)),
+                "port": from_be16(b.port),
+                "weight": m.weight,
+                "standby": bool(b.flags & abi.BE_F_STANDBY),
+                "state": "draining" if b.flags & abi.BE_F_DRAINING and health["usable"] else health["state"],
+                "health": health,
+                "slots": m.slots,
+                "probe": self.read_probe(bid),
+                **self._sum_percpu(abi.MAP_BE_STATS, bid),
+            })
+        services = []
+        for name, vid in sorted(svc_names.items(), key=lambda kv: kv[1]):
+            key, v = vips.get(vid, (None, None))
+            services.append({
+                "name": name,
+                "id": vid,
+                "vip": str(from_be32(key.addr)) if key else None,
+                "port": from_be16(key.port) if key else None,
+                "protocol": PROTO_NAMES.get(key.proto, "?") if key else None,
+                "table": v.table if v else None,
+                "existing_flows": "keep" if v and v.flags & abi.VIP_F_KEEP_FLOWS else "reselect",
+                **self._sum_percpu(abi.MAP_VIP_STATS, vid),
+                "backends": backends_by_vip.get(vid, []),
+            })
+        out = {
+            "node": node,
+            "services": services,
+            **self.counters(),
+            "conntrack_entries": None,
+        }
+        if count_conntrack:
+            n, complete = count_entries(self.t[abi.MAP_CT].keys(), deadline_ns)
+            out["conntrack_entries"] = n if complete else None
+            if not complete:
+                out["conntrack_partial"] = n
+        return out

@@ -1,0 +1,144 @@
+"""Byte order, names and the plain records of the maps package: the edge_be_probe
+status record (ProbeStatus, packed and unpacked here only) and counting helpers."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+from typing import Iterable, Mapping
+
+
+from controlplane import abi
+
+PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
+PROTO_NAMES = {v: k for k, v in PROTOS.items()}
+# Array maps store each value in round_up(value_size, 8) bytes; edge_maglev's
+# u32 values are therefore 8 bytes apart in the mmap'd region (x86/arm64 are
+# little-endian, so the id is the low half of each 64-bit word).
+MAGLEV_STRIDE = 8
+
+
+def be32(addr: IPv4Address) -> int:
+    """An address as the integer whose memory image is network order."""
+    return struct.unpack("=I", addr.packed)[0]
+
+
+def be16(port: int) -> int:
+    return socket.htons(port)
+
+
+def from_be32(value: int) -> IPv4Address:
+    return IPv4Address(struct.pack("=I", value))
+
+
+def from_be16(value: int) -> int:
+    return socket.ntohs(value)
+
+
+def _name_bytes(name: str) -> bytes:
+    return name.encode()[: abi.NAME_LEN - 1]
+
+
+@dataclass(frozen=True)
+class ProbeStatus:
+    """One backend's edge_be_probe record in plain units: what edged measured and decided,
+    and the operator's marks a restarted edged keeps. pack_probe/unpack_probe convert."""
+
+    updated_ns: int = 0  # CLOCK_MONOTONIC of the write; 0 = never
+    config_weight: int = 0
+    rtt_p50_s: float | None = None  # over the probe window; None = no sample
+    rtt_p99_s: float | None = None
+    rtt_smoothed_s: float | None = None
+    waiting: float | None = None  # load signals as the engine reports them; None = unknown
+    running: float | None = None
+    kv_usage: float | None = None  # 0..1
+    probes_ok: int = 0
+    probes_failed: int = 0
+    state: str = ""
+    reason: str = ""
+    drained: bool = False  # by the operator (API)
+    override: int | None = None  # the operator's weight
+    leave_until_s: int | None = None  # removed by a reload: CLOCK_MONOTONIC second its drain ends
+
+
+PROBE_TEXT = {"state": 16, "reason": 64}  # char arrays of struct backend_probe, NUL included
+_U32_MAX_VALUE = 0xFFFFFFFE  # the largest u32 that is not EDGE_UNKNOWN
+
+
+def pack_probe(p: ProbeStatus) -> dict[str, int | bytes]:
+    """p as the fields of struct backend_probe (C names, units and sentinels of abi.h)."""
+    def us(seconds):
+        return 0 if seconds is None else max(1, min(round(seconds * 1e6), _U32_MAX_VALUE))
+
+    def count(value):
+        return abi.UNKNOWN if value is None else max(0, min(round(value), _U32_MAX_VALUE))
+
+    return {
+        "updated_ns": p.updated_ns,
+        "config_weight": p.config_weight,
+        "rtt_p50_us": us(p.rtt_p50_s),
+        "rtt_p99_us": us(p.rtt_p99_s),
+        "rtt_smoothed_us": us(p.rtt_smoothed_s),
+        "waiting": count(p.waiting),
+        "running": count(p.running),
+        "kv_permille": abi.UNKNOWN if p.kv_usage is None else max(0, min(1000, round(p.kv_usage * 1000))),
+        "probes_ok": p.probes_ok & 0xFFFFFFFF,
+        "probes_failed": p.probes_failed & 0xFFFFFFFF,
+        "flags": (abi.PROBE_F_DRAINED if p.drained else 0) | (abi.PROBE_F_OVERRIDE if p.override is not None else 0)
+        | (abi.PROBE_F_LEAVING if p.leave_until_s is not None else 0),
+        "override_weight": p.override or 0,
+        "leave_until_s": p.leave_until_s or 0,
+        "state": p.state.encode()[: PROBE_TEXT["state"] - 1],
+        "reason": p.reason.encode()[: PROBE_TEXT["reason"] - 1],
+    }
+
+
+def unpack_probe(v: Mapping[str, int | bytes]) -> ProbeStatus:
+    """The fields of struct backend_probe (C names) as a ProbeStatus."""
+    def seconds(us):
+        return us / 1e6 if us else None
+
+    def known(value):
+        return None if value == abi.UNKNOWN else value
+
+    flags = v["flags"]
+    return ProbeStatus(
+        updated_ns=v["updated_ns"], config_weight=v["config_weight"],
+        rtt_p50_s=seconds(v["rtt_p50_us"]), rtt_p99_s=seconds(v["rtt_p99_us"]),
+        rtt_smoothed_s=seconds(v["rtt_smoothed_us"]),
+        waiting=known(v["waiting"]), running=known(v["running"]),
+        kv_usage=None if v["kv_permille"] == abi.UNKNOWN else v["kv_permille"] / 1000,
+        probes_ok=v["probes_ok"], probes_failed=v["probes_failed"],
+        state=bytes(v["state"]).decode(errors="replace"), reason=bytes(v["reason"]).decode(errors="replace"),
+        drained=bool(flags & abi.PROBE_F_DRAINED),
+        override=v["override_weight"] if flags & abi.PROBE_F_OVERRIDE else None,
+        leave_until_s=v["leave_until_s"] if flags & abi.PROBE_F_LEAVING else None,
+    )
+
+
+def counts_from_dump(map_name: str, dump: list[dict]) -> dict[str, int]:
+    """`bpftool -j map dump` of edge_verdicts or edge_drops (per-CPU arrays of u64, key
+    u32, both host byte order) as {name: count summed over CPUs}: for readers that do
+    not compile the data path (tests, tools)."""
+    names = {abi.MAP_VERDICTS: abi.CNT_NAMES, abi.MAP_DROPS: abi.DROP_NAMES}[map_name]
+    counts = {}
+    for entry in dump:
+        key = int.from_bytes(bytes(int(b, 16) for b in entry["key"]), sys.byteorder)
+        if key in names:
+            counts[names[key]] = sum(int.from_bytes(bytes(int(b, 16) for b in v["value"]), sys.byteorder)
+                                     for v in entry["values"])
+    return counts
+
+
+def count_entries(keys: Iterable, deadline_ns: int | None = None, every: int = 1024) -> tuple[int, bool]:
+    """(entries, complete) of a walk over keys that stops at deadline_ns (CLOCK_MONOTONIC),
+    looking at the clock every `every` entries."""
+    n = 0
+    for n, _ in enumerate(keys, 1):
+        if deadline_ns is not None and n % every == 0 and time.monotonic_ns() > deadline_ns:
+            return n, False
+    return n, True

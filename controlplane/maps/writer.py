@@ -1,0 +1,405 @@
+"""How maps applies a config: the transaction (ids planned by desired.py,
+writes ordered so that no packet sees a half-made state, every write journaled
+and undone when a later one fails) and the writers of each map it touches.
+Part of the maps package, the only code that knows map layouts; Maps mixes
+this in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from ipaddress import IPv4Address
+from typing import Mapping
+
+import numpy as np
+
+from controlplane import abi, desired, maglev
+from controlplane.journal import Journal
+from controlplane.config import Config, Service
+from controlplane.errors import MapError
+from controlplane.maps.records import (
+    PROTOS, PROTO_NAMES, _name_bytes, be16, be32, from_be16, from_be32,
+)
+
+
+@dataclass
+class ApplyReport:
+    """What one apply() changed, for the CLI's progress lines."""
+
+    added_services: list[str] = field(default_factory=list)
+    removed_services: list[str] = field(default_factory=list)
+    updated_services: list[str] = field(default_factory=list)
+    added_backends: list[str] = field(default_factory=list)
+    removed_backends: list[str] = field(default_factory=list)
+    renamed_services: list[str] = field(default_factory=list)
+
+
+class Writer:
+    """The apply transaction and the writers it orders (mixed into Maps)."""
+
+    def _zero_stats(self, name: str, index: int) -> None:
+        t = self.t[name]
+        t[t.Key(index)] = t.Leaf()  # for per-CPU maps bcc's Leaf is one value per CPU
+
+    # ------------------------------------------------------------ apply
+
+    def apply(self, cfg: Config, oifs: Mapping[IPv4Address, int] | None = None) -> ApplyReport:
+        """Makes the maps describe cfg, as one transaction: the ids come from desired.plan()
+        (nothing is written when they cannot fit), the writes follow the order of the module
+        docstring, and if any write fails every one before it is undone (the maps are byte-
+        identical to before) and MapError names the map. oifs: backend address -> the
+        interface its heartbeats must arrive on."""
+        oifs = oifs or {}
+        saved_t, saved_ids = self.t, self._ids
+        journal = Journal(saved_t)
+        self.t, self._journal = journal.tables, journal
+        try:
+            p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
+            report = ApplyReport(
+                added_services=list(p.new_services), removed_services=sorted(p.removed_services),
+                updated_services=[s.name for s in cfg.services if s.name not in p.new_services],
+                added_backends=[f"{s}/{b}" for s, b in p.new_backends],
+                removed_backends=sorted(name for _, name in p.removed_backends),
+                renamed_services=[f"{a}->{b}" for a, b in sorted(p.renamed_services.items())])
+            if p.recycled:  # an id this change frees is needed: free it first, in the safe order
+                first = desired.kept_part(self._deployed(), cfg, p)
+                self._write(first, desired.plan(self._deployed(), first, self.max_services, self.max_backends),
+                            oifs)
+                p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
+            self._write(cfg, p, oifs)
+        except Exception as e:  # bcc raises bare Exception
+            failed = journal.rollback()
+            self._ids = saved_ids
+            what = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if not isinstance(e, MapError):
+                what = f"{journal.table}: {what}; the maps were restored"
+            if failed:
+                what += f" (and undo failed: {failed[0]})"
+            raise MapError(what) from e
+        finally:
+            self.t, self._journal = saved_t, None
+            journal.forget()  # its views of the mmap must not outlive it (close() refuses)
+        self._ids = p.ids(cfg)
+        return report
+
+    def _write(self, cfg: Config, p: desired.Plan, oifs: Mapping[IPv4Address, int]) -> None:
+        """Writes cfg with plan p's ids, in an order that never shows a packet a half state."""
+        old_vips = self._vip_keys_in_maps()
+        old_bes = self._deployed().backends
+        # 0. new ids start clean; a backend that moved loses its cached next hop
+        for name in p.new_services:
+            self._zero_stats(abi.MAP_VIP_STATS, p.svc_ids[name])
+        for key in p.new_backends:
+            bid = p.be_ids[key]
+            self._zero_stats(abi.MAP_BE_STATS, bid)
+            self._zero_stats(abi.MAP_NEXTHOP, bid)
+            probe = self.t[abi.MAP_BE_PROBE]
+            v = probe.Leaf()
+            v.waiting = v.running = v.kv_permille = abi.UNKNOWN
+            probe[probe.Key(bid)] = v
+        for bid in p.moved_backends:
+            self._zero_stats(abi.MAP_NEXTHOP, bid)
+        for hid in p.new_health:
+            t = self.t[abi.MAP_HEALTH]
+            t[t.Key(hid)] = t.Leaf()  # down until it proves itself
+
+        # 1. a removed service's VIP stops answering first: its address or backends may be
+        #    someone else's below
+        vips = self.t[abi.MAP_VIPS]
+        for name, vid in p.removed_services.items():
+            if vid in old_vips:
+                del vips[old_vips.pop(vid)[0]]
+
+        # An endpoint whose replies change owner (another backend id) is "claimed": the
+        # backends on either side of it wait until the tables stop naming them (3.)
+        rnat_t = self.t[abi.MAP_RNAT]
+        rnat = {(k.addr, k.port, k.proto): v.backend_id for k, v in rnat_t.items()}
+        old_ep = {bid: (be32(ep[0]), be16(ep[1])) for bid, ep in old_bes.values()}
+
+        def ep_of(s, b):
+            return (be32(b.address), be16(b.port), PROTOS[s.protocol])
+
+        claimed = {ep_of(s, b) for s in cfg.services for b in s.backends
+                   if ep_of(s, b) in rnat and rnat[ep_of(s, b)] != p.be_ids[(s.name, b.name)]}
+        old_owners = {rnat[ep] for ep in claimed}
+
+        def waits(s, b) -> bool:
+            bid = p.be_ids[(s.name, b.name)]
+            return ep_of(s, b) in claimed or (bid in old_ep and (*old_ep[bid], PROTOS[s.protocol]) in claimed)
+
+        # 2. addresses, names, backends, heartbeats and new endpoints' reverse NAT, before
+        #    any table names them
+        self._write_vip_addrs(cfg)
+        self._write_reverse_nat(cfg, p, only_new=True)
+        for s in cfg.services:
+            vid = p.svc_ids[s.name]
+            self._write_service_meta(vid, s.name)
+            for b in s.backends:
+                if not waits(s, b):
+                    self._write_backend(p.be_ids[(s.name, b.name)], vid, b, p.health_ids[(b.address, b.port)])
+        self._write_heartbeats(cfg, p.health_ids, oifs)
+
+        # 3. services naming a backend on a claimed endpoint stop naming it
+        for s in cfg.services:
+            vid = p.svc_ids[s.name]
+            names_old_owner = any(bid in old_owners for (v, _), (bid, _) in old_bes.items() if v == vid)
+            if vid not in old_vips or not (names_old_owner or any(waits(s, b) for b in s.backends)):
+                continue
+            k = old_vips[vid][0]  # on the VIP it has now; a move comes with the last flip
+            if bytes(k) not in {bytes(x) for x in vips.keys()}:  # moving, and gone to make room
+                continue
+            interim = replace(s, vip=from_be32(k.addr), port=from_be16(k.port), protocol=PROTO_NAMES[k.proto],
+                              backends=tuple(b for b in s.backends if not waits(s, b)))
+            self._flip(interim, vid, p, old_vips)
+
+        # 4. reverse NAT changes owner, the waiting backends are written, then every service's
+        #    list and table, and the flip
+        self._write_reverse_nat(cfg, p)
+        for s in cfg.services:
+            for b in s.backends:
+                if waits(s, b):
+                    self._write_backend(p.be_ids[(s.name, b.name)], p.svc_ids[s.name], b,
+                                        p.health_ids[(b.address, b.port)])
+        for s in cfg.services:
+            probe = self.t[abi.MAP_BE_PROBE]
+            for b in s.backends:
+                bid = p.be_ids[(s.name, b.name)]
+                v = probe[probe.Key(bid)]
+                if v.config_weight != b.weight:
+                    v.config_weight = b.weight
+                    probe[probe.Key(bid)] = v
+        want_keys = {bytes(self._vip_key(s)) for s in cfg.services}
+        self._make_room(abi.MAP_VIPS, want_keys)
+        for s in cfg.services:
+            self._flip(s, p.svc_ids[s.name], p, old_vips)
+
+        # 5. what the config no longer has, now that nothing names it
+        for name, vid in p.removed_services.items():
+            self._write_service_meta(vid, None)
+            t = self.t[abi.MAP_SVC_CFG]
+            t[t.Key(vid)] = t.Leaf()
+        for bid in p.removed_backends.values():
+            self._clear_backend(bid)
+        self._drop_unwanted(abi.MAP_RNAT, self._rnat_keys(cfg))
+        self._drop_unwanted(abi.MAP_HB, self._hb_wanted)
+        self._drop_unwanted(abi.MAP_HB_PORTS, self._hb_ports_wanted)
+        self._drop_unwanted(abi.MAP_VIP_ADDRS, {bytes(self.t[abi.MAP_VIP_ADDRS].Key(be32(s.vip)))
+                                                for s in cfg.services})
+
+    def _flip(self, s: Service, vid: int, p: desired.Plan, old_vips: dict) -> None:
+        """Service s's backend list and Maglev table (inactive half), then one VIP update."""
+        ids = [p.be_ids[(s.name, b.name)] for b in s.backends]
+        self._write_service_cfg(vid, s, ids)
+        old = old_vips.get(vid)
+        half = 1 - old[1].table if old else 0
+        slots = self._write_service_table(vid, half, s, ids)
+        for bid, n in zip(ids, slots):
+            self._set_slots(bid, n)
+        self._write_vip(s, vid, half, old)
+        k = self._vip_key(s)
+        old_vips[vid] = (k, self.t[abi.MAP_VIPS][k])
+
+    def _make_room(self, name: str, wanted: set[bytes]) -> None:
+        """At capacity, a hash map's entries that are going away go before new ones come in
+        (the kernel refuses a key into a full map)."""
+        t = self.t[name]
+        present = {bytes(k): k for k in t.keys()}
+        if len(present) + len(wanted - set(present)) > self._capacity(name):
+            for raw, k in present.items():
+                if raw not in wanted:
+                    del t[k]
+
+    def _capacity(self, name: str) -> int:
+        """max_entries of a hash map as pinned (bpf/include/maps.h sizes them by these two)."""
+        by_services = (abi.MAP_VIPS, abi.MAP_VIP_ADDRS, abi.MAP_HB_PORTS)
+        return self.max_services if name in by_services else self.max_backends
+
+    def _drop_unwanted(self, name: str, wanted: set[bytes]) -> None:
+        t = self.t[name]
+        for k in list(t.keys()):
+            if bytes(k) not in wanted:
+                del t[k]
+
+    # ------------------------------------------------------------ weights
+
+    def _write_service_meta(self, vid: int, name: str | None) -> None:
+        t = self.t[abi.MAP_SVC_META]
+        v = t.Leaf()
+        if name is not None:
+            v.name = _name_bytes(name)
+            v.in_use = 1
+        t[t.Key(vid)] = v
+
+    def _write_service_cfg(self, vid: int, s: Service, ids: list[int]) -> None:
+        t = self.t[abi.MAP_SVC_CFG]
+        v = t.Leaf()
+        health = s.health
+        if health and health.heartbeat:
+            v.flags |= abi.SVC_F_HEARTBEAT
+            v.hb_timeout_ns = health.heartbeat.timeout_ms * 1_000_000
+            v.rise = health.heartbeat.rise
+        if health and health.passive:
+            p = health.passive
+            v.flags |= abi.SVC_F_PASSIVE
+            v.syn_timeout_ns = p.syn_timeout_ms * 1_000_000
+            v.ejection_ns = p.ejection_ms * 1_000_000
+            v.consecutive = p.consecutive
+            v.max_ejected_pct = p.max_ejected_percent
+        if health:  # fewer usable than panic_percent of the primaries: usable < ceil(pct * n / 100)
+            v.panic_below = (health.panic_percent * sum(not b.standby for b in s.backends) + 99) // 100
+        ordered = [bid for b, bid in zip(s.backends, ids) if not b.standby]
+        ordered += [bid for b, bid in zip(s.backends, ids) if b.standby]
+        if len(ordered) > abi.MAX_PER_SERVICE:
+            raise MapError(f"{s.name}: more than {abi.MAX_PER_SERVICE} backends in one service")
+        v.n_backends = len(ordered)
+        for i, bid in enumerate(ordered):
+            v.backends[i] = bid
+        t[t.Key(vid)] = v
+
+    def _write_heartbeats(self, cfg: Config, health_ids: dict, oifs: Mapping[IPv4Address, int]) -> None:
+        """edge_hb and edge_hb_ports for every service that uses heartbeats (added and
+        changed entries; apply() drops the rest once nothing needs them)."""
+        hb, ports = self.t[abi.MAP_HB], self.t[abi.MAP_HB_PORTS]
+        want: dict[bytes, object] = {}
+        want_ports: dict[bytes, object] = {}
+        for s in cfg.services:
+            if not (s.health and s.health.heartbeat):
+                continue
+            h = s.health.heartbeat
+            pk = ports.Key(be16(h.port))
+            want_ports[bytes(pk)] = pk
+            for b in s.backends:
+                k = hb.Key()
+                k.addr, k.port, k.hb_port = be32(b.address), be16(b.port), be16(h.port)
+                v = want.get(bytes(k), (k, None))[1]
+                timeout_ns = h.timeout_ms * 1_000_000
+                if v is None:
+                    v = hb.Leaf()
+                    v.timeout_ns = timeout_ns
+                v.token = b.token or 0
+                v.health_id = health_ids[(b.address, b.port)]
+                v.ifindex = oifs.get(b.address, 0)
+                v.timeout_ns = min(v.timeout_ns, timeout_ns)  # shared by services: the strictest
+                want[bytes(k)] = (k, v)
+        self._hb_wanted, self._hb_ports_wanted = set(want), set(want_ports)
+        self._make_room(abi.MAP_HB, set(want))
+        for k, v in want.values():
+            self._put_changed(hb, k, v)
+        self._make_room(abi.MAP_HB_PORTS, set(want_ports))
+        for k in want_ports.values():
+            self._put_changed(ports, k, ports.Leaf(1))
+
+    @staticmethod
+    def _put_changed(t, k, v) -> None:
+        """One write, only when the entry differs: an apply that changes nothing writes nothing."""
+        try:
+            if bytes(t[k]) == bytes(v):
+                return
+        except KeyError:
+            pass
+        t[k] = v
+
+    def _rnat_keys(self, cfg: Config) -> set[bytes]:
+        t = self.t[abi.MAP_RNAT]
+        out = set()
+        for s in cfg.services:
+            for b in s.backends:
+                k = t.Key()
+                k.addr, k.port, k.proto = be32(b.address), be16(b.port), PROTOS[s.protocol]
+                out.add(bytes(k))
+        return out
+
+    def _write_reverse_nat(self, cfg: Config, p: desired.Plan, only_new: bool = False) -> None:
+        """edge_rnat: each backend endpoint -> the VIP its replies come from (only_new: the
+        endpoints that have no entry yet)."""
+        t = self.t[abi.MAP_RNAT]
+        self._make_room(abi.MAP_RNAT, self._rnat_keys(cfg))
+        present = {bytes(k) for k in t.keys()} if only_new else set()
+        for s in cfg.services:
+            vid = p.svc_ids[s.name]
+            for b in s.backends:
+                k = t.Key()
+                k.addr, k.port, k.proto = be32(b.address), be16(b.port), PROTOS[s.protocol]
+                v = t.Leaf()
+                v.vip_addr, v.vip_port = be32(s.vip), be16(s.port)
+                v.backend_id, v.vip_id = p.be_ids[(s.name, b.name)], vid
+                if bytes(k) not in present:
+                    self._put_changed(t, k, v)
+
+    def _write_backend(self, bid: int, vid: int, b, health_id: int) -> None:
+        info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
+        flags = abi.BE_F_VALID | abi.BE_F_UP
+        if b.standby:
+            flags |= abi.BE_F_STANDBY
+        if b.weight == 0:
+            flags |= abi.BE_F_DRAINING
+        v = info.Leaf()
+        v.addr, v.port, v.flags, v.vip_id = be32(b.address), be16(b.port), flags, vid
+        v.health_id = health_id
+        info[info.Key(bid)] = v
+        old = meta[meta.Key(bid)]
+        m = meta.Leaf()
+        m.name, m.weight, m.slots = _name_bytes(b.name), b.weight, old.slots
+        meta[meta.Key(bid)] = m
+
+    def _set_slots(self, bid: int, slots: int) -> None:
+        meta = self.t[abi.MAP_BE_META]
+        m = meta[meta.Key(bid)]
+        m.slots = slots
+        meta[meta.Key(bid)] = m
+
+    def _clear_backend(self, bid: int) -> None:
+        for name in (abi.MAP_BACKENDS, abi.MAP_BE_META, abi.MAP_BE_PROBE):
+            t = self.t[name]
+            t[t.Key(bid)] = t.Leaf()
+
+    def _write_service_table(self, vid: int, half: int, s: Service, ids: list[int]) -> list[int]:
+        """Builds and writes the VIP's table of primaries (standbys are found
+        by the data path's fallback scan); returns slots per backend."""
+        primaries = [b for b in s.backends if not b.standby]
+        names = [b.name for b in primaries]
+        weights = [b.weight for b in primaries]
+        positions = maglev.build_table(names, weights, self.m)
+        by_name = {b.name: bid for b, bid in zip(s.backends, ids)}
+        lut = np.array([by_name[n] for n in names] + [abi.NO_BACKEND], dtype=np.uint32)
+        table = lut[positions]  # position -1 picks the NO_BACKEND entry
+        self.write_table(vid, half, table)
+        counts = np.bincount(positions[positions >= 0], minlength=len(names))
+        per_name = dict(zip(names, counts.tolist()))
+        return [per_name.get(b.name, 0) for b in s.backends]
+
+    def _vip_key(self, s: Service):
+        k = self.t[abi.MAP_VIPS].Key()
+        k.addr, k.port, k.proto = be32(s.vip), be16(s.port), PROTOS[s.protocol]
+        return k
+
+    def _write_vip(self, s: Service, vid: int, half: int, old) -> None:
+        t = self.t[abi.MAP_VIPS]
+        k = self._vip_key(s)
+        v = t.Leaf()
+        v.id, v.table = vid, half
+        v.flags = abi.VIP_F_KEEP_FLOWS if s.existing_flows == "keep" else 0
+        t[k] = v  # one hash update: the flip
+        if old and bytes(old[0]) != bytes(k):  # the service moved to a new VIP
+            try:
+                if t[old[0]].id == vid:  # not taken over by another service meanwhile
+                    del t[old[0]]
+            except KeyError:  # made room for the new one already
+                pass
+
+    def _write_vip_addrs(self, cfg: Config) -> None:
+        """How many VIPs each address carries (added and changed; apply() drops the rest last)."""
+        t = self.t[abi.MAP_VIP_ADDRS]
+        want: dict[int, int] = {}
+        for s in cfg.services:
+            want[be32(s.vip)] = want.get(be32(s.vip), 0) + 1
+        present = {k.value for k in t.keys()}
+        if len(present | set(want)) > self._capacity(abi.MAP_VIP_ADDRS):  # full: VIPs moving off an address go first
+            vips = self.t[abi.MAP_VIPS]
+            for k in list(vips.keys()):
+                if k.addr not in want:
+                    del vips[k]
+        self._make_room(abi.MAP_VIP_ADDRS, {bytes(t.Key(a)) for a in want})
+        for addr, n in want.items():
+            self._put_changed(t, t.Key(addr), t.Leaf(n))
+
+    # ------------------------------------------------------------ reading
