@@ -13,23 +13,19 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from controlplane import abi, announce, bird, deploy, desired, loader, metrics, sdnotify, watch, weights
 from controlplane.config import Config, Service, load_config, load_config_text
 from controlplane.errors import ConfigError, EdgeError
 from controlplane.events import Events
-from controlplane.maps import ProbeStatus
+from controlplane.operations import WALK_DEADLINE_S, WALK_GRACE_S, Operations
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.probe import Prober, Target
 from controlplane.signals import Load, Sample
 
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
-# A status walk stops counting conntrack here and reports it unknown. A full table of the
-# default ct_size (262144) counts in about 0.9 s on a 2-core test VM; 3 s leaves a busy node room.
-WALK_DEADLINE_S = 3.0
-WALK_GRACE_S = 2.0  # past the deadline, a caller stops waiting for a walk that has not ended
 LEAVING_IDLE_S = 3.0  # a removed backend with no packets this long has no connections left
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
 WATCH_EVERY_S = 1.0  # how often edged checks that its data path is still attached and pinned
@@ -38,9 +34,6 @@ WATCH_EVERY_S = 1.0  # how often edged checks that its data path is still attach
 # pyroute2's sync calls cannot run on a thread whose event loop is running: the data-path
 # watch's netlink queries (milliseconds) run here.
 _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-netlink")
-# Walks of the maps for status and metrics run here, never on the loop: counting conntrack
-# is O(ct_size) (seconds when full), the rest O(max_backends). One at a time.
-_walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
 
 
 Leaving = desired.Leaving
@@ -63,7 +56,7 @@ class Steered:
         return self.service.weights.policy != "static"
 
 
-class Daemon:
+class Daemon(Operations):
     """One edged: a deployed data path and the loop that steers it."""
 
     def __init__(self, cfg: Config, iface: str, events: Events | None = None, config_path: str | None = None):
@@ -349,109 +342,6 @@ class Daemon:
 
     # ------------------------------------------------------------ BGP announcement
 
-    def node_state(self) -> announce.NodeState:
-        """What announce.decide() judges: data path open, serving (the watch finds the data path
-        whole, edged is not stopping), drain-node, usable backends (the data path takes new
-        flows to them and probes do not say down)."""
-        services = []
-        for name, st in self.services.items():
-            usable = 0
-            if self.maps is not None:
-                try:
-                    usable = sum(ok and not (b in st.trackers and st.trackers[b].down)
-                                 for b, ok in self.maps.usable(name).items())
-                except EdgeError:
-                    usable = 0
-            services.append(announce.ServiceState(name, st.service.vip, usable))
-        return announce.NodeState(attached=self.maps is not None, serving=not self._stopping.is_set(),
-                                  drained=self.node_drained, services=tuple(services),
-                                  problem=self.not_serving)
-
-    async def drain_node(self, drained: bool = True) -> dict:
-        """`edgectl drain-node`: withdraws every VIP from BGP (the data path keeps forwarding
-        what still arrives); undrain announces them again. Returns the announcement."""
-        if self.announcer is None:
-            raise EdgeError("node.bgp: not configured; drain-node withdraws the VIPs' BGP routes")
-        self.node_drained = drained
-        self.events.emit("drain-node", "node drained: withdrawing every VIP" if drained
-                         else "node undrained: announcing the VIPs again", drained=drained)
-        d = await self.announcer.sync()
-        return {"announced": sorted(map(str, d.announce)),
-                "withdrawn": {str(k): v for k, v in d.withdrawn.items()}}
-
-    # ------------------------------------------------------------ operator actions (API)
-
-    def _find(self, service: str, backend: str) -> Steered:
-        st = self.services.get(service)
-        if st is None:
-            raise LookupError(f"no service {service!r}")
-        if backend not in st.trackers:
-            raise LookupError(f"service {service!r} has no backend {backend!r}")
-        return st
-
-    def drain(self, service: str, backend: str) -> None:
-        """Weight 0 for backend until undrained: no new flows, its connections stay."""
-        self._operator(service, backend, "drain", "drained by the operator",
-                       lambda: self.drained.add((service, backend)))
-
-    def undrain(self, service: str, backend: str) -> None:
-        self._operator(service, backend, "undrain", "undrained by the operator",
-                       lambda: self.drained.discard((service, backend)))
-
-    def set_override(self, service: str, backend: str, weight: int | None) -> None:
-        """A fixed weight for backend, beating the policy; None gives it back to the policy."""
-        if weight is None:
-            self._operator(service, backend, "override", "weight override cleared",
-                           lambda: self.overrides.pop((service, backend), None), weight=None)
-            return
-        if not 0 <= int(weight) <= 65535:
-            raise ValueError(f"weight: {weight} is out of range 0..65535")
-        self._operator(service, backend, "override", f"weight overridden to {int(weight)}",
-                       lambda: self.overrides.__setitem__((service, backend), int(weight)), weight=int(weight))
-
-    def _operator(self, service: str, backend: str, kind: str, text: str, change: Callable[[], object],
-                  **fields) -> None:
-        """One operator action: change edged's marks and apply them at once; when the maps
-        refuse, the marks are as before (the caller gets the error, the loops retry nothing)."""
-        st = self._find(service, backend)
-        before = set(self.drained), dict(self.overrides)
-        change()
-        try:
-            self.step(st, time.monotonic_ns())
-        except EdgeError:
-            self.drained, self.overrides = before
-            raise
-        self.events.emit(kind, f"{service}/{backend}: {text}", service=service, backend=backend, **fields)
-        self._write_status(time.monotonic_ns())
-
-    async def snapshot(self, count_conntrack: bool = False) -> dict:
-        """This instance as `edgectl status --json` shows it, plus edged's view per backend.
-        The maps are walked on a worker thread within WALK_DEADLINE_S: a conntrack count cut
-        by the deadline is None (conntrack_partial: entries counted before it)."""
-        if self.maps is None:
-            raise EdgeError("edged has no data path open (starting or stopping)")
-        deadline_ns = time.monotonic_ns() + int(WALK_DEADLINE_S * 1e9)
-        walk = asyncio.wrap_future(_walker.submit(deploy.describe, self.maps, self.instance, self.pin_path,
-                                                  count_conntrack, deadline_ns))
-        self._walks.add(walk)
-        walk.add_done_callback(self._walks.discard)
-        try:
-            snap = await asyncio.wait_for(asyncio.shield(walk), WALK_DEADLINE_S + WALK_GRACE_S)
-        except asyncio.TimeoutError:
-            raise EdgeError(f"status: walking the maps took over {WALK_DEADLINE_S + WALK_GRACE_S:g}s; "
-                            f"try again") from None
-        now = time.monotonic_ns()
-        discovered = self.discovery.view()
-        for svc in snap["services"]:
-            st = self.services.get(svc["name"])
-            svc["pushes"] = st.pushes if st else 0
-            if svc["name"] in discovered:
-                svc["discovery"] = discovered[svc["name"]]
-            for b in svc["backends"]:
-                if st and b["name"] in st.trackers:
-                    b["edged"] = self.backend_view(svc["name"], b["name"], now)
-        return snap
-
     async def reload(self, text: str | None = None) -> dict:
         """Validates a config and applies it as a diff: the text given (over the API), else
         the file edged was started with; never another file. A bad config raises ConfigError
@@ -633,59 +523,6 @@ class Daemon:
         if text != before:
             self.events.emit("error", text, **fields)
         return text
-
-    def backend_view(self, name: str, backend: str, now_ns: int) -> dict:
-        """What edged knows of one backend: window, smoothing, load, state."""
-        st = self.services[name]
-        health = st.service.health
-        view = weights.describe(st.trackers[backend], now_ns, health.metrics if health else None)
-        window = self.prober.window((name, backend))  # the one window of recent probes
-        ok, failed = self.observer.probes(name, backend)
-        view.update({
-            # engines export gauges as floats; requests are counted in whole numbers
-            "waiting": None if view.get("waiting") is None else int(view["waiting"]),
-            "running": None if view.get("running") is None else int(view["running"]),
-            "rtt_p50_s": window.p50() if window else None,
-            "rtt_p99_s": window.p99() if window else None,
-            "rtt_window": window.rtts() if window else [],
-            "probes_ok": ok,
-            "probes_failed": failed,
-            "weight": (st.pushed or {}).get(backend),
-            "config_weight": next(b.weight for b in st.service.backends if b.name == backend),
-            "state": st.states.get(backend, "static" if not st.computed else ""),
-            "reason": st.reasons.get(backend, ""),
-            "drained": (name, backend) in self.drained,
-            "override": self.overrides.get((name, backend)),
-            "leaving": (name, backend) in self.leaving,
-        })
-        if view["leaving"]:
-            view["state"], view["reason"] = "leaving", "removed by reload; draining its connections"
-        elif view["drained"]:
-            view["state"], view["reason"] = "drained", "drained by the operator"
-        return view
-
-    def _write_status(self, now_ns: int) -> None:
-        for name, st in self.services.items():
-            _, bids = self.maps.ids(name)
-            for b in st.service.backends:
-                v = self.backend_view(name, b.name, now_ns)
-                gone = self.leaving.get((name, b.name))
-                self.maps.write_status(bids[b.name], ProbeStatus(
-                    updated_ns=now_ns, config_weight=b.weight,
-                    rtt_p50_s=v["rtt_p50_s"], rtt_p99_s=v["rtt_p99_s"], rtt_smoothed_s=v.get("rtt_smoothed_s"),
-                    waiting=v.get("waiting"), running=v.get("running"), kv_usage=v.get("kv_usage"),
-                    probes_ok=v["probes_ok"], probes_failed=v["probes_failed"],
-                    state=v["state"], reason=v["reason"], drained=v["drained"], override=v["override"],
-                    leave_until_s=_leave_until_s(gone),
-                ))
-
-
-def _leave_until_s(gone: Leaving | None) -> int | None:
-    """edge_be_probe's leave_until_s: None when not leaving, UNKNOWN when until its connections end."""
-    if gone is None:
-        return None
-    return abi.UNKNOWN if gone.deadline_ns is None else gone.deadline_ns // 1_000_000_000
-
 
 async def _maybe_await(value):
     if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):

@@ -18,7 +18,7 @@ import time
 import pytest
 import yaml
 
-from controlplane import abi, edged, loader, maps
+from controlplane import abi, edged, loader, maps, operations
 from controlplane.errors import ConfigError, EdgeError, MapError
 from controlplane.config import parse_config
 from controlplane.maps import ApplyReport, ProbeStatus
@@ -424,8 +424,8 @@ def test_the_loop_keeps_deciding_while_a_status_walk_is_slow(monkeypatch):
 def test_a_walk_that_outlives_its_grace_is_an_error_and_the_loop_goes_on(monkeypatch):
     monkeypatch.setattr(edged.deploy, "describe", lambda maps, instance, pin_path, count=False, deadline_ns=None:
                         maps.snapshot(count, deadline_ns))
-    monkeypatch.setattr(edged, "WALK_DEADLINE_S", 0.01)
-    monkeypatch.setattr(edged, "WALK_GRACE_S", 0.01)
+    monkeypatch.setattr(operations, "WALK_DEADLINE_S", 0.01)
+    monkeypatch.setattr(operations, "WALK_GRACE_S", 0.01)
 
     async def go():
         d = daemon()
