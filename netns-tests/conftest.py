@@ -17,8 +17,8 @@ from typing import Iterator
 
 import pytest
 
-from controlplane.testbed.router import Router
-from controlplane.testbed.topo import Net, Topo
+from controlplane.lab.router import Router
+from controlplane.lab.topo import Net, Topo
 
 BACKEND_PORT = 8000
 

@@ -1,6 +1,6 @@
 """Heartbeats for the namespace tests: real UDP datagrams from a backend's namespace to the router.
 
-start_heartbeats() runs the project's agent (edge-heartbeat, through controlplane.testbed.heartbeats)
+start_heartbeats() runs the project's agent (edge-heartbeat, through controlplane.lab.heartbeats)
 with its health check off, so heartbeats go on whether or not the server answers.
 hb_socket() and send() are for tests that send heartbeats one at a time, or forge them.
 Every sender is bounded in count and time.
@@ -13,8 +13,8 @@ import time
 from ipaddress import IPv4Address
 
 from controlplane import abi
-from controlplane.testbed.heartbeats import start_heartbeats as agent
-from controlplane.testbed.topo import Net, Ns
+from controlplane.lab.heartbeats import start_heartbeats as agent
+from controlplane.lab.topo import Net, Ns
 
 HB_PORT = 7946
 SERVICE_PORT = 8000

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from scapy.layers.inet import ICMP
 
-from controlplane.testbed.traffic import Addr, _hostport
+from controlplane.lab.traffic import Addr, _hostport
 
 if TYPE_CHECKING:
-    from controlplane.testbed.topo import Ns
+    from controlplane.lab.topo import Ns
 
 ETH_P_IP = 0x0800
 PACKET_OUTGOING = 4  # sll_pkttype of frames the interface sent (linux/if_packet.h)

@@ -24,8 +24,8 @@ from typing import Iterator
 import pytest
 
 from controlplane import abi
-from controlplane.testbed.router import Router, TcFilter
-from controlplane.testbed.traffic import close_all, open_connections
+from controlplane.lab.router import Router, TcFilter
+from controlplane.lab.traffic import close_all, open_connections
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
 TC_PRIO = 0xED

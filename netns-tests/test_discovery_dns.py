@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-from controlplane.testbed.daemon import EdgedProc
-from controlplane.testbed.registry import Dnsmasq
-from controlplane.testbed.traffic import backends_seen, close_all, open_connections
+from controlplane.lab.daemon import EdgedProc
+from controlplane.lab.registry import Dnsmasq
+from controlplane.lab.traffic import backends_seen, close_all, open_connections
 
 PORT = 8000
 NAME = "web.disc.test"

@@ -18,8 +18,8 @@ import signal
 
 import pytest
 
-from controlplane.testbed.ecmp import Fleet
-from controlplane.testbed.fleet import FleetTopo
+from controlplane.lab.ecmp import Fleet
+from controlplane.lab.fleet import FleetTopo
 
 N_CONNS = 200
 

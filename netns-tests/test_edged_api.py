@@ -14,8 +14,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.testbed.daemon import EdgedProc
-from controlplane.testbed.traffic import backends_seen, wait_until
+from controlplane.lab.daemon import EdgedProc
+from controlplane.lab.traffic import backends_seen, wait_until
 
 PORT = 8000
 

@@ -15,8 +15,8 @@ import urllib.request
 from controlplane import abi
 from controlplane import edgedcli as edged_module
 from controlplane.api.client import Client
-from controlplane.testbed.daemon import EdgedProc
-from controlplane.testbed.traffic import http_get
+from controlplane.lab.daemon import EdgedProc
+from controlplane.lab.traffic import http_get
 
 PORT = 8000
 

@@ -15,8 +15,8 @@ from collections import Counter
 from pathlib import Path
 
 from controlplane import abi
-from controlplane.testbed.daemon import EdgedProc
-from controlplane.testbed.traffic import backends_seen, close_all, http_get, open_connections
+from controlplane.lab.daemon import EdgedProc
+from controlplane.lab.traffic import backends_seen, close_all, http_get, open_connections
 
 PORT = 8000
 

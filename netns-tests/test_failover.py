@@ -29,9 +29,9 @@ from typing import Callable, Iterator
 import pytest
 
 import hb
-from controlplane.testbed.router import Router
-from controlplane.testbed.topo import Net, Ns
-from controlplane.testbed.traffic import Conn, backends_seen, close_all, connect, open_connections, wait_until
+from controlplane.lab.router import Router
+from controlplane.lab.topo import Net, Ns
+from controlplane.lab.traffic import Conn, backends_seen, close_all, connect, open_connections, wait_until
 
 PORT = 8000  # conftest.BACKEND_PORT
 TOKENS = {i: 0x5EED0000 + i for i in range(3)}

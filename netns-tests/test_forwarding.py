@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 from collections import Counter
 
-from controlplane.testbed.traffic import backends_seen, http_get
+from controlplane.lab.traffic import backends_seen, http_get
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
 

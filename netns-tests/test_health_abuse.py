@@ -32,9 +32,9 @@ from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
 import hb
-from controlplane.testbed.router import Router, link_mac
-from controlplane.testbed.topo import Net
-from controlplane.testbed.traffic import backends_seen, close_all, open_connections, wait_until
+from controlplane.lab.router import Router, link_mac
+from controlplane.lab.topo import Net
+from controlplane.lab.traffic import backends_seen, close_all, open_connections, wait_until
 from packets import Capture, send_frames
 
 PORT = 8000  # conftest.BACKEND_PORT

@@ -18,10 +18,10 @@ import subprocess
 import sys
 from collections import Counter
 
-from controlplane.testbed.heartbeats import PACKAGE_ROOT, Agent, start_all
-from controlplane.testbed.router import Router
-from controlplane.testbed.topo import Net, Server, backend_role, read_line
-from controlplane.testbed.traffic import backends_seen, wait_until
+from controlplane.lab.heartbeats import PACKAGE_ROOT, Agent, start_all
+from controlplane.lab.router import Router
+from controlplane.lab.topo import Net, Server, backend_role, read_line
+from controlplane.lab.traffic import backends_seen, wait_until
 
 PORT = 8000  # conftest.BACKEND_PORT
 TOKENS = [0x5EED0000 + i for i in range(3)]
@@ -68,7 +68,7 @@ def restart_backend(net: Net, i: int) -> Server:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
     name, addr = backend_role(i), net.backend_addr(i)
-    proc = net.backends[i].popen([sys.executable, "-m", "controlplane.testbed.backend", "--name", name,
+    proc = net.backends[i].popen([sys.executable, "-m", "controlplane.lab.backend", "--name", name,
                                   "--listen", f"{addr}:{PORT}"], stdout=subprocess.PIPE, env=env)
     line = read_line(proc, timeout_s=10.0)
     assert line.startswith(f"listening {name} "), line

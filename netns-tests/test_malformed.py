@@ -40,8 +40,8 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import checksum
 
-from controlplane.testbed.router import Router, link_mac
-from controlplane.testbed.traffic import http_get, wait_until
+from controlplane.lab.router import Router, link_mac
+from controlplane.lab.traffic import http_get, wait_until
 from packets import Capture, send_frames
 
 PORT = 8000  # conftest.BACKEND_PORT; the VIP serves web (tcp) and dns (udp) on it

@@ -11,9 +11,9 @@ import signal
 import time
 
 from controlplane.edged import LEAVING_IDLE_S
-from controlplane.testbed.daemon import EdgedProc
-from controlplane.testbed.router import Router
-from controlplane.testbed.traffic import backends_seen, close_all, open_connections
+from controlplane.lab.daemon import EdgedProc
+from controlplane.lab.router import Router
+from controlplane.lab.traffic import backends_seen, close_all, open_connections
 
 PORT = 8000
 

@@ -17,7 +17,7 @@ import socket
 
 import pytest
 
-from controlplane.testbed.traffic import Conn, http_get, wait_until
+from controlplane.lab.traffic import Conn, http_get, wait_until
 from packets import Capture, ping, udp_query
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port

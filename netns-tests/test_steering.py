@@ -1,7 +1,7 @@
 """Steering by latency and GPU load: edged probes three simulated inference servers and the
 new-flow shares follow the weights it computes; established connections never move.
 
-        client ──veth── router (XDP, edged) ──veth── b0, b1, b2 (controlplane.testbed.inference)
+        client ──veth── router (XDP, edged) ──veth── b0, b1, b2 (controlplane.lab.inference)
 
 The servers' knobs (POST /sim/degrade) add latency, fill the queue, hang the engine or take
 /metrics away while the test runs. Shares are counted over real connections (one GET each).
@@ -19,10 +19,10 @@ from typing import Iterator
 import pytest
 
 from conftest import require_privileges, undeployed_after
-from controlplane.testbed.daemon import EdgedProc
-from controlplane.testbed.inference import degrade_from
-from controlplane.testbed.topo import Net, Topo
-from controlplane.testbed.traffic import backends_seen, close_all, open_connections
+from controlplane.lab.daemon import EdgedProc
+from controlplane.lab.inference import degrade_from
+from controlplane.lab.topo import Net, Topo
+from controlplane.lab.traffic import backends_seen, close_all, open_connections
 
 PORT = 8000
 PROBE = {"kind": "http", "path": "/health", "interval_ms": 100, "timeout_ms": 80, "window": 10}

@@ -22,8 +22,8 @@ import pytest
 from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
-from controlplane.testbed.topo import Net, Topo, check_ifname, read_line, terminate
-from controlplane.testbed.traffic import (
+from controlplane.lab.topo import Net, Topo, check_ifname, read_line, terminate
+from controlplane.lab.traffic import (
     backends_seen,
     close_all,
     http_get,

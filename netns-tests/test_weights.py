@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from controlplane.testbed.traffic import backends_seen, close_all, open_connections
+from controlplane.lab.traffic import backends_seen, close_all, open_connections
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
 

@@ -1,6 +1,6 @@
 """The README's demo: what the router is for, in a minute or two.
 
-A client, the router and three simulated inference servers (controlplane.testbed.inference)
+A client, the router and three simulated inference servers (controlplane.lab.inference)
 in network namespaces, 1, 5 and 15 ms slow; edged probes them, scrapes their load and steers
 new flows by latency and GPU load. A GPU's queue fills and its share drops; an engine hangs
 and is drained while the connections it already has stay where they are; edgectl status and
@@ -28,11 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from controlplane import drill  # noqa: E402
 from controlplane.config import parse_config  # noqa: E402
 from controlplane.errors import EdgeError  # noqa: E402
-from controlplane.testbed.daemon import EdgedProc  # noqa: E402
-from controlplane.testbed.router import EdgectlError, Router  # noqa: E402
-from controlplane.testbed.inference import degrade_from  # noqa: E402
-from controlplane.testbed.topo import Net, Topo  # noqa: E402
-from controlplane.testbed.traffic import backends_seen, close_all, http_get, open_connections  # noqa: E402
+from controlplane.lab.daemon import EdgedProc  # noqa: E402
+from controlplane.lab.router import EdgectlError, Router  # noqa: E402
+from controlplane.lab.inference import degrade_from  # noqa: E402
+from controlplane.lab.topo import Net, Topo  # noqa: E402
+from controlplane.lab.traffic import backends_seen, close_all, http_get, open_connections  # noqa: E402
 
 PORT = 8000
 METRICS_LISTEN = "127.0.0.1:9470"  # edged's Prometheus endpoint, inside the router namespace

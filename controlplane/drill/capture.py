@@ -20,7 +20,7 @@ from controlplane.drill.frames import ETH_HLEN
 from controlplane.drill.plan import DrillError
 
 if TYPE_CHECKING:
-    from controlplane.testbed.topo import Net
+    from controlplane.lab.topo import Net
 
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4  # sll_pkttype (linux/if_packet.h)
@@ -78,7 +78,7 @@ def _capture_main(conn, where: list[tuple[str, str]], client: str, proto: int, p
                   max_frames: int, deadline_s: float) -> None:
     """Child process: capture on each (netns path, ifname) until told to stop or deadline_s passes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    from controlplane.testbed.topo import _setns
+    from controlplane.lab.topo import _setns
 
     socks = []
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)

@@ -12,7 +12,7 @@ from controlplane.config import Config, Service
 from controlplane.errors import EdgeError
 
 if TYPE_CHECKING:
-    from controlplane.testbed.topo import Net
+    from controlplane.lab.topo import Net
 
 MODES = ("heartbeat", "link", "kill")
 DEFAULT_RATE = 2000
@@ -113,7 +113,7 @@ def testbed_document(cfg: Config, svc: Service, net: "Net") -> dict:
 
 def testbed_topo(svc: Service):
     """A Topo with one backend namespace per backend, and the service's VIP when the plan allows it."""
-    from controlplane.testbed.topo import Topo
+    from controlplane.lab.topo import Topo
 
     try:
         return Topo(backends=len(svc.backends), vip=svc.vip)

@@ -18,7 +18,7 @@ from controlplane.drill.plan import FIRST_SPORT, DrillError, Plan
 
 if TYPE_CHECKING:
     from controlplane.drill.run import Silencer
-    from controlplane.testbed.topo import Net
+    from controlplane.lab.topo import Net
 
 T0_LABELS = {"heartbeat": "last heartbeat", "link": "link down", "kill": "first refusal"}
 

@@ -1,4 +1,4 @@
-"""The drill's run: builds a testbed for one service of a config (testbed.topo), starts backend
+"""The drill's run: builds a testbed for one service of a config (lab.topo), starts backend
 servers and heartbeat agents, deploys the router, sends the paced flows while a thread silences one
 backend, and hands what the capture saw to the report. Reads the router only through
 `edgectl status --json`; never touches maps or bpf/. Needs root: failover(cfg, Plan(...)).
@@ -27,7 +27,7 @@ from controlplane.drill.plan import (
 from controlplane.drill.report import build_report
 
 if TYPE_CHECKING:
-    from controlplane.testbed.topo import Net
+    from controlplane.lab.topo import Net
 
 PR_SET_TIMERSLACK, PR_GET_TIMERSLACK = 29, 30  # include/uapi/linux/prctl.h
 
@@ -129,7 +129,7 @@ class Silencer:
 
 
 def _wait_all_up(router, svc_name: str, names: list[str], timeout_s: float) -> dict:
-    from controlplane.testbed.traffic import wait_until
+    from controlplane.lab.traffic import wait_until
 
     last: dict = {}
 
@@ -187,8 +187,8 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 def _failover(cfg: Config, plan: Plan, svc: Service, dead: int, progress: Progress) -> dict:
-    from controlplane.testbed.router import EdgectlError, Router, link_mac
-    from controlplane.testbed.topo import Net
+    from controlplane.lab.router import EdgectlError, Router, link_mac
+    from controlplane.lab.topo import Net
 
     hb = svc.health.heartbeat if svc.health else None
     names = [b.name for b in svc.backends]
@@ -204,7 +204,7 @@ def _failover(cfg: Config, plan: Plan, svc: Service, dead: int, progress: Progre
         net.build()
         servers = net.start_backends(port=port)
         if hb is not None:
-            from controlplane.testbed.heartbeats import start_heartbeats
+            from controlplane.lab.heartbeats import start_heartbeats
 
             for i, b in enumerate(svc.backends):
                 agents.append(start_heartbeats(net, i, token=b.token, hb_port=hb.port, interval_ms=hb.interval_ms,

@@ -12,7 +12,7 @@ import pytest
 
 from controlplane import drill
 from controlplane.config import parse_config
-from controlplane.testbed.topo import Net, Topo
+from controlplane.lab.topo import Net, Topo
 
 MS = 1_000_000
 REPO = Path(__file__).resolve().parents[2]

@@ -47,7 +47,7 @@ from controlplane.agent import (
     sleep_until,
 )
 from controlplane.agent import wire
-from controlplane.testbed.traffic import wait_until
+from controlplane.lab.traffic import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"

@@ -1,4 +1,4 @@
-"""controlplane.testbed.inference (sim-inference): completions, queueing and every knob, over
+"""controlplane.lab.inference (sim-inference): completions, queueing and every knob, over
 real sockets on 127.0.0.1 (the OS picks the ports), the command line as a process, and the
 heartbeat agent it starts, sending real UDP to a socket of the test.
 
@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane import abi
-from controlplane.testbed.inference import (
+from controlplane.lab.inference import (
     Handle,
     KnobError,
     Knobs,
@@ -33,7 +33,7 @@ from controlplane.testbed.inference import (
     heartbeat_command,
     run_in_thread,
 )
-from controlplane.testbed.traffic import wait_until
+from controlplane.lab.traffic import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
@@ -470,7 +470,7 @@ def test_heartbeats_flow_to_the_router_while_health_passes_and_stop_with_the_ser
 
 
 def start_cli(*args: str) -> tuple[subprocess.Popen, tuple[str, int]]:
-    proc = subprocess.Popen([sys.executable, "-m", "controlplane.testbed.inference", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "controlplane.lab.inference", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     line: list[str] = []
     reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
@@ -523,7 +523,7 @@ def test_the_process_exits_0_on_sigterm_sigint_and_die(how):
     (["--name", "x", "--token", "5"], "--heartbeat and --token: give both or neither"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(args, message):
-    done = subprocess.run([sys.executable, "-m", "controlplane.testbed.inference", *args], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "controlplane.lab.inference", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=TIMEOUT_S * 2)
 
     assert done.returncode == 2 and done.stdout == ""
@@ -531,7 +531,7 @@ def test_usage_errors_are_one_line_and_exit_2(args, message):
 
 
 def test_help_documents_every_flag():
-    done = subprocess.run([sys.executable, "-m", "controlplane.testbed.inference", "--help"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "controlplane.lab.inference", "--help"], cwd=REPO,
                           capture_output=True, text=True, timeout=TIMEOUT_S * 2)
 
     assert done.returncode == 0

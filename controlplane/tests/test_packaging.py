@@ -20,7 +20,7 @@ def shipped() -> set[str]:
 
 def test_the_package_ships_every_product_package_and_not_the_tests():
     packages = shipped()
-    assert {"controlplane", "controlplane.api", "controlplane.drill", "controlplane.testbed"} <= packages
+    assert {"controlplane", "controlplane.api", "controlplane.drill", "controlplane.lab"} <= packages
     assert not any(p == "controlplane.tests" or p.startswith("controlplane.tests.") for p in packages)
 
 
@@ -31,6 +31,6 @@ def test_the_drill_needs_scapy_and_only_its_plot_needs_matplotlib():
 
 
 def test_requires_python_is_the_floor_the_code_needs():
-    # BaseException.add_note (controlplane/testbed/topo.py) and tomllib are new in 3.11.
+    # BaseException.add_note (controlplane/lab/topo.py) and tomllib are new in 3.11.
     assert PYPROJECT["project"]["requires-python"] == ">=3.11"
     assert hasattr(BaseException, "add_note") and sys.version_info >= (3, 11)

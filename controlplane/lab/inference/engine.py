@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.testbed.inference.options import Knobs, Options
-from controlplane.testbed.inference.page import EngineStats, vllm_page
+from controlplane.lab.inference.options import Knobs, Options
+from controlplane.lab.inference.page import EngineStats, vllm_page
 
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "GPUs",
          "hum", "in", "the", "rack", "tonight")

@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from controlplane.api.client import Client
-from controlplane.testbed.daemon import EdgedProc
-from controlplane.testbed.fleet import FleetNet, FleetTopo
-from controlplane.testbed.router import Router
-from controlplane.testbed.traffic import close_all, http_get, open_connections
+from controlplane.lab.daemon import EdgedProc
+from controlplane.lab.fleet import FleetNet, FleetTopo
+from controlplane.lab.router import Router
+from controlplane.lab.traffic import close_all, http_get, open_connections
 
 PORT = 8000
 MODES = ("link", "silent", "freeze", "stop")
@@ -58,7 +58,7 @@ class RouterLoss:
 
 
 class _RouterNet:
-    """What testbed.router.Router needs of a net: the namespace it runs edgectl in."""
+    """What lab.router.Router needs of a net: the namespace it runs edgectl in."""
 
     def __init__(self, ns):
         self.router = ns

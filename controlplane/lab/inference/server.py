@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from controlplane.agent import parse_token
-from controlplane.testbed.heartbeats import write_token_file
-from controlplane.testbed.inference.engine import Engine, Overloaded, Request
-from controlplane.testbed.inference.options import KnobError, Knobs, Options, heartbeat_command
+from controlplane.lab.heartbeats import write_token_file
+from controlplane.lab.inference.engine import Engine, Overloaded, Request
+from controlplane.lab.inference.options import KnobError, Knobs, Options, heartbeat_command
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 MAX_HEADER_BYTES = 16384

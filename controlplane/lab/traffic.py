@@ -18,7 +18,7 @@ from ipaddress import IPv4Address
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 if TYPE_CHECKING:
-    from controlplane.testbed.topo import Ns
+    from controlplane.lab.topo import Ns
 
 Addr = Union[str, IPv4Address]
 

@@ -28,7 +28,7 @@ from controlplane import abi, maps
 from controlplane.config import Node
 
 if TYPE_CHECKING:
-    from controlplane.testbed.topo import Net, Ns
+    from controlplane.lab.topo import Net, Ns
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 BACKEND_PORT = 8000  # the port Net.start_backends serves on in the tests

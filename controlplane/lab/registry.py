@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from controlplane.testbed.topo import Ns, stop_process
+from controlplane.lab.topo import Ns, stop_process
 
 
 def _wait_port(ns: Ns, port: int, proc: subprocess.Popen, udp: bool, timeout_s: float, what: str) -> None:

@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from controlplane.testbed.topo import stop_process, terminate
-from controlplane.testbed.traffic import wait_until
+from controlplane.lab.topo import stop_process, terminate
+from controlplane.lab.traffic import wait_until
 
 if TYPE_CHECKING:
-    from controlplane.testbed.topo import Net
+    from controlplane.lab.topo import Net
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HB_PORT = 7946  # config.Heartbeat.port's default

@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Sequence
 from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
-from controlplane.testbed.traffic import wait_until
+from controlplane.lab.traffic import wait_until
 
 TEST_RANGE = IPv4Network("198.18.0.0/15")
 IFNAME_MAX_LENGTH = 15  # IFNAMSIZ - 1
@@ -470,15 +470,15 @@ class Net:
         self._push(f"terminate pid {proc.pid}", lambda: terminate(proc))
 
     def start_backends(self, port: int = 8000, timeout_s: float = 5.0) -> list[Server]:
-        """Start controlplane.testbed.backend in every backend namespace; return once each said 'listening'."""
-        return self._start_servers("controlplane.testbed.backend", port, (), (), timeout_s)
+        """Start controlplane.lab.backend in every backend namespace; return once each said 'listening'."""
+        return self._start_servers("controlplane.lab.backend", port, (), (), timeout_s)
 
     def start_inference(self, port: int = 8000, per_backend: Sequence[Sequence[str]] = (),
                         common: Sequence[str] = (), timeout_s: float = 5.0) -> list[Server]:
-        """Start the simulated inference server (controlplane.testbed.inference) in every backend
+        """Start the simulated inference server (controlplane.lab.inference) in every backend
         namespace instead of the plain backend; per_backend[i] are extra flags for backend i
         (e.g. ["--added-latency-ms", "5"]), common are flags for all."""
-        return self._start_servers("controlplane.testbed.inference", port, per_backend, common, timeout_s)
+        return self._start_servers("controlplane.lab.inference", port, per_backend, common, timeout_s)
 
     def _start_servers(self, module: str, port: int, per_backend: Sequence[Sequence[str]],
                        common: Sequence[str], timeout_s: float) -> list[Server]:

@@ -31,9 +31,9 @@ from typing import Callable
 from pyroute2 import netns
 
 from controlplane import bird
-from controlplane.testbed.daemon import env_with_package
-from controlplane.testbed.topo import Net, Ns, Server, check_ifname, ignore_gone, read_line, unique_prefix
-from controlplane.testbed.traffic import wait_until
+from controlplane.lab.daemon import env_with_package
+from controlplane.lab.topo import Net, Ns, Server, check_ifname, ignore_gone, read_line, unique_prefix
+from controlplane.lab.traffic import wait_until
 
 CLIENT, UPSTREAM, SWITCH = "c", "up", "sw"
 UPSTREAM_AS, EDGE_AS = 65000, 65001
@@ -235,7 +235,7 @@ class FleetNet:
         env = env_with_package()
         for j in range(self.topo.backends):
             addr = self.topo.backend_addr(j).ip
-            proc = self.ns[f"b{j}"].popen([sys.executable, "-m", "controlplane.testbed.backend", "--name",
+            proc = self.ns[f"b{j}"].popen([sys.executable, "-m", "controlplane.lab.backend", "--name",
                                            f"b{j}", "--listen", f"{addr}:{port}"], stdout=subprocess.PIPE, env=env)
             self.servers.append(Server(f"b{j}", self.ns[f"b{j}"], addr, port, proc))
         for server in self.servers:

@@ -5,7 +5,7 @@ the peer being the client as this server sees it; connections are kept alive unl
 asks otherwise. A UDP datagram to the same port is answered with NAME. Prints
 `listening NAME ADDR:PORT` once both sockets are bound; exits 0 on SIGTERM or SIGINT.
 
-    python -m controlplane.testbed.backend --name b0 --listen 198.18.1.2:8000
+    python -m controlplane.lab.backend --name b0 --listen 198.18.1.2:8000
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ async def serve(name: str, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m controlplane.testbed.backend", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m controlplane.lab.backend", description=__doc__.split("\n")[0])
     parser.add_argument("--name", required=True, help="backend name put in every answer")
     parser.add_argument("--listen", required=True, metavar="ADDR:PORT", help="port 0 picks a free one")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""sim-inference's command line (python -m controlplane.testbed.inference), and
+"""sim-inference's command line (python -m controlplane.lab.inference), and
 degrade_from(), the client of POST /sim/degrade for tests, the demo and benchmarks."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 import urllib.request
 from typing import Sequence
 
-from controlplane.testbed.inference.options import PROG, Knobs, Options, UsageError
-from controlplane.testbed.inference.server import serve
+from controlplane.lab.inference.options import PROG, Knobs, Options, UsageError
+from controlplane.lab.inference.server import serve
 
 
 class _Parser(argparse.ArgumentParser):

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import yaml
 
-from controlplane.testbed.topo import stop_process
+from controlplane.lab.topo import stop_process
 
 if TYPE_CHECKING:
-    from controlplane.testbed.topo import Ns
+    from controlplane.lab.topo import Ns
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0  # edged compiles the data path before its first event
