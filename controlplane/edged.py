@@ -344,15 +344,19 @@ class Daemon(Operations):
                          service=s.name, weights=dict(d.weights), previous=previous, took_ms=took_ms)
         return True
 
-    def _fleet_apply(self, got) -> None:
-        """A fleet snapshot arrived: every service it covers steps now (writing its weights)."""
+    def _fleet_apply(self, got) -> dict[str, str]:
+        """A fleet snapshot arrived: every service it covers steps now (writing its weights).
+        Returns each such service's table digest, for the fleet's event."""
+        tables = {}
         for name in got.weights:
             st = self.services.get(name)
             if st is not None:
                 try:
                     self.step(st, time.monotonic_ns())
+                    tables[name] = self.maps.table_digest(st.service)
                 except EdgeError as e:
                     self.events.emit("error", f"{name}: fleet snapshot v{got.version}: {e}", service=name)
+        return tables
 
     def _operator_weights(self, s: Service) -> dict[str, int]:
         """Backend name -> the weight the operator forces (drain, reload removal, override)."""

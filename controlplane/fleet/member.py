@@ -35,10 +35,10 @@ FAULTS = (asyncio.TimeoutError, aetcd.ClientError, grpc.RpcError, OSError, Conne
 
 class Member:
     """services(): the services edged runs now; apply(Apply): edged takes a snapshot's weights
-    (synchronously, through its own step); emit(kind, text, **fields): edged's event log;
+    (synchronously, through its own step) and returns each service's table digest; emit(kind, text, **fields): edged's event log;
     serving(): whether edged says SERVING."""
 
-    def __init__(self, cfg: Fleet, services: Callable[[], Iterable[Service]], apply: Callable[[fs.Apply], None],
+    def __init__(self, cfg: Fleet, services: Callable[[], Iterable[Service]], apply: Callable[[fs.Apply], Optional[dict]],
                  emit: Callable[..., object], serving: Callable[[], bool] = lambda: True):
         self.cfg = cfg
         self.services, self._apply, self.emit, self.serving = services, apply, emit, serving
@@ -182,13 +182,13 @@ class Member:
         if got is None:
             return
         self.shared, self.applied = got.weights, got.version
-        self._apply(got)
+        tables = self._apply(got) or {}
         self.applied_t = time.time()
         self.emit("fleet", f"fleet: applied snapshot v{got.version} from {snap.get('leader')}"
                   + "".join(f"; {n} not taken: {why}" for n, why in sorted(got.skipped.items())),
                   version=got.version, leader=snap.get("leader"), published_t=snap.get("t"),
                   trigger_t=snap.get("trigger_t"), applied_t=self.applied_t,
-                  weights=got.weights, skipped=got.skipped)
+                  weights=got.weights, skipped=got.skipped, tables=tables)
         self._wake_report.set()
 
     async def _follow_snapshot(self, c: aetcd.Client, start: int) -> None:
