@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 
 import pytest
 
-from controlplane.testbed.daemon import EdgedProc
+from controlplane.testbed.daemon import EdgedProc, env_with_package
 from controlplane.testbed.ecmp import _RouterNet
 from controlplane.testbed.router import Router
 from controlplane.testbed.fleet import SWITCH, FleetNet, FleetTopo
@@ -89,6 +90,12 @@ class Fleet3:
 
     def thaw_backend(self, j: int) -> None:
         self.net.servers[j].proc.send_signal(signal.SIGCONT)
+
+    def fleet_status(self, i: int) -> dict:
+        """`edgectl fleet status --json` in router i's namespace."""
+        out = self.net.router(i).run([sys.executable, "-m", "controlplane", "fleet", "status", "--etcd",
+                                      f"{ETCD_ADDR}:{ETCD_PORT}", "--json"], env=env_with_package())
+        return json.loads(out.stdout)
 
     def get_through(self, i: int):
         """One GET to the VIP from the client, routed by the upstream through router i."""
@@ -170,10 +177,17 @@ def test_the_leader_is_killed_and_another_takes_over(fleet, record_property):
                                      LEASE_TTL_S * 5, f"r{i} to see a new leader", after=marks[i]) for i in others]
     new = {t["leader"] for t in took}
     assert len(new) == 1, new
+    new_leader = new.pop()
     failover_s = max(t["t"] for t in took) - t_kill
     record_property("leader_failover_s", round(failover_s, 3))
-    print(f"leader failover: r{old} killed, {new.pop()} leads after {failover_s * 1000:.0f} ms (lease TTL {LEASE_TTL_S} s)")
+    print(f"leader failover: r{old} killed, {new_leader} leads after {failover_s * 1000:.0f} ms (lease TTL {LEASE_TTL_S} s)")
     assert failover_s < LEASE_TTL_S * 2  # within the lease TTL (etcd rounds a lease up to a whole second or so)
+    # `edgectl fleet status` (from etcd): the survivors, the new leader; the dead node's report
+    # went with its lease
+    status = fleet.fleet_status(others[0])
+    assert status["leader"] == new_leader
+    assert sorted(r["node"] for r in status["nodes"]) == [f"r{i}" for i in others]
+    assert [r["node"] for r in status["nodes"] if r["leader"]] == [new_leader]
     # the killed router's data path keeps forwarding without its edged
     assert fleet.get_through(old).status == 200
     # the new leader still publishes: a weight change after the failover reaches both survivors

@@ -159,3 +159,17 @@ def status_rows(leader: str, snap: Optional[Mapping], reports: Iterable[Mapping]
             "backends": len(states), "backends_down": down, "report_age_s": round(max(0.0, now - float(r.get("t", 0))), 3),
         })
     return rows
+
+
+def format_status(status: Mapping) -> str:
+    """`edgectl fleet status` as text: the snapshot, then one line per node."""
+    lines = [f"leader {status.get('leader') or '(none)'}, snapshot v{status.get('version', 0)}"]
+    lines.append(f"{'NODE':<16} {'ROLE':<8} {'VERSION':>8} {'SERVING':<8} {'BACKENDS DOWN':>14} {'REPORT AGE':>11}")
+    for r in status.get("nodes", []):
+        version = f"v{r['version']}" + ("" if r["current"] else "*")
+        lines.append(f"{str(r['node']):<16} {'leader' if r['leader'] else '-':<8} {version:>8} "
+                     f"{'yes' if r['serving'] else 'NO':<8} {r['backends_down']:>7}/{r['backends']:<6} "
+                     f"{r['report_age_s']:>10.1f}s")
+    if any(not r["current"] for r in status.get("nodes", [])):
+        lines.append("* not on the current snapshot yet")
+    return "\n".join(lines)

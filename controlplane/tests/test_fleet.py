@@ -79,3 +79,15 @@ def test_status_rows():
     assert [r["node"] for r in rows] == ["n1", "n2"]
     assert rows[0]["leader"] and rows[0]["current"] and rows[0]["report_age_s"] == 0.5
     assert not rows[1]["leader"] and not rows[1]["current"]
+
+
+def test_status_text_marks_the_leader_and_nodes_behind():
+    c = cfg()
+    snap = fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], None, "n1", 101.0, 5)
+    rows = fs.status_rows("n1", snap, [rep("n2", 1, 0, t=99.0, version=0), rep("n1", 1, 1, t=100.5, version=1)], 101.0)
+    text = fs.format_status({"leader": "n1", "version": 1, "nodes": rows})
+    lines = text.splitlines()
+    assert lines[0] == "leader n1, snapshot v1"
+    assert lines[2].split()[:3] == ["n1", "leader", "v1"]
+    assert lines[3].split()[:3] == ["n2", "-", "v0*"]
+    assert lines[-1] == "* not on the current snapshot yet"
