@@ -319,7 +319,8 @@ def cmd_fleet_status(args) -> int:
     import asyncio
     from dataclasses import replace
 
-    from controlplane.config import Fleet, _etcd_prefix, _list_of, _server, load_config
+    from controlplane.config import Fleet, load_config
+    from controlplane.configkit import _etcd_prefix, _list_of, _server
     from controlplane.errors import ConfigError
     from controlplane.fleet import member, snapshot
 
