@@ -79,6 +79,8 @@ def _print_status(snap: dict) -> None:
     print(f"{snap['iface']}  ({attached}; instance {snap['instance']}{edged})")
     if (snap.get("edged") or {}).get("not_serving"):
         print(f"  NOT SERVING: {snap['edged']['not_serving']}")
+    if snap.get("fleet"):
+        print("  " + _fmt_fleet(snap["fleet"]))
     ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
     print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{ct_entries}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
@@ -112,6 +114,14 @@ def _print_status(snap: dict) -> None:
             print("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         for note in notes:
             print(f"    {note}")
+
+
+def _fmt_fleet(f: dict) -> str:
+    role = "leader" if f["is_leader"] else f"leader {f['leader'] or '(none)'}"
+    applied = (f"snapshot v{f['version']} applied {f['applied_age_s']:.1f}s ago"
+               if f["version"] else "no snapshot yet (local weights)")
+    etcd = "" if f["connected"] else f"; etcd LOST ({f['problem']}): keeping the snapshot, forwarding"
+    return f"fleet: {f['name']}, {role}, {applied}{etcd}"
 
 
 def _fmt_discovery(d: dict) -> str:

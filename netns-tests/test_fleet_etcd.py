@@ -9,7 +9,7 @@ reaches; the upstream routes the VIP to one router at a time).
 - the leader's edged is killed (SIGKILL, by pid): another node leads within the lease TTL,
   `edgectl fleet status` shows it, the killed node's data path still forwards, and the new
   leader's snapshots reach the survivors;
-- etcd is stopped: every node says so, keeps its snapshot, writes no other weights, and every
+- etcd is stopped: every node says so (event, edged's status), keeps its snapshot, writes no other weights, and every
   router forwards; etcd back, they reconnect.
 """
 
@@ -19,6 +19,7 @@ import json
 
 import pytest
 
+from controlplane.api.client import Client
 from controlplane.testbed.fleet_etcd import EtcdFleet
 
 LEASE_TTL_S = 2
@@ -71,6 +72,9 @@ def test_etcd_stopped_every_node_keeps_its_snapshot_and_forwards(fleet):
                                         after=marks[i])
         assert "keeping snapshot v" in lost["text"]
         lost_at[i] = fleet.edgeds[i].events.index(lost)
+        with Client(fleet.config(i)["node"]["api_socket"]) as c:  # edgectl status says so too
+            view = c.status()["fleet"]
+        assert view["connected"] is False and view["version"] > 0 and view["problem"], view
     for i in range(3):  # every data path, with or without its edged
         replies = [fleet.get_through(i) for _ in range(4)]
         assert all(r.status == 200 for r in replies), (i, replies)

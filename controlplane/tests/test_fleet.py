@@ -91,3 +91,19 @@ def test_status_text_marks_the_leader_and_nodes_behind():
     assert lines[2].split()[:3] == ["n1", "leader", "v1"]
     assert lines[3].split()[:3] == ["n2", "-", "v0*"]
     assert lines[-1] == "* not on the current snapshot yet"
+
+
+def test_the_nodes_fleet_view_survives_the_api_and_reads_as_one_line():
+    from controlplane.api import convert
+    from controlplane.cli import _fmt_fleet
+
+    view = {"name": "r1", "leader": "r0", "is_leader": False, "connected": False,
+            "problem": "etcd 198.18.64.250:2379: no answer in 1000 ms", "version": 9, "applied_age_s": 2.5,
+            "services": ["web"]}
+    back = convert.status_from_proto(convert.status_to_proto({"iface": "eth0", "fleet": view}))
+    assert back["fleet"] == view
+    assert "fleet" not in convert.status_from_proto(convert.status_to_proto({"iface": "eth0"}))
+    assert _fmt_fleet(view) == ("fleet: r1, leader r0, snapshot v9 applied 2.5s ago; etcd LOST (etcd "
+                                "198.18.64.250:2379: no answer in 1000 ms): keeping the snapshot, forwarding")
+    assert _fmt_fleet({**view, "is_leader": True, "connected": True, "version": 0}) == \
+        "fleet: r1, leader, no snapshot yet (local weights)"
