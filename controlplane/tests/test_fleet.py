@@ -107,3 +107,25 @@ def test_the_nodes_fleet_view_survives_the_api_and_reads_as_one_line():
                                 "198.18.64.250:2379: no answer in 1000 ms): keeping the snapshot, forwarding")
     assert _fmt_fleet({**view, "is_leader": True, "connected": True, "version": 0}) == \
         "fleet: r1, leader, no snapshot yet (local weights)"
+
+
+def test_a_node_steers_by_the_snapshot_with_its_operator_weights_on_top():
+    from controlplane import weights as policy
+    from controlplane.fleet.member import Member
+
+    c = parse_config({"version": 1, "node": {"fleet": {"etcd": ["127.0.0.1:2379"], "name": "n1"}}, "services": [{
+            "name": "chat", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": "latency_inverse"},
+            "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000},
+                         {"name": "b", "address": "198.18.1.3", "port": 8000}]}]})
+    s = c.services[0]
+    m = Member(c.node.fleet, lambda: c.services, lambda got: {}, lambda *a, **k: None)
+    own = policy.Decision(weights={"a": 10000, "b": 9000}, computed={"a": 10000, "b": 9000},
+                          states={"a": "up", "b": "up"}, reasons={}, push=True)
+    # no snapshot yet: the node's own decision, recorded for its report
+    assert m.steer(s, own, None) is own and m.computed["chat"] == {"a": 10000, "b": 9000}
+    m.shared = {"chat": {"a": 10000, "b": 2000}}
+    d = m.steer(s, own, {"a": 10000, "b": 9000})
+    assert d.weights == {"a": 10000, "b": 2000} and d.push
+    assert not m.steer(s, own, {"a": 10000, "b": 2000}).push  # already in the table
+    d = m.steer(s, own, {"a": 10000, "b": 2000}, forced={"a": 0})  # drained here, on this node only
+    assert d.weights == {"a": 0, "b": 2000} and d.push
