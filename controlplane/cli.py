@@ -79,6 +79,8 @@ def _print_status(snap: dict) -> None:
     print(f"{snap['iface']}  ({attached}; instance {snap['instance']}{edged})")
     if (snap.get("edged") or {}).get("not_serving"):
         print(f"  NOT SERVING: {snap['edged']['not_serving']}")
+    if snap.get("fleet"):
+        print("  " + _fmt_fleet(snap["fleet"]))
     ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
     print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{ct_entries}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
@@ -112,6 +114,14 @@ def _print_status(snap: dict) -> None:
             print("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         for note in notes:
             print(f"    {note}")
+
+
+def _fmt_fleet(f: dict) -> str:
+    role = "leader" if f["is_leader"] else f"leader {f['leader'] or '(none)'}"
+    applied = (f"snapshot v{f['version']} applied {f['applied_age_s']:.1f}s ago"
+               if f["version"] else "no snapshot yet (local weights)")
+    etcd = "" if f["connected"] else f"; etcd LOST ({f['problem']}): keeping the snapshot, forwarding"
+    return f"fleet: {f['name']}, {role}, {applied}{etcd}"
 
 
 def _fmt_discovery(d: dict) -> str:
@@ -315,6 +325,33 @@ def cmd_events(args) -> int:
     raise EdgeError("edged ended the event stream (it is stopping)")
 
 
+def cmd_fleet_status(args) -> int:
+    import asyncio
+    from dataclasses import replace
+
+    from controlplane.config import Fleet, load_config
+    from controlplane.configkit import _etcd_prefix, _list_of, _server
+    from controlplane.errors import ConfigError
+    from controlplane.fleet import member, snapshot
+
+    fleet = load_config(args.config).node.fleet if args.config else None
+    if args.config and fleet is None:
+        raise ConfigError(f"{args.config}: node.fleet: not set (this node is in no fleet)")
+    if args.etcd:
+        endpoints = _list_of(_server, empty=False)(args.etcd.split(","), "--etcd")
+        fleet = replace(fleet, etcd=endpoints) if fleet else Fleet(etcd=endpoints, name="edgectl")
+    if fleet is None:
+        raise ConfigError("fleet status: give --config FILE (its node.fleet) or --etcd HOST:PORT")
+    if args.prefix:
+        fleet = replace(fleet, prefix=_etcd_prefix(args.prefix, "--prefix"))
+    try:
+        status = asyncio.run(member.read_status(fleet))
+    except ConnectionError as e:
+        raise EdgeError(str(e)) from None
+    print(json.dumps(status, indent=1) if args.json else snapshot.format_status(status))
+    return 0
+
+
 def cmd_drill_failover(args) -> int:
     from controlplane import drill
     from controlplane.config import load_config
@@ -465,6 +502,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "services[1].backends[0].port.")
     s.add_argument("--config", required=True, metavar="FILE", help="YAML config")
     s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("fleet", help="the fleet this node is in (node.fleet), read from etcd",
+                       description="Fleet commands; they read etcd directly, so they work with edged down.")
+    fleet = s.add_subparsers(dest="fleet", metavar="COMMAND", required=True)
+    d = fleet.add_parser("status", help="every node: snapshot version, serving, backends down, leader, report age",
+                         description="The leader, the current snapshot version and one line per node that "
+                                     "reports (a node whose lease ran out is gone from the list).")
+    d.add_argument("--config", metavar="FILE", help="config whose node.fleet names etcd and the prefix")
+    d.add_argument("--etcd", metavar="HOST:PORT[,...]", help="etcd endpoints (instead of, or over, the config's)")
+    d.add_argument("--prefix", metavar="PREFIX", help="the fleet's key prefix (default the config's, or /edge/fleet/)")
+    d.add_argument("--json", action="store_true", help="print JSON")
+    d.set_defaults(func=cmd_fleet_status)
 
     s = sub.add_parser("drill", help="experiments that check the router's behaviour in a namespace testbed",
                        description="Self-contained experiments: each builds network namespaces of its own, "

@@ -311,6 +311,30 @@ class Bgp:
 
 
 @dataclass(frozen=True)
+class Fleet:
+    """Membership of a fleet of edge nodes that share one table through etcd: every node reports
+    its probe results, one elected leader computes the weights from all reports and publishes a
+    versioned snapshot, and every node applies the same version (controlplane/fleet/)."""
+
+    etcd: tuple[tuple[str, int], ...] = option(
+        "etcd client endpoints as IPv4:PORT, tried in turn", _list_of(_server, empty=False))
+    name: str = option("this node's name in the fleet; unique among the nodes", _name)
+    prefix: str = option("key prefix of the fleet (leader, nodes/, snapshot)", _etcd_prefix, "/edge/fleet/")
+    lease_ttl_s: int = option("the lease of the leader key and of this node's report: a dead leader "
+                              "is replaced, and a dead node's report goes, within this many seconds",
+                              _int(1, 3600), 2)
+    report_ms: int = option("a node reports at least this often (and whenever its own decision changes)",
+                            _ms, 1000)
+    stale_ms: int = option("the leader ignores a report older than this", _ms, 5000)
+    timeout_ms: int = option("an etcd call not answered this long fails", _ms, 2000)
+    retry_ms: int = option("after a failure, etcd is tried again (next endpoint) this long after", _ms, 500)
+
+    def _validate(self, path: str) -> None:
+        if self.stale_ms <= self.report_ms:
+            raise ConfigError(f"{path}.stale_ms: {self.stale_ms} must be greater than report_ms ({self.report_ms})")
+
+
+@dataclass(frozen=True)
 class Node:
     """Settings of this edge node; sizes here are compiled into the BPF programs."""
 
@@ -331,6 +355,8 @@ class Node:
     xdp_mode: str = option("native (driver) or generic (skb) XDP", _one_of("native", "generic"), "native")
     bgp: Optional[Bgp] = option("announce the VIPs over BGP; absent: routing the VIPs here is someone "
                                 "else's job", _section(Bgp), None)
+    fleet: Optional[Fleet] = option("join a fleet: the same weights on every node, from etcd; absent: "
+                                    "this node decides alone", _section(Fleet), None)
 
     def _validate(self, path: str) -> None:
         # The API can reconfigure the router: over TCP, only clients with a certificate get in.

@@ -22,6 +22,7 @@ from controlplane.errors import ConfigError, EdgeError
 from controlplane.events import Events
 from controlplane.operations import WALK_DEADLINE_S, WALK_GRACE_S, Operations
 from controlplane.discovery.supervisor import Supervisor, secrets_of
+from controlplane.fleet import member as fleet_member
 from controlplane.probe import Prober, Target
 from controlplane.signals import Load, Sample
 
@@ -89,6 +90,7 @@ class Daemon(Operations):
         self.announcer: announce.Announcer | None = None  # with node.bgp: VIPs over BGP
         self._node_lock = deploy.NodeLock(self.instance, iface)  # no edgectl deploy while edged runs
         self._write_lock = deploy.NodeLock(self.instance, iface, "write", deploy.WRITE_WAIT_S)  # nor undeploy midway
+        self.fleet: fleet_member.Member | None = None  # with node.fleet: the fleet's shared weights
 
     # ------------------------------------------------------------ start, stop
 
@@ -128,6 +130,9 @@ class Daemon(Operations):
             self.announcer = announce.Announcer(speaker, self.node_state, self.events.emit)
             self.events.emit("bgp", f"bgp: bird (pid {speaker.pid}) speaking to "
                                     f"{', '.join(str(p.address) for p in self.cfg.node.bgp.peers)}")
+        if self.cfg.node.fleet is not None:  # joins at run(); until a snapshot applies, weights are local
+            self.fleet = fleet_member.Member(self.cfg.node.fleet, lambda: [st.service for st in self.services.values()],
+                                             self._fleet_apply, self.events.emit, lambda: not self.not_serving)
         verb = "adopted the data path on" if res.updated else "deployed on"
         self.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
                                      f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",
@@ -212,6 +217,8 @@ class Daemon(Operations):
             watch.run(self._watched, self._serving, _worker, WATCH_EVERY_S), name="watch"))
         if self.announcer is not None:
             self._tasks.append(asyncio.create_task(self.announcer.run(), name="announce"))
+        if self.fleet is not None:
+            self._tasks.append(asyncio.create_task(self.fleet.run(), name="fleet"))
         await self._stopping.wait()
 
     def stop(self) -> None:
@@ -309,7 +316,8 @@ class Daemon(Operations):
     def step(self, st: Steered, now_ns: int) -> bool:
         """One decision for one service; pushes it when the policy says so."""
         s = st.service
-        d = weights.decide(s, st.trackers, st.pushed, now_ns, forced=self._operator_weights(s))
+        forced = self._operator_weights(s)
+        d = weights.decide(s, st.trackers, st.pushed, now_ns, forced=forced)
         for b in s.backends:
             state, reason = d.states.get(b.name, ""), d.reasons.get(b.name, "")
             if state != st.states.get(b.name):
@@ -320,6 +328,8 @@ class Daemon(Operations):
                                      reason=reason)
                 st.states[b.name] = state
             st.reasons[b.name] = reason
+        if self.fleet is not None:  # the fleet's snapshot, once one applies, instead of this node's view
+            d = self.fleet.steer(s, d, st.pushed, forced)
         if not d.push:
             return False
         t0 = time.perf_counter()
@@ -333,6 +343,20 @@ class Daemon(Operations):
         self.events.emit("weights", f"{s.name}: weights {changes} ({took_ms:.1f} ms)",
                          service=s.name, weights=dict(d.weights), previous=previous, took_ms=took_ms)
         return True
+
+    def _fleet_apply(self, got) -> dict[str, str]:
+        """A fleet snapshot arrived: every service it covers steps now (writing its weights).
+        Returns each such service's table digest, for the fleet's event."""
+        tables = {}
+        for name in got.weights:
+            st = self.services.get(name)
+            if st is not None:
+                try:
+                    self.step(st, time.monotonic_ns())
+                    tables[name] = self.maps.table_digest(st.service)
+                except EdgeError as e:
+                    self.events.emit("error", f"{name}: fleet snapshot v{got.version}: {e}", service=name)
+        return tables
 
     def _operator_weights(self, s: Service) -> dict[str, int]:
         """Backend name -> the weight the operator forces (drain, reload removal, override)."""
@@ -373,6 +397,8 @@ class Daemon(Operations):
                 raise ConfigError(f"node.{key}: changed from {getattr(self.cfg.node, key)} to "
                                   f"{getattr(new.node, key)}; a reload cannot resize the data path "
                                   f"(restart edged after 'edgectl undeploy')")
+        if new.node.fleet != self.cfg.node.fleet:
+            raise ConfigError("node.fleet: changed; joining, leaving or changing the fleet needs an edged restart")
         secrets = secrets_of(new)  # an unreadable secret file refuses the reload
         async with self._apply_lock:
             report, leaving = await self._switch(self.discovery.effective(new))

@@ -102,6 +102,10 @@ METRICS = (
          "Age of the discovered set (0 while a watch is up); absent before the first good answer",
          ("service", "source")),
     Spec("edge_discovery_backends", "gauge", "Backends in the last known good discovered set", ("service", "source")),
+    # the fleet (node.fleet, from the snapshot)
+    Spec("edge_fleet_connected", "gauge", "1 while this node reaches the fleet's etcd; 0: it keeps its last snapshot"),
+    Spec("edge_fleet_leader", "gauge", "1 while this node is the fleet's leader"),
+    Spec("edge_fleet_snapshot_version", "gauge", "Version of the fleet snapshot this node applied (0: none yet)"),
     # of the exporter itself
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
@@ -303,6 +307,11 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     gauges = (("edge_backend_rtt_smoothed_seconds", "rtt_smoothed_s"), ("edge_backend_queue_waiting", "waiting"),
               ("edge_backend_queue_running", "running"), ("edge_backend_kv_cache_usage_ratio", "kv_usage"),
               ("edge_backend_hung", "hung"))
+    fleet = snap.get("fleet")
+    if fleet:
+        fams["edge_fleet_connected"].add_metric([], 1 if fleet["connected"] else 0)
+        fams["edge_fleet_leader"].add_metric([], 1 if fleet["is_leader"] else 0)
+        fams["edge_fleet_snapshot_version"].add_metric([], fleet["version"])
     services = []
     for s in snap["services"]:
         services.append(s["name"])

@@ -130,6 +130,8 @@ class Operations:
                             f"try again") from None
         now = time.monotonic_ns()
         discovered = self.discovery.view()
+        if getattr(self, "fleet", None) is not None:  # node.fleet: this node's view of its fleet
+            snap["fleet"] = self.fleet.view()
         for svc in snap["services"]:
             st = self.services.get(svc["name"])
             svc["pushes"] = st.pushes if st else 0

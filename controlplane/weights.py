@@ -420,3 +420,9 @@ def _round(x: float) -> int:
 
 def _num(x: Optional[float]) -> str:
     return "?" if x is None else f"{x:g}"
+
+
+def push_due(computed: dict[str, int], pushed: Optional[dict[str, int]], w: config.Weights) -> bool:
+    """Whether computed differs enough from pushed to be written (the hysteresis rule of decide());
+    the fleet uses it for reports and snapshots too."""
+    return _push_due(computed, pushed, w)

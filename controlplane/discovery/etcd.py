@@ -47,6 +47,22 @@ def parse_value(key: bytes, value: bytes) -> Backend:
     return parse_backend({"name": name, **doc}, where)
 
 
+def client(host: str, port: int, timeout_ms: int) -> aetcd.Client:
+    """An aetcd client whose calls time out after timeout_ms and whose connection is kept alive
+    (a dead etcd is noticed within KEEPALIVE_MS + timeout_ms); also the fleet's (fleet/member.py)."""
+    options = {"grpc.keepalive_time_ms": KEEPALIVE_MS, "grpc.keepalive_timeout_ms": timeout_ms,
+               "grpc.keepalive_permit_without_calls": 1, "grpc.http2.max_pings_without_data": 0,
+               "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 1000}
+    return aetcd.Client(host=host, port=port, timeout=timeout_ms / 1000, options=options)
+
+
+async def close_quietly(c: aetcd.Client) -> None:
+    try:
+        await asyncio.wait_for(c.close(), 1.0)
+    except (asyncio.TimeoutError, aetcd.ClientError, grpc.RpcError, OSError):
+        pass
+
+
 def answer_of(kvs: dict[bytes, bytes]) -> Answer:
     """The set the keys describe; ConfigError for the first key (in key order) that is garbage."""
     return Answer(tuple(parse_value(k, kvs[k]) for k in sorted(kvs)))
@@ -62,11 +78,7 @@ class EtcdSource:
         self.prefix = self.cfg.prefix.encode()
 
     def _client(self, host: str, port: int) -> aetcd.Client:
-        timeout_s = self.cfg.timeout_ms / 1000
-        options = {"grpc.keepalive_time_ms": KEEPALIVE_MS, "grpc.keepalive_timeout_ms": self.cfg.timeout_ms,
-                   "grpc.keepalive_permit_without_calls": 1, "grpc.http2.max_pings_without_data": 0,
-                   "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 1000}
-        return aetcd.Client(host=host, port=port, timeout=timeout_s, options=options)
+        return client(host, port, self.cfg.timeout_ms)
 
     async def _follow(self, client: aetcd.Client, report: Report) -> None:
         """Reads the prefix, reports it, then reports after every watch event; returns or raises
@@ -132,10 +144,7 @@ class EtcdSource:
             except (aetcd.ClientError, grpc.RpcError, OSError, ConnectionError) as e:
                 why = " ".join(str(e).split())[:160] or type(e).__name__
             finally:
-                try:
-                    await asyncio.wait_for(client.close(), 1.0)
-                except (asyncio.TimeoutError, aetcd.ClientError, grpc.RpcError, OSError):
-                    pass
+                await close_quietly(client)
             await report(Failure(f"etcd {host}:{port}: {why}"))
             turn += 1
             await asyncio.sleep(self.retry_s)

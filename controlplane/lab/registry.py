@@ -22,7 +22,8 @@ from typing import Optional, Sequence
 from controlplane.lab.topo import Ns, stop_process
 
 
-def _wait_port(ns: Ns, port: int, proc: subprocess.Popen, udp: bool, timeout_s: float, what: str) -> None:
+def _wait_port(ns: Ns, port: int, proc: subprocess.Popen, udp: bool, timeout_s: float, what: str,
+               host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -37,12 +38,12 @@ def _wait_port(ns: Ns, port: int, proc: subprocess.Popen, udp: bool, timeout_s: 
                     return
             else:
                 s.settimeout(0.2)
-                if s.connect_ex(("127.0.0.1", port)) == 0:
+                if s.connect_ex((host, port)) == 0:
                     return
         finally:
             s.close()
         time.sleep(0.05)  # poll interval while the daemon starts
-    raise TimeoutError(f"{what} did not listen on 127.0.0.1:{port} within {timeout_s} s")
+    raise TimeoutError(f"{what} did not listen on {host}:{port} within {timeout_s} s")
 
 
 class Dnsmasq:
@@ -91,23 +92,25 @@ class Dnsmasq:
 
 
 class Etcd:
-    """etcd on 127.0.0.1:client_port of ns (peer port beside it), data in workdir/data."""
+    """etcd on host:client_port of ns (loopback unless host names another address of ns; the
+    peer port beside it on loopback), data in workdir/data."""
 
-    def __init__(self, ns: Ns, workdir: Path, client_port: int = 2379, peer_port: int = 2380):
-        self.ns, self.workdir = ns, workdir
+    def __init__(self, ns: Ns, workdir: Path, client_port: int = 2379, peer_port: int = 2380,
+                 host: str = "127.0.0.1"):
+        self.ns, self.workdir, self.host = ns, workdir, host
         self.client_port, self.peer_port = client_port, peer_port
         self.proc: Optional[subprocess.Popen] = None
         self.log = workdir / "etcd.log"
 
     def start(self, timeout_s: float = 20.0) -> "Etcd":
-        c, p = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
+        c, p = f"http://{self.host}:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
         argv = ["etcd", "--name", "edge-test", "--data-dir", str(self.workdir / "data"),
                 "--listen-client-urls", c, "--advertise-client-urls", c,
                 "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
                 "--initial-cluster", f"edge-test={p}"]
         with open(self.log, "ab") as log:
             self.proc = self.ns.popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        _wait_port(self.ns, self.client_port, self.proc, False, timeout_s, "etcd")
+        _wait_port(self.ns, self.client_port, self.proc, False, timeout_s, "etcd", self.host)
         self._call("/v3/kv/range", {"key": _b64("/")}, timeout_s)  # serving, not only listening
         return self
 
@@ -120,7 +123,7 @@ class Etcd:
         deadline = time.monotonic() + timeout_s
         while True:
             with self.ns.enter():
-                conn = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=2.0)
+                conn = http.client.HTTPConnection(self.host, self.client_port, timeout=2.0)
                 try:
                     conn.connect()
                 except OSError:

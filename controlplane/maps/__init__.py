@@ -10,6 +10,7 @@ a later one fails (README, design notes)."""
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 from dataclasses import replace
 from typing import Mapping
@@ -173,6 +174,25 @@ class Maps(Writer, Reader):
         _, bids = self.ids(service)
         meta = self.t[abi.MAP_BE_META]
         return {name: meta[meta.Key(bid)].weight for name, bid in bids.items()}
+
+    def table_digest(self, s: Service) -> str:
+        """A digest of service s's active Maglev table, slot by slot, by backend name (ids are
+        per node): two nodes with the same digest send a new flow to the same backend."""
+        vid, bids = self.ids(s.name)
+        vips = self.t[abi.MAP_VIPS]
+        key = vips.Key()
+        key.addr, key.port, key.proto = be32(s.vip), be16(s.port), PROTOS[s.protocol]
+        try:
+            half = vips[key].table
+        except KeyError:
+            raise MapError(f"service {s.name!r} has no VIP entry {s.vip}:{s.port}/{s.protocol}") from None
+        names = {bid: name for name, bid in bids.items()}
+        table = self.read_table(vid, half)
+        h = hashlib.sha256()
+        for name, bid in sorted((names.get(int(b), "-"), int(b)) for b in np.unique(table)):
+            h.update(f"{name}:".encode())
+            h.update(np.flatnonzero(table == bid).astype(np.uint32).tobytes())
+        return h.hexdigest()[:16]
 
     def set_weights(self, s: Service, weights: Mapping[str, int]) -> dict[str, int]:
         """Rebuilds service s's Maglev table with these weights (backend name ->

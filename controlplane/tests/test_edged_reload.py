@@ -114,3 +114,11 @@ def test_bad_config_text_is_refused_with_the_offending_key_and_the_loop_runs():
 
 def test_a_reload_without_a_config_file_needs_text():
     assert refused(None)[0] == "reload: edged was started without a config file; send the config's text"
+
+
+def test_joining_a_fleet_by_reload_is_refused_naming_node_fleet():
+    text = ("version: 1\nnode: {fleet: {etcd: ['127.0.0.1:2379'], name: edge-1}}\nservices:\n"
+            "  - {name: chat, vip: 198.18.255.1, port: 8000, backends: [{name: b0, address: 198.18.1.2, port: 8000}]}\n")
+    error, _, events = refused(None, text)
+    assert error == "node.fleet: changed; joining, leaving or changing the fleet needs an edged restart"
+    assert [e["kind"] for e in events] == ["reload-rejected"]

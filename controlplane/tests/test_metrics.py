@@ -532,3 +532,16 @@ def test_map_errors_of_edgeds_loops_are_counted_per_map():
     assert value(fams, "edge_map_errors_total", map="edge_vips") == 2
     assert value(fams, "edge_map_errors_total", map="edge_be_probe") == 1
     assert value(fams, "edge_map_errors_total", map="edge_ct") == 0
+
+
+def test_fleet_gauges_only_with_a_fleet():
+    with endpoint(Source()) as server:
+        fams = scrape(server)
+    assert samples(fams, "edge_fleet_connected") == {}
+    snap = realistic_snapshot()
+    snap["fleet"] = {"connected": False, "is_leader": False, "version": 7}
+    with endpoint(Source(snap)) as server:
+        fams = scrape(server)
+    assert value(fams, "edge_fleet_connected") == 0
+    assert value(fams, "edge_fleet_leader") == 0
+    assert value(fams, "edge_fleet_snapshot_version") == 7

@@ -1,0 +1,175 @@
+"""The fleet's data and decisions, pure: no etcd, no maps, no clock of its own.
+
+Keys under node.fleet.prefix:
+  leader          the leader's name, on its lease (created only while absent: the election)
+  nodes/NAME      NAME's report, on its lease: {"node", "t", "version", "serving", "services":
+                  {service: {"digest", "weights": {backend: w}, "states": {backend: state}}}}
+                  (weights as that node's weights.decide() computes them from its own probes)
+  snapshot        the leader's snapshot: {"version", "leader", "t", "services": {service:
+                  {"digest", "backends": [[name, address, port], ...], "weights": {backend: w}}}}
+
+A service's digest covers what makes two nodes' tables comparable (VIP, port, protocol, the
+backends with their addresses, ports, configured weights and standby flags, the weight
+policy): reports and snapshots are used only between nodes whose digests agree, so a node with
+a different config never applies weights meant for other backends. The leader combines the
+reports of one backend by their median (robust to one node's odd view: a node whose path to a
+backend is slow does not move everyone's flows) and publishes a new version only when a weight
+moves past the service's hysteresis (weights.push_due), as a single node would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional
+
+from controlplane import weights as policy
+from controlplane.config import Service
+
+LEADER, NODES, SNAPSHOT = "leader", "nodes/", "snapshot"
+
+
+def digest(s: Service) -> str:
+    """What two nodes must agree on for one service before they share its weights."""
+    doc = [str(s.vip), s.port, s.protocol, s.weights.policy,
+           sorted([b.name, str(b.address), b.port, b.weight, b.standby] for b in s.backends)]
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
+
+
+def encode(doc: Mapping) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode(value: bytes, what: str) -> dict:
+    """A report or snapshot; ValueError naming what when it is not one."""
+    try:
+        doc = json.loads(value)
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(f"{what}: not JSON") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("services"), dict):
+        raise ValueError(f"{what}: not a fleet document (no services)")
+    return doc
+
+
+def report(node: str, t: float, version: int, serving: bool, services: Iterable[Service],
+           computed: Mapping[str, Mapping[str, int]], states: Mapping[str, Mapping[str, str]]) -> dict:
+    """This node's report: what it computed for each service it has computed weights for."""
+    out = {}
+    for s in services:
+        if s.name in computed:
+            out[s.name] = {"digest": digest(s), "weights": dict(computed[s.name]),
+                           "states": dict(states.get(s.name, {}))}
+    return {"node": node, "t": t, "version": version, "serving": serving, "services": out}
+
+
+def _median(values: list[int]) -> int:
+    values = sorted(values)
+    return values[(len(values) - 1) // 2]  # the lower median: always one node's own value
+
+
+def combine(s: Service, reports: Iterable[Mapping], now: float, stale_s: float) -> Optional[dict[str, int]]:
+    """The weights of s from every fresh report whose digest agrees; None when there is none."""
+    d = digest(s)
+    per_backend: dict[str, list[int]] = {b.name: [] for b in s.backends}
+    seen = False
+    for r in reports:
+        if now - float(r.get("t", 0)) > stale_s:
+            continue
+        mine = r.get("services", {}).get(s.name)
+        if not mine or mine.get("digest") != d:
+            continue
+        ws = mine.get("weights", {})
+        if set(ws) != set(per_backend):
+            continue
+        seen = True
+        for name, w in ws.items():
+            per_backend[name].append(int(w))
+    if not seen:
+        return None
+    return {name: _median(ws) for name, ws in per_backend.items()}
+
+
+def next_snapshot(services: Iterable[Service], reports: Iterable[Mapping], last: Optional[Mapping],
+                  leader: str, now: float, stale_s: float) -> Optional[dict]:
+    """The snapshot the leader publishes now, or None when the last one still holds (no weight
+    moved past its service's hysteresis and no service came or went)."""
+    reports = list(reports)
+    last_services = (last or {}).get("services", {})
+    out, changed = {}, False
+    for s in services:
+        wanted = combine(s, reports, now, stale_s)
+        before = last_services.get(s.name)
+        prev = before.get("weights") if before and before.get("digest") == digest(s) else None
+        if wanted is None:
+            if prev is None:
+                continue
+            wanted = dict(prev)  # nobody reports it now: the last weights stay
+        elif prev is None or policy.push_due(wanted, prev, s.weights):
+            changed = True
+        else:
+            wanted = dict(prev)
+        out[s.name] = {"digest": digest(s), "weights": wanted,
+                       "backends": [[b.name, str(b.address), b.port] for b in s.backends]}
+    if set(out) != set(last_services):
+        changed = True
+    if not changed:
+        return None
+    return {"version": int((last or {}).get("version", 0)) + 1, "leader": leader, "t": now, "services": out}
+
+
+@dataclass(frozen=True)
+class Apply:
+    """What a node does with a snapshot: the weights it takes per service, and why it takes none
+    for the others."""
+
+    version: int
+    weights: dict[str, dict[str, int]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def to_apply(snap: Mapping, services: Iterable[Service], applied: int) -> Optional[Apply]:
+    """None when snap is not newer than the version applied; else what to take from it."""
+    version = int(snap.get("version", 0))
+    if version <= applied:
+        return None
+    take, skipped = {}, {}
+    shared = snap.get("services", {})
+    for s in services:
+        theirs = shared.get(s.name)
+        if theirs is None:
+            skipped[s.name] = "not in the snapshot"
+        elif theirs.get("digest") != digest(s):
+            skipped[s.name] = "this node's config of it differs from the leader's"
+        else:
+            take[s.name] = {k: int(v) for k, v in theirs["weights"].items()}
+    return Apply(version, take, skipped)
+
+
+def status_rows(leader: str, snap: Optional[Mapping], reports: Iterable[Mapping], now: float) -> list[dict]:
+    """`edgectl fleet status`: one row per reporting node."""
+    current = int(snap.get("version", 0)) if snap else 0
+    rows = []
+    for r in sorted(reports, key=lambda r: str(r.get("node"))):
+        states = [st for svc in r.get("services", {}).values() for st in svc.get("states", {}).values()]
+        down = sum(st in ("down", "hung") for st in states)
+        rows.append({
+            "node": r.get("node"), "leader": r.get("node") == leader, "version": int(r.get("version", 0)),
+            "current": int(r.get("version", 0)) == current, "serving": bool(r.get("serving")),
+            "backends": len(states), "backends_down": down, "report_age_s": round(max(0.0, now - float(r.get("t", 0))), 3),
+        })
+    return rows
+
+
+def format_status(status: Mapping) -> str:
+    """`edgectl fleet status` as text: the snapshot, then one line per node."""
+    lines = [f"leader {status.get('leader') or '(none)'}, snapshot v{status.get('version', 0)}"]
+    lines.append(f"{'NODE':<16} {'ROLE':<8} {'VERSION':>8} {'SERVING':<8} {'BACKENDS DOWN':>14} {'REPORT AGE':>11}")
+    for r in status.get("nodes", []):
+        version = f"v{r['version']}" + ("" if r["current"] else "*")
+        lines.append(f"{str(r['node']):<16} {'leader' if r['leader'] else '-':<8} {version:>8} "
+                     f"{'yes' if r['serving'] else 'NO':<8} {r['backends_down']:>7}/{r['backends']:<6} "
+                     f"{r['report_age_s']:>10.1f}s")
+    if any(not r["current"] for r in status.get("nodes", [])):
+        lines.append("* not on the current snapshot yet")
+    return "\n".join(lines)

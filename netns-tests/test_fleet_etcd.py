@@ -1,0 +1,88 @@
+"""The fleet over a real etcd (Debian's etcd-server, started and stopped by the test): three
+edge routers, each with its own XDP data path and edged, share one table
+(controlplane/lab/fleet_etcd.py builds it: etcd on the backend LAN, which every router
+reaches; the upstream routes the VIP to one router at a time).
+
+- a backend that stops answering (SIGSTOP: probes time out, every node takes it down) changes
+  the weights; every node applies the same version with the same Maglev table (digests of the
+  active table, slot by slot, equal); so again when it comes back;
+- the leader's edged is killed (SIGKILL, by pid): another node leads within the lease TTL,
+  `edgectl fleet status` shows it, the killed node's data path still forwards, and the new
+  leader's snapshots reach the survivors;
+- etcd is stopped: every node says so (event, edged's status), keeps its snapshot, writes no other weights, and every
+  router forwards; etcd back, they reconnect.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controlplane.api.client import Client
+from controlplane.lab.fleet_etcd import EtcdFleet
+
+LEASE_TTL_S = 2
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with EtcdFleet(routers=3, probe_ms=50, lease_ttl_s=LEASE_TTL_S) as f:
+        yield f
+
+
+def test_a_weight_change_reaches_every_node_with_the_same_table(fleet, record_property):
+    firsts = [fleet.applied(i, timeout_s=60.0) for i in range(3)]
+    assert all(f["tables"].get("web") for f in firsts)
+    figures = fleet.weight_change(1)
+    record_property("fleet_propagation", json.dumps(figures))
+    print("fleet propagation:", json.dumps(figures))
+    assert figures["nodes"] == 3
+    assert figures["same_weights"] and figures["same_table"] and figures["same_table_after_return"], figures
+    assert figures["weights"]["b1"] == 0 and figures["weights"]["b0"] > 0
+
+
+def test_the_leader_is_killed_and_another_takes_over(fleet, record_property):
+    got = fleet.kill_leader()
+    record_property("leader_failover", json.dumps(got))
+    print("leader failover:", json.dumps(got))
+    assert got["agree"], got
+    assert got["failover_ms"] < LEASE_TTL_S * 2000  # within the lease TTL (plus etcd's expiry tick)
+    others = got["survivors"]
+    # `edgectl fleet status` (from etcd): the survivors and the new leader; the dead node's report
+    # went with its lease
+    status = fleet.fleet_status(others[0])
+    assert status["leader"] == got["new_leader"]
+    assert sorted(r["node"] for r in status["nodes"]) == [f"r{i}" for i in others]
+    assert [r["node"] for r in status["nodes"] if r["leader"]] == [got["new_leader"]]
+    # the killed router's data path keeps forwarding without its edged
+    assert fleet.get_through(int(got["killed"][1:])).status == 200
+    # the new leader publishes: a weight change reaches both survivors, with the same table
+    figures = fleet.weight_change(0)
+    assert figures["nodes"] == 2 and figures["same_table"] and figures["same_table_after_return"], figures
+
+
+def test_etcd_stopped_every_node_keeps_its_snapshot_and_forwards(fleet):
+    alive = fleet.alive()
+    marks = fleet.marks()
+    fleet.etcd.stop()
+    lost_at = {}
+    for i in alive:
+        lost = fleet.edgeds[i].wait_for(lambda e: e["kind"] == "fleet-lost", 15.0, f"r{i} to say etcd is lost",
+                                        after=marks[i])
+        assert "keeping snapshot v" in lost["text"]
+        lost_at[i] = fleet.edgeds[i].events.index(lost)
+        with Client(fleet.config(i)["node"]["api_socket"]) as c:  # edgectl status says so too
+            view = c.status()["fleet"]
+        assert view["connected"] is False and view["version"] > 0 and view["problem"], view
+    for i in range(3):  # every data path, with or without its edged
+        replies = [fleet.get_through(i) for _ in range(4)]
+        assert all(r.status == 200 for r in replies), (i, replies)
+    # nothing was written to the tables since etcd went: the snapshot's weights stay
+    for i in alive:
+        later = fleet.edgeds[i].events[lost_at[i]:]
+        assert not [e for e in later if e["kind"] == "weights"], later
+    fleet.etcd.start()
+    for i in alive:
+        fleet.edgeds[i].wait_for(lambda e: e["kind"] == "fleet-recovered", 20.0, f"r{i} to reconnect",
+                                 after=marks[i])
