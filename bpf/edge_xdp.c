@@ -2,7 +2,9 @@
 /* edge_xdp.c: ingress of the edge router, on the client-facing interface.
  * parse -> VIP? -> conntrack or Maglev, judged by per-packet health -> DNAT
  * -> FIB redirect. Traffic that is not for a VIP passes untouched, except
- * heartbeats arriving where their backend is not; every exit is counted. */
+ * heartbeats arriving where their backend is not; every exit is counted.
+ * edge_ingress is the fast path; what it cannot decide cheaply it hands to
+ * edge_ingress_slow and that to edge_ingress_scan, by tail calls (select.h). */
 #include <uapi/linux/bpf.h>
 #include "include/maps.h"
 #include "include/parse.h"
@@ -107,7 +109,8 @@ static __always_inline int syn_csum(struct xdp_md *ctx, const struct pkt *pkt)
 	return csum_fold64(sum) == 0xffff;
 }
 
-int edge_ingress(struct xdp_md *ctx)
+/* The whole ingress; stage is a constant, EDGE_STAGE_* (see select.h). */
+static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 {
 	struct pkt pkt = {};
 	struct vip_key vk = {};
@@ -158,9 +161,14 @@ int edge_ingress(struct xdp_md *ctx)
 	if (sc->flags)
 		now = bpf_ktime_get_ns();
 
-	be = select_backend(vip, sc, &pkt, now, &bid, &new_flow, &failover, &drop);
-	if (!be)
+	be = select_backend(vip, sc, &pkt, now, &bid, &new_flow, &failover, &drop, stage);
+	if (!be) {
+		if (drop == EDGE_TO_NEXT_STAGE) {
+			edge_tails.call(ctx, stage);
+			drop = EDGE_DROP_NO_BACKEND;	/* no next stage installed */
+		}
 		return count_drop(drop);
+	}
 
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
 	if (pkt.syn && !new_flow)
@@ -170,4 +178,19 @@ int edge_ingress(struct xdp_md *ctx)
 	if (dnat(&pkt, be, (void *)(long)ctx->data_end) < 0)
 		return count_drop(EDGE_DROP_MALFORMED);
 	return forward(ctx, &pkt, bid);
+}
+
+int edge_ingress(struct xdp_md *ctx)
+{
+	return ingress(ctx, EDGE_STAGE_FAST);
+}
+
+int edge_ingress_slow(struct xdp_md *ctx)
+{
+	return ingress(ctx, EDGE_STAGE_SLOW);
+}
+
+int edge_ingress_scan(struct xdp_md *ctx)
+{
+	return ingress(ctx, EDGE_STAGE_SCAN);
 }

@@ -6,12 +6,15 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
 NO_BACKEND = 0xFFFFFFFF
 MAX_PER_SERVICE = 64
+TAIL_SLOW = 0  # edge_tails slot of the ingress slow path
+TAIL_SCAN = 1  # edge_tails slot of its fallback scan
+TAIL_MAX = 2
 
 VIP_F_KEEP_FLOWS = 0x1
 
@@ -96,12 +99,13 @@ MAP_HB_PORTS = "edge_hb_ports"
 MAP_NEXTHOP = "edge_nexthop"
 MAP_BE_PROBE = "edge_be_probe"
 MAP_CT_BUDGET = "edge_ct_budget"
+MAP_TAILS = "edge_tails"
 
 MAP_NAMES = (
     MAP_VIPS, MAP_VIP_ADDRS, MAP_BACKENDS, MAP_MAGLEV, MAP_CT, MAP_RNAT,
     MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
     MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
-    MAP_BE_PROBE, MAP_CT_BUDGET,
+    MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS,
 )
 
 
@@ -113,3 +117,7 @@ def heartbeat(port: int, seq: int, token: int, epoch: int) -> bytes:
 # Program entry points (edge_xdp.c, edge_tc.c).
 PROG_INGRESS = "edge_ingress"
 PROG_RETURN = "edge_return"
+# The ingress slow path and its fallback scan, tail-called through edge_tails[TAIL_SLOW],
+# [TAIL_SCAN] (select.h says what each holds).
+PROG_INGRESS_SLOW = "edge_ingress_slow"
+PROG_INGRESS_SCAN = "edge_ingress_scan"

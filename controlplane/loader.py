@@ -29,6 +29,11 @@ from controlplane.netlink import (  # noqa: F401  (re-exported)
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCES = ("edge_xdp.c", "edge_tc.c")
+# Every program of the data path and its kind (abi.py names them).
+PROGRAMS = {abi.PROG_INGRESS: "xdp", abi.PROG_RETURN: "tc",
+            abi.PROG_INGRESS_SLOW: "xdp", abi.PROG_INGRESS_SCAN: "xdp"}
+# Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
+TAILS = {abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW, abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN}
 BPF_FS_MAGIC = 0xCAFE4A11
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
@@ -202,22 +207,33 @@ def remove_pins(path: Path) -> None:
 
 # ---------------------------------------------------------------- compile
 
-def _amalgamate(path: Path, seen: set[Path]) -> str:
-    # bcc rewrites map helpers (map.lookup()) only in its main file, so our
-    # own headers are pasted in; their include guards stay in force.
-    def paste(match: re.Match) -> str:
+def _amalgamate(path: Path, seen: set[Path], top: Path = BPF_DIR) -> str:
+    """path with our own headers pasted in (bcc rewrites map helpers, map.lookup(), only in
+    its main file); their include guards stay in force. #line markers name every line's
+    real file (relative to top's parent: bpf/include/select.h) and line, so compiler errors
+    point there; a header pasted once already becomes a comment on the same line."""
+    name = path.resolve().relative_to(top.resolve().parent)
+    out = [f'#line 1 "{name}"\n']
+    for no, line in enumerate(path.read_text().splitlines(keepends=True), 1):
+        match = _INCLUDE.match(line)
+        if match is None:
+            out.append(line)
+            continue
         inc = (path.parent / match.group(1)).resolve()
         if inc in seen:
-            return f"/* {match.group(1)} already included */"
+            out.append(f"/* {match.group(1)} already included */\n")
+            continue
         seen.add(inc)
-        return _amalgamate(inc, seen)
+        out.append(_amalgamate(inc, seen, top))
+        out.append(f'#line {no + 1} "{name}"\n')
+    text = "".join(out)
+    return text if text.endswith("\n") else text + "\n"
 
-    return _INCLUDE.sub(paste, path.read_text())
 
-
-def source_text() -> str:
+def source_text(bpf_dir: Path = BPF_DIR) -> str:
+    """The one compilation unit bcc gets: SOURCES of bpf_dir, headers pasted in."""
     seen: set[Path] = set()
-    return "".join(_amalgamate(BPF_DIR / name, seen) for name in SOURCES)
+    return "".join(_amalgamate(bpf_dir / name, seen, bpf_dir) for name in SOURCES)
 
 
 @contextlib.contextmanager
@@ -287,9 +303,23 @@ class Loaded:
         prog_type = {"xdp": BPF.XDP, "tc": BPF.SCHED_CLS}[kind]
         with _captured_stderr() as log:
             try:
-                return self._bpf.load_func(func, prog_type)
+                fn = self._bpf.load_func(func, prog_type)
             except Exception as e:  # bcc raises bare Exception
                 raise LoaderError(f"load {func}: {_first_error(log())} ({e})") from e
+        if kind == "xdp" and func not in TAILS.values():
+            self._install_tails()
+        return fn
+
+    def _install_tails(self) -> None:
+        """Loads the tail-called programs and puts them in edge_tails (pinned: the kernel keeps
+        them there after this process exits; a deploy again replaces them with its own)."""
+        table = self.tables()[abi.MAP_TAILS]
+        for slot, func in TAILS.items():
+            fn = self.load(func, "xdp")
+            try:
+                table[table.Key(slot)] = table.Leaf(fn.fd)
+            except MapError as e:
+                raise LoaderError(f"install tail call {func}: {e}") from e
 
     def close(self) -> None:
         # Drops our fds; pinned maps and attached programs stay in the kernel.

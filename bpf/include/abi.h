@@ -12,12 +12,15 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	4
+#define EDGE_ABI_VERSION	5
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
 #define EDGE_NO_BACKEND		0xffffffff	/* empty Maglev slot */
 #define EDGE_MAX_PER_SERVICE	64	/* backends of one service (fallback scan, ejection cap) */
+#define EDGE_TAIL_SLOW		0	/* edge_tails slot: the ingress slow path (edge_ingress_slow) */
+#define EDGE_TAIL_SCAN		1	/* edge_tails slot: its fallback scan (edge_ingress_scan) */
+#define EDGE_TAIL_MAX		2
 
 /* Key of edge_vips: what a client addresses. */
 struct vip_key {

@@ -118,6 +118,32 @@ static __always_inline __u32 eject_after(const struct backend_health *h,
 	return h->probation ? 1 : sc->consecutive;
 }
 
+/* Passive detection is due to act on h: eject_after SYNs unanswered for
+ * longer than syn_timeout, or a trial flow unanswered that long. */
+static __always_inline int passive_due(const struct backend_health *h,
+				       const struct service_cfg *sc, __u64 now)
+{
+	__u64 trial = h->trial_ns;
+
+	return (h->syn_outstanding >= eject_after(h, sc) &&
+		h->first_syn_ns + sc->syn_timeout_ns < now) ||
+	       (trial && trial + sc->syn_timeout_ns < now);
+}
+
+/* The fast path's passive check: 1 when passive_ok would let the flow
+ * through without touching any state (nothing due, not on probation); 0
+ * sends the packet to the slow path, where passive_ok decides. */
+static __always_inline int passive_quiet(const struct backend_info *be,
+					 const struct service_cfg *sc, __u64 now)
+{
+	struct backend_health *h;
+
+	if (!(sc->flags & EDGE_SVC_F_PASSIVE))
+		return 1;
+	h = health_of(be);
+	return !h || (!h->probation && !passive_due(h, sc, now));
+}
+
 /* Passive check before a new flow is given to this backend (its own Maglev
  * pick): eject_after SYNs unanswered for longer than syn_timeout eject it.
  * Readmission needs evidence: after an ejection the backend is on probation
@@ -130,21 +156,17 @@ static __always_inline int passive_ok(const struct backend_info *be,
 				      const struct service_cfg *sc, __u64 now)
 {
 	struct backend_health *h;
-	__u64 trial;
 
 	if (!(sc->flags & EDGE_SVC_F_PASSIVE))
 		return 1;
 	h = health_of(be);
 	if (!h)
 		return 1;
-	trial = h->trial_ns;
-	if ((h->syn_outstanding >= eject_after(h, sc) &&
-	     h->first_syn_ns + sc->syn_timeout_ns < now) ||
-	    (trial && trial + sc->syn_timeout_ns < now))
+	if (passive_due(h, sc, now))
 		return !try_eject(sc, h, now);
 	if (!h->probation)
 		return 1;
-	if (trial)
+	if (h->trial_ns)
 		return 0;	/* the trial is out */
 	return __sync_val_compare_and_swap(&h->trial_ns, 0, now) == 0;
 }

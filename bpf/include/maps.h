@@ -57,9 +57,13 @@ BPF_TABLE_PINNED("hash", __be16, __u32, edge_hb_ports,
 BPF_TABLE_PINNED("array", __u32, __u32, edge_maglev,
 		 EDGE_MAX_SERVICES * 2 * EDGE_MAGLEV_M, EDGE_PIN(edge_maglev),
 		 BPF_F_MMAPABLE);
-/* Conntrack: client 5-tuple -> backend. */
+/* Conntrack: client 5-tuple -> backend. EDGE_CT_FLAGS: 0, one LRU list for
+ * all CPUs; tools/bench-datapath also measures BPF_F_NO_COMMON_LRU. */
+#ifndef EDGE_CT_FLAGS
+#define EDGE_CT_FLAGS	0
+#endif
 BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow_info, edge_ct,
-		 EDGE_CT_SIZE, EDGE_PIN(edge_ct));
+		 EDGE_CT_SIZE, EDGE_PIN(edge_ct), EDGE_CT_FLAGS);
 /* Per-CPU budget of conntrack entries for TCP packets that are no SYN. */
 BPF_TABLE_PINNED("percpu_array", __u32, struct ct_budget, edge_ct_budget,
 		 1, EDGE_PIN(edge_ct_budget));
@@ -69,6 +73,16 @@ BPF_TABLE_PINNED("hash", struct backend_key, struct rnat_info, edge_rnat,
 /* backend id -> cached egress interface and MACs (per CPU). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct nexthop, edge_nexthop,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_nexthop));
+/* Tail-call targets of the ingress (EDGE_TAIL_*): its slow path. Pinned, so
+ * the kernel keeps the entries after the loader that filled them exits. */
+BPF_TABLE_PINNED("prog", __u32, __u32, edge_tails,
+		 EDGE_TAIL_MAX, EDGE_PIN(edge_tails));
+/* Per-CPU scratch of the fallback scan (select.h); kernel only, not pinned. */
+struct scan_counts {
+	__u32 primaries;
+	__u32 standbys;
+};
+BPF_PERCPU_ARRAY(edge_scan_counts, struct scan_counts, 1);
 /* Per-CPU traffic counters per VIP id and per backend id. */
 BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_vip_stats,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vip_stats));

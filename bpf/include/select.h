@@ -3,7 +3,19 @@
  * conntrack backend (unless that became unusable and the service reselects).
  * A new flow takes slot hash(5-tuple) % M of the VIP's active Maglev table,
  * tries EDGE_MAX_WALK more (rehashed) slots past unusable backends, then
- * picks among the service's usable primaries by hash, then its standbys. */
+ * picks among the service's usable primaries by hash, then its standbys.
+ *
+ * Three programs share this code, told apart by the constant stage: the
+ * fast path (edge_ingress) takes established flows and new flows whose
+ * first Maglev pick is usable without touching health state. Everything
+ * else (ejection and probation bookkeeping, the walk, moving an established
+ * flow) is the slow path, edge_ingress_slow, and what that does not find,
+ * the fallback scan (standbys, panic mode), edge_ingress_scan. Each is
+ * tail-called by the one before with the packet as it arrived: it parses
+ * again and decides from the start, skipping what an earlier stage tried
+ * (no side effect runs twice: the budget is the fast path's, passive_ok
+ * the slow path's). So the fast path pays nothing for the rest, and each
+ * program has the verifier's budget to itself. */
 #ifndef EDGE_SELECT_H
 #define EDGE_SELECT_H
 
@@ -13,6 +25,16 @@
 #ifndef EDGE_MAX_WALK
 #define EDGE_MAX_WALK	4	/* extra Maglev slots tried before the fallback scan */
 #endif
+
+/* The three programs of the ingress, each tail-calling the next through
+ * edge_tails[its own stage]: the fast path; the slow path (first pick with
+ * passive bookkeeping, the walk); the fallback scan. */
+#define EDGE_STAGE_FAST		0
+#define EDGE_STAGE_SLOW		1
+#define EDGE_STAGE_SCAN		2
+
+/* *drop of select_backend: the next stage decides (never counted). */
+#define EDGE_TO_NEXT_STAGE	0xffffffff
 
 /* Admin-up and not draining, whatever its health. */
 static __always_inline int in_service(const struct backend_info *be)
@@ -37,23 +59,30 @@ static __always_inline int takes_new_flows(const struct backend_info *be,
  * primaries by weight.
  *
  * verifier: the two loops (count, then pick) and the first Maglev pick
- * written out before the walk in pick_new are on purpose. edge_ingress as
- * it is: 842,952 instructions processed of the 1,000,000 budget (kernel
- * 6.18, LLVM 14 through bcc 0.26, default sizes; 744,954 before the health
- * hardening). Each of these folds was measured and fails to load with
- * E2BIG (over 1M): these two loops as one pass that records usable ids in
- * a stack array; the first pick folded into the walk loop as i == 0; a
- * second call site of this scan (an early return for an empty table).
- * Returning an id (not a pointer) and leaving pick_new by one exit saves
- * ~33k. tools/bench-datapath prints the count (verified_insns): read it
- * before and after changing this file. */
+ * written out before the walk in pick_new are on purpose. Before the slow
+ * path had a program of its own, edge_ingress took 842,952 instructions
+ * processed of the 1,000,000 budget (kernel 6.18, LLVM 14 through bcc
+ * 0.26, default sizes), and each of these folds failed to load with E2BIG:
+ * these two loops as one pass that records usable ids in a stack array;
+ * the first pick folded into the walk loop as i == 0; a second call site of
+ * this scan. Returning an id (not a pointer) and leaving pick_new by one
+ * exit saved ~33k. netns-tests/test_verifier_budget.py prints every
+ * program's count and fails above 60% of the budget. */
 static __always_inline __u32
 scan_backends(const struct service_cfg *sc, __u32 hash, __u64 now, __u32 pick_id)
 {
 	struct backend_info *pick;
-	__u32 i, n = sc->n_backends, primaries = 0, standbys = 0, want;
+	__u32 i, n = sc->n_backends, primaries, standbys, want, zero = 0;
+	/* verifier: counted in a map value, which the verifier does not
+	 * track, so the loop's paths converge per iteration instead of
+	 * multiplying by every (primaries, standbys) pair (~95k less). */
+	struct scan_counts *cnt = edge_scan_counts.lookup(&zero);
 	__u16 kind;
 
+	if (!cnt)
+		return EDGE_NO_BACKEND;
+	cnt->primaries = 0;
+	cnt->standbys = 0;
 	for (i = 0; i < EDGE_MAX_PER_SERVICE; i++) {
 		struct backend_info *be;
 		__u32 id;
@@ -65,10 +94,12 @@ scan_backends(const struct service_cfg *sc, __u32 hash, __u64 now, __u32 pick_id
 		if (!be || !takes_new_flows(be, sc, now))
 			continue;
 		if (be->flags & EDGE_BE_F_STANDBY)
-			standbys++;
+			cnt->standbys++;
 		else
-			primaries++;
+			cnt->primaries++;
 	}
+	primaries = cnt->primaries;
+	standbys = cnt->standbys;
 	if (primaries < sc->panic_below && (primaries || !standbys)) {
 		pick = edge_backends.lookup(&pick_id);
 		if (pick && in_service(pick))
@@ -102,10 +133,14 @@ scan_backends(const struct service_cfg *sc, __u32 hash, __u64 now, __u32 pick_id
 
 /* Backend for a flow without a (usable) conntrack entry. Passive detection
  * is judged on the Maglev pick itself (it may eject it there); *failover is
- * set when that pick could not be used. */
+ * set when that pick could not be used. Each stage does its part and
+ * returns NULL for the next: the fast path takes only a first pick usable
+ * without touching health state; the slow path judges the first pick with
+ * passive bookkeeping, then walks; the scan stage scans. */
 static __always_inline struct backend_info *
 pick_new(const struct vip_info *vip, const struct service_cfg *sc,
-	 const struct pkt *pkt, __u64 now, __u32 *bid, int *failover)
+	 const struct pkt *pkt, __u64 now, __u32 *bid, int *failover,
+	 const int stage)
 {
 	__u32 hash = hash_flow(&pkt->flow), slot, i, base, idx, *id, pick_id, found;
 	struct backend_info *be;
@@ -125,11 +160,16 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 	if (id && *id != EDGE_NO_BACKEND) {
 		pick_id = *id;
 		be = edge_backends.lookup(&pick_id);
-		if (be && !(be->flags & EDGE_BE_F_DRAINING) &&
-		    backend_health_ok(be, sc, now, 1, HEALTH_TRIAL) && passive_ok(be, sc, now)) {
+		if (stage != EDGE_STAGE_SCAN && be && !(be->flags & EDGE_BE_F_DRAINING) &&
+		    backend_health_ok(be, sc, now, 1, HEALTH_TRIAL) &&
+		    (stage == EDGE_STAGE_SLOW ? passive_ok(be, sc, now) : passive_quiet(be, sc, now))) {
 			found = pick_id;
 			goto out;
 		}
+	}
+	if (stage == EDGE_STAGE_FAST)
+		return NULL;
+	if (stage == EDGE_STAGE_SLOW && id && *id != EDGE_NO_BACKEND) {
 		*failover = 1;
 		/* Further picks come from independent hashes, not neighbouring
 		 * slots, so a dead backend's flows spread by the others' weights.
@@ -148,6 +188,9 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 			}
 		}
 	}
+	if (stage == EDGE_STAGE_SLOW)
+		return NULL;
+	*failover = pick_id != EDGE_NO_BACKEND;
 	found = scan_backends(sc, hash, now, pick_id);
 	if (found == EDGE_NO_BACKEND)
 		return NULL;
@@ -160,12 +203,14 @@ out:
 /* Resolves the backend of this packet, or NULL with the drop reason in
  * *drop: the VIP has none usable, or the packet is TCP but no SYN, conntrack
  * does not know it and the budget for such entries is spent (forwarded, its
- * answer could not be reverse-NATed). *new_flow: conntrack was missed or
- * replaced; *failover: see pick_new. */
+ * answer could not be reverse-NATed), or, on the fast path,
+ * EDGE_TO_SLOW_PATH. *new_flow: conntrack was missed or replaced;
+ * *failover: see pick_new. The slow path takes no budget: the fast path
+ * took it before handing the packet over. */
 static __always_inline struct backend_info *
 select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 	       struct pkt *pkt, __u64 now, __u32 *bid, int *new_flow,
-	       int *failover, __u32 *drop)
+	       int *failover, __u32 *drop, const int stage)
 {
 	struct flow_info *fi = edge_ct.lookup(&pkt->flow);
 	struct backend_info *be;
@@ -188,13 +233,17 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 	}
 	*new_flow = 1;
 	*drop = EDGE_DROP_NO_BACKEND;
-	if (!fi && pkt->flow.proto == IPPROTO_TCP && !pkt->syn && !ct_budget_take()) {
+	if (stage == EDGE_STAGE_FAST && !fi && pkt->flow.proto == IPPROTO_TCP && !pkt->syn && !ct_budget_take()) {
 		*drop = EDGE_DROP_UNTRACKED;
 		return NULL;
 	}
-	be = pick_new(vip, sc, pkt, now, bid, failover);
-	if (!be)
+	/* verifier: on the fast path a flow that moves is the slow path's */
+	be = stage || !fi ? pick_new(vip, sc, pkt, now, bid, failover, stage) : NULL;
+	if (!be) {
+		if (stage != EDGE_STAGE_SCAN)
+			*drop = EDGE_TO_NEXT_STAGE;
 		return NULL;
+	}
 	if (fi) {
 		/* An established flow moved: rewritten in place, so moving
 		 * flows never evicts another entry. */

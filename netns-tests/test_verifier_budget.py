@@ -1,0 +1,43 @@
+"""Verifier headroom: every program of the data path, compiled with the default sizes and loaded
+(not attached), must verify within 60% of the kernel's 1,000,000-instruction budget, so that new
+features have room. The counts are printed (pytest -s shows them); bpf/include/select.h says
+what the slow path holds and why it is a separate, tail-called program.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from controlplane import loader
+
+VERIFIER_BUDGET = 1_000_000  # BPF_COMPLEXITY_LIMIT_INSNS
+HEADROOM_SHARE = 0.60
+BPFFS = Path("/sys/fs/bpf")
+
+
+@pytest.fixture
+def loaded() -> Iterator[loader.Loaded]:
+    loader.check_bpffs(str(BPFFS))
+    pin_path = BPFFS / f"edge-verifier-test-{secrets.token_hex(3)}"
+    pin_path.mkdir()
+    datapath = None
+    try:
+        datapath = loader.compile_datapath(pin_path, loader.Params())
+        yield datapath
+    finally:
+        if datapath is not None:
+            datapath.close()
+        loader.remove_pins(pin_path)
+
+
+def test_every_program_verifies_within_60_percent_of_the_budget(loaded: loader.Loaded) -> None:
+    counts = {name: loader.verified_insns(loaded.load(name, kind).fd) for name, kind in loader.PROGRAMS.items()}
+    for name, count in counts.items():
+        print(f"verified_insns {name}: {count:,} ({count / VERIFIER_BUDGET:.1%} of {VERIFIER_BUDGET:,})")
+    assert all(count > 0 for count in counts.values()), f"kernel reports no verified_insns: {counts}"
+    over = {name: count for name, count in counts.items() if count > HEADROOM_SHARE * VERIFIER_BUDGET}
+    assert over == {}, f"over {HEADROOM_SHARE:.0%} of the verifier budget: {over}"
