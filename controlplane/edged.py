@@ -50,6 +50,7 @@ class Steered:
     states: dict[str, str] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     pushes: int = 0
+    passed: set[str] = field(default_factory=set)  # backends whose probe passed since the last step
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # new signals since the last decision
 
     @property
@@ -268,6 +269,8 @@ class Daemon(Operations):
             return
         probe, sla = st.service.health.probe, st.service.sla
         weights.observe_sample(st.trackers[backend], sample, st.service.weights, probe)
+        if sample.ok and st.service.health.passive is not None:
+            st.passed.add(backend)  # evidence for readmission after a passive ejection (step)
         self.observer.observe_sample(name, backend, sample, probe.window if probe else 1,
                                      sla.p99_rtt_ms / 1000 if sla else None)
         st.wake.set()
@@ -316,6 +319,7 @@ class Daemon(Operations):
     def step(self, st: Steered, now_ns: int) -> bool:
         """One decision for one service; pushes it when the policy says so."""
         s = st.service
+        self._readmit(st)
         forced = self._operator_weights(s)
         d = weights.decide(s, st.trackers, st.pushed, now_ns, forced=forced)
         for b in s.backends:
@@ -357,6 +361,16 @@ class Daemon(Operations):
                 except EdgeError as e:
                     self.events.emit("error", f"{name}: fleet snapshot v{got.version}: {e}", service=name)
         return tables
+
+    def _readmit(self, st: Steered) -> None:
+        """A passing probe is evidence: a backend on probation after a passive ejection takes new
+        flows again without a trial flow (with heartbeats, the data path takes a heartbeat as
+        evidence itself)."""
+        passed, st.passed = st.passed, set()
+        for name in sorted(passed):
+            if self.maps.readmit(st.service.name, name):
+                self.events.emit("state", f"{st.service.name}/{name}: probation -> readmitted (a probe passed)",
+                                 service=st.service.name, backend=name, old="probation", new="readmitted")
 
     def _operator_weights(self, s: Service) -> dict[str, int]:
         """Backend name -> the weight the operator forces (drain, reload removal, override)."""

@@ -77,7 +77,8 @@ struct service_cfg {
 #define EDGE_SVC_F_PASSIVE	0x2	/* passive outlier detection on */
 
 /* Value of edge_health, indexed by health id. Written by the data path
- * (heartbeats, SYN / SYN-ACK tracking); user space only reads it. */
+ * (heartbeats, SYN / SYN-ACK tracking); user space reads it, and ends a
+ * probation on a passing probe (probation, trial_ns: maps.readmit). */
 struct backend_health {
 	__u64	last_seen_ns;	/* bpf_ktime_get_ns() of the last valid heartbeat */
 	__u64	ejected_until_ns; /* passive ejection ends at this time */

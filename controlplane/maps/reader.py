@@ -73,6 +73,8 @@ class Reader:
             state = "admin-down"
         elif ejected:
             state = "ejected"
+        elif (hb_on or passive_on) and h.probation:  # after an ejection, until evidence
+            state = "probation"
         elif hb_on and h.last_seen_ns + sc.hb_timeout_ns < now:  # as the C compares: no "now - stamp"
             state = "down"
         elif hb_on and h.rise_count < sc.rise:
@@ -88,6 +90,7 @@ class Reader:
             "ejected_for_s": (h.ejected_until_ns - now) / 1e9 if ejected else 0.0,
             "ejections": h.ejections,
             "syn_outstanding": h.syn_outstanding,
+            "probation": bool(h.probation),
         }
 
     def _sum_percpu(self, name: str, index: int) -> dict[str, int]:

@@ -6,6 +6,7 @@ this in."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
 from typing import Mapping
@@ -403,3 +404,23 @@ class Writer:
             self._put_changed(t, t.Key(addr), t.Leaf(n))
 
     # ------------------------------------------------------------ reading
+
+    def readmit(self, service: str, backend: str) -> bool:
+        """Ends a backend's probation on evidence the data path cannot see (a passing probe),
+        once its passive ejection is over: new flows may go to it again without a trial flow.
+        Returns whether it was on probation. edge_health is the data path's: this rewrites the
+        entry it read, so a field the data path stamped in between (a heartbeat's time, a SYN
+        count) goes back by that one packet, which the next packet makes good."""
+        _, bids = self.ids(service)
+        if backend not in bids:
+            return False
+        info = self.t[abi.MAP_BACKENDS]
+        b = info[info.Key(bids[backend])]
+        health = self.t[abi.MAP_HEALTH]
+        key = health.Key(b.health_id)
+        h = health[key]
+        if not h.probation or h.ejected_until_ns > time.monotonic_ns():  # CLOCK_MONOTONIC, as the C
+            return False
+        h.probation, h.trial_ns = 0, 0
+        health[key] = h
+        return True

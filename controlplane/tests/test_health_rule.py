@@ -81,14 +81,16 @@ SMALL_NS = st.integers(0, 10**10)
     be_flags=st.integers(0, 15), sc_flags=st.integers(0, 3),
     hb_timeout_ns=SMALL_NS, rise=st.integers(0, 4),
     now=NS, last_seen_back=st.none() | SMALL_NS, ejected_ahead=st.integers(-10**10, 10**10),
-    rise_count=st.integers(0, 5),
+    rise_count=st.integers(0, 5), probation=st.integers(0, 1),
 )
 def test_maps_says_up_exactly_when_the_data_path_would_use_the_backend(
-        health_h, be_flags, sc_flags, hb_timeout_ns, rise, now, last_seen_back, ejected_ahead, rise_count):
+        health_h, be_flags, sc_flags, hb_timeout_ns, rise, now, last_seen_back, ejected_ahead, rise_count,
+        probation):
     be = BackendInfo(flags=be_flags | abi.BE_F_VALID, health_id=0)
     sc = ServiceCfg(flags=sc_flags, hb_timeout_ns=hb_timeout_ns, rise=rise)
     h = BackendHealth(last_seen_ns=0 if last_seen_back is None else max(0, now - last_seen_back),
-                      ejected_until_ns=max(0, now + ejected_ahead), rise_count=rise_count)
+                      ejected_until_ns=max(0, now + ejected_ahead), rise_count=rise_count,
+                      probation=probation)
     maps = Maps({abi.MAP_BACKENDS: Array(BackendInfo, 1), abi.MAP_HEALTH: Array(BackendHealth, 1)},
                 maglev_fd=-1, maglev_m=13, max_services=1)
     maps.t[abi.MAP_HEALTH].values[0] = h
