@@ -56,7 +56,7 @@ def test_drain_node_undeploy_and_stop_withdraw():
         out = fleet.edgectl(0, "undeploy", "--iface", net.router_iface(0), api=False)
         assert out.returncode == 0, out.stderr
         net.wait_next_hops({1}, 10.0)
-        fleet.edgeds[0].wait_for(lambda e: e["kind"] == "bgp" and "(not serving: " in e["text"], 5.0,
+        fleet.edgeds[0].wait_for(lambda e: e["kind"] == "bgp" and "(not serving: " in e["text"], 30.0,
                                  "r0's withdraw event")
 
         fleet.edgeds[1].signal(signal.SIGTERM)
