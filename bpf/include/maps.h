@@ -69,6 +69,9 @@ BPF_TABLE_PINNED("hash", struct backend_key, struct rnat_info, edge_rnat,
 /* backend id -> cached egress interface and MACs (per CPU). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct nexthop, edge_nexthop,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_nexthop));
+/* hash(client, VIP) -> cached egress interface and MACs of replies (per CPU). */
+BPF_TABLE_PINNED("percpu_array", __u32, struct reply_hop, edge_reply_hop,
+		 EDGE_REPLY_HOP_SLOTS, EDGE_PIN(edge_reply_hop));
 /* Per-CPU traffic counters per VIP id and per backend id. */
 BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_vip_stats,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vip_stats));

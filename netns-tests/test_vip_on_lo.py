@@ -1,0 +1,72 @@
+"""A VIP that is also an address of the router (on its `lo`), as BGP speakers, health checks and
+IPVS habits set it up: connections through it must be answered.
+
+        client ──veth── router ──veth── b0..b2      VIP 198.18.255.1/32 on the router's lo
+
+The reverse-NATed replies carry the VIP, a local address of the router, as their source. Had
+they gone through the kernel's forwarding path, it would drop them as martians and every TCP
+connection would hang; the tc return path redirects them to the client-facing interface itself.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+
+from controlplane.lab.traffic import backends_seen, http_get
+
+PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
+
+
+def put_vip_on_lo(net) -> None:
+    with net.router.iproute() as ipr:
+        ipr.addr("add", index=ipr.link_lookup(ifname="lo")[0], address=str(net.vip), prefixlen=32)
+
+
+def test_tcp_and_http_through_a_vip_on_lo_are_answered(net, router):
+    """20 HTTP connections one by one, then 100 counted: all answered from the VIP by every backend,
+    and every reply left through the tc redirect (none through the kernel's forwarding path)."""
+    put_vip_on_lo(net)
+    router.deploy([router.service("web")])
+
+    replies = [http_get(net.client, net.vip, PORT) for _ in range(20)]
+    seen = backends_seen(net.client, net.vip, PORT, 100)
+
+    client = str(net.topo.client_addr.ip)
+    assert {(r.status, r.server_addr) for r in replies} == {(200, f"{net.vip}:{PORT}")}
+    assert all(r.peer.startswith(f"{client}:") for r in replies)
+    assert sum(seen.values()) == 100 and set(seen) == {"b0", "b1", "b2"}, seen
+
+    snap = router.status()
+    (service,) = snap["services"]
+    assert service["new_flows"] == 120
+    verdicts = snap["verdicts"]
+    assert verdicts["return_nat"] == service["return_packets"] >= 2 * 120
+    assert verdicts["return_redirect"] == verdicts["return_nat"]
+    assert verdicts["drop"] == 0
+
+
+def test_udp_through_a_vip_on_lo_is_answered(net, router):
+    """30 UDP sockets, one datagram each: 30 answers from the VIP."""
+    put_vip_on_lo(net)
+    router.deploy([router.service("dns", protocol="udp")])
+
+    answers = []
+    socks = []
+    try:
+        with net.client.enter():
+            socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(30)]
+        for sock in socks:
+            sock.settimeout(2.0)
+            sock.sendto(b"who", (str(net.vip), PORT))
+        for sock in socks:
+            data, src = sock.recvfrom(2048)
+            answers.append((data.decode(), f"{src[0]}:{src[1]}"))
+    finally:
+        for sock in socks:
+            sock.close()
+
+    assert {src for _, src in answers} == {f"{net.vip}:{PORT}"}
+    assert set(Counter(name for name, _ in answers)) == {"b0", "b1", "b2"}
+    (service,) = router.status()["services"]
+    assert (service["packets"], service["return_packets"]) == (30, 30)
