@@ -117,7 +117,11 @@ int edge_return(struct __sk_buff *skb)
 	if (!fi || fi->backend_id != ri->backend_id)
 		return TC_ACT_UNSPEC;
 	if (proto == IPPROTO_TCP) {
-		bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1);
+		/* the flags byte, read directly when it is in the linear data */
+		if (nh.pos + 14 <= data_end)
+			tcp_flags = ((__u8 *)nh.pos)[13];
+		else
+			bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1);
 		if (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_)) {
 			bpf_skb_load_bytes(skb, l4_off + 8, &ack_seq, sizeof(ack_seq));
 			if (classify_answer(fi, &fk, tcp_flags, ack_seq, &answer) != TC_ACT_OK)
