@@ -179,6 +179,8 @@ struct reply_hop {
 	__u32	ifindex;
 	__u8	smac[6];
 	__u8	dmac[6];
+	__u32	mtu;		/* of ifindex: a longer non-GSO reply is looked up again */
+	__u32	pad;
 };
 
 /* Value of edge_ct_budget (per CPU, one entry): conntrack entries that TCP
@@ -285,7 +287,7 @@ _Static_assert(sizeof(struct flow_info) == 16, "abi: flow_info");
 _Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
 _Static_assert(sizeof(struct backend_key) == 8, "abi: backend_key");
 _Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");
-_Static_assert(sizeof(struct reply_hop) == 32, "abi: reply_hop");
+_Static_assert(sizeof(struct reply_hop) == 40, "abi: reply_hop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
 _Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");
 _Static_assert(sizeof(struct service_cfg) == 304, "abi: service_cfg");

@@ -170,7 +170,9 @@ static long (*redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
  * the per-CPU cache slot of (client, VIP), or a FIB lookup that refills it.
  * Returns the bpf_fib_lookup result (BPF_FIB_LKUP_RET_*); on SUCCESS *out
  * holds the hop, on NO_NEIGH fib->ipv4_dst the next hop's address. Like the
- * forward cache, a route or neighbour change is seen within its TTL. */
+ * forward cache, a route or neighbour change is seen within its TTL. A reply
+ * longer than the cached MTU (and not GSO) is looked up again, so the FIB
+ * answers FRAG_NEEDED and the stack sends the ICMP error. */
 static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, __be32 vip,
 				     struct bpf_fib_lookup *fib, struct reply_hop **out)
 {
@@ -181,7 +183,8 @@ static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, _
 
 	if (!hop)
 		return BPF_FIB_LKUP_RET_NOT_FWDED;
-	if (hop->ifindex && hop->client == iph->daddr && hop->vip == vip && now < hop->expires_ns) {
+	if (hop->ifindex && hop->client == iph->daddr && hop->vip == vip && now < hop->expires_ns &&
+	    (skb->gso_size || skb->len <= hop->mtu + sizeof(struct ethhdr))) {
 		*out = hop;
 		return BPF_FIB_LKUP_RET_SUCCESS;
 	}
@@ -201,6 +204,7 @@ static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, _
 		return rc;
 	}
 	hop->ifindex = fib->ifindex;
+	hop->mtu = fib->mtu_result;	/* the egress device's (tot_len was 0) */
 	__builtin_memcpy(hop->smac, fib->smac, ETH_ALEN);
 	__builtin_memcpy(hop->dmac, fib->dmac, ETH_ALEN);
 	hop->expires_ns = now + EDGE_NEXTHOP_TTL_NS;
