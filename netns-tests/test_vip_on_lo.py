@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from controlplane.lab.router import link_mac
 from controlplane.lab.traffic import backends_seen, http_get, udp_answers
+
+NUD_PERMANENT, NUD_VALID = 0x80, 0xDE  # NUD_VALID: permanent, noarp, reachable, probe, stale, delay
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
 
@@ -43,6 +46,41 @@ def test_tcp_and_http_through_a_vip_on_lo_are_answered(net, router):
     assert verdicts["return_nat"] == service["return_packets"] >= 2 * 120
     assert verdicts["return_redirect"] == verdicts["return_nat"]
     assert verdicts["drop"] == 0
+
+
+def client_neighbour_states(net) -> list[int]:
+    """NUD states of the router's neighbour entries for the client (none: [])."""
+    with net.router.iproute() as ipr:
+        index = ipr.link_lookup(ifname=net.router_client_iface)[0]
+        return [n["state"] for n in ipr.get_neighbours(ifindex=index)
+                if n.get_attr("NDA_DST") == str(net.topo.client_addr.ip)]
+
+
+def test_replies_to_a_client_the_router_has_no_neighbour_entry_for_are_answered(net, router):
+    """The client knows the router's MAC for good (so it never asks, and the router never learns
+    the client's from an ARP request) and the router's entry for the client is gone: the first
+    reply finds no neighbour. The stack would drop it as a martian (the VIP is local);
+    bpf_redirect_neigh resolves the client on the way out, and every connection is answered."""
+    put_vip_on_lo(net)
+    router.deploy([router.service("web")])
+    mac = link_mac(net.router, net.router_client_iface)
+    with net.client.iproute() as ipr:
+        index = ipr.link_lookup(ifname=net.client_iface)[0]
+        ipr.neigh("replace", dst=str(net.topo.router_client_addr.ip), lladdr=mac, ifindex=index,
+                  state=NUD_PERMANENT)
+    with net.router.iproute() as ipr:
+        index = ipr.link_lookup(ifname=net.router_client_iface)[0]
+        for n in ipr.get_neighbours(ifindex=index):
+            if n.get_attr("NDA_DST") == str(net.topo.client_addr.ip):
+                ipr.neigh("del", dst=str(net.topo.client_addr.ip), ifindex=index)
+    assert not any(state & NUD_VALID for state in client_neighbour_states(net))
+
+    replies = [http_get(net.client, net.vip, PORT) for _ in range(5)]
+
+    assert {(r.status, r.server_addr) for r in replies} == {(200, f"{net.vip}:{PORT}")}
+    assert any(state & NUD_VALID for state in client_neighbour_states(net))  # resolved by the redirect
+    verdicts = router.status()["verdicts"]
+    assert verdicts["return_redirect"] == verdicts["return_nat"] > 0
 
 
 def test_udp_through_a_vip_on_lo_is_answered(net, router):
