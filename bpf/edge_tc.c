@@ -138,8 +138,9 @@ int edge_return(struct __sk_buff *skb)
 	}
 	bpf_l4_csum_replace(skb, csum_off, rk.addr, ri->vip_addr,
 			    BPF_F_PSEUDO_HDR | csum_flags | sizeof(rk.addr));
-	bpf_l4_csum_replace(skb, csum_off, rk.port, ri->vip_port,
-			    csum_flags | sizeof(rk.port));
+	if (rk.port != ri->vip_port)	/* most services keep the port: one helper call less */
+		bpf_l4_csum_replace(skb, csum_off, rk.port, ri->vip_port,
+				    csum_flags | sizeof(rk.port));
 
 	if (answer != ANSWER_NONE)
 		note_answer(ri, answer);

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from controlplane.lab.router import link_mac
 from controlplane.lab.traffic import backends_seen, http_get, udp_answers
 
 NUD_PERMANENT, NUD_VALID = 0x80, 0xDE  # NUD_VALID: permanent, noarp, reachable, probe, stale, delay
 
-PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
+PORT = 8000  # conftest.BACKEND_PORT
+VIP_PORTS = [PORT, 80]  # the backends' port, or another one: the reply's source port is rewritten too
 
 
 def put_vip_on_lo(net) -> None:
@@ -25,17 +28,18 @@ def put_vip_on_lo(net) -> None:
         ipr.addr("add", index=ipr.link_lookup(ifname="lo")[0], address=str(net.vip), prefixlen=32)
 
 
-def test_tcp_and_http_through_a_vip_on_lo_are_answered(net, router):
+@pytest.mark.parametrize("vip_port", VIP_PORTS)
+def test_tcp_and_http_through_a_vip_on_lo_are_answered(net, router, vip_port):
     """20 HTTP connections one by one, then 100 counted: all answered from the VIP by every backend,
     and every reply left through the tc redirect (none through the kernel's forwarding path)."""
     put_vip_on_lo(net)
-    router.deploy([router.service("web")])
+    router.deploy([router.service("web", port=vip_port)])
 
-    replies = [http_get(net.client, net.vip, PORT) for _ in range(20)]
-    seen = backends_seen(net.client, net.vip, PORT, 100)
+    replies = [http_get(net.client, net.vip, vip_port) for _ in range(20)]
+    seen = backends_seen(net.client, net.vip, vip_port, 100)
 
     client = str(net.topo.client_addr.ip)
-    assert {(r.status, r.server_addr) for r in replies} == {(200, f"{net.vip}:{PORT}")}
+    assert {(r.status, r.server_addr) for r in replies} == {(200, f"{net.vip}:{vip_port}")}
     assert all(r.peer.startswith(f"{client}:") for r in replies)
     assert sum(seen.values()) == 100 and set(seen) == {"b0", "b1", "b2"}, seen
 
@@ -83,14 +87,15 @@ def test_replies_to_a_client_the_router_has_no_neighbour_entry_for_are_answered(
     assert verdicts["return_redirect"] == verdicts["return_nat"] > 0
 
 
-def test_udp_through_a_vip_on_lo_is_answered(net, router):
+@pytest.mark.parametrize("vip_port", VIP_PORTS)
+def test_udp_through_a_vip_on_lo_is_answered(net, router, vip_port):
     """30 UDP sockets, one datagram each: 30 answers from the VIP."""
     put_vip_on_lo(net)
-    router.deploy([router.service("dns", protocol="udp")])
+    router.deploy([router.service("dns", protocol="udp", port=vip_port)])
 
-    answers = udp_answers(net.client, net.vip, PORT, 30)
+    answers = udp_answers(net.client, net.vip, vip_port, 30)
 
-    assert {src for _, src in answers} == {f"{net.vip}:{PORT}"}
+    assert {src for _, src in answers} == {f"{net.vip}:{vip_port}"}
     assert set(Counter(name for name, _ in answers)) == {"b0", "b1", "b2"}
     (service,) = router.status()["services"]
     assert (service["packets"], service["return_packets"]) == (30, 30)
