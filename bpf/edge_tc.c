@@ -2,9 +2,10 @@
 /* edge_tc.c: clsact ingress of the backend-facing interfaces. Consumes
  * heartbeats (heartbeat.h); gives a backend's reply to a client the VIP back
  * as its source (NAT mode) when conntrack pins that client's connection to
- * this backend, noting SYN-ACKs and RSTs for passive detection;
- * everything else continues untouched. Uses the kernel's checksum helpers,
- * which also handle partial checksums. */
+ * this backend, noting SYN-ACKs and RSTs for passive detection, and
+ * redirects it towards the client (nat.h, reply_out) without the kernel's
+ * forwarding path; everything else continues untouched. The L4 checksum
+ * goes through the kernel's helpers, which also handle partial checksums. */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
 #include <linux/stddef.h>
@@ -13,9 +14,7 @@
 #include "include/stats.h"
 #include "include/health.h"
 #include "include/heartbeat.h"
-
-#define IP_CSUM_OFF	offsetof(struct iphdr, check)
-#define IP_SADDR_OFF	offsetof(struct iphdr, saddr)
+#include "include/nat.h"
 
 #define TCP_FLAG_SYN_	0x02
 #define TCP_FLAG_RST_	0x04
@@ -74,9 +73,7 @@ int edge_return(struct __sk_buff *skb)
 	struct rnat_info *ri;
 	struct ethhdr *eth;
 	struct iphdr *iph;
-	__u32 l3_off, l4_off, csum_off, port_off, csum_flags;
-	__be32 old_addr;
-	__be16 old_port;
+	__u32 l3_off, l4_off, csum_off, csum_flags;
 	int proto, vlans, verdict;
 	__u8 tcp_flags = 0;
 	__be32 ack_seq = 0;
@@ -120,7 +117,11 @@ int edge_return(struct __sk_buff *skb)
 	if (!fi || fi->backend_id != ri->backend_id)
 		return TC_ACT_UNSPEC;
 	if (proto == IPPROTO_TCP) {
-		bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1);
+		/* the flags byte, read directly when it is in the linear data */
+		if (nh.pos + 14 <= data_end)
+			tcp_flags = ((__u8 *)nh.pos)[13];
+		else
+			bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1);
 		if (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_)) {
 			bpf_skb_load_bytes(skb, l4_off + 8, &ack_seq, sizeof(ack_seq));
 			if (classify_answer(fi, &fk, tcp_flags, ack_seq, &answer) != TC_ACT_OK)
@@ -135,22 +136,15 @@ int edge_return(struct __sk_buff *skb)
 		csum_off = l4_off + offsetof(struct udphdr, check);
 		csum_flags = BPF_F_MARK_MANGLED_0;
 	}
-	port_off = l4_off;	/* source port */
-	old_addr = rk.addr;
-	old_port = rk.port;
-
-	bpf_l4_csum_replace(skb, csum_off, old_addr, ri->vip_addr,
-			    BPF_F_PSEUDO_HDR | csum_flags | sizeof(old_addr));
-	bpf_l4_csum_replace(skb, csum_off, old_port, ri->vip_port,
-			    csum_flags | sizeof(old_port));
-	bpf_skb_store_bytes(skb, port_off, &ri->vip_port, sizeof(old_port), 0);
-	bpf_l3_csum_replace(skb, l3_off + IP_CSUM_OFF, old_addr, ri->vip_addr,
-			    sizeof(old_addr));
-	bpf_skb_store_bytes(skb, l3_off + IP_SADDR_OFF, &ri->vip_addr,
-			    sizeof(old_addr), 0);
+	bpf_l4_csum_replace(skb, csum_off, rk.addr, ri->vip_addr,
+			    BPF_F_PSEUDO_HDR | csum_flags | sizeof(rk.addr));
+	if (rk.port != ri->vip_port)	/* most services keep the port: one helper call less */
+		bpf_l4_csum_replace(skb, csum_off, rk.port, ri->vip_port,
+				    csum_flags | sizeof(rk.port));
 
 	if (answer != ANSWER_NONE)
 		note_answer(ri, answer);
 	count_return(ri->vip_id, ri->backend_id);
-	return count_verdict(EDGE_CNT_RETURN_NAT, TC_ACT_OK);
+	count_index(EDGE_CNT_RETURN_NAT);
+	return reply_out(skb, l3_off, l4_off, ri->vip_addr, ri->vip_port);
 }

@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -25,6 +25,8 @@ BE_F_DRAINING = 0x8
 
 CT_F_SYN = 0x1
 CT_F_SYN_PENDING = 0x2
+
+REPLY_HOP_SLOTS = 4096  # edge_reply_hop: per-CPU cache slots of reply FIB results
 
 UNKNOWN = 0xFFFFFFFF
 PROBE_F_DRAINED = 0x1
@@ -47,7 +49,8 @@ CNT_DROP = 3
 CNT_RETURN_NAT = 4
 CNT_HEARTBEAT = 5
 CNT_EJECTION = 6
-CNT_MAX = 7
+CNT_RETURN_REDIRECT = 7
+CNT_MAX = 8
 
 DROP_MALFORMED = 1
 DROP_NO_BACKEND = 2
@@ -67,6 +70,7 @@ CNT_NAMES = {
     CNT_RETURN_NAT: "return_nat",
     CNT_HEARTBEAT: "heartbeat",
     CNT_EJECTION: "ejection",
+    CNT_RETURN_REDIRECT: "return_redirect",
 }
 DROP_NAMES = {
     DROP_MALFORMED: "malformed",
@@ -100,12 +104,13 @@ MAP_NEXTHOP = "edge_nexthop"
 MAP_BE_PROBE = "edge_be_probe"
 MAP_CT_BUDGET = "edge_ct_budget"
 MAP_TAILS = "edge_tails"
+MAP_REPLY_HOP = "edge_reply_hop"
 
 MAP_NAMES = (
     MAP_VIPS, MAP_VIP_ADDRS, MAP_BACKENDS, MAP_MAGLEV, MAP_CT, MAP_RNAT,
     MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
     MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
-    MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS,
+    MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS, MAP_REPLY_HOP,
 )
 
 

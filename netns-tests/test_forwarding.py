@@ -12,10 +12,9 @@ counters are compared with exact numbers, without a "before" snapshot.
 
 from __future__ import annotations
 
-import socket
 from collections import Counter
 
-from controlplane.lab.traffic import backends_seen, http_get
+from controlplane.lab.traffic import backends_seen, http_get, udp_answers
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
 
@@ -75,20 +74,7 @@ def test_udp_through_the_vip_is_answered_from_the_vip_by_every_backend(net, rout
     """
     router.deploy([router.service("web"), router.service("dns", protocol="udp")])
 
-    answers = []
-    socks = []
-    try:
-        with net.client.enter():
-            socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(30)]
-        for sock in socks:
-            sock.settimeout(2.0)
-            sock.sendto(b"who", (str(net.vip), PORT))
-        for sock in socks:
-            data, src = sock.recvfrom(2048)
-            answers.append((data.decode(), f"{src[0]}:{src[1]}"))
-    finally:
-        for sock in socks:
-            sock.close()
+    answers = udp_answers(net.client, net.vip, PORT, 30)
 
     assert {src for _, src in answers} == {f"{net.vip}:{PORT}"}
     flows = Counter(name for name, _ in answers)

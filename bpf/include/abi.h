@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	5
+#define EDGE_ABI_VERSION	6
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -173,6 +173,20 @@ struct nexthop {
 	__u8	dmac[6];
 };
 
+/* Value of edge_reply_hop (per CPU), a direct-mapped cache indexed by a hash
+ * of (client, VIP): the bpf_fib_lookup result of a reply to that client. */
+#define EDGE_REPLY_HOP_SLOTS	4096	/* a power of two */
+struct reply_hop {
+	__u64	expires_ns;	/* bpf_ktime_get_coarse_ns() after which it is looked up again */
+	__be32	client;		/* the tag: which client and VIP the slot holds */
+	__be32	vip;
+	__u32	ifindex;
+	__u8	smac[6];
+	__u8	dmac[6];
+	__u32	mtu;		/* of ifindex: a longer non-GSO reply is looked up again */
+	__u32	pad;
+};
+
 /* Value of edge_ct_budget (per CPU, one entry): conntrack entries that TCP
  * packets other than SYNs created in the current one-second window. */
 struct ct_budget {
@@ -255,7 +269,8 @@ struct node_info {
 #define EDGE_CNT_RETURN_NAT	4	/* return path: reverse NAT applied */
 #define EDGE_CNT_HEARTBEAT	5	/* valid heartbeat consumed */
 #define EDGE_CNT_EJECTION	6	/* passive detection ejected a backend */
-#define EDGE_CNT_MAX		7
+#define EDGE_CNT_RETURN_REDIRECT 7	/* return path: reverse NATed and redirected */
+#define EDGE_CNT_MAX		8
 
 /* Drop reasons: index into edge_drops. Never reuse a number; retire it. */
 #define EDGE_DROP_MALFORMED	1	/* truncated or inconsistent headers */
@@ -276,6 +291,7 @@ _Static_assert(sizeof(struct flow_info) == 16, "abi: flow_info");
 _Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
 _Static_assert(sizeof(struct backend_key) == 8, "abi: backend_key");
 _Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");
+_Static_assert(sizeof(struct reply_hop) == 40, "abi: reply_hop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
 _Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");
 _Static_assert(sizeof(struct service_cfg) == 304, "abi: service_cfg");

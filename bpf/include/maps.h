@@ -83,6 +83,9 @@ struct scan_counts {
 	__u32 standbys;
 };
 BPF_PERCPU_ARRAY(edge_scan_counts, struct scan_counts, 1);
+/* hash(client, VIP) -> cached egress interface and MACs of replies (per CPU). */
+BPF_TABLE_PINNED("percpu_array", __u32, struct reply_hop, edge_reply_hop,
+		 EDGE_REPLY_HOP_SLOTS, EDGE_PIN(edge_reply_hop));
 /* Per-CPU traffic counters per VIP id and per backend id. */
 BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_vip_stats,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vip_stats));

@@ -3,11 +3,15 @@
  * bpf_fib_lookup (cached per backend and CPU) picks the egress interface
  * and MACs and the frame is redirected; when the kernel has no neighbour
  * entry yet (or the frame is VLAN tagged) the rewritten packet goes to the
- * stack, which resolves it. */
+ * stack, which resolves it. The reply direction (tc, reply_out) looks the
+ * client up in the FIB per packet and redirects too, so replies never enter
+ * the kernel's forwarding path (which drops them as martians when the VIP is
+ * a local address); an unresolved neighbour is left to bpf_redirect_neigh. */
 #ifndef EDGE_NAT_H
 #define EDGE_NAT_H
 
 #include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
 #include "csum.h"
 #include "flow.h"
 #include "stats.h"
@@ -125,6 +129,133 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *pkt, __u32 bi
 	__builtin_memcpy(eth->h_dest, nh->dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, nh->smac, ETH_ALEN);
 	return count_verdict(EDGE_CNT_REDIRECT, bpf_redirect(nh->ifindex, 0));
+}
+
+/* tc: the rest of the reverse NAT of a reply whose L4 checksum the caller
+ * has updated (with the kernel's helper, which knows partial checksums):
+ * source address and port become the VIP's. */
+static __always_inline void snat_rest(struct __sk_buff *skb, __u32 l3_off, __u32 l4_off,
+				      __be32 vip_addr, __be16 vip_port)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *iph = data + sizeof(struct ethhdr);
+	__be16 *sport = (void *)(iph + 1);
+	__be32 old_addr;
+
+	if (l3_off == sizeof(struct ethhdr) && l4_off == l3_off + sizeof(*iph) &&
+	    (void *)(sport + 1) <= data_end) {
+		iph->check = csum_replace32(iph->check, iph->saddr, vip_addr);
+		iph->saddr = vip_addr;
+		*sport = vip_port;
+		return;
+	}
+	/* VLAN tags or IPv4 options: offsets the verifier cannot bound */
+	if (bpf_skb_load_bytes(skb, l3_off + offsetof(struct iphdr, saddr),
+			       &old_addr, sizeof(old_addr)) < 0)
+		return;
+	bpf_skb_store_bytes(skb, l4_off, &vip_port, sizeof(vip_port), 0);
+	bpf_l3_csum_replace(skb, l3_off + offsetof(struct iphdr, check), old_addr,
+			    vip_addr, sizeof(old_addr));
+	bpf_skb_store_bytes(skb, l3_off + offsetof(struct iphdr, saddr), &vip_addr,
+			    sizeof(vip_addr), 0);
+}
+
+/* bcc's helpers.h declares bpf_redirect_neigh without its plen argument;
+ * this is the kernel's signature (uapi/linux/bpf.h). */
+static long (*redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
+			      int plen, __u64 flags) = (void *)BPF_FUNC_redirect_neigh;
+
+/* Egress interface and MACs of a reply from vip to the client iph names:
+ * the per-CPU cache slot of (client, VIP), or a FIB lookup that refills it.
+ * Returns the bpf_fib_lookup result (BPF_FIB_LKUP_RET_*); on SUCCESS *out
+ * holds the hop, on NO_NEIGH fib->ipv4_dst the next hop's address. Like the
+ * forward cache, a route or neighbour change is seen within its TTL. A reply
+ * longer than the cached MTU (and not GSO) is looked up again, so the FIB
+ * answers FRAG_NEEDED and the stack sends the ICMP error. */
+static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, __be32 vip,
+				     struct bpf_fib_lookup *fib, struct reply_hop **out)
+{
+	__u32 slot = hash_mix(iph->daddr ^ vip) & (EDGE_REPLY_HOP_SLOTS - 1);
+	struct reply_hop *hop = edge_reply_hop.lookup(&slot);
+	__u64 now = bpf_ktime_get_coarse_ns();
+	int rc;
+
+	if (!hop)
+		return BPF_FIB_LKUP_RET_NOT_FWDED;
+	if (hop->ifindex && hop->client == iph->daddr && hop->vip == vip && now < hop->expires_ns &&
+	    (skb->gso_size || skb->len <= hop->mtu + sizeof(struct ethhdr))) {
+		*out = hop;
+		return BPF_FIB_LKUP_RET_SUCCESS;
+	}
+	fib->family = AF_INET;
+	fib->tos = iph->tos;
+	fib->l4_protocol = iph->protocol;
+	fib->ipv4_src = vip;
+	fib->ipv4_dst = iph->daddr;
+	fib->ifindex = skb->ingress_ifindex;
+	/* tot_len stays 0: the kernel then checks the skb against the egress
+	 * MTU itself, which knows GSO packets. */
+	hop->client = iph->daddr;
+	hop->vip = vip;
+	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
+		hop->ifindex = 0;
+		return rc;
+	}
+	hop->ifindex = fib->ifindex;
+	hop->mtu = fib->mtu_result;	/* the egress device's (tot_len was 0) */
+	__builtin_memcpy(hop->smac, fib->smac, ETH_ALEN);
+	__builtin_memcpy(hop->dmac, fib->dmac, ETH_ALEN);
+	hop->expires_ns = now + EDGE_NEXTHOP_TTL_NS;
+	*out = hop;
+	return rc;
+}
+
+/* tc: finishes the reverse NAT of a reply (snat_rest) and sends it to the
+ * client: cached FIB result (reply_hop), TTL - 1, MACs, bpf_redirect; with
+ * no neighbour entry yet, bpf_redirect_neigh lets the kernel resolve it on
+ * the way out (the stack would drop a reply from a local VIP as a martian).
+ * Returns the tc verdict; TC_ACT_OK hands the packet to the stack (VLAN tag
+ * or IPv4 options, TTL about to expire, no route, MTU exceeded, forwarding
+ * off). The helper calls come first: they invalidate packet pointers. */
+static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 l4_off,
+				     __be32 vip_addr, __be16 vip_port)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *iph = data + sizeof(struct ethhdr);
+	struct bpf_fib_lookup fib = {};
+	struct bpf_redir_neigh nb = {};
+	struct reply_hop *hop = NULL;
+	struct ethhdr *eth;
+	int rc;
+
+	if (l3_off != sizeof(struct ethhdr) || (void *)(iph + 1) > data_end || iph->ttl <= 1) {
+		snat_rest(skb, l3_off, l4_off, vip_addr, vip_port);
+		return TC_ACT_OK;
+	}
+	rc = reply_hop(skb, iph, vip_addr, &fib, &hop);
+	snat_rest(skb, l3_off, l4_off, vip_addr, vip_port);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK;
+
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	iph = (void *)(eth + 1);
+	if ((void *)(iph + 1) > data_end)
+		return TC_ACT_OK;
+	decrease_ttl(iph);
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH || !hop) {
+		nb.nh_family = AF_INET;
+		nb.ipv4_nh = fib.ipv4_dst;	/* the gateway, or the client */
+		return count_verdict(EDGE_CNT_RETURN_REDIRECT,
+				     redirect_neigh(fib.ifindex, &nb, sizeof(nb), 0));
+	}
+	__builtin_memcpy(eth->h_dest, hop->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, hop->smac, ETH_ALEN);
+	return count_verdict(EDGE_CNT_RETURN_REDIRECT, bpf_redirect(hop->ifindex, 0));
 }
 
 #endif /* EDGE_NAT_H */

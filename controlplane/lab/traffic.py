@@ -162,6 +162,26 @@ def close_all(conns: Iterable[Conn]) -> None:
         conn.close()
 
 
+def udp_answers(ns: Ns, addr: Addr, port: int, n: int, timeout_s: float = 2.0) -> list[tuple[str, str]]:
+    """n UDP sockets open at once in ns (n distinct source ports), one datagram each to addr:port;
+    the answers as (payload, "ip:port" it came from), in socket order."""
+    answers = []
+    socks: list[socket.socket] = []
+    try:
+        with ns.enter():
+            socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+        for sock in socks:
+            sock.settimeout(timeout_s)
+            sock.sendto(b"who", (str(addr), port))
+        for sock in socks:
+            data, src = sock.recvfrom(2048)
+            answers.append((data.decode(), _hostport(src)))
+    finally:
+        for sock in socks:
+            sock.close()
+    return answers
+
+
 def _error_key(err: int) -> str:
     names = {errno.ECONNREFUSED: "refused", errno.ECONNRESET: "reset", errno.ETIMEDOUT: "timeout",
              errno.EHOSTUNREACH: "unreachable", errno.ENETUNREACH: "unreachable"}
