@@ -12,10 +12,9 @@ import os
 import signal
 import sys
 import time
-import traceback
 
 from controlplane import __version__
-from controlplane.errors import EdgeError, NotRunning
+from controlplane.errors import EdgeError, NotRunning, say
 
 PROG = "edgectl"
 
@@ -549,17 +548,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except EdgeError as e:
-        if args.debug:
-            traceback.print_exc()
-        print(f"{PROG}: {e}", file=sys.stderr)
+        say(PROG, e, args.debug)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # an unexpected failure is still reported as one line
-        if args.debug:
-            traceback.print_exc()
-        print(f"{PROG}: internal error: {type(e).__name__}: {e} (run with --debug for details)", file=sys.stderr)
+        say(PROG, f"internal error: {type(e).__name__}: {e} (run with --debug for details)", args.debug)
         return 2
 
 

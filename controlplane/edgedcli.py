@@ -11,14 +11,13 @@ import argparse
 import asyncio
 import signal
 import sys
-import traceback
 from typing import Callable
 
 from controlplane import __version__, loader, sdnotify
 from controlplane.api import server as api_server
 from controlplane.config import Config, load_config
 from controlplane.edged import Daemon
-from controlplane.errors import CompileError, ConfigError, EdgeError
+from controlplane.errors import CompileError, ConfigError, EdgeError, say
 from controlplane.events import PROG, Events
 
 # Exit status when the data path cannot be compiled (kernel headers missing after a kernel
@@ -104,14 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         iface = pick_iface(cfg, args.iface)
         return asyncio.run(serve(cfg, iface, Events(json_lines=args.log_format == "json"), args.config))
     except CompileError as e:
-        if args.debug:
-            traceback.print_exc()
-        print(f"{PROG}: {e}", file=sys.stderr)
+        say(PROG, e, args.debug)
         return EXIT_CANNOT_COMPILE
     except EdgeError as e:
-        if args.debug:
-            traceback.print_exc()
-        print(f"{PROG}: {e}", file=sys.stderr)
+        say(PROG, e, args.debug)
         return 1
     except KeyboardInterrupt:
         return 130

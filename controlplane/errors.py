@@ -2,10 +2,14 @@
 
 Every message is one line that carries its own context (a config path, an
 interface, a map name), so edgectl can print `edgectl: <message>` as it is.
-Raising and catching stay with the modules; this file only defines the types.
+Raising and catching stay with the modules; this file defines the types and
+say(), the one way a command prints an error.
 """
 
 from __future__ import annotations
+
+import sys
+import traceback
 
 
 class EdgeError(Exception):
@@ -63,3 +67,11 @@ class NotRunning(ApiError):
 
 class SpeakerError(EdgeError):
     """The BGP speaker (bird) did not start, refused its config or cannot be reached."""
+
+
+def say(prog: str, text: object, debug: bool = False) -> None:
+    """An error as every command reports it: one line `prog: text` on stderr, and with
+    --debug the traceback of the exception being handled first."""
+    if debug:
+        traceback.print_exc()
+    print(f"{prog}: {text}", file=sys.stderr)
