@@ -5,18 +5,11 @@ bpffs is never touched.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                                reason="needs root and unshare (a private mount namespace)")
-
 
 def in_private_mounts(script: str) -> subprocess.CompletedProcess:
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec", script],

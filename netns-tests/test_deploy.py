@@ -246,7 +246,7 @@ def test_redeploy_updates_in_place_keeping_xdp_and_connections(net, router):
 
 def _foreign_pin_dir(owner: int, mode: int) -> str:
     """A directory on the host's bpffs as another user could make it (bpffs is often 1777)."""
-    path = f"/sys/fs/bpf/hp6-{os.urandom(4).hex()}"
+    path = f"/sys/fs/bpf/edgetest-{os.urandom(4).hex()}"
     os.mkdir(path)
     os.chown(path, owner, -1)
     os.chmod(path, mode)

@@ -141,7 +141,7 @@ def daemon(cfg=None) -> edged.Daemon:
     """A Daemon over FakeMaps, as start() leaves it (without deploying or serving); call it
     on a running loop (the prober's)."""
     cfg = cfg or config()
-    d = edged.Daemon(cfg, "hp4t0", edged.Events())
+    d = edged.Daemon(cfg, "edge-t0", edged.Events())
     d._targets = lambda cfg: []  # nothing is probed: the tests hand edged its samples
     d.maps = FakeMaps(cfg)
     d._set_services(cfg)
@@ -256,7 +256,7 @@ def test_a_restarted_edged_keeps_the_drains_and_overrides_it_finds_in_the_maps()
         d = steered({"b0": 0.010, "b1": 0.010, "b2": 0.010}, t)
         d.drain("web", "b1")
         d.set_override("web", "b2", 5)
-        again = edged.Daemon(d.cfg, "hp4t0", edged.Events())
+        again = edged.Daemon(d.cfg, "edge-t0", edged.Events())
         again._targets = lambda cfg: []
         again.maps = d.maps  # what a restart finds pinned
         again._adopt_operator_state()
