@@ -1,6 +1,6 @@
 """Pure planning of membership changes: which ids a config's services and backends
 get in the maps (plan), and, for edged, what a reload removed that must drain out
-(leaving_after, with_leaving, retire). No bcc, no kernel, no byte order: maps.py
+(leaving_after, with_leaving and fit, retire). No bcc, no kernel, no byte order: maps.py
 reads the deployed ids into a Deployed and writes what a Plan says.
 
 Identity. A service keeps its VIP id while its name stays, or, renamed, while its
@@ -230,6 +230,14 @@ def leaving_after(old: Config, new: Config, leaving: Mapping[tuple[str, str], Le
         if s is not None and any(b.name == key[1] for b in s.backends):
             del out[key]
     return out
+
+
+def fit(cfg: Config, leaving: Mapping[tuple[str, str], Leaving]
+        ) -> tuple[Config, dict[tuple[str, str], Leaving], list[tuple[str, str]]]:
+    """with_leaving within cfg's node sizes: (the config to apply, what of leaving stays,
+    the keys that cannot)."""
+    applied, dropped = with_leaving(cfg, leaving, cfg.node.max_services, cfg.node.max_backends)
+    return applied, {k: v for k, v in leaving.items() if k not in dropped}, dropped
 
 
 def with_leaving(cfg: Config, leaving: Mapping[tuple[str, str], Leaving], max_services: int,

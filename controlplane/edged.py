@@ -123,8 +123,7 @@ class Daemon(Operations):
             self._write_lock.release()
         self._held, self.maps = res.held, res.maps
         self._adopt_operator_state()
-        self._set_services(desired.with_leaving(self.cfg, self.leaving, self.cfg.node.max_services,
-                                                self.cfg.node.max_backends)[0])
+        self._set_services(desired.fit(self.cfg, self.leaving)[0])
         if self.cfg.node.bgp is not None:  # announces nothing until run(): the node is not serving yet
             speaker = bird.Bird(self.cfg.node.bgp)
             await speaker.start()
@@ -150,10 +149,7 @@ class Daemon(Operations):
                 if all(b.name != backend.name for b in s.backends):  # not back in the config
                     until = None if until_s == abi.UNKNOWN else until_s * 1_000_000_000
                     leaving[(s.name, backend.name)] = Leaving(s, backend, until)
-        applied, dropped = desired.with_leaving(cfg, leaving, cfg.node.max_services, cfg.node.max_backends)
-        for key in dropped:
-            leaving.pop(key)
-        self.leaving = leaving
+        applied, self.leaving, _ = desired.fit(cfg, leaving)
         return applied
 
     def _adopt_operator_state(self) -> None:
@@ -443,10 +439,8 @@ class Daemon(Operations):
         """Applies new (static + discovered) as a diff against what runs: removed backends and
         services drain out. Returns (apply report, what is draining)."""
         now, old = time.monotonic_ns(), self.cfg
-        leaving = desired.leaving_after(old, new, self.leaving, now)
-        applied, dropped = desired.with_leaving(new, leaving, new.node.max_services, new.node.max_backends)
-        for key in dropped:  # its endpoint or VIP is the new config's now, or no room is left
-            leaving.pop(key)
+        # dropped: its endpoint or VIP is the new config's now, or no room is left
+        applied, leaving, dropped = desired.fit(new, desired.leaving_after(old, new, self.leaving, now))
         report = await self._apply(applied)
         self.cfg, self.leaving = new, leaving
         if self.announcer is not None and new.node.bgp != old.node.bgp:
@@ -508,10 +502,9 @@ class Daemon(Operations):
             leaving = dict(self.leaving)
             for key, _ in done:
                 leaving.pop(key)
-            applied, dropped = desired.with_leaving(self.cfg, leaving, self.cfg.node.max_services,
-                                                    self.cfg.node.max_backends)
+            applied, kept, _ = desired.fit(self.cfg, leaving)
             await self._apply(applied)
-            self.leaving = {k: v for k, v in leaving.items() if k not in dropped}
+            self.leaving = kept
         for key, why in done:
             self.events.emit("removed", f"{key[0]}/{key[1]}: removed after draining ({why})",
                              service=key[0], backend=key[1], why=why)

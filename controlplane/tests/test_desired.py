@@ -63,6 +63,15 @@ def test_draining_backends_never_take_room_the_config_needs():
     assert dropped == [("chat", "b1")] and applied == new
 
 
+def test_fit_keeps_what_fits_within_the_node_sizes_and_names_the_rest():
+    old = config(svc("chat", 1, ("b0", 10), ("b1", 11), ("b3", 13)), max_backends=3)
+    new = config(svc("chat", 1, ("b0", 10), ("b2", 12)), max_backends=3)
+    leaving = desired.leaving_after(old, new, {}, now_ns=0)
+    applied, kept, dropped = desired.fit(new, leaving)
+    assert len(dropped) == 1 and set(kept) | set(dropped) == set(leaving) == {("chat", "b1"), ("chat", "b3")}
+    assert {b.name for b in applied.services[0].backends} == {"b0", "b2", *(k[1] for k in kept)}
+
+
 def test_a_second_writer_is_refused_naming_the_holder(tmp_path, monkeypatch):
     monkeypatch.setenv(deploy.LOCK_DIR_ENV, str(tmp_path))
     holder = subprocess.Popen(
