@@ -18,8 +18,10 @@ import signal
 
 import pytest
 
+from controlplane.errors import NotRunning
 from controlplane.lab.ecmp import Fleet
 from controlplane.lab.fleet import FleetTopo
+from controlplane.lab.traffic import wait_until
 
 N_CONNS = 200
 
@@ -77,3 +79,48 @@ def test_every_backend_down_withdraws_the_vip():
         for edged in fleet.edgeds:
             edged.wait_for(lambda e: e["kind"] == "bgp" and "(no usable backend)" in e["text"], 10.0,
                            "the withdraw event")
+
+
+def test_drain_node_and_backend_drains_outlive_an_edged_restart():
+    """On r1: `drain-node` (r1 withdrawn), b1 drained and b0's weight pinned at 7. r1's edged
+    restarts: its first announcement decision keeps r1 withdrawn (the upstream still routes the
+    VIP to r0 only), `edgectl status` says the node is drained, b1 still owns no slot and b0 keeps
+    weight 7; `undrain-node` then announces r1 again."""
+    with Fleet.start(FleetTopo(routers=2, backends=2)) as fleet:
+        net = fleet.net
+        for args in (("drain", "web", "b1"), ("weight", "web", "b0", "7"), ("drain-node",)):
+            out = fleet.edgectl(1, *args)
+            assert out.returncode == 0, (args, out.stderr)
+        net.wait_next_hops({0}, 10.0)
+
+        edged = fleet.restart(1)
+
+        def decided():
+            """The restarted edged's first announcement decision: an announcement (the drain was
+            lost), or its status saying the VIP is withdrawn because the node is drained."""
+            if any(e["kind"] == "bgp" and "announced" in e["text"] for e in edged.events):
+                return "announced"
+            try:
+                with fleet.client(1) as c:
+                    snap = c.status()
+            except NotRunning:  # deployed, API socket not up yet
+                return None
+            if (snap.get("bgp") or {}).get("withdrawn", {}).get(str(net.vip)) == "node drained":
+                return snap
+            return None
+
+        snap = wait_until(decided, 30.0, "r1's first announcement decision after the restart")
+        assert snap != "announced", "the restarted edged announced the VIP: drain-node was lost"
+        assert snap["node_drained"], snap.get("node_drained")
+        assert net.vip_next_hops() == {net.topo.router_up_addr(0).ip}
+        backends = {b["name"]: b for b in snap["services"][0]["backends"]}
+        assert backends["b1"]["slots"] == 0 and backends["b1"]["edged"]["drained"] is True
+        assert backends["b0"]["weight"] == 7 and backends["b0"]["edged"]["override"] == 7
+        out = fleet.edgectl(1, "status")
+        assert "node drained" in out.stdout, out.stdout
+
+        out = fleet.edgectl(1, "undrain-node")
+        assert (out.returncode, out.stdout) == (0, f"{net.vip}: announced\n")
+        net.wait_next_hops({0, 1}, 30.0)
+        with fleet.client(1) as c:
+            assert not c.status()["node_drained"]

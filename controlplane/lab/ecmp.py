@@ -106,6 +106,13 @@ class Fleet:
         sock = ("--socket", self.net.edged_config(i, [])["node"]["api_socket"]) if api else ()
         return Router(_RouterNet(self.net.router(i)), self.net.router_iface(i)).edgectl(*args, *sock)
 
+    def restart(self, i: int) -> EdgedProc:
+        """Stops router i's edged (SIGTERM, by pid) and starts it again on the same config; returns
+        once the new one has deployed (adopted the pinned data path)."""
+        self.edgeds[i].stop()
+        self.edgeds[i] = EdgedProc.start(self.net.router(i), self.config(i), self.net.router_iface(i))
+        return self.edgeds[i]
+
     def client(self, i: int) -> Client:
         return Client(self.net.edged_config(i, [])["node"]["api_socket"])
 
