@@ -102,7 +102,7 @@ class Announcer:
         self.emit = emit
         self.poll_s = poll_s
         self.announced: frozenset[IPv4Address] = frozenset()
-        self.last: Decision = Decision(frozenset())
+        self.last: Decision | None = None  # the latest decision; None before the first
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
 

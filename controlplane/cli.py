@@ -78,6 +78,14 @@ def _print_status(snap: dict) -> None:
     print(f"{snap['iface']}  ({attached}; instance {snap['instance']}{edged})")
     if (snap.get("edged") or {}).get("not_serving"):
         print(f"  NOT SERVING: {snap['edged']['not_serving']}")
+    if snap.get("node_drained"):
+        since = snap.get("node_drained_t")
+        when = f" since {time.strftime('%H:%M:%S', time.localtime(since))}" if since else ""
+        print(f"  node drained{when}: every VIP withdrawn from BGP (edgectl undrain-node to end it)")
+    if snap.get("bgp"):
+        bgp = snap["bgp"]
+        print("  bgp: " + "; ".join([f"announced {', '.join(bgp['announced'])}"] * bool(bgp["announced"])
+                                    + [f"withdrawn {vip} ({why})" for vip, why in sorted(bgp["withdrawn"].items())]))
     if snap.get("fleet"):
         print("  " + _fmt_fleet(snap["fleet"]))
     ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
@@ -455,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("drain-node", help="withdraw every VIP of this node from BGP (edged, node.bgp)",
                        description="Ask edged to withdraw every VIP from BGP: the upstream sends new flows to "
                                    "the other nodes; what still arrives here is forwarded. Ends with "
-                                   "`edgectl undrain-node` (or an edged restart).")
+                                   "`edgectl undrain-node`; kept across edged restarts (undeploy ends it).")
     _api_args(s)
     s.set_defaults(func=cmd_drain_node, drain_node=True)
 

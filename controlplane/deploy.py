@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import time
 from dataclasses import dataclass, replace
@@ -97,6 +98,38 @@ class NodeLock:
 
     def __exit__(self, *_) -> None:
         self.release()
+
+
+def _run_dir() -> Path:
+    return Path(os.environ.get(LOCK_DIR_ENV, "/run/edge"))
+
+
+def node_drain(instance: str) -> float | None:
+    """When `edgectl drain-node` drained this router (UNIX time), None when it is not drained.
+    The mark is a small file beside the router's locks (<instance>.drained): it outlives edged,
+    as the pinned data path does, and goes with undeploy (and a reboot, as the pins do)."""
+    try:
+        return float(json.loads((_run_dir() / f"{instance}.drained").read_text())["since_t"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0  # unreadable: drained rather than announced by mistake; undrain-node rewrites it
+
+
+def set_node_drain(instance: str, drained: bool) -> None:
+    """Writes (atomically) or removes the drain-node mark; LoaderError naming the file if it cannot."""
+    path = _run_dir() / f"{instance}.drained"
+    try:
+        if not drained:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".drained.tmp")
+        tmp.write_text(json.dumps({"since_t": time.time()}) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise LoaderError(f"{path}: cannot {'write' if drained else 'remove'} the drain-node mark: "
+                          f"{e.strerror}") from e
 
 
 def holder(path: Path) -> str:
@@ -305,8 +338,13 @@ def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
     running edged (which then reports the data path gone), but never midway through
     one of its writes."""
     loader.check_bpffs(pin_dir)
-    with NodeLock(loader.instance_name(iface), iface, "write", WRITE_WAIT_S):
-        return _undeploy(iface, pin_dir, progress)
+    instance = loader.instance_name(iface)
+    with NodeLock(instance, iface, "write", WRITE_WAIT_S):
+        done = _undeploy(iface, pin_dir, progress)
+    if node_drain(instance) is not None:  # the drain-node mark goes with the data path
+        set_node_drain(instance, False)
+        progress("removed the drain-node mark")
+    return done
 
 
 def _undeploy(iface: str, pin_dir: str, progress: Progress) -> bool:
@@ -407,5 +445,7 @@ def describe(maps: Maps, instance: str, pin_path: Path, count_conntrack: bool = 
     snap["xdp"] = {"attached": bool(xdp and xdp.name == abi.PROG_INGRESS),
                    "mode": xdp.mode if xdp else None, "prog_id": xdp.prog_id if xdp else None}
     snap["return_ifaces"] = [loader.ifname(i) for i in node["return_ifindex"]]
+    since = node_drain(instance)
+    snap["node_drained"], snap["node_drained_t"] = since is not None, since
     return snap
 

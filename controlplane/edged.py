@@ -108,6 +108,8 @@ class Daemon(Operations):
         # before deploy: a bad metrics_listen fails with the kernel untouched
         self._metrics = metrics.start_http(self.cfg.node.metrics_listen, metrics.make_registry(collector))
         self._node_lock.acquire()  # held until close(): edgectl deploy is refused meanwhile
+        # drain-node outlives edged (a mark beside the locks): a restart must not announce again
+        self.node_drained = deploy.node_drain(self.instance) is not None
         # discovered backends are there from the first deploy (or a source's failure is on record)
         self.discovery.configure(self.static_cfg, secrets_of(self.static_cfg))
         await self.discovery.first(DISCOVERY_START_S)
@@ -130,6 +132,9 @@ class Daemon(Operations):
             self.announcer = announce.Announcer(speaker, self.node_state, self.events.emit)
             self.events.emit("bgp", f"bgp: bird (pid {speaker.pid}) speaking to "
                                     f"{', '.join(str(p.address) for p in self.cfg.node.bgp.peers)}")
+            if self.node_drained:
+                self.events.emit("drain-node", "node drained before this start: every VIP stays withdrawn "
+                                               "(edgectl undrain-node to end it)", drained=True)
         if self.cfg.node.fleet is not None:  # joins at run(); until a snapshot applies, weights are local
             self.fleet = fleet_member.Member(self.cfg.node.fleet, lambda: [st.service for st in self.services.values()],
                                              self._fleet_apply, self.events.emit, lambda: not self.not_serving)

@@ -57,9 +57,11 @@ class Operations:
 
     async def drain_node(self, drained: bool = True) -> dict:
         """`edgectl drain-node`: withdraws every VIP from BGP (the data path keeps forwarding
-        what still arrives); undrain announces them again. Returns the announcement."""
+        what still arrives); undrain announces them again. Returns the announcement. The drain
+        is marked in the run dir first (deploy.set_node_drain), so a restarted edged keeps it."""
         if self.announcer is None:
             raise EdgeError("node.bgp: not configured; drain-node withdraws the VIPs' BGP routes")
+        deploy.set_node_drain(self.instance, drained)
         self.node_drained = drained
         self.events.emit("drain-node", "node drained: withdrawing every VIP" if drained
                          else "node undrained: announcing the VIPs again", drained=drained)
@@ -132,6 +134,11 @@ class Operations:
         discovered = self.discovery.view()
         if getattr(self, "fleet", None) is not None:  # node.fleet: this node's view of its fleet
             snap["fleet"] = self.fleet.view()
+        announcer = getattr(self, "announcer", None)
+        if announcer is not None and announcer.last is not None:  # node.bgp: the latest decision
+            d = announcer.last
+            snap["bgp"] = {"announced": sorted(map(str, d.announce)),
+                           "withdrawn": {str(k): v for k, v in d.withdrawn.items()}}
         for svc in snap["services"]:
             st = self.services.get(svc["name"])
             svc["pushes"] = st.pushes if st else 0

@@ -110,8 +110,9 @@ def status_from_proto(msg: edge_pb2.GetStatusResponse) -> dict:
     snap["verdicts"] = _in_order(snap["verdicts"], abi.CNT_NAMES)
     snap["drops"] = _in_order(snap["drops"], abi.DROP_NAMES)
     del snap["edged"]
-    if snap["fleet"] is None:  # a node in no fleet: the key is absent, as in the daemon's snapshot
-        del snap["fleet"]
+    for key in ("fleet", "bgp"):  # no node.fleet / node.bgp: the key is absent, as in the daemon's snapshot
+        if snap[key] is None:
+            del snap[key]
     if msg.HasField("edged"):
         snap["edged"] = {"version": msg.edged.version, "pid": msg.edged.pid,
                          "t": _seconds(msg.edged.time) if msg.edged.HasField("time") else None}

@@ -111,6 +111,8 @@ SNAP = {
     "verdicts": {name: 100 + i for i, name in enumerate(abi.CNT_NAMES.values())},
     "drops": {name: i for i, name in enumerate(abi.DROP_NAMES.values())},
     "conntrack_entries": None,
+    "node_drained": True, "node_drained_t": 1764540000.5,
+    "bgp": {"announced": [], "withdrawn": {"198.18.255.1": "node drained"}},
     "instance": "eth-test-4026531840",
     "pin_path": "/sys/fs/bpf/edge/v3/eth-test-4026531840",
     "iface": "eth-test",
