@@ -7,6 +7,9 @@ Keys under node.fleet.prefix:
                   (weights as that node's weights.decide() computes them from its own probes)
   snapshot        the leader's snapshot: {"version", "leader", "t", "services": {service:
                   {"digest", "backends": [[name, address, port], ...], "weights": {backend: w}}}}
+                  with operator marks (operator.py) also "operator": {backend: mark} and
+                  "computed": the weights before the marks were folded in
+  operator/...    operator drains and overrides for the whole fleet (operator.py)
 
 A service's digest covers what makes two nodes' tables comparable (VIP, port, protocol, the
 backends with their addresses, ports, configured weights and standby flags, the weight
@@ -26,6 +29,7 @@ from typing import Iterable, Mapping, Optional
 
 from controlplane import weights as policy
 from controlplane.config import Service
+from controlplane.fleet import operator as op
 
 LEADER, NODES, SNAPSHOT = "leader", "nodes/", "snapshot"
 
@@ -53,14 +57,19 @@ def decode(value: bytes, what: str) -> dict:
 
 
 def report(node: str, t: float, version: int, serving: bool, services: Iterable[Service],
-           computed: Mapping[str, Mapping[str, int]], states: Mapping[str, Mapping[str, str]]) -> dict:
-    """This node's report: what it computed for each service it has computed weights for."""
+           computed: Mapping[str, Mapping[str, int]], states: Mapping[str, Mapping[str, str]],
+           local: Optional[Mapping[str, Mapping[str, str]]] = None) -> dict:
+    """This node's report: what it computed for each service it has computed weights for;
+    local: service -> backend -> what an operator set on this node only (its table differs)."""
     out = {}
     for s in services:
         if s.name in computed:
             out[s.name] = {"digest": digest(s), "weights": dict(computed[s.name]),
                            "states": dict(states.get(s.name, {}))}
-    return {"node": node, "t": t, "version": version, "serving": serving, "services": out}
+    doc = {"node": node, "t": t, "version": version, "serving": serving, "services": out}
+    if local:
+        doc["local"] = {name: dict(v) for name, v in local.items()}
+    return doc
 
 
 def _median(values: list[int]) -> int:
@@ -91,26 +100,34 @@ def combine(s: Service, reports: Iterable[Mapping], now: float, stale_s: float) 
 
 
 def next_snapshot(services: Iterable[Service], reports: Iterable[Mapping], last: Optional[Mapping],
-                  leader: str, now: float, stale_s: float) -> Optional[dict]:
+                  leader: str, now: float, stale_s: float, operator: Optional[Mapping] = None) -> Optional[dict]:
     """The snapshot the leader publishes now, or None when the last one still holds (no weight
-    moved past its service's hysteresis and no service came or went)."""
+    moved past its service's hysteresis, no operator mark changed and no service came or went).
+    operator: the fleet's operator marks (operator.collect), folded into the weights."""
     reports = list(reports)
     last_services = (last or {}).get("services", {})
     out, changed = {}, False
     for s in services:
         wanted = combine(s, reports, now, stale_s)
         before = last_services.get(s.name)
-        prev = before.get("weights") if before and before.get("digest") == digest(s) else None
+        same = before is not None and before.get("digest") == digest(s)
+        prev = (before.get("computed") or before.get("weights")) if same else None  # before the marks
+        marks = op.of_service(s, operator)
+        if marks != ((before.get("operator") or {}) if same else {}):
+            changed = True
         if wanted is None:
-            if prev is None:
+            if prev is None and not marks:
                 continue
-            wanted = dict(prev)  # nobody reports it now: the last weights stay
+            # nobody reports it now: the last weights stay (the configured ones if there are none)
+            wanted = dict(prev) if prev is not None else {b.name: b.weight for b in s.backends}
         elif prev is None or policy.push_due(wanted, prev, s.weights):
             changed = True
         else:
             wanted = dict(prev)
-        out[s.name] = {"digest": digest(s), "weights": wanted,
+        out[s.name] = {"digest": digest(s), "weights": op.fold(wanted, marks),
                        "backends": [[b.name, str(b.address), b.port] for b in s.backends]}
+        if marks:
+            out[s.name].update(operator=marks, computed=wanted)
     if set(out) != set(last_services):
         changed = True
     if not changed:
@@ -126,6 +143,7 @@ class Apply:
     version: int
     weights: dict[str, dict[str, int]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    operator: dict[str, dict[str, dict]] = field(default_factory=dict)  # the marks folded in, per service
 
 
 def to_apply(snap: Mapping, services: Iterable[Service], applied: int) -> Optional[Apply]:
@@ -133,7 +151,7 @@ def to_apply(snap: Mapping, services: Iterable[Service], applied: int) -> Option
     version = int(snap.get("version", 0))
     if version <= applied:
         return None
-    take, skipped = {}, {}
+    take, skipped, marks = {}, {}, {}
     shared = snap.get("services", {})
     for s in services:
         theirs = shared.get(s.name)
@@ -143,7 +161,9 @@ def to_apply(snap: Mapping, services: Iterable[Service], applied: int) -> Option
             skipped[s.name] = "this node's config of it differs from the leader's"
         else:
             take[s.name] = {k: int(v) for k, v in theirs["weights"].items()}
-    return Apply(version, take, skipped)
+            if theirs.get("operator"):
+                marks[s.name] = op.of_service(s, {s.name: theirs["operator"]})
+    return Apply(version, take, skipped, marks)
 
 
 def status_rows(leader: str, snap: Optional[Mapping], reports: Iterable[Mapping], now: float) -> list[dict]:
@@ -157,6 +177,8 @@ def status_rows(leader: str, snap: Optional[Mapping], reports: Iterable[Mapping]
             "node": r.get("node"), "leader": r.get("node") == leader, "version": int(r.get("version", 0)),
             "current": int(r.get("version", 0)) == current, "serving": bool(r.get("serving")),
             "backends": len(states), "backends_down": down, "report_age_s": round(max(0.0, now - float(r.get("t", 0))), 3),
+            "local": {f"{svc}/{b}": what for svc, v in sorted((r.get("local") or {}).items())
+                      for b, what in sorted(v.items())},
         })
     return rows
 
@@ -172,4 +194,9 @@ def format_status(status: Mapping) -> str:
                      f"{r['report_age_s']:>10.1f}s")
     if any(not r["current"] for r in status.get("nodes", [])):
         lines.append("* not on the current snapshot yet")
+    for m in status.get("operator", []):
+        lines.append(f"fleet-wide: {m['service']}/{m['backend']} {op.describe(m)} (set on {m['node'] or '?'})")
+    for r in status.get("nodes", []):
+        for name, what in (r.get("local") or {}).items():
+            lines.append(f"{r['node']}: {name} {what} on this node only: its table differs from the fleet's")
     return "\n".join(lines)

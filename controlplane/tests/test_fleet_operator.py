@@ -1,0 +1,104 @@
+"""Fleet-wide operator actions without etcd: the marks an action leaves, the leader folding them
+into snapshots (drain -> 0, override -> its weight, a new version for every change, the policy's
+weights back after undrain), nodes taking them, and what status shows."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.config import parse_config
+from controlplane.fleet import operator as op
+from controlplane.fleet import snapshot as fs
+
+
+def cfg():
+    return parse_config({"version": 1, "services": [{
+        "name": "chat", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": "latency_inverse"},
+        "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000},
+                     {"name": "b", "address": "198.18.1.3", "port": 8000}]}]})
+
+
+def rep(node, a, b, t=100.0):
+    return fs.report(node, t, 0, True, cfg().services, {"chat": {"a": a, "b": b}}, {"chat": {"a": "up", "b": "up"}})
+
+
+def marks(**by_backend):
+    return {"chat": {name: {"drain": drain, "weight": weight} for name, (drain, weight) in by_backend.items()}}
+
+
+def test_an_action_changes_one_mark_and_an_empty_mark_goes():
+    drained = op.change(None, "drain", None, "r1", 5.0)
+    assert drained == {"drain": True, "weight": None, "node": "r1", "t": 5.0}
+    both = op.change(drained, "weight", 7, "r2", 6.0)
+    assert both == {"drain": True, "weight": 7, "node": "r2", "t": 6.0}
+    assert op.change(both, "undrain", None, "r2", 7.0)["weight"] == 7
+    assert op.change(op.change(both, "undrain", None, "r2", 7.0), "weight", None, "r2", 8.0) is None
+    assert op.change(None, "undrain", None, "r1", 5.0) is None  # undrain of nothing: still nothing
+    with pytest.raises(ValueError):
+        op.change(None, "cordon", None, "r1", 5.0)
+
+
+def test_keys_and_marks_round_trip_and_garbage_is_refused():
+    k = op.key("/edge/fleet/", "chat", "h100-a.1")
+    assert k == b"/edge/fleet/operator/chat/h100-a.1"
+    assert op.split_key("/edge/fleet/", k) == ("chat", "h100-a.1")
+    assert op.split_key("/edge/fleet/", b"/edge/fleet/nodes/r1") is None
+    assert op.split_key("/edge/fleet/", b"/edge/fleet/operator/chat") is None
+    mark = op.change(None, "weight", 9, "r1", 1.5)
+    assert op.decode(fs.encode(mark)) == mark
+    for bad in (b"{", b"[]", b'{"weight": 70000}', b'{"weight": "7"}', b'{"weight": true}'):
+        with pytest.raises(ValueError):
+            op.decode(bad)
+
+
+def test_the_leader_folds_a_drain_into_a_new_version_and_undrain_gives_the_weights_back():
+    c = cfg()
+    first = fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], None, "n1", 101.0, 5)
+    # the same reports, b drained fleet-wide: a new version with b at 0, the policy's weights kept
+    drained = fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], first, "n1", 102.0, 5, marks(b=(True, None)))
+    chat = drained["services"]["chat"]
+    assert drained["version"] == 2 and chat["weights"] == {"a": 10000, "b": 0}
+    assert chat["operator"] == {"b": {"drain": True, "weight": None}}
+    assert chat["computed"] == {"a": 10000, "b": 5000}
+    # nothing changed: no new version
+    assert fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], drained, "n1", 103.0, 5, marks(b=(True, None))) is None
+    # undrained: the policy's weight back, no marks left in the snapshot
+    back = fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], drained, "n1", 104.0, 5, {})
+    assert back["version"] == 3 and back["services"]["chat"]["weights"] == {"a": 10000, "b": 5000}
+    assert "operator" not in back["services"]["chat"] and "computed" not in back["services"]["chat"]
+
+
+def test_an_override_beats_the_policy_and_a_drain_beats_the_override():
+    c = cfg()
+    snap = fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], None, "n1", 101.0, 5, marks(a=(False, 7)))
+    assert snap["services"]["chat"]["weights"] == {"a": 7, "b": 5000}
+    snap = fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], snap, "n1", 102.0, 5, marks(a=(True, 7)))
+    assert snap["services"]["chat"]["weights"] == {"a": 0, "b": 5000}
+    # the hysteresis is judged on the policy's weights, not on the folded ones
+    assert fs.next_snapshot(c.services, [rep("n1", 10000, 5050)], snap, "n1", 103.0, 5, marks(a=(True, 7))) is None
+
+
+def test_marks_of_unknown_backends_wait_and_a_service_nobody_reports_still_gets_them():
+    c = cfg()
+    assert fs.next_snapshot(c.services, [], None, "n1", 101.0, 5, marks(zz=(True, None))) is None
+    snap = fs.next_snapshot(c.services, [], None, "n1", 101.0, 5, marks(b=(True, None)))
+    assert snap["services"]["chat"]["weights"] == {"a": 1, "b": 0}  # the configured weights, b drained
+
+
+def test_nodes_take_the_folded_weights_and_the_marks():
+    c = cfg()
+    snap = fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], None, "n1", 101.0, 5, marks(b=(True, None)))
+    got = fs.to_apply(snap, c.services, applied=0)
+    assert got.weights == {"chat": {"a": 10000, "b": 0}}
+    assert got.operator == {"chat": {"b": {"drain": True, "weight": None}}}
+
+
+def test_fleet_status_shows_fleet_wide_marks_and_nodes_whose_table_differs():
+    r = fs.report("r2", 100.0, 3, True, cfg().services, {"chat": {"a": 1, "b": 1}}, {},
+                  local={"chat": {"a": "weight 7"}})
+    rows = fs.status_rows("r1", {"version": 3}, [r], 101.0)
+    assert rows[0]["local"] == {"chat/a": "weight 7"}
+    text = fs.format_status({"leader": "r1", "version": 3, "nodes": rows, "operator": [
+        {"service": "chat", "backend": "b", "drain": True, "weight": None, "node": "r1", "t": 99.0}]})
+    assert "fleet-wide: chat/b drained (set on r1)" in text
+    assert "r2: chat/a weight 7 on this node only: its table differs from the fleet's" in text
