@@ -115,7 +115,7 @@ def _print_status(snap: dict) -> None:
             ))
             if p["reason"]:
                 notes.append(f"{b['name']}: {p['reason']}")
-            notes.extend(f"{b['name']}: {note}" for note in _operator_notes(b))
+            notes.extend(f"{b['name']}: {note}" for note in _operator_notes(b, bool(snap.get("fleet"))))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             print("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -139,8 +139,9 @@ def _fmt_discovery(d: dict) -> str:
     return line + (f"; last error: {d['error']}" if d.get("error") else "")
 
 
-def _operator_notes(b: dict) -> list[str]:
-    """Drain and weight override set with edgectl, from edged's view or what it wrote to the maps."""
+def _operator_notes(b: dict, fleet: bool = False) -> list[str]:
+    """Drain and weight override set with edgectl, from edged's view or what it wrote to the maps;
+    in a fleet, the fleet-wide ones (from the applied snapshot) and the node's own (--local)."""
     from controlplane import abi
 
     e, p = b.get("edged") or {}, b["probe"]
@@ -149,9 +150,18 @@ def _operator_notes(b: dict) -> list[str]:
     else:
         drained = bool(p["flags"] & abi.PROBE_F_DRAINED)
         override = p["override_weight"] if p["flags"] & abi.PROBE_F_OVERRIDE else None
-    notes = ["drained by an operator (edgectl undrain to end it)"] if drained else []
+    notes = []
+    if e.get("fleet_drained"):
+        notes.append("drained fleet-wide by an operator (edgectl undrain to end it)")
+    if e.get("fleet_override") is not None:
+        notes.append(f"weight pinned at {e['fleet_override']} fleet-wide by an operator "
+                     f"(edgectl weight --clear to end it)")
+    local = " on this node only, so its table differs from the fleet's" if fleet else ""
+    flag = " --local" if fleet else ""
+    if drained:
+        notes.append(f"drained by an operator{local} (edgectl undrain{flag} to end it)")
     if override is not None:
-        notes.append(f"weight pinned at {override} by an operator (edgectl weight --clear to end it)")
+        notes.append(f"weight pinned at {override} by an operator{local} (edgectl weight --clear{flag} to end it)")
     return notes
 
 
@@ -230,17 +240,23 @@ def _client(args):
     return Client(args.socket, timeout_s=args.timeout)
 
 
+def _scope(scope: str, local: bool) -> str:
+    """How far an operator action reached, as edged answered: the fleet, or this node."""
+    fleet = " on every node of the fleet (the leader's next snapshot applies it)"
+    return fleet if scope == "fleet" else (" on this node only" if local else "")
+
+
 def cmd_drain(args) -> int:
     with _client(args) as edged:
-        edged.drain(args.service, args.backend)
-    print(f"drained {args.service}/{args.backend}: no new flows; established flows stay")
+        scope = edged.drain(args.service, args.backend, local=args.local)
+    print(f"drained {args.service}/{args.backend}{_scope(scope, args.local)}: no new flows; established flows stay")
     return 0
 
 
 def cmd_undrain(args) -> int:
     with _client(args) as edged:
-        edged.undrain(args.service, args.backend)
-    print(f"undrained {args.service}/{args.backend}")
+        scope = edged.undrain(args.service, args.backend, local=args.local)
+    print(f"undrained {args.service}/{args.backend}{_scope(scope, args.local)}")
     return 0
 
 
@@ -260,11 +276,11 @@ def cmd_weight(args) -> int:
     if args.weight is not None and not 0 <= args.weight <= 65535:
         raise EdgeError(f"weight: {args.weight} is out of range 0..65535")
     with _client(args) as edged:
-        edged.set_weight(args.service, args.backend, args.weight)
+        scope = _scope(edged.set_weight(args.service, args.backend, args.weight, local=args.local), args.local)
     if args.clear:
-        print(f"{args.service}/{args.backend}: weight override cleared")
+        print(f"{args.service}/{args.backend}: weight override cleared{scope}")
     else:
-        print(f"{args.service}/{args.backend}: weight pinned at {args.weight}")
+        print(f"{args.service}/{args.backend}: weight pinned at {args.weight}{scope}")
     return 0
 
 
@@ -402,6 +418,11 @@ def _api_args(p: argparse.ArgumentParser) -> None:
                    help="give up on an answer after S seconds (default %(default)s)")
 
 
+def _local_arg(p) -> None:
+    p.add_argument("--local", action="store_true",
+                   help="in a fleet: this node only (its table then differs from the other nodes')")
+
+
 def _backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("service", metavar="SERVICE", help="service name, as in the config")
     p.add_argument("backend", metavar="BACKEND", help="backend name within that service")
@@ -448,15 +469,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("drain", help="stop new flows to a backend (edged); established flows stay",
                        description="Ask edged to give BACKEND weight 0 until undrained: it gets no new flows, "
-                                   "and its established flows stay where they are, until `edgectl undrain`.")
+                                   "and its established flows stay where they are, until `edgectl undrain`. "
+                                   "In a fleet (node.fleet) every node does so, unless --local.")
     _backend_args(s)
+    _local_arg(s)
     _api_args(s)
     s.set_defaults(func=cmd_drain)
 
     s = sub.add_parser("undrain", help="end an operator drain (edged)",
                        description="Ask edged to give BACKEND new flows again, with the weight its policy "
-                                   "computes (or the pinned one, see `edgectl weight`).")
+                                   "computes (or the pinned one, see `edgectl weight`). In a fleet this ends "
+                                   "the fleet-wide drain; --local ends a drain made with --local.")
     _backend_args(s)
+    _local_arg(s)
     _api_args(s)
     s.set_defaults(func=cmd_undrain)
 
@@ -474,8 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("weight", help="pin a backend's weight, or clear the pin (edged)",
                        description="Ask edged to use weight N for BACKEND instead of the one its policy "
-                                   "computes (0 stops new flows), or with --clear to compute it again.")
+                                   "computes (0 stops new flows), or with --clear to compute it again. "
+                                   "In a fleet (node.fleet) every node does so, unless --local.")
     _backend_args(s)
+    _local_arg(s)
     s.add_argument("weight", metavar="N", type=int, nargs="?", help="the weight, 0..65535")
     s.add_argument("--clear", action="store_true", help="remove the pinned weight")
     _api_args(s)

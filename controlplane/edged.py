@@ -137,7 +137,8 @@ class Daemon(Operations):
                                                "(edgectl undrain-node to end it)", drained=True)
         if self.cfg.node.fleet is not None:  # joins at run(); until a snapshot applies, weights are local
             self.fleet = fleet_member.Member(self.cfg.node.fleet, lambda: [st.service for st in self.services.values()],
-                                             self._fleet_apply, self.events.emit, lambda: not self.not_serving)
+                                             self._fleet_apply, self.events.emit, lambda: not self.not_serving,
+                                             self.local_marks)
         verb = "adopted the data path on" if res.updated else "deployed on"
         self.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
                                      f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 from controlplane import abi, announce, deploy, weights
 from controlplane.errors import EdgeError
+from controlplane.fleet import operator as fleet_operator
 from controlplane.maps import ProbeStatus
 
 if TYPE_CHECKING:
@@ -71,6 +72,53 @@ class Operations:
 
     # ------------------------------------------------------------ operator actions (API)
 
+    async def operate(self, kind: str, service: str, backend: str, weight: int | None = None,
+                      local: bool = False) -> str:
+        """An operator action from the API (kind drain, undrain, or weight: None clears the
+        override). In a fleet it is recorded in etcd for every node (the leader's next snapshot
+        applies it) unless local; else, and with local, it acts on this node (drain(),
+        undrain(), set_override()). Returns the scope: "fleet" or "node"."""
+        if kind not in ("drain", "undrain", "weight"):
+            raise ValueError(f"operator action: {kind!r} is not drain, undrain or weight")
+        fleet = getattr(self, "fleet", None)
+        if fleet is None or local:
+            if kind == "drain":
+                self.drain(service, backend)
+            elif kind == "undrain":
+                self.undrain(service, backend)
+            else:
+                self.set_override(service, backend, weight)
+            return "node"
+        self._find(service, backend)
+        if weight is not None and not 0 <= int(weight) <= 65535:
+            raise ValueError(f"weight: {weight} is out of range 0..65535")
+        try:
+            before, after = await fleet.operate(service, backend, kind, weight)
+        except ConnectionError as e:
+            raise EdgeError(f"fleet: {e}; nothing recorded (--local acts on this node only)") from None
+        key = (service, backend)
+        if kind == "undrain" and not (before or {}).get("drain") and key in self.drained:
+            raise EdgeError(f"{service}/{backend} is drained on this node only: edgectl undrain --local")
+        if kind == "weight" and weight is None and (before or {}).get("weight") is None and key in self.overrides:
+            raise EdgeError(f"{service}/{backend}'s weight is pinned on this node only: "
+                            f"edgectl weight --clear --local")
+        text = {"drain": "drained", "undrain": "undrained"}.get(kind) or (
+            "weight override cleared" if weight is None else f"weight overridden to {int(weight)}")
+        self.events.emit(kind if kind != "weight" else "override",
+                         f"{service}/{backend}: {text} fleet-wide (in etcd; the leader's next snapshot "
+                         f"applies it on every node)", service=service, backend=backend, scope="fleet",
+                         mark=after, **({"weight": weight} if kind == "weight" else {}))
+        return "fleet"
+
+    def local_marks(self) -> dict[str, dict[str, str]]:
+        """What an operator set on this node only, for the fleet report: service -> backend ->
+        'drained' / 'weight 7'."""
+        out: dict[str, dict[str, str]] = {}
+        for (service, backend) in sorted(set(self.drained) | set(self.overrides)):
+            mark = {"drain": (service, backend) in self.drained, "weight": self.overrides.get((service, backend))}
+            out.setdefault(service, {})[backend] = fleet_operator.describe(mark)
+        return out
+
     def _find(self, service: str, backend: str) -> Steered:
         st = self.services.get(service)
         if st is None:
@@ -111,7 +159,11 @@ class Operations:
         except EdgeError:
             self.drained, self.overrides = before
             raise
-        self.events.emit(kind, f"{service}/{backend}: {text}", service=service, backend=backend, **fields)
+        fleet = getattr(self, "fleet", None)
+        if fleet is not None:  # the report says this node's table differs from the fleet's
+            fleet.report_now()
+        self.events.emit(kind, f"{service}/{backend}: {text}" + (" on this node only" if fleet is not None else ""),
+                         service=service, backend=backend, scope="node", **fields)
         self._write_status(time.monotonic_ns())
 
     async def snapshot(self, count_conntrack: bool = False) -> dict:
@@ -173,10 +225,17 @@ class Operations:
             "override": self.overrides.get((name, backend)),
             "leaving": (name, backend) in self.leaving,
         })
+        fleet = getattr(self, "fleet", None)
+        mark = (fleet.marks.get(name) or {}).get(backend) if fleet is not None and name in fleet.shared else None
+        if mark is not None:  # fleet-wide, from the applied snapshot
+            view["fleet_drained"], view["fleet_override"] = bool(mark.get("drain")), mark.get("weight")
         if view["leaving"]:
             view["state"], view["reason"] = "leaving", "removed by reload; draining its connections"
         elif view["drained"]:
-            view["state"], view["reason"] = "drained", "drained by the operator"
+            view["state"], view["reason"] = "drained", "drained by the operator" + (
+                " on this node only (the fleet's table differs)" if fleet is not None else "")
+        elif view.get("fleet_drained"):
+            view["state"], view["reason"] = "drained", "drained fleet-wide by the operator"
         return view
 
     def _write_status(self, now_ns: int) -> None:

@@ -6,6 +6,10 @@ reaches; the upstream routes the VIP to one router at a time).
 - a backend that stops answering (SIGSTOP: probes time out, every node takes it down) changes
   the weights; every node applies the same version with the same Maglev table (digests of the
   active table, slot by slot, equal); so again when it comes back;
+- an operator drains a backend on one node (`edgectl drain`, fleet-wide): every node applies a
+  snapshot where it owns no slot, with the same table, and `edgectl fleet status` shows the
+  mark; undrain gives it back everywhere. A drain with --local acts on that node only, and its
+  status and `edgectl fleet status` say its table differs;
 - the leader's edged is killed (SIGKILL, by pid): another node leads within the lease TTL,
   `edgectl fleet status` shows it, the killed node's data path still forwards, and the new
   leader's snapshots reach the survivors;
@@ -21,6 +25,7 @@ import pytest
 
 from controlplane.api.client import Client
 from controlplane.lab.fleet_etcd import EtcdFleet
+from controlplane.lab.traffic import wait_until
 
 LEASE_TTL_S = 2
 
@@ -40,6 +45,38 @@ def test_a_weight_change_reaches_every_node_with_the_same_table(fleet, record_pr
     assert figures["nodes"] == 3
     assert figures["same_weights"] and figures["same_table"] and figures["same_table_after_return"], figures
     assert figures["weights"]["b1"] == 0 and figures["weights"]["b0"] > 0
+
+
+def test_an_operator_drain_reaches_every_node_and_undrain_restores_it(fleet, record_property):
+    figures = fleet.operator_drain(1, "b1")
+    record_property("fleet_operator_drain", json.dumps(figures))
+    print("fleet operator drain:", json.dumps(figures))
+    assert figures["said"] == ("drained web/b1 on every node of the fleet (the leader's next snapshot applies it): "
+                               "no new flows; established flows stay")
+    assert figures["nodes"] == 3 and figures["same_table"] and figures["same_table_after_undrain"], figures
+    assert set(figures["slots"].values()) == {0}, figures["slots"]
+    assert all(figures["fleet_drained"].values()), figures["fleet_drained"]
+    assert [(m["service"], m["backend"], m["drain"], m["node"]) for m in figures["fleet_status_marks"]] == \
+        [("web", "b1", True, "r1")]
+    assert all(figures["has_slots_after_undrain"].values()), figures["has_slots_after_undrain"]
+    assert fleet.fleet_status(0)["operator"] == []
+
+
+def test_a_local_drain_acts_on_one_node_and_says_its_table_differs(fleet):
+    out = fleet.edgectl(2, "drain", "web", "b0", "--local")
+    assert (out.returncode, out.stdout) == (0, "drained web/b0 on this node only: no new flows; established flows stay\n")
+    assert fleet.backends(2)["b0"]["slots"] == 0
+    assert fleet.backends(0)["b0"]["slots"] > 0 and fleet.backends(1)["b0"]["slots"] > 0
+    status = fleet.edgectl(2, "status").stdout
+    assert "b0: drained by an operator on this node only, so its table differs from the fleet's" in status, status
+    wait_until(lambda: fleet.fleet_status(0)["nodes"][2]["local"] == {"web/b0": "drained"}, 10.0,
+               "r2's report to name its local drain", observe=lambda: fleet.fleet_status(0)["nodes"])
+    out = fleet.edgectl(2, "undrain", "web", "b0")  # fleet-wide: there is no such drain
+    assert out.returncode != 0 and "drained on this node only: edgectl undrain --local" in out.stderr, out.stderr
+    assert fleet.backends(2)["b0"]["slots"] == 0
+    out = fleet.edgectl(2, "undrain", "web", "b0", "--local")
+    assert out.returncode == 0, out.stderr
+    assert fleet.backends(2)["b0"]["slots"] > 0
 
 
 def test_the_leader_is_killed_and_another_takes_over(fleet, record_property):

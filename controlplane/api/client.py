@@ -136,15 +136,22 @@ class Client:
         msg = self._call("GetStatus", edge_pb2.GetStatusRequest(count_conntrack=count_conntrack))
         return convert.status_from_proto(msg)
 
-    def drain(self, service: str, backend: str) -> None:
-        self._call("Drain", edge_pb2.DrainRequest(service=service, backend=backend))
+    # In a fleet these act on every node unless local; each returns the scope edged applied
+    # it with: "fleet" or "node" (an edged from before fleet-wide actions answers "node").
 
-    def undrain(self, service: str, backend: str) -> None:
-        self._call("Undrain", edge_pb2.UndrainRequest(service=service, backend=backend))
+    def drain(self, service: str, backend: str, local: bool = False) -> str:
+        msg = self._call("Drain", edge_pb2.DrainRequest(service=service, backend=backend, local=local))
+        return msg.scope or "node"
 
-    def set_weight(self, service: str, backend: str, weight: int | None) -> None:
+    def undrain(self, service: str, backend: str, local: bool = False) -> str:
+        msg = self._call("Undrain", edge_pb2.UndrainRequest(service=service, backend=backend, local=local))
+        return msg.scope or "node"
+
+    def set_weight(self, service: str, backend: str, weight: int | None, local: bool = False) -> str:
         """Pins backend's weight; None clears the override."""
-        self._call("SetWeight", edge_pb2.SetWeightRequest(service=service, backend=backend, weight=weight))
+        msg = self._call("SetWeight", edge_pb2.SetWeightRequest(service=service, backend=backend, weight=weight,
+                                                                local=local))
+        return msg.scope or "node"
 
     def reload(self, config_text: str | None = None) -> dict:
         """Applies config_text, or else edged's own config file read again. What changed:

@@ -10,8 +10,8 @@ says SERVING from start() until stop(). In edged, on its asyncio loop:
     await handle.stop(grace_s=1.0)
 
 daemon is duck-typed: cfg, events (subscribe/unsubscribe/recent), snapshot(),
-drain(), undrain(), set_override(), async reload(text=None), config_path,
-async drain_node(); see edged.Daemon.
+async operate(kind, service, backend, weight=None, local=False) -> scope,
+async reload(text=None), config_path, async drain_node(); see edged.Daemon.
 """
 
 from __future__ import annotations
@@ -106,19 +106,20 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
 
         return await self._answer(context, "GetStatus", work)
 
+    async def _operate(self, kind: str, request, weight: int | None = None) -> str:
+        return await _maybe_await(self.daemon.operate(kind, _required(request.service, "service"),
+                                                      _required(request.backend, "backend"), weight=weight,
+                                                      local=request.local))
+
     async def Drain(self, request, context):
         async def work():
-            await _maybe_await(self.daemon.drain(_required(request.service, "service"),
-                                                 _required(request.backend, "backend")))
-            return edge_pb2.DrainResponse()
+            return edge_pb2.DrainResponse(scope=await self._operate("drain", request))
 
         return await self._answer(context, "Drain", work)
 
     async def Undrain(self, request, context):
         async def work():
-            await _maybe_await(self.daemon.undrain(_required(request.service, "service"),
-                                                   _required(request.backend, "backend")))
-            return edge_pb2.UndrainResponse()
+            return edge_pb2.UndrainResponse(scope=await self._operate("undrain", request))
 
         return await self._answer(context, "Undrain", work)
 
@@ -127,9 +128,7 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
             weight = request.weight if request.HasField("weight") else None
             if weight is not None and not 0 <= weight <= WEIGHT_MAX:
                 raise ConfigError(f"weight: {weight} is out of range 0..{WEIGHT_MAX}")
-            await _maybe_await(self.daemon.set_override(_required(request.service, "service"),
-                                                        _required(request.backend, "backend"), weight))
-            return edge_pb2.SetWeightResponse()
+            return edge_pb2.SetWeightResponse(scope=await self._operate("weight", request, weight))
 
         return await self._answer(context, "SetWeight", work)
 

@@ -5,7 +5,8 @@ fails: keep the lease alive; put this node's report under nodes/NAME (on the lea
 own decision moves past the hysteresis, and every report_ms; watch the snapshot key and hand
 every newer version to edged (snapshot.to_apply); and campaign: create the leader key on the
 lease in a transaction that succeeds only while no leader key exists. The winner watches every
-report and publishes the next snapshot (snapshot.next_snapshot), each put guarded by a
+report and every operator mark (operator.py; edged records them with operate()) and publishes
+the next snapshot (snapshot.next_snapshot, the marks folded in), each put guarded by a
 transaction that it is still the leader; the others watch the leader key and campaign again
 when it goes (the leader stopped, or its lease ran out: within lease_ttl_s).
 
@@ -28,6 +29,7 @@ from aetcd import utils
 from controlplane import weights as policy
 from controlplane.config import Fleet, Service
 from controlplane.discovery.etcd import client as etcd_client, close_quietly
+from controlplane.fleet import operator as op
 from controlplane.fleet import snapshot as fs
 
 FAULTS = (asyncio.TimeoutError, aetcd.ClientError, grpc.RpcError, OSError, ConnectionError, ValueError)
@@ -36,20 +38,24 @@ FAULTS = (asyncio.TimeoutError, aetcd.ClientError, grpc.RpcError, OSError, Conne
 class Member:
     """services(): the services edged runs now; apply(Apply): edged takes a snapshot's weights
     (synchronously, through its own step) and returns each service's table digest; emit(kind, text, **fields): edged's event log;
-    serving(): whether edged says SERVING."""
+    serving(): whether edged says SERVING; local(): service -> backend -> what an operator set
+    on this node only (reported, so `edgectl fleet status` shows whose table differs)."""
 
     def __init__(self, cfg: Fleet, services: Callable[[], Iterable[Service]], apply: Callable[[fs.Apply], Optional[dict]],
-                 emit: Callable[..., object], serving: Callable[[], bool] = lambda: True):
+                 emit: Callable[..., object], serving: Callable[[], bool] = lambda: True,
+                 local: Callable[[], dict] = dict):
         self.cfg = cfg
-        self.services, self._apply, self.emit, self.serving = services, apply, emit, serving
+        self.services, self._apply, self.emit, self.serving, self.local = services, apply, emit, serving, local
         p = cfg.prefix
         self.k_leader, self.k_nodes, self.k_snapshot = (p + fs.LEADER).encode(), (p + fs.NODES).encode(), \
             (p + fs.SNAPSHOT).encode()
         self.k_me = self.k_nodes + cfg.name.encode()
+        self.k_operator = (p + op.OPERATOR).encode()
         self.computed: dict[str, dict[str, int]] = {}  # this node's own decision, per service
         self.states: dict[str, dict[str, str]] = {}
         self.reported: dict[str, dict[str, int]] = {}
         self.shared: dict[str, dict[str, int]] = {}  # the applied snapshot's weights, per service
+        self.marks: dict[str, dict[str, dict]] = {}  # the applied snapshot's operator marks, per service
         self.applied = 0  # snapshot version applied
         self.applied_t = 0.0
         self.leader = ""  # the leader's name, as last seen
@@ -77,6 +83,10 @@ class Member:
         wanted = {**shared, **(forced or {})}
         return policy.Decision(weights=wanted, computed=d.computed, states=d.states, reasons=d.reasons,
                                push=wanted != pushed)
+
+    def report_now(self) -> None:
+        """Report at once (an operator changed what this node runs)."""
+        self._wake_report.set()
 
     def view(self) -> dict:
         """For `edgectl status` and the metrics."""
@@ -163,7 +173,7 @@ class Member:
         while True:
             self._wake_report.clear()
             doc = fs.report(self.cfg.name, time.time(), self.applied, self.serving(), self.services(),
-                            self.computed, self.states)
+                            self.computed, self.states, self.local())
             await self._call(c.put(self.k_me, fs.encode(doc), lease=self._lease))
             self.reported = {k: dict(v) for k, v in self.computed.items()}
             try:
@@ -181,14 +191,14 @@ class Member:
         got = fs.to_apply(snap, list(self.services()), self.applied)
         if got is None:
             return
-        self.shared, self.applied = got.weights, got.version
+        self.shared, self.marks, self.applied = got.weights, got.operator, got.version
         tables = self._apply(got) or {}
         self.applied_t = time.time()
         self.emit("fleet", f"fleet: applied snapshot v{got.version} from {snap.get('leader')}"
                   + "".join(f"; {n} not taken: {why}" for n, why in sorted(got.skipped.items())),
                   version=got.version, leader=snap.get("leader"), published_t=snap.get("t"),
                   trigger_t=snap.get("trigger_t"), applied_t=self.applied_t,
-                  weights=got.weights, skipped=got.skipped, tables=tables)
+                  weights=got.weights, skipped=got.skipped, tables=tables, operator=got.operator)
         self._wake_report.set()
 
     async def _follow_snapshot(self, c: aetcd.Client, start: int) -> None:
@@ -231,26 +241,31 @@ class Member:
             except ValueError:
                 last = None
         reports: dict[bytes, dict] = {}
+        marks: dict[bytes, tuple[str, str, dict]] = {}  # operator key -> (service, backend, mark)
         queue: asyncio.Queue = asyncio.Queue()
         listing = await self._call(c.get_prefix(self.k_nodes))
         for kv in listing:
             _put_report(reports, kv.key, kv.value)
+        marked = await self._call(c.get_prefix(self.k_operator))
+        for kv in marked:
+            self._put_mark(marks, kv.key, kv.value)
 
-        async def pump() -> None:
-            async for event in _events(c, self.k_nodes, utils.prefix_range_end(self.k_nodes),
-                                       self.cfg.timeout_ms, start_revision=listing.header.revision + 1):
+        async def pump(k: bytes, start: int) -> None:
+            async for event in _events(c, k, utils.prefix_range_end(k), self.cfg.timeout_ms, start_revision=start):
                 queue.put_nowait(event)
 
-        pumping = asyncio.create_task(pump())
+        pumps = [asyncio.create_task(pump(self.k_nodes, listing.header.revision + 1)),
+                 asyncio.create_task(pump(self.k_operator, marked.header.revision + 1))]
         t = c.transactions
         try:
             while True:
-                if pumping.done():
-                    pumping.result()
-                    raise ConnectionError("report watch ended")
+                for pumping in pumps:
+                    if pumping.done():
+                        pumping.result()
+                        raise ConnectionError("report watch ended")
                 now = time.time()
                 nxt = fs.next_snapshot(list(self.services()), reports.values(), last, self.cfg.name, now,
-                                       self.cfg.stale_ms / 1000)
+                                       self.cfg.stale_ms / 1000, op.collect(marks.values()))
                 if nxt is not None:
                     nxt["trigger_t"] = max((float(r.get("t", 0)) for r in reports.values()), default=now)
                     ok, _ = await self._call(c.transaction(
@@ -266,13 +281,52 @@ class Member:
                 while not queue.empty():
                     batch.append(queue.get_nowait())
                 for event in batch:
-                    if event.kind == aetcd.EventKind.PUT:
+                    if event.kv.key.startswith(self.k_operator):
+                        marks.pop(event.kv.key, None)
+                        if event.kind == aetcd.EventKind.PUT:
+                            self._put_mark(marks, event.kv.key, event.kv.value)
+                    elif event.kind == aetcd.EventKind.PUT:
                         _put_report(reports, event.kv.key, event.kv.value)
                     else:
                         reports.pop(event.kv.key, None)
         finally:
-            pumping.cancel()
-            await asyncio.gather(pumping, return_exceptions=True)
+            for pumping in pumps:
+                pumping.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    def _put_mark(self, marks: dict, key: bytes, value: bytes) -> None:
+        names = op.split_key(self.cfg.prefix, key)
+        try:
+            if names is not None:
+                marks[key] = (*names, op.decode(value))
+        except ValueError as e:
+            self.emit("error", f"fleet: {key.decode(errors='replace')}: {e}; ignored")
+
+    # ------------------------------------------------------------ operator actions (edged's API)
+
+    async def operate(self, service: str, backend: str, kind: str, weight: Optional[int] = None
+                      ) -> tuple[Optional[dict], Optional[dict]]:
+        """Records an operator action for the whole fleet (operator.change: drain, undrain, or
+        weight with None clearing it) under operator/SERVICE/BACKEND, in a transaction against
+        the key's revision (two nodes acting at once both count). Returns the mark before and
+        after. ConnectionError when etcd is not reachable now: nothing is recorded."""
+        c = self._client
+        if c is None or not self.connected:
+            raise ConnectionError(f"etcd not reachable ({self.problem or 'not connected yet'})")
+        k, t = op.key(self.cfg.prefix, service, backend), c.transactions
+        for _ in range(5):
+            got = await self._call(c.get(k))
+            try:
+                before = op.decode(got.value) if got is not None else None
+            except ValueError:
+                before = None  # garbage: replaced
+            after = op.change(before, kind, weight, self.cfg.name, time.time())
+            compare = [t.mod(k) == got.mod_revision] if got is not None else [t.create(k) == 0]
+            write = [t.put(k, fs.encode(after))] if after is not None else [t.delete(k)]
+            ok, _ = await self._call(c.transaction(compare=compare, success=write, failure=[]))
+            if ok:
+                return before, after
+        raise ConnectionError(f"{k.decode()}: changed by others five times in a row; try again")
 
 
 def _put_report(reports: dict, key: bytes, value: bytes) -> None:
@@ -280,6 +334,20 @@ def _put_report(reports: dict, key: bytes, value: bytes) -> None:
         reports[key] = fs.decode(value, key.decode(errors="replace"))
     except ValueError:
         reports.pop(key, None)  # garbage counts as no report
+
+
+def _marks_of(prefix: str, kvs) -> list[dict]:
+    """The fleet-wide operator marks for `edgectl fleet status`, garbage left out."""
+    out = []
+    for kv in kvs:
+        names = op.split_key(prefix, kv.key)
+        try:
+            mark = op.decode(kv.value) if names else None
+        except ValueError:
+            continue
+        if mark is not None:
+            out.append({"service": names[0], "backend": names[1], **mark})
+    return out
 
 
 async def _events(c: aetcd.Client, key: bytes, range_end: Optional[bytes], timeout_ms: int,
@@ -307,6 +375,7 @@ async def read_status(cfg: Fleet) -> dict:
             leader = await asyncio.wait_for(c.get(prefix + fs.LEADER.encode()), cfg.timeout_ms / 1000)
             snap = await asyncio.wait_for(c.get(prefix + fs.SNAPSHOT.encode()), cfg.timeout_ms / 1000)
             nodes = await asyncio.wait_for(c.get_prefix(prefix + fs.NODES.encode()), cfg.timeout_ms / 1000)
+            marked = await asyncio.wait_for(c.get_prefix(prefix + op.OPERATOR.encode()), cfg.timeout_ms / 1000)
         except FAULTS as e:
             errors.append(f"{host}:{port}: {' '.join(str(e).split())[:80] or type(e).__name__}")
             continue
@@ -319,5 +388,6 @@ async def read_status(cfg: Fleet) -> dict:
         leader_name = leader.value.decode(errors="replace") if leader is not None else ""
         return {"leader": leader_name, "version": int(snapshot["version"]) if snapshot else 0,
                 "published_t": snapshot.get("t") if snapshot else None,
-                "nodes": fs.status_rows(leader_name, snapshot, reports.values(), time.time())}
+                "nodes": fs.status_rows(leader_name, snapshot, reports.values(), time.time()),
+                "operator": _marks_of(cfg.prefix, marked)}
     raise ConnectionError("etcd: " + "; ".join(errors))

@@ -7,8 +7,9 @@ reaches. The upstream has a static route to one router at a time (get_through), 
                             ├─ r1               ─┼─ sw (bridge, etcd 198.18.64.250) ─┬─ b0
                             └─ r2               ─┘                                  └─ b1
 
-Owns starting and stopping exactly this (edged by pid, etcd by pid) and the two measurements the
-test and tools/bench-fleet share: a weight change reaching every node, and a leader failover.
+Owns starting and stopping exactly this (edged by pid, etcd by pid) and the measurements the
+test and tools/bench-fleet share: a weight change reaching every node, a leader failover, and an
+operator's fleet-wide drain reaching every node.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import sys
 import time
 
+from controlplane.api.client import Client
 from controlplane.lab.daemon import EdgedProc, env_with_package
 from controlplane.lab.ecmp import _RouterNet
 from controlplane.lab.fleet import SWITCH, FleetNet, FleetTopo
@@ -105,6 +107,17 @@ class EtcdFleet:
                                       f"{ETCD_ADDR}:{ETCD_PORT}", "--json"], env=env_with_package())
         return json.loads(out.stdout)
 
+    def edgectl(self, i: int, *args: str):
+        """`edgectl ARGS --socket SOCK` in router i's namespace, against router i's edged."""
+        sock = self.config(i)["node"]["api_socket"]
+        return Router(_RouterNet(self.net.router(i)), self.net.router_iface(i)).edgectl(*args, "--socket", sock)
+
+    def backends(self, i: int, service: str = "web") -> dict[str, dict]:
+        """Router i's status of service's backends (edged's view), by name."""
+        with Client(self.config(i)["node"]["api_socket"]) as c:
+            snap = c.status()
+        return {b["name"]: b for s in snap["services"] if s["name"] == service for b in s["backends"]}
+
     def get_through(self, i: int):
         """One GET to the VIP from the client, routed by the upstream through router i."""
         net = self.net
@@ -149,6 +162,45 @@ class EtcdFleet:
         marks = self.marks()
         back = self._same_version(nodes, lambda e: e["weights"]["web"][name] > 0, marks, timeout_s)
         figures["same_table_after_return"] = len({f["tables"]["web"] for f in back}) == 1
+        return figures
+
+    def operator_drain(self, i: int = 1, backend: str = "b1", timeout_s: float = 30.0) -> dict:
+        """`edgectl drain web BACKEND` on router i (fleet-wide): every living node must apply a
+        snapshot with BACKEND at weight 0 and the same table; then `edgectl undrain` and the same
+        with its weight back. Returns the figures (times from the command's start)."""
+        nodes = self.alive()
+        marks = self.marks()
+        t0 = time.time()
+        out = self.edgectl(i, "drain", "web", backend)
+        if out.returncode != 0:
+            raise AssertionError(f"edgectl drain: {out.stderr.strip()}")
+        drained = self._same_version(
+            nodes, lambda e: e["weights"]["web"][backend] == 0 and e["operator"].get("web", {}).get(backend),
+            marks, timeout_s)
+        status_marks = self.fleet_status(nodes[0]).get("operator", [])
+        recorded_t = max((m["t"] for m in status_marks if m["backend"] == backend), default=t0)
+        figures = {
+            "nodes": len(nodes), "said": out.stdout.strip(),
+            "drain_to_applied_on_all_ms": round((max(d["applied_t"] for d in drained) - t0) * 1000, 1),
+            "recorded_to_applied_on_all_ms": round((max(d["applied_t"] for d in drained) - recorded_t) * 1000, 1),
+            "same_table": len({d["tables"]["web"] for d in drained}) == 1,
+            "version": drained[0]["version"],
+            "slots": {f"r{n}": self.backends(n)[backend]["slots"] for n in nodes},
+            "fleet_drained": {f"r{n}": self.backends(n)[backend]["edged"]["fleet_drained"] for n in nodes},
+            "fleet_status_marks": status_marks,
+        }
+        marks = self.marks()
+        t1 = time.time()
+        out = self.edgectl(i, "undrain", "web", backend)
+        if out.returncode != 0:
+            raise AssertionError(f"edgectl undrain: {out.stderr.strip()}")
+        back = self._same_version(nodes, lambda e: e["weights"]["web"][backend] > 0 and not e["operator"],
+                                  marks, timeout_s)
+        figures.update({
+            "undrain_to_applied_on_all_ms": round((max(b["applied_t"] for b in back) - t1) * 1000, 1),
+            "same_table_after_undrain": len({b["tables"]["web"] for b in back}) == 1,
+            "has_slots_after_undrain": {f"r{n}": self.backends(n)[backend]["slots"] > 0 for n in nodes},
+        })
         return figures
 
     def kill_leader(self) -> dict:

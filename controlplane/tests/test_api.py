@@ -100,12 +100,14 @@ SNAP = {
                 "rtt_p50_s": 0.0015, "rtt_p99_s": 0.0042, "rtt_smoothed_s": 0.0017,
                 "rtt_window": [0.0014, 0.0015, 0.0042], "waiting": 4, "running": 2, "kv_usage": 0.375,
                 "load_state": "ok", "hung": False, "probes_ok": 90, "probes_failed": 3, "weight": 3,
-                "config_weight": 1, "state": "up", "reason": "", "drained": False, "override": 3}),
+                "config_weight": 1, "state": "up", "reason": "", "drained": False, "override": 3,
+                "fleet_drained": True, "fleet_override": 5}),
             _backend(1, "b1", "198.18.2.2", {  # nothing known yet: every optional value absent
                 "rtt_p50_s": None, "rtt_p99_s": None, "rtt_smoothed_s": None, "rtt_window": [],
                 "waiting": None, "running": None, "kv_usage": None, "load_state": None, "hung": None,
                 "probes_ok": None, "probes_failed": None, "weight": None, "config_weight": None,
-                "state": None, "reason": None, "drained": None, "override": None}),
+                "state": None, "reason": None, "drained": None, "override": None,
+                "fleet_drained": None, "fleet_override": None}),
         ],
     }],
     "verdicts": {name: 100 + i for i, name in enumerate(abi.CNT_NAMES.values())},
@@ -148,6 +150,12 @@ class FakeDaemon:
         if count_conntrack:
             snap["conntrack_entries"] = 12345
         return snap
+
+    async def operate(self, kind: str, service: str, backend: str, weight: int | None = None,
+                      local: bool = False) -> str:
+        {"drain": lambda: self.drain(service, backend), "undrain": lambda: self.undrain(service, backend),
+         "weight": lambda: self.set_override(service, backend, weight)}[kind]()
+        return "node"  # this fake is in no fleet
 
     def drain(self, service: str, backend: str) -> None:
         self._check(service, backend)
