@@ -82,8 +82,8 @@ def _print_status(snap: dict) -> None:
         since = snap.get("node_drained_t")
         when = f" since {time.strftime('%H:%M:%S', time.localtime(since))}" if since else ""
         print(f"  node drained{when}: every VIP withdrawn from BGP (edgectl undrain-node to end it)")
-    if snap.get("bgp"):
-        bgp = snap["bgp"]
+    bgp = snap.get("bgp")
+    if bgp and (bgp["announced"] or bgp["withdrawn"]):
         print("  bgp: " + "; ".join([f"announced {', '.join(bgp['announced'])}"] * bool(bgp["announced"])
                                     + [f"withdrawn {vip} ({why})" for vip, why in sorted(bgp["withdrawn"].items())]))
     if snap.get("fleet"):
