@@ -89,13 +89,22 @@ class Operations:
             else:
                 self.set_override(service, backend, weight)
             return "node"
-        self._find(service, backend)
+        removing = kind == "undrain" or (kind == "weight" and weight is None)
+        try:
+            self._find(service, backend)
+            unknown = None
+        except LookupError as e:  # a mark for a backend this node lacks may still be removed
+            if not removing:
+                raise
+            unknown = e
         if weight is not None and not 0 <= int(weight) <= 65535:
             raise ValueError(f"weight: {weight} is out of range 0..65535")
         try:
             before, after = await fleet.operate(service, backend, kind, weight)
         except ConnectionError as e:
             raise EdgeError(f"fleet: {e}; nothing recorded (--local acts on this node only)") from None
+        if unknown is not None and before is None:
+            raise unknown
         key = (service, backend)
         if kind == "undrain" and not (before or {}).get("drain") and key in self.drained:
             raise EdgeError(f"{service}/{backend} is drained on this node only: edgectl undrain --local")

@@ -1,6 +1,7 @@
 """Fleet-wide operator actions without etcd: the marks an action leaves, the leader folding them
 into snapshots (drain -> 0, override -> its weight, a new version for every change, the policy's
-weights back after undrain), nodes taking them, and what status shows."""
+weights back after undrain), nodes taking them, what status shows, and what edged's API records
+or refuses (Operations.operate)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,62 @@ def test_fleet_status_shows_fleet_wide_marks_and_nodes_whose_table_differs():
         {"service": "chat", "backend": "b", "drain": True, "weight": None, "node": "r1", "t": 99.0}]})
     assert "fleet-wide: chat/b drained (set on r1)" in text
     assert "r2: chat/a weight 7 on this node only: its table differs from the fleet's" in text
+
+
+class _Etcd:
+    """The member's operate() over a dict, as etcd would keep the marks (this test is about what
+    edged decides, netns-tests/test_fleet_etcd.py runs the real one)."""
+
+    def __init__(self):
+        self.marks: dict[tuple[str, str], dict] = {}
+        self.down = False
+
+    async def operate(self, service, backend, kind, weight=None):
+        if self.down:
+            raise ConnectionError("etcd not reachable (no answer in 1000 ms)")
+        before = self.marks.get((service, backend))
+        after = op.change(before, kind, weight, "r1", 1.0)
+        if after is None:
+            self.marks.pop((service, backend), None)
+        else:
+            self.marks[(service, backend)] = after
+        return before, after
+
+
+def _edged():
+    from controlplane.events import Events
+    from controlplane.operations import Operations
+
+    class Edged(Operations):
+        def __init__(self):
+            self.services = {"chat": type("Steered", (), {"trackers": {"a": None, "b": None}})()}
+            self.drained, self.overrides = {("chat", "a")}, {}
+            self.fleet, self.events = _Etcd(), Events()
+
+    return Edged()
+
+
+def test_edged_records_fleet_marks_and_refuses_what_it_cannot():
+    import asyncio
+
+    from controlplane.errors import EdgeError
+
+    d = _edged()
+    run = asyncio.run
+    assert run(d.operate("drain", "chat", "b")) == "fleet"
+    assert d.fleet.marks[("chat", "b")]["drain"] is True
+    assert run(d.operate("weight", "chat", "b", 7)) == "fleet"
+    with pytest.raises(LookupError):  # no such backend here: nothing is recorded
+        run(d.operate("drain", "chat", "zz"))
+    assert ("chat", "zz") not in d.fleet.marks
+    d.fleet.marks[("chat", "zz")] = op.change(None, "drain", None, "r2", 1.0)  # from a node that has zz
+    assert run(d.operate("undrain", "chat", "zz")) == "fleet"  # removable from here all the same
+    assert ("chat", "zz") not in d.fleet.marks
+    with pytest.raises(LookupError):
+        run(d.operate("undrain", "chat", "zz"))
+    with pytest.raises(EdgeError, match="drained on this node only: edgectl undrain --local"):
+        run(d.operate("undrain", "chat", "a"))  # a is drained with --local, not fleet-wide
+    d.fleet.down = True
+    with pytest.raises(EdgeError, match="nothing recorded"):
+        run(d.operate("undrain", "chat", "b"))
+    assert d.fleet.marks[("chat", "b")] == {"drain": True, "weight": 7, "node": "r1", "t": 1.0}
