@@ -1,7 +1,9 @@
 """What edged shows and what an operator may do to it: the status views
 (snapshot, backend_view, the edge_be_probe record written once a second),
 drains, weight overrides and drain-node. Mixed into edged's Daemon; every
-change goes through the maps and is undone if they refuse it."""
+change of this node goes through the maps and is undone if they refuse it; in
+a fleet, drains and overrides are recorded in etcd instead (fleet/member.py),
+unless the operator asks for this node only."""
 
 from __future__ import annotations
 

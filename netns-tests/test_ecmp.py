@@ -8,7 +8,8 @@ data path on every router, shared backends. Each test builds its own fleet and r
 
 The routers share one config (static weights), so their Maglev tables are identical: a flow the
 upstream moves to another router finds the same backend there, although that router has no
-conntrack entry for it (conntrack is per node).
+conntrack entry for it (conntrack is per node). `edgectl drain-node` withdraws a router and
+stays in force across a restart of its edged.
 """
 
 from __future__ import annotations
