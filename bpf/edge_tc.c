@@ -52,6 +52,7 @@ static __always_inline int classify_answer(struct flow_info *fi, struct flow_key
 
 	*answer = ANSWER_NONE;
 	if (syn_ack && !ours) {
+		wire_end(fi->flags, fi->backend_id);	/* wire.h: counted closed */
 		edge_ct.delete(fk);
 		return TC_ACT_UNSPEC;
 	}
@@ -144,6 +145,8 @@ int edge_return(struct __sk_buff *skb)
 
 	if (answer != ANSWER_NONE)
 		note_answer(ri, answer);
+	if (proto == IPPROTO_TCP)
+		wire_reply(skb, fi, ri->backend_id, tcp_flags, l4_off);	/* wire.h */
 	count_return(ri->vip_id, ri->backend_id);
 	count_index(EDGE_CNT_RETURN_NAT);
 	return reply_out(skb, l3_off, l4_off, ri->vip_addr, ri->vip_port);

@@ -73,6 +73,7 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 		pkt->flow.dport = th->dest;
 		pkt->syn = th->syn && !(th->ack | th->rst | th->fin);
 		pkt->seq = th->seq;
+		pkt->end = th->fin | th->rst;
 		pkt->tcp_hlen = th->doff * 4;
 	} else {
 		struct udphdr *uh;
@@ -175,6 +176,11 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 		flow_mark_syn(&pkt);
 	if (pkt.syn_counted && (sc->flags & EDGE_SVC_F_PASSIVE))
 		note_syn(be, now);
+	/* wire.h: one flag test unless a wire signal is pending; a flow the
+	 * later stages moved was seen to by wire_move */
+	if (stage == EDGE_STAGE_FAST && pkt.ct)
+		wire_forward(pkt.ct, bid, pkt.syn, pkt.end,
+			     pkt.l3_len - sizeof(struct iphdr) - pkt.tcp_hlen);
 	if (dnat(&pkt, be, (void *)(long)ctx->data_end) < 0)
 		return count_drop(EDGE_DROP_MALFORMED);
 	return forward(ctx, &pkt, bid);

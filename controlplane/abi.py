@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -25,6 +25,13 @@ BE_F_DRAINING = 0x8
 
 CT_F_SYN = 0x1
 CT_F_SYN_PENDING = 0x2
+CT_F_OPEN = 0x4  # wire.h: counted as opened, not yet closed
+CT_F_HS_WAIT = 0x8
+CT_F_REQ_WAIT = 0x10
+CT_F_RESP_WAIT = 0x20
+CT_F_WIRE_WAIT = 0x38
+
+WIRE_BUCKETS = 24  # edge_wire histograms: bucket i = [2^i, 2^(i+1)) microseconds
 
 REPLY_HOP_SLOTS = 4096  # edge_reply_hop: per-CPU cache slots of reply FIB results
 
@@ -105,12 +112,13 @@ MAP_BE_PROBE = "edge_be_probe"
 MAP_CT_BUDGET = "edge_ct_budget"
 MAP_TAILS = "edge_tails"
 MAP_REPLY_HOP = "edge_reply_hop"
+MAP_WIRE = "edge_wire"
 
 MAP_NAMES = (
     MAP_VIPS, MAP_VIP_ADDRS, MAP_BACKENDS, MAP_MAGLEV, MAP_CT, MAP_RNAT,
     MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
     MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
-    MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS, MAP_REPLY_HOP,
+    MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS, MAP_REPLY_HOP, MAP_WIRE,
 )
 
 

@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	6
+#define EDGE_ABI_VERSION	7
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -140,11 +140,17 @@ struct flow_info {
 	__u32	vip_id;
 	__u32	flags;		/* EDGE_CT_F_* */
 	__be32	syn_seq;	/* sequence number of the last SYN through the VIP (EDGE_CT_F_SYN) */
+	__u64	wire_ns;	/* bpf_ktime_get_ns() of what EDGE_CT_F_HS_WAIT or _RESP_WAIT times (wire.h) */
 };
 
 /* flow_info.flags */
 #define EDGE_CT_F_SYN		0x1	/* a SYN went through the VIP: SYN-ACKs acking syn_seq are ours */
 #define EDGE_CT_F_SYN_PENDING	0x2	/* passive detection awaits the answer to that SYN */
+#define EDGE_CT_F_OPEN		0x4	/* counted in wire_stats.opened and not yet closed */
+#define EDGE_CT_F_HS_WAIT	0x8	/* wire_ns is the SYN's time; its SYN-ACK is awaited */
+#define EDGE_CT_F_REQ_WAIT	0x10	/* handshake done; the first client packet with payload is awaited */
+#define EDGE_CT_F_RESP_WAIT	0x20	/* wire_ns is the first request's time; the first reply payload is awaited */
+#define EDGE_CT_F_WIRE_WAIT	0x38	/* HS_WAIT | REQ_WAIT | RESP_WAIT: a wire signal is pending */
 
 /* Key of edge_rnat: a backend endpoint. Each endpoint serves one service
  * (config enforces it), so replies need no per-flow state. */
@@ -203,6 +209,19 @@ struct traffic_stats {
 	__u64	return_packets;	/* reverse-NATed backend -> client */
 	__u64	failovers;	/* flows sent elsewhere because the pick was unusable */
 	__u64	pad;
+};
+
+/* Value of edge_wire (per CPU), indexed by backend id: latency seen in real
+ * traffic (wire.h). Histogram bucket i counts samples in [2^i, 2^(i+1))
+ * microseconds; bucket 0 also takes [0, 1), the last everything above. */
+#define EDGE_WIRE_BUCKETS	24
+struct wire_stats {
+	__u64	handshake[EDGE_WIRE_BUCKETS];	/* SYN forwarded -> its SYN-ACK seen */
+	__u64	first_byte[EDGE_WIRE_BUCKETS];	/* first request payload -> first reply payload */
+	__u64	handshake_ns;	/* sum of the handshake samples */
+	__u64	first_byte_ns;	/* sum of the first-byte samples */
+	__u64	opened;		/* connections begun with a SYN (conntrack entry made or reused) */
+	__u64	closed;		/* of those, FIN or RST seen (either way); LRU evictions are not counted */
 };
 
 /* Value of edge_svc_meta, indexed by VIP id. User space only: names and
@@ -287,7 +306,8 @@ _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
 _Static_assert(sizeof(struct backend_info) == 16, "abi: backend_info");
 _Static_assert(sizeof(struct flow_key) == 16, "abi: flow_key");
-_Static_assert(sizeof(struct flow_info) == 16, "abi: flow_info");
+_Static_assert(sizeof(struct flow_info) == 24, "abi: flow_info");
+_Static_assert(sizeof(struct wire_stats) == 416, "abi: wire_stats");
 _Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
 _Static_assert(sizeof(struct backend_key) == 8, "abi: backend_key");
 _Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");

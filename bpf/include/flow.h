@@ -5,6 +5,7 @@
 #define EDGE_FLOW_H
 
 #include "maps.h"
+#include "wire.h"
 
 #define EDGE_HASH_SEED	0x9e3779b9
 
@@ -18,6 +19,8 @@ struct pkt {
 	int syn_counted;	/* that SYN counts for passive detection (checksum checked) */
 	__be32 seq;		/* TCP sequence number */
 	__u32 tcp_hlen;		/* TCP header length in bytes */
+	int end;		/* TCP FIN or RST */
+	struct flow_info *ct;	/* the conntrack entry select_backend found (wire.h), else NULL */
 };
 
 /* 32-bit finaliser of MurmurHash3 (public domain): full avalanche. */
@@ -86,10 +89,10 @@ static __always_inline void flow_insert(const struct pkt *pkt,
 	struct flow_info fi = {
 		.backend_id = backend_id,
 		.vip_id = vip->id,
-		.flags = syn_flags(pkt),
 		.syn_seq = pkt->seq,
 	};
 
+	fi.flags = syn_flags(pkt) | wire_open(pkt->syn, backend_id, &fi.wire_ns);
 	edge_ct.update((struct flow_key *)&pkt->flow, &fi);
 }
 

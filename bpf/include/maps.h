@@ -91,6 +91,9 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_vip_stats,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vip_stats));
 BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_be_stats,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_be_stats));
+/* Per-CPU latency histograms and open/close counts per backend id (wire.h). */
+BPF_TABLE_PINNED("percpu_array", __u32, struct wire_stats, edge_wire,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_wire));
 /* Per-CPU packet counts by EDGE_CNT_* and by EDGE_DROP_* reason. */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, edge_verdicts,
 		 EDGE_CNT_MAX, EDGE_PIN(edge_verdicts));

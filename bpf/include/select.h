@@ -216,6 +216,7 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 	struct backend_info *be;
 
 	*failover = 0;
+	pkt->ct = fi;
 	if (fi) {
 		*bid = fi->backend_id;
 		be = edge_backends.lookup(bid);
@@ -248,8 +249,8 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 		/* An established flow moved: rewritten in place, so moving
 		 * flows never evicts another entry. */
 		*failover = 1;
+		fi->flags = syn_flags(pkt) | wire_move(fi, *bid, pkt->syn);
 		fi->backend_id = *bid;
-		fi->flags = syn_flags(pkt);
 		fi->syn_seq = pkt->seq;
 		return be;
 	}
