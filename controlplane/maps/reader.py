@@ -1,17 +1,18 @@
 """How maps reads the data path back: per-backend health as the data path
-judges it (tied to health.h by a test), counters, the edge_be_probe status
-records, and the snapshot `edgectl status` and the metrics show. Part of the
+judges it (tied to health.h by a test), counters, the wire signals (edge_wire),
+the edge_be_probe status records, and the snapshot `edgectl status` and the metrics show. Part of the
 maps package, the only code that knows map layouts; Maps mixes this in."""
 
 from __future__ import annotations
 
 import time
+from typing import Iterable
 
 
 from controlplane import abi
 from controlplane.maps.records import (
-    PROBE_TEXT, PROTO_NAMES, ProbeStatus, count_entries, from_be16, from_be32, pack_probe,
-    unpack_probe,
+    PROBE_TEXT, PROTO_NAMES, ProbeStatus, WireStats, count_entries, from_be16, from_be32, pack_probe,
+    unpack_probe, unpack_wire,
 )
 
 
@@ -102,6 +103,21 @@ class Reader:
     def backend_stats(self, bid: int) -> dict[str, int]:
         """Traffic counters of one backend, summed over CPUs."""
         return self._sum_percpu(abi.MAP_BE_STATS, bid)
+
+    def wire_stats(self, bids: Iterable[int] | None = None) -> dict[int, WireStats]:
+        """Backend id -> its wire signals, summed over CPUs (cumulative); bids: these ids
+        (default: every valid backend)."""
+        if bids is None:
+            info = self.t[abi.MAP_BACKENDS]
+            bids = [i for i in range(self.max_backends) if info[info.Key(i)].flags & abi.BE_F_VALID]
+        t = self.t[abi.MAP_WIRE]
+        out = {}
+        for bid in bids:
+            total = WireStats()
+            for v in t.getvalue(t.Key(bid)):
+                total = total + unpack_wire(v)
+            out[bid] = total
+        return out
 
     def usable(self, service: str) -> dict[str, bool]:
         """Backend name -> whether the data path gives it new flows now (up, not draining)."""

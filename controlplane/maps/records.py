@@ -1,5 +1,6 @@
 """Byte order, names and the plain records of the maps package: the edge_be_probe
-status record (ProbeStatus, packed and unpacked here only) and counting helpers."""
+status record (ProbeStatus, packed and unpacked here only), a backend's wire signals
+(WireStats, from edge_wire) and counting helpers."""
 
 from __future__ import annotations
 
@@ -117,6 +118,47 @@ def unpack_probe(v: Mapping[str, int | bytes]) -> ProbeStatus:
         drained=bool(flags & abi.PROBE_F_DRAINED),
         override=v["override_weight"] if flags & abi.PROBE_F_OVERRIDE else None,
         leave_until_s=v["leave_until_s"] if flags & abi.PROBE_F_LEAVING else None,
+    )
+
+
+_NO_BUCKETS = (0,) * abi.WIRE_BUCKETS
+
+
+@dataclass(frozen=True)
+class WireStats:
+    """One backend's edge_wire record: cumulative counts since the map was made (summed over
+    CPUs by the reader). Histogram bucket i counts samples of [2^i, 2^(i+1)) microseconds
+    (bucket 0 from 0, the last one open-ended); controlplane/wire.py makes windows of them."""
+
+    handshake: tuple[int, ...] = _NO_BUCKETS  # SYN forwarded -> SYN-ACK seen
+    first_byte: tuple[int, ...] = _NO_BUCKETS  # first request payload -> first reply payload
+    handshake_ns: int = 0  # sums of the samples
+    first_byte_ns: int = 0
+    opened: int = 0  # connections begun with a SYN
+    closed: int = 0  # of those, FIN or RST seen (LRU evictions are not)
+
+    @property
+    def active(self) -> int:
+        """Connections open now: opened - closed, never below 0."""
+        return max(0, self.opened - self.closed)
+
+    def __add__(self, other: "WireStats") -> "WireStats":
+        return WireStats(
+            handshake=tuple(a + b for a, b in zip(self.handshake, other.handshake)),
+            first_byte=tuple(a + b for a, b in zip(self.first_byte, other.first_byte)),
+            handshake_ns=self.handshake_ns + other.handshake_ns,
+            first_byte_ns=self.first_byte_ns + other.first_byte_ns,
+            opened=self.opened + other.opened, closed=self.closed + other.closed,
+        )
+
+
+def unpack_wire(v) -> WireStats:
+    """One CPU's struct wire_stats (an object with the C field names) as a WireStats."""
+    return WireStats(
+        handshake=tuple(int(x) for x in v.handshake[: abi.WIRE_BUCKETS]),
+        first_byte=tuple(int(x) for x in v.first_byte[: abi.WIRE_BUCKETS]),
+        handshake_ns=int(v.handshake_ns), first_byte_ns=int(v.first_byte_ns),
+        opened=int(v.opened), closed=int(v.closed),
     )
 
 
