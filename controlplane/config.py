@@ -96,6 +96,24 @@ class Health:
 
 
 @dataclass(frozen=True)
+class Wire:
+    """Latency from real traffic: the data path times every client connection's handshake
+    (SYN forwarded -> SYN-ACK seen) and its first request -> first reply byte, per backend."""
+
+    enabled: bool = option(
+        "while a backend's wire signal is fresh, its handshake p50 is the weight policy's RTT input (tcp or no "
+        "probe: instead of the probe's RTT; http/grpc probes: the larger of the two)", _bool, True)
+    window_ms: int = option("p50/p99 and freshness are taken over this last stretch of time", _ms, 2000)
+    min_samples: int = option("handshakes within window_ms that make a backend's wire signal fresh; with "
+                              "fewer the probe's RTT is used", _int(1, 1000000), 5)
+    interval_ms: int = option("how often edged reads the data path's wire histograms; < window_ms", _ms, 250)
+
+    def _validate(self, path: str) -> None:
+        if self.interval_ms >= self.window_ms:
+            raise ConfigError(f"{path}.interval_ms: {self.interval_ms} must be less than window_ms ({self.window_ms})")
+
+
+@dataclass(frozen=True)
 class Weights:
     """How backend weights are computed."""
 
@@ -124,6 +142,7 @@ class Weights:
     hung_ms: int = option("work outstanding with no progress this long marks the engine hung", _ms, 2000)
     slow_start_ms: int = option("a recovered backend ramps from the floor to its weight over this long; 0 is off",
                                 _int(0, MAX_MS), 5000)
+    wire: Wire = option("latency from real traffic as the RTT input (latency_inverse)", _section(Wire), Wire())
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ class Tracker:
     stall_since_ns: Optional[int] = None  # first scrape of the current stretch of work without progress
     hung: bool = False  # as of the newest good scrape
     ramp_since_ns: Optional[int] = None  # start of the current slow start
+    wire_rtt_s: Optional[float] = None  # handshake p50 of real traffic while fresh (edged sets it), else None
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,18 @@ def load_factor(l: Load) -> float:
     return queue * kv
 
 
+def rtt_input(tr: Tracker, probe_kind: Optional[str]) -> Optional[float]:
+    """The RTT the policy weighs: the wire signal's handshake p50 while fresh, else the probe's
+    smoothed RTT. A handshake is what a tcp probe measures, so the wire replaces it (and stands
+    alone without probes); an http or grpc probe's answer also holds the server's own time,
+    which a handshake (answered by the server's kernel) never sees, so it takes the larger."""
+    if tr.wire_rtt_s is None:
+        return tr.rtt_s
+    if probe_kind in (None, "tcp") or tr.rtt_s is None:
+        return tr.wire_rtt_s
+    return max(tr.rtt_s, tr.wire_rtt_s)
+
+
 def describe(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape] = None) -> dict:
     """One backend's signals for status: RTTs in seconds, health, load and its state."""
     l = tr.load
@@ -227,6 +240,9 @@ def decide(
                 penalty) and counts toward probe.fall. A backend with no RTT yet uses the
                 median smoothed RTT of the backends being computed, or, when none has one,
                 the same RTT for all (weights follow base alone).
+      wire      while the backend's wire signal is fresh (edged sets tr.wire_rtt_s: the handshake
+                p50 of real connections over weights.wire.window_ms), the RTT is rtt_input():
+                the wire's with a tcp probe or none, max(probe's, wire's) with http or grpc.
       health    probe.fall failed probes in a row -> "down", weight 0; probe.rise good ones
                 in a row -> up again, with slow start. A new backend starts up.
       fail-open when no non-drained backend (primary or standby) is up by its probes, the
@@ -335,19 +351,22 @@ def _latency_inverse(
         else:
             computed.append(b)
 
-    known = [trs[b.name].rtt_s for b in computed if trs[b.name].rtt_s is not None]
+    kind = health.probe.kind if health and health.probe else None
+    rtts = {b.name: rtt_input(trs[b.name], kind) for b in computed}
+    known = [r for r in rtts.values() if r is not None]
     fill_s = statistics.median(known) if known else 1.0
     lat = {}
     for b in computed:
-        rtt = trs[b.name].rtt_s
+        rtt = rtts[b.name]
         lat[b.name] = b.weight / max((rtt if rtt is not None else fill_s) + w.rtt_offset_ms / 1000, RTT_MIN_S)
     best = max(lat.values(), default=1.0)
 
     raw: dict[str, int] = {}
     for b in computed:
         tr = trs[b.name]
-        rtt = tr.rtt_s
-        words = [f"rtt {rtt * 1000:.2f} ms" if rtt is not None else (
+        rtt = rtts[b.name]
+        source = "wire rtt" if tr.wire_rtt_s is not None and rtt == tr.wire_rtt_s else "rtt"
+        words = [f"{source} {rtt * 1000:.2f} ms" if rtt is not None else (
             f"no probe data: median rtt {fill_s * 1000:.2f} ms" if known else "no probe data")]
         state = "fail-open" if tr.down else "up"
         if tr.down:

@@ -609,7 +609,7 @@ ERROR_CASES = [
         "weights unknown key",
         {"services[0].weights.ewma": 0.5},
         "services[0].weights.ewma: unknown key (allowed: policy, floor, max_ratio, hysteresis_pct, "
-        "smoothing, decay_ms, spike_filter, rtt_offset_ms, load_aware, hung_ms, slow_start_ms)",
+        "smoothing, decay_ms, spike_filter, rtt_offset_ms, load_aware, hung_ms, slow_start_ms, wire)",
     ),
     Case(
         "weights policy random",
