@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from controlplane import abi, announce, bird, deploy, desired, loader, metrics, sdnotify, watch, weights
+from controlplane import abi, announce, bird, deploy, desired, loader, metrics, sdnotify, watch, weights, wire
 from controlplane.config import Config, Service, load_config, load_config_text
 from controlplane.errors import ConfigError, EdgeError
 from controlplane.events import Events
@@ -52,6 +52,9 @@ class Steered:
     pushes: int = 0
     passed: set[str] = field(default_factory=set)  # backends whose probe passed since the last step
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # new signals since the last decision
+    wire: Optional[wire.Windows] = None  # the data path's wire signals over weights.wire.window_ms
+    wire_signals: dict[str, wire.Signal] = field(default_factory=dict)  # as of the last read
+    wire_read_ns: int = 0
 
     @property
     def computed(self) -> bool:
@@ -92,6 +95,8 @@ class Daemon(Operations):
         self._node_lock = deploy.NodeLock(self.instance, iface)  # no edgectl deploy while edged runs
         self._write_lock = deploy.NodeLock(self.instance, iface, "write", deploy.WRITE_WAIT_S)  # nor undeploy midway
         self.fleet: fleet_member.Member | None = None  # with node.fleet: the fleet's shared weights
+        # (service, backend) whose wire signal was fresh at its service's last step (adaptive probing)
+        self.wire_fresh: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------ start, stop
 
@@ -289,12 +294,14 @@ class Daemon(Operations):
 
     @staticmethod
     def _interval_s(s: Service) -> float:
-        health = s.health
+        health, interval = s.health, 1.0
         if health and health.probe:
-            return health.probe.interval_ms / 1000
-        if health and health.metrics:
-            return health.metrics.interval_ms / 1000
-        return 1.0
+            interval = health.probe.interval_ms / 1000
+        elif health and health.metrics:
+            interval = health.metrics.interval_ms / 1000
+        if s.weights.wire.enabled and s.weights.policy != "static":  # wire signals change between probes
+            interval = min(interval, s.weights.wire.interval_ms / 1000)
+        return interval
 
     async def _steer_loop(self, name: str) -> None:
         """Decides when a probe result or scrape came in, at most every quarter interval, and
@@ -322,6 +329,7 @@ class Daemon(Operations):
         """One decision for one service; pushes it when the policy says so."""
         s = st.service
         self._readmit(st)
+        self._read_wire(st, now_ns)
         forced = self._operator_weights(s)
         d = weights.decide(s, st.trackers, st.pushed, now_ns, forced=forced)
         for b in s.backends:
@@ -349,6 +357,26 @@ class Daemon(Operations):
         self.events.emit("weights", f"{s.name}: weights {changes} ({took_ms:.1f} ms)",
                          service=s.name, weights=dict(d.weights), previous=previous, took_ms=took_ms)
         return True
+
+    def _read_wire(self, st: Steered, now_ns: int) -> None:
+        """The data path's wire signals of st's backends into its window (every wire.interval_ms);
+        a fresh handshake p50 becomes the policy's RTT input, and wire_fresh says whose is fresh."""
+        s, cfg = st.service, st.service.weights.wire
+        if not cfg.enabled:
+            st.wire, st.wire_signals = None, {}
+        elif st.wire is None or now_ns - st.wire_read_ns >= cfg.interval_ms * 1_000_000:
+            st.wire_read_ns = now_ns
+            st.wire = st.wire or wire.Windows(cfg.window_ms * 1_000_000, cfg.min_samples)
+            st.wire.reconfigure(cfg.window_ms * 1_000_000, cfg.min_samples)
+            _, bids = self.maps.ids(s.name)
+            got = self.maps.wire_stats(bids[b.name] for b in s.backends if b.name in bids)
+            st.wire.observe(now_ns, {b.name: got[bids[b.name]] for b in s.backends if b.name in bids})
+            st.wire_signals = st.wire.signals()
+        for name, tr in st.trackers.items():
+            sig = st.wire_signals.get(name)
+            tr.wire_rtt_s = sig.handshake_p50_s if sig is not None and sig.fresh else None
+        self.wire_fresh = ({k for k in self.wire_fresh if k[0] != s.name}
+                           | {(s.name, n) for n in wire.fresh_keys(st.wire_signals)})
 
     def _fleet_apply(self, got) -> dict[str, str]:
         """A fleet snapshot arrived: every service it covers steps now (writing its weights).

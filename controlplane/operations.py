@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
-from controlplane import abi, announce, deploy, weights
+from controlplane import abi, announce, deploy, weights, wire
 from controlplane.errors import EdgeError
 from controlplane.fleet import operator as fleet_operator
 from controlplane.maps import ProbeStatus
@@ -235,6 +235,7 @@ class Operations:
             "drained": (name, backend) in self.drained,
             "override": self.overrides.get((name, backend)),
             "leaving": (name, backend) in self.leaving,
+            "wire": wire.summary(st.wire_signals.get(backend)),  # over weights.wire.window_ms
         })
         fleet = getattr(self, "fleet", None)
         mark = (fleet.marks.get(name) or {}).get(backend) if fleet is not None and name in fleet.shared else None

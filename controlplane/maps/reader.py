@@ -9,7 +9,7 @@ import time
 from typing import Iterable
 
 
-from controlplane import abi
+from controlplane import abi, wire
 from controlplane.maps.records import (
     PROBE_TEXT, PROTO_NAMES, ProbeStatus, WireStats, count_entries, from_be16, from_be32, pack_probe,
     unpack_probe, unpack_wire,
@@ -119,6 +119,18 @@ class Reader:
             out[bid] = total
         return out
 
+    def wire_view(self, bid: int) -> dict:
+        """Backend bid's wire signals since the map was made, as status and the metrics show
+        them: cumulative buckets and sums (seconds), p50s over all of it, active flows."""
+        w = self.wire_stats([bid])[bid]
+        return {
+            "handshake_buckets": list(w.handshake), "first_byte_buckets": list(w.first_byte),
+            "handshake_sum_s": w.handshake_ns / 1e9, "first_byte_sum_s": w.first_byte_ns / 1e9,
+            "handshakes": sum(w.handshake), "first_bytes": sum(w.first_byte),
+            "handshake_p50_s": wire.quantile(w.handshake, 0.5), "first_byte_p50_s": wire.quantile(w.first_byte, 0.5),
+            "opened": w.opened, "closed": w.closed, "active": w.active,
+        }
+
     def usable(self, service: str) -> dict[str, bool]:
         """Backend name -> whether the data path gives it new flows now (up, not draining)."""
         _, bids = self.ids(service)
@@ -169,6 +181,7 @@ class Reader:
                 "health": health,
                 "slots": m.slots,
                 "probe": self.read_probe(bid),
+                "wire": self.wire_view(bid),
                 **self._sum_percpu(abi.MAP_BE_STATS, bid),
             })
         services = []

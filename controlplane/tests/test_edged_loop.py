@@ -21,7 +21,7 @@ import yaml
 from controlplane import abi, edged, loader, maps, operations
 from controlplane.errors import ConfigError, EdgeError, MapError
 from controlplane.config import parse_config
-from controlplane.maps import ApplyReport, ProbeStatus
+from controlplane.maps import ApplyReport, ProbeStatus, WireStats
 from controlplane.signals import Sample
 
 MS = 1_000_000
@@ -66,6 +66,7 @@ class FakeMaps:
         self.writes = 0
         self.walk_gate: threading.Event | None = None  # when set, a walk waits for it (a slow walk)
         self.walk_deadlines: list = []
+        self.wire: dict[int, WireStats] = {}  # the data path's wire signals (edge_wire), cumulative
         self.apply(cfg)
 
     def apply(self, cfg, oifs=None) -> ApplyReport:
@@ -114,6 +115,10 @@ class FakeMaps:
 
     def backend_stats(self, bid):
         return {"packets": 0, "bytes": 0, "new_flows": 0, "return_packets": 0, "failovers": 0}
+
+    def wire_stats(self, bids=None):
+        bids = [bid for _, ids in self.ids_of.values() for bid in ids.values()] if bids is None else bids
+        return {bid: self.wire.get(bid, WireStats()) for bid in bids}
 
     def leaving(self, s):
         return []
@@ -183,6 +188,40 @@ def on_loop(test):
 
 
 # ---------------------------------------------------------------- steering and the operator
+
+
+def handshakes(d: edged.Daemon, backend: str, n: int, bucket: int) -> None:
+    """n more handshakes of backend in the data path's histogram, in bucket (2^bucket us)."""
+    _, bids = d.maps.ids("web")
+    w = d.maps.wire.get(bids[backend], WireStats())
+    hs = list(w.handshake)
+    hs[bucket] += n
+    d.maps.wire[bids[backend]] = WireStats(handshake=tuple(hs), opened=w.opened + n)
+
+
+def test_fresh_wire_signals_steer_between_probes_and_stale_ones_give_the_rtt_back():
+    def test():
+        t = 10**12
+        d = probed({"b0": 0.0001, "b1": 0.0001, "b2": 0.0001}, t)
+        st = d.services["web"]
+        d.step(st, t)
+        even = d.maps.weights("web")
+        assert len(set(even.values())) == 1 and d.wire_fresh == set()
+        for name in ("b0", "b2"):
+            handshakes(d, name, 10, 6)  # ~100 us
+        handshakes(d, "b1", 10, 14)  # ~25 ms: its path got slow, no probe has seen it yet
+        d.step(st, t + 300 * MS)
+        assert d.wire_fresh == {("web", "b0"), ("web", "b1"), ("web", "b2")}
+        moved = d.maps.weights("web")
+        assert moved["b1"] < moved["b0"] / 10 and moved["b0"] == moved["b2"]
+        # no more traffic: once the window (2 s) holds none, the signals are stale and the probes' RTT counts
+        d.step(st, t + 2600 * MS)
+        d.step(st, t + 2900 * MS)
+        assert d.wire_fresh == set()
+        assert all(tr.wire_rtt_s is None for tr in st.trackers.values())
+        assert len(set(d.maps.weights("web").values())) == 1
+    on_loop(test)
+
 
 
 def test_a_step_pushes_the_policys_weights_and_not_the_noise_within_the_hysteresis():
