@@ -100,7 +100,7 @@ def _print_status(snap: dict) -> None:
             print("    " + _fmt_discovery(s["discovery"]))
         total = sum(b["slots"] for b in s["backends"]) or 1
         rows = [("backend", "address", "weight", "share", "state", "heartbeat", "rtt p50/p99", "load",
-                 "probe", "packets", "new flows", "failovers", "returned")]
+                 "probe", "wire hs/fb p50", "active", "packets", "new flows", "failovers", "returned")]
         notes = []
         for b in s["backends"]:
             h, p = b["health"], b["probe"]
@@ -109,7 +109,7 @@ def _print_status(snap: dict) -> None:
             rows.append((
                 b["name"] + (" (standby)" if b["standby"] else ""), f"{b['address']}:{b['port']}",
                 str(b["weight"]), f"{100 * b['slots'] / total:.1f}%", b["state"], beat,
-                _fmt_rtt(p), _fmt_load(p), p["state"] or "-",
+                _fmt_rtt(p), _fmt_load(p), p["state"] or "-", *_fmt_wire(b),
                 _fmt_count(b["packets"]), _fmt_count(b["new_flows"]), _fmt_count(b["failovers"]),
                 _fmt_count(b["return_packets"]),
             ))
@@ -170,6 +170,20 @@ def _fmt_rtt(p: dict) -> str:
     if not p["rtt_p50_us"]:
         return "-"
     return f"{p['rtt_p50_us'] / 1000:.1f}/{p['rtt_p99_us'] / 1000:.1f}ms"
+
+
+def _fmt_wire(b: dict) -> tuple[str, str]:
+    """(handshake p50 / first-byte p50, active flows) of real traffic: edged's window when it has
+    one (a '*' marks a signal fresh enough to weigh), else since the data path was deployed."""
+    w, live = b.get("wire") or {}, (b.get("edged") or {}).get("wire") or {}
+    src = live if live.get("window_s") is not None else w
+
+    def ms(x):
+        return "-" if x is None else f"{x * 1000:.2f}" if x < 0.01 else f"{x * 1000:.0f}"
+    hs, fb = src.get("handshake_p50_s"), src.get("first_byte_p50_s")
+    text = "-" if hs is None and fb is None else f"{ms(hs)}/{ms(fb)}ms" + ("*" if src.get("fresh") else "")
+    active = w.get("active") if w.get("active") is not None else src.get("active")
+    return text, "-" if active is None else str(active)
 
 
 def _fmt_load(p: dict) -> str:

@@ -31,7 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from controlplane import __version__, abi
+from controlplane import __version__, abi, wire
 from controlplane.errors import EdgeError
 from controlplane.signals import Sample, quantile
 
@@ -79,6 +79,13 @@ METRICS = (
     Spec("edge_backend_config_weight", "gauge", "Weight the config gives the backend", BE),
     Spec("edge_backend_heartbeat_age_seconds", "gauge",
          "Time since the backend's last valid heartbeat (absent without heartbeats)", BE),
+    # wire signals of real connections (edge_wire: log2 buckets of microseconds, in seconds)
+    Spec("edge_backend_handshake_seconds", "histogram",
+         "Handshake RTT of client connections: SYN forwarded to SYN-ACK seen by the return path", BE),
+    Spec("edge_backend_first_byte_seconds", "histogram",
+         "A connection's first request packet to the backend's first reply byte (about time to first token)", BE),
+    Spec("edge_backend_active_flows", "gauge",
+         "Connections begun with a SYN and not yet ended by FIN or RST (LRU evictions not counted)", BE),
     # what edged measured, in the snapshot (absent when unknown)
     Spec("edge_backend_rtt_smoothed_seconds", "gauge", "Smoothed probe RTT the weights are computed from", BE),
     Spec("edge_backend_queue_waiting", "gauge", "Requests waiting in the backend's queue, as it reports", BE),
@@ -339,7 +346,24 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
                 value = edged.get(key)
                 if value is not None:
                     fams[metric].add_metric(labels, float(value))
+            if b.get("wire"):
+                _add_wire(fams, labels, b["wire"])
     return services
+
+
+_WIRE_LES = [floatToGoString(le) for le in wire.upper_bounds_s()] + ["+Inf"]
+
+
+def _add_wire(fams: dict[str, Metric], labels: list[str], w: dict) -> None:
+    """One backend's wire signals (maps' wire_view) as two histograms and a gauge."""
+    for metric, key in (("edge_backend_handshake_seconds", "handshake"), ("edge_backend_first_byte_seconds",
+                                                                         "first_byte")):
+        total, cumulative = 0, []
+        for n in w[f"{key}_buckets"]:
+            total += n
+            cumulative.append(total)
+        fams[metric].add_metric(labels, list(zip(_WIRE_LES, cumulative)), w[f"{key}_sum_s"])
+    fams["edge_backend_active_flows"].add_metric(labels, w["active"])
 
 
 def _add_observed(fams: dict[str, Metric], seen: Observed, services: list[str]) -> None:

@@ -82,6 +82,10 @@ def _backend(bid: int, name: str, address: str, edged: dict) -> dict:
         "packets": 1000 + bid, "bytes": 2**33 + bid, "new_flows": 10 + bid, "return_packets": 900 + bid,
         "failovers": bid,
         "edged": edged,
+        "wire": {"handshake_buckets": [0] * 6 + [40 + bid] + [0] * 17, "first_byte_buckets": [0] * 18 + [3] + [0] * 5,
+                 "handshake_sum_s": 0.004, "first_byte_sum_s": 1.2, "handshakes": 40 + bid, "first_bytes": 3,
+                 "handshake_p50_s": 9.6e-05, "first_byte_p50_s": None if bid else 0.39,
+                 "opened": 40 + bid, "closed": 38, "active": 2 + bid},
     }
 
 
@@ -101,13 +105,16 @@ SNAP = {
                 "rtt_window": [0.0014, 0.0015, 0.0042], "waiting": 4, "running": 2, "kv_usage": 0.375,
                 "load_state": "ok", "hung": False, "probes_ok": 90, "probes_failed": 3, "weight": 3,
                 "config_weight": 1, "state": "up", "reason": "", "drained": False, "override": 3,
-                "fleet_drained": True, "fleet_override": 5}),
+                "fleet_drained": True, "fleet_override": 5,
+                "wire": {"window_s": 2.0, "handshakes": 12, "first_bytes": 0, "handshake_p50_s": 9.6e-05,
+                         "handshake_p99_s": 0.000127, "first_byte_p50_s": None, "first_byte_p99_s": None,
+                         "active": 2, "fresh": True}}),
             _backend(1, "b1", "198.18.2.2", {  # nothing known yet: every optional value absent
                 "rtt_p50_s": None, "rtt_p99_s": None, "rtt_smoothed_s": None, "rtt_window": [],
                 "waiting": None, "running": None, "kv_usage": None, "load_state": None, "hung": None,
                 "probes_ok": None, "probes_failed": None, "weight": None, "config_weight": None,
                 "state": None, "reason": None, "drained": None, "override": None,
-                "fleet_drained": None, "fleet_override": None}),
+                "fleet_drained": None, "fleet_override": None, "wire": None}),
         ],
     }],
     "verdicts": {name: 100 + i for i, name in enumerate(abi.CNT_NAMES.values())},

@@ -545,3 +545,28 @@ def test_fleet_gauges_only_with_a_fleet():
     assert value(fams, "edge_fleet_connected") == 0
     assert value(fams, "edge_fleet_leader") == 0
     assert value(fams, "edge_fleet_snapshot_version") == 7
+
+
+def test_wire_signals_are_histograms_in_seconds_from_the_log2_buckets_and_a_gauge():
+    snap = realistic_snapshot()
+    hs, fb = [0] * abi.WIRE_BUCKETS, [0] * abi.WIRE_BUCKETS
+    hs[6], hs[14] = 90, 10  # 64..128 us, 16.4..32.8 ms
+    fb[18] = 4  # 0.26..0.52 s
+    snap["services"][0]["backends"][0]["wire"] = {
+        "handshake_buckets": hs, "first_byte_buckets": fb, "handshake_sum_s": 0.25, "first_byte_sum_s": 1.5,
+        "opened": 12, "closed": 9, "active": 3}
+    with endpoint(Source(snap)) as server:
+        fams = scrape(server)
+    assert fams["edge_backend_handshake_seconds"].type == fams["edge_backend_first_byte_seconds"].type == "histogram"
+    assert fams["edge_backend_active_flows"].type == "gauge"
+    a = be("llama-70b", "h100-a")
+    assert value(fams, "edge_backend_handshake_seconds_bucket", **a, le="0.000128") == 90
+    assert value(fams, "edge_backend_handshake_seconds_bucket", **a, le="0.016384") == 90
+    assert value(fams, "edge_backend_handshake_seconds_bucket", **a, le="0.032768") == 100
+    assert value(fams, "edge_backend_handshake_seconds_bucket", **a, le="+Inf") == 100
+    assert value(fams, "edge_backend_handshake_seconds_count", **a) == 100
+    assert value(fams, "edge_backend_handshake_seconds_sum", **a) == pytest.approx(0.25)
+    assert value(fams, "edge_backend_first_byte_seconds_bucket", **a, le="0.524288") == 4
+    assert value(fams, "edge_backend_active_flows", **a) == 3
+    # a snapshot without wire signals (an older reader, a test source) shows none
+    assert value(fams, "edge_backend_active_flows", **be("embed", "l4-0")) is None
