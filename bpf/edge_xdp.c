@@ -172,15 +172,16 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	}
 
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
+	/* wire.h: one flag test unless a wire signal is pending (before
+	 * flow_mark_syn: it compares the SYN's sequence number with the last);
+	 * a flow the later stages moved was seen to by wire_move */
+	if (stage == EDGE_STAGE_FAST && pkt.ct)
+		wire_forward(pkt.ct, bid, pkt.syn, pkt.end, pkt.seq,
+			     pkt.l3_len - sizeof(struct iphdr) - pkt.tcp_hlen);
 	if (pkt.syn && !new_flow)
 		flow_mark_syn(&pkt);
 	if (pkt.syn_counted && (sc->flags & EDGE_SVC_F_PASSIVE))
 		note_syn(be, now);
-	/* wire.h: one flag test unless a wire signal is pending; a flow the
-	 * later stages moved was seen to by wire_move */
-	if (stage == EDGE_STAGE_FAST && pkt.ct)
-		wire_forward(pkt.ct, bid, pkt.syn, pkt.end,
-			     pkt.l3_len - sizeof(struct iphdr) - pkt.tcp_hlen);
 	if (dnat(&pkt, be, (void *)(long)ctx->data_end) < 0)
 		return count_drop(EDGE_DROP_MALFORMED);
 	return forward(ctx, &pkt, bid);

@@ -120,16 +120,20 @@ static __always_inline __u32 wire_end(__u32 flags, __u32 bid)
 
 /* Forward direction (XDP), a client packet of the flow whose entry fi the
  * ingress looked up (not one it just made: wire_open did that). syn: a SYN
- * on an existing entry (a new connection on a reused tuple, or a
- * retransmit); end: FIN or RST; payload: TCP payload bytes. */
+ * on an existing entry, with sequence number seq: a retransmission (the
+ * handshake is still timed from the first SYN: what the client waits,
+ * also when a backend's full SYN queue drops SYNs) or a new connection on
+ * a reused tuple; end: FIN or RST; payload: TCP payload bytes. */
 static __always_inline void wire_forward(struct flow_info *fi, __u32 bid, int syn, int end,
-					 __u32 payload)
+					 __be32 seq, __u32 payload)
 {
 	__u32 flags = fi->flags;
 
 	if (!(flags & EDGE_CT_F_WIRE_WAIT) && !syn && !end)
 		return;
 	if (syn) {
+		if ((flags & EDGE_CT_F_HS_WAIT) && seq == fi->syn_seq)
+			return;
 		if (!(flags & EDGE_CT_F_OPEN))
 			wire_count(bid, 0);
 		fi->wire_ns = bpf_ktime_get_ns();
