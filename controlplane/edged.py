@@ -143,7 +143,9 @@ class Daemon(Operations):
         if self.cfg.node.fleet is not None:  # joins at run(); until a snapshot applies, weights are local
             self.fleet = fleet_member.Member(self.cfg.node.fleet, lambda: [st.service for st in self.services.values()],
                                              self._fleet_apply, self.events.emit, lambda: not self.not_serving,
-                                             self.local_marks)
+                                             self.local_marks,
+                                             lambda: {n: {b: wire.summary(g) for b, g in st.wire_signals.items()}
+                                                      for n, st in self.services.items()})
         verb = "adopted the data path on" if res.updated else "deployed on"
         self.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
                                      f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import aetcd
 import grpc
@@ -43,9 +43,12 @@ class Member:
 
     def __init__(self, cfg: Fleet, services: Callable[[], Iterable[Service]], apply: Callable[[fs.Apply], Optional[dict]],
                  emit: Callable[..., object], serving: Callable[[], bool] = lambda: True,
-                 local: Callable[[], dict] = dict):
+                 local: Callable[[], dict] = dict, wire: Callable[[], Mapping] = dict):
+        """local: what an operator set on this node only; wire: service -> backend -> the wire
+        signals edged last read (both for the report)."""
         self.cfg = cfg
-        self.services, self._apply, self.emit, self.serving, self.local = services, apply, emit, serving, local
+        self.services, self._apply, self.emit, self.serving = services, apply, emit, serving
+        self.local, self.wire = local, wire
         p = cfg.prefix
         self.k_leader, self.k_nodes, self.k_snapshot = (p + fs.LEADER).encode(), (p + fs.NODES).encode(), \
             (p + fs.SNAPSHOT).encode()
@@ -173,7 +176,7 @@ class Member:
         while True:
             self._wake_report.clear()
             doc = fs.report(self.cfg.name, time.time(), self.applied, self.serving(), self.services(),
-                            self.computed, self.states, self.local())
+                            self.computed, self.states, self.local(), self.wire())
             await self._call(c.put(self.k_me, fs.encode(doc), lease=self._lease))
             self.reported = {k: dict(v) for k, v in self.computed.items()}
             try:

@@ -3,8 +3,11 @@
 Keys under node.fleet.prefix:
   leader          the leader's name, on its lease (created only while absent: the election)
   nodes/NAME      NAME's report, on its lease: {"node", "t", "version", "serving", "services":
-                  {service: {"digest", "weights": {backend: w}, "states": {backend: state}}}}
-                  (weights as that node's weights.decide() computes them from its own probes)
+                  {service: {"digest", "weights": {backend: w}, "states": {backend: state},
+                  "wire": {backend: {"handshake_p50_s", "first_byte_p50_s", "active"}}}}}
+                  (weights as that node's weights.decide() computes them from its own probes;
+                  wire: what its data path saw of real traffic over weights.wire.window_ms,
+                  for operators only, the leader does not combine it)
   snapshot        the leader's snapshot: {"version", "leader", "t", "services": {service:
                   {"digest", "backends": [[name, address, port], ...], "weights": {backend: w}}}}
                   with operator marks (operator.py) also "operator": {backend: mark} and
@@ -56,16 +59,26 @@ def decode(value: bytes, what: str) -> dict:
     return doc
 
 
+WIRE_KEYS = ("handshake_p50_s", "first_byte_p50_s", "active")
+
+
 def report(node: str, t: float, version: int, serving: bool, services: Iterable[Service],
            computed: Mapping[str, Mapping[str, int]], states: Mapping[str, Mapping[str, str]],
-           local: Optional[Mapping[str, Mapping[str, str]]] = None) -> dict:
+           local: Optional[Mapping[str, Mapping[str, str]]] = None,
+           wire: Optional[Mapping[str, Mapping[str, Mapping]]] = None) -> dict:
     """This node's report: what it computed for each service it has computed weights for;
-    local: service -> backend -> what an operator set on this node only (its table differs)."""
+    local: service -> backend -> what an operator set on this node only (its table differs);
+    wire: its backends' wire signals (service -> backend -> WIRE_KEYS and more; None values
+    left out)."""
     out = {}
     for s in services:
         if s.name in computed:
             out[s.name] = {"digest": digest(s), "weights": dict(computed[s.name]),
                            "states": dict(states.get(s.name, {}))}
+            seen = {b: {k: w[k] for k in WIRE_KEYS if w.get(k) is not None}
+                    for b, w in ((wire or {}).get(s.name) or {}).items()}
+            if any(seen.values()):
+                out[s.name]["wire"] = {b: w for b, w in seen.items() if w}
     doc = {"node": node, "t": t, "version": version, "serving": serving, "services": out}
     if local:
         doc["local"] = {name: dict(v) for name, v in local.items()}
@@ -179,6 +192,8 @@ def status_rows(leader: str, snap: Optional[Mapping], reports: Iterable[Mapping]
             "backends": len(states), "backends_down": down, "report_age_s": round(max(0.0, now - float(r.get("t", 0))), 3),
             "local": {f"{svc}/{b}": what for svc, v in sorted((r.get("local") or {}).items())
                       for b, what in sorted(v.items())},
+            "wire": {f"{name}/{b}": w for name, svc in sorted(r.get("services", {}).items())
+                     for b, w in sorted((svc.get("wire") or {}).items())},
         })
     return rows
 
@@ -192,6 +207,10 @@ def format_status(status: Mapping) -> str:
         lines.append(f"{str(r['node']):<16} {'leader' if r['leader'] else '-':<8} {version:>8} "
                      f"{'yes' if r['serving'] else 'NO':<8} {r['backends_down']:>7}/{r['backends']:<6} "
                      f"{r['report_age_s']:>10.1f}s")
+        if r.get("wire"):
+            lines.append("    wire (handshake/first byte p50, active): " + ", ".join(
+                f"{k} {_ms(w.get('handshake_p50_s'))}/{_ms(w.get('first_byte_p50_s'))} {w.get('active', '-')}"
+                for k, w in r["wire"].items()))
     if any(not r["current"] for r in status.get("nodes", [])):
         lines.append("* not on the current snapshot yet")
     for m in status.get("operator", []):
@@ -200,3 +219,7 @@ def format_status(status: Mapping) -> str:
         for name, what in (r.get("local") or {}).items():
             lines.append(f"{r['node']}: {name} {what} on this node only: its table differs from the fleet's")
     return "\n".join(lines)
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.2f}ms"

@@ -129,3 +129,20 @@ def test_a_node_steers_by_the_snapshot_with_its_operator_weights_on_top():
     assert not m.steer(s, own, {"a": 10000, "b": 2000}).push  # already in the table
     d = m.steer(s, own, {"a": 10000, "b": 2000}, forced={"a": 0})  # drained here, on this node only
     assert d.weights == {"a": 0, "b": 2000} and d.push
+
+
+def test_reports_carry_each_backends_wire_signals_and_fleet_status_shows_them():
+    s = cfg().services[0]
+    wire = {"chat": {"a": {"handshake_p50_s": 0.0001, "first_byte_p50_s": 0.39, "active": 3, "fresh": True},
+                     "b": {"handshake_p50_s": None, "first_byte_p50_s": None, "active": None}}}
+    r = fs.report("n1", 100.0, 1, True, [s], {"chat": {"a": 1, "b": 1}}, {"chat": {"a": "up", "b": "up"}}, wire=wire)
+    # only the report's keys, and none for a backend without signals
+    assert r["services"]["chat"]["wire"] == {"a": {"handshake_p50_s": 0.0001, "first_byte_p50_s": 0.39, "active": 3}}
+    assert "wire" not in rep("n2", 1, 1)["services"]["chat"]
+    r = fs.decode(fs.encode(r), "report")
+    rows = fs.status_rows("n1", None, [r, rep("n2", 1, 1)], 101.0)
+    assert rows[0]["wire"] == {"chat/a": {"handshake_p50_s": 0.0001, "first_byte_p50_s": 0.39, "active": 3}}
+    assert rows[1]["wire"] == {}
+    lines = fs.format_status({"leader": "n1", "version": 0, "nodes": rows}).splitlines()
+    assert lines[3].strip() == "wire (handshake/first byte p50, active): chat/a 0.10ms/390.00ms 3"
+    assert lines[4].split()[0] == "n2"
