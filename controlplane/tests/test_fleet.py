@@ -95,7 +95,7 @@ def test_status_text_marks_the_leader_and_nodes_behind():
 
 def test_the_nodes_fleet_view_survives_the_api_and_reads_as_one_line():
     from controlplane.api import convert
-    from controlplane.cli import _fmt_fleet
+    from controlplane.statusview import fmt_fleet as _fmt_fleet
 
     view = {"name": "r1", "leader": "r0", "is_leader": False, "connected": False,
             "problem": "etcd 198.18.64.250:2379: no answer in 1000 ms", "version": 9, "applied_age_s": 2.5,
