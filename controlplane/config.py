@@ -48,6 +48,10 @@ class Passive:
     )
 
 
+RELAXED_FACTOR = 10  # probe.relaxed_interval_ms by default: this many probe intervals,
+RELAXED_CAP_MS = 2000  # but no longer than this: it bounds how much later `fall` is reached
+
+
 @dataclass(frozen=True)
 class Probe:
     """Active probes from the control plane: TCP connect, HTTP GET or gRPC health."""
@@ -60,6 +64,10 @@ class Probe:
     fall: int = option("failed probes in a row that take a backend out of the weights", _int(1, 100), 3)
     rise: int = option("good probes in a row that bring it back (then slow start)", _int(1, 100), 2)
     grpc_service: str = option("service name sent in the grpc.health.v1 Check (kind grpc); '' is the server", _string, "")
+    relaxed_interval_ms: Optional[int] = option(
+        "time between two probes of a backend while real traffic measures it (fresh wire signals); a failed "
+        f"probe brings interval_ms back until rise probes pass. Absent: {RELAXED_FACTOR} x interval_ms, at most "
+        f"{RELAXED_CAP_MS} (never below interval_ms); equal to interval_ms: the rate never adapts", _ms, None)
 
     def _validate(self, path: str) -> None:
         # A probe that may outlive its interval lets probes pile up on a slow backend.
@@ -67,6 +75,16 @@ class Probe:
             raise ConfigError(
                 f"{path}.timeout_ms: {self.timeout_ms} must not be greater than interval_ms ({self.interval_ms})"
             )
+        if self.relaxed_interval_ms is not None and self.relaxed_interval_ms < self.interval_ms:
+            raise ConfigError(f"{path}.relaxed_interval_ms: {self.relaxed_interval_ms} must not be less than "
+                              f"interval_ms ({self.interval_ms})")
+
+    @property
+    def relaxed_ms(self) -> int:
+        """The interval of relaxed probes: relaxed_interval_ms, or its default for interval_ms."""
+        if self.relaxed_interval_ms is not None:
+            return self.relaxed_interval_ms
+        return max(self.interval_ms, min(RELAXED_FACTOR * self.interval_ms, RELAXED_CAP_MS))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 from controlplane import abi, announce, bird, deploy, desired, loader, metrics, sdnotify, watch, weights, wire
 from controlplane.config import Config, Service, load_config, load_config_text
@@ -30,6 +30,7 @@ STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
 LEAVING_IDLE_S = 3.0  # a removed backend with no packets this long has no connections left
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
 WATCH_EVERY_S = 1.0  # how often edged checks that its data path is still attached and pinned
+RELAX_HOLD_NS = int(3 * STATUS_EVERY_S * 1e9)  # relaxed probes outlive a late status round, not a stuck loop
 
 
 # pyroute2's sync calls cannot run on a thread whose event loop is running: the data-path
@@ -574,6 +575,8 @@ class Daemon(Operations):
     async def _status_loop(self) -> None:
         failing = None
         while True:
+            # Wire signals (measured from real traffic) are not read yet: no backend is fresh.
+            self.pace_probes(frozenset(), time.monotonic_ns())
             try:
                 self._write_status(time.monotonic_ns())
                 await self._retire_leaving(time.monotonic_ns())
@@ -581,6 +584,14 @@ class Daemon(Operations):
             except EdgeError as e:
                 failing = self._failed(f"status: {e}", e, failing)
             await asyncio.sleep(STATUS_EVERY_S)
+
+    def pace_probes(self, fresh: Collection[tuple[str, str]], now_ns: int) -> None:
+        """Backends (service, backend) in fresh, whose wire signals real traffic keeps fresh, are
+        probed every probe.relaxed_interval_ms for the next RELAX_HOLD_NS (the prober keeps
+        health probing: a failed probe brings the full rate back); the others at the full rate."""
+        keys = self.prober.keys()
+        self.prober.relax([k for k in keys if k in fresh], now_ns + RELAX_HOLD_NS)
+        self.prober.relax([k for k in keys if k not in fresh], 0)
 
     def _failed(self, text: str, e: EdgeError, before: str | None, **fields) -> str:
         """A loop's step failed and the loop goes on: counted every time when a map is to

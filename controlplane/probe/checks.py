@@ -84,7 +84,9 @@ _disconnect = _disconnecter()
 
 class _Check:
     """A probe or scrape schedule: starts every interval, fails at the timeout, never two at
-    once. Subclasses implement begin() and may implement on_event(), last_look(), abort()."""
+    once. Subclasses implement begin() and may implement on_event(), last_look(), abort().
+    A probe given adapt() starts every relaxed interval instead while the prober has its
+    target relaxed (Prober.relax) and its last `rise` rounds passed; a failure ends that."""
 
     def __init__(self, prober: "Prober", backend: "_Backend", interval_ms: int, timeout_ms: int):
         self.prober = prober
@@ -96,8 +98,18 @@ class _Check:
         self.stopped = False
         self.round = 0
         self.started_ns = 0
+        self.relaxed_ns = 0  # the interval while relaxed; 0: never relaxed (scrapes)
+        self.rise = 1
+        self.passes = 0  # rounds in a row that passed
+        self.slow = False  # next_ns was set at the relaxed interval
         self.next_ns = _monotonic_ns() + int(random.random() * self.interval_ns)
         prober._at(self.next_ns, self)
+
+    def adapt(self, interval_ms: int, rise: int) -> None:
+        """Let this probe slow down to interval_ms while its target is relaxed and its last
+        rise rounds passed."""
+        self.relaxed_ns = max(interval_ms * 1_000_000, self.interval_ns)
+        self.rise = rise
 
     def tick(self, due_ns: int) -> None:
         """The wheel's call at due_ns for this check's deadline or next start (an entry for
@@ -116,9 +128,18 @@ class _Check:
         self.round += 1
         self.busy = True
         self.started_ns = now
-        next_ns = self.next_ns + self.interval_ns
+        step = self.interval_ns
+        if self.relaxed_ns > step and self.passes >= self.rise and self.prober._relaxed.get(self.backend.key, 0) > now:
+            if not self.slow:  # targets relaxed together start their slow rounds spread out
+                self.slow = True
+                step += int(random.random() * (self.relaxed_ns - step))
+            else:
+                step = self.relaxed_ns
+        else:
+            self.slow = False
+        next_ns = self.next_ns + step
         if next_ns <= now:  # the loop was held up: skip the missed starts, never bunch them
-            next_ns += ((now - next_ns) // self.interval_ns + 1) * self.interval_ns
+            next_ns += ((now - next_ns) // step + 1) * step
         self.next_ns = next_ns
         self.prober._at(now + self.timeout_ns, self)
         self.prober._at(next_ns, self)
@@ -154,11 +175,23 @@ class _Check:
             self.fail("timeout")
             return
         self.busy = False
+        self.passes += 1
         self.backend.sample(Sample(self.started_ns, True, rtt_ns / 1e9))
 
     def fail(self, error: str) -> None:
         self.busy = False
+        self.passes = 0
+        self.hurry()
         self.backend.sample(Sample(self.started_ns, False, None, error))
+
+    def hurry(self) -> None:
+        """Back to the full rate at once: the next start one interval after the last one (the
+        wheel's entry for the slow start stays and then finds nothing due)."""
+        if not self.slow or self.stopped:
+            return
+        self.slow = False
+        self.next_ns = max(self.started_ns + self.interval_ns, _monotonic_ns())
+        self.prober._at(self.next_ns, self)
 
     def begin(self) -> None:
         raise NotImplementedError

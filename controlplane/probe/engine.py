@@ -57,6 +57,7 @@ class _Backend:
                 self.checks.append(_HttpCheck(prober, self, probe.interval_ms, probe.timeout_ms, probe.path, False))
             else:
                 self.checks.append(_GrpcCheck(prober, self, probe))
+            self.checks[-1].adapt(probe.relaxed_ms, probe.rise)
         self.last_load = last_load if metrics is not None else None
         if metrics is not None:
             self.checks.append(_HttpCheck(prober, self, metrics.interval_ms, metrics.interval_ms, metrics.path, True))
@@ -78,6 +79,10 @@ class _Backend:
                 callback(self.key, load)
             except Exception as e:
                 self.prober._report("prober: on_load failed", e)
+
+    def hurry(self) -> None:
+        for check in self.checks:
+            check.hurry()
 
     def stop(self) -> None:
         for check in self.checks:
@@ -124,6 +129,13 @@ class Prober:
       probe; its RTT is the call's time as the loop sees it.
     - Metrics are scraped every metrics.interval_ms with that as the timeout; the page's engine
       signals become a Load (parse_metrics, load_from).
+    - Adaptive rate: relax(keys, until_ns) slows the probes of those targets to
+      probe.relaxed_ms (while real traffic measures them, say) until until_ns. Health probing
+      stays: a relaxed target is probed at the full rate again from its first failed probe
+      (the next probe one interval after it) until its last `rise` probes passed, so `fall`
+      is reached at most one relaxed interval later than at the full rate. Scrapes keep
+      their own interval. The first relaxed probe of each target is at a random point of the
+      relaxed interval, so targets relaxed together do not bunch.
     """
 
     def __init__(self, on_sample: Optional[Callable[[Hashable, Sample], None]] = None,
@@ -134,6 +146,7 @@ class Prober:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._ep: Optional[select.epoll] = None
         self._backends: dict[Hashable, _Backend] = {}
+        self._relaxed: dict[Hashable, int] = {}  # key -> relaxed until (monotonic ns)
         self._slots: dict[int, list[_Check]] = {}  # tick number -> the checks to call then
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._handlers: dict[int, Callable[[int], None]] = {}  # fd -> on_event of the check owning it
@@ -168,6 +181,29 @@ class Prober:
         for key, target in wanted.items():
             if key not in self._backends:
                 self._backends[key] = _Backend(self, target)
+        for key in [key for key in self._relaxed if key not in wanted]:
+            del self._relaxed[key]
+
+    def relax(self, keys: Iterable[Hashable], until_ns: int) -> None:
+        """Probe these targets every probe.relaxed_ms until until_ns (time.monotonic_ns), as long
+        as their last probe.rise probes passed; a later call moves the end either way. An end
+        that has passed brings the full rate back at once (the next probe one interval after
+        the last). Unknown keys and targets without probe are ignored."""
+        now = _monotonic_ns()
+        relaxed, backends = self._relaxed, self._backends
+        for key in keys:
+            backend = backends.get(key)
+            if backend is None or backend.window is None:
+                continue
+            if until_ns > now:
+                relaxed[key] = until_ns
+            elif relaxed.pop(key, None) is not None:
+                backend.hurry()
+
+    def relaxed(self, key: Hashable) -> bool:
+        """Whether key's next probe was set at the relaxed interval."""
+        backend = self._backends.get(key)
+        return backend is not None and any(check.slow for check in backend.checks)
 
     def window(self, key: Hashable) -> Optional[Window]:
         """The recent samples of key; None for an unknown key or a target without probe."""
@@ -187,6 +223,7 @@ class Prober:
         for backend in self._backends.values():
             backend.stop()
         self._backends.clear()
+        self._relaxed.clear()
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
