@@ -35,6 +35,9 @@ _TCPI_RTT = 68  # offset of tcpi_rtt (microseconds) in struct tcp_info
 _TCP_SYN_SENT = 2
 _TCP_CONNECTED = (1, 8)  # ESTABLISHED, CLOSE_WAIT (the server accepted, then closed: connected all the same)
 _EPOLLIN, _EPOLLOUT, _ONESHOT = select.EPOLLIN, select.EPOLLOUT, select.EPOLLONESHOT
+# Relaxed rounds start and time out on this grid: a few loop wake-ups a tick instead of one
+# per probe and deadline when probes are sparse (measured by tools/bench-probe).
+SLOW_GRID_NS = 10_000_000
 _monotonic_ns = time.monotonic_ns
 
 
@@ -128,6 +131,9 @@ class _Check:
         self.round += 1
         self.busy = True
         self.started_ns = now
+        deadline_ns = now + self.timeout_ns
+        if self.slow:  # a relaxed round: a timeout up to one grid step late is still a timeout
+            deadline_ns = -(-deadline_ns // SLOW_GRID_NS) * SLOW_GRID_NS
         step = self.interval_ns
         if self.relaxed_ns > step and self.passes >= self.rise and self.prober._relaxed.get(self.backend.key, 0) > now:
             if not self.slow:  # targets relaxed together start their slow rounds spread out
@@ -140,8 +146,10 @@ class _Check:
         next_ns = self.next_ns + step
         if next_ns <= now:  # the loop was held up: skip the missed starts, never bunch them
             next_ns += ((now - next_ns) // step + 1) * step
+        if self.slow:
+            next_ns = -(-next_ns // SLOW_GRID_NS) * SLOW_GRID_NS
         self.next_ns = next_ns
-        self.prober._at(now + self.timeout_ns, self)
+        self.prober._at(deadline_ns, self)
         self.prober._at(next_ns, self)
         try:
             self.begin()
