@@ -104,10 +104,11 @@ def test_a_failed_probe_brings_the_full_rate_back_at_once_until_rise_probes_pass
         await closing(p, server)
 
         assert [s.error for s in failed] == ["HTTP 503"] * 3
-        assert max(gaps_ns(failed)) < relaxed_ms * MS / 10, gaps_ns(failed)  # the full rate, not the relaxed one
+        # the full rate (20 ms), not the relaxed one (3 s); a loaded machine may hold the loop up
+        assert max(gaps_ns(failed)) < relaxed_ms * MS / 3, gaps_ns(failed)
         # relaxed again only after rise (3) passes in a row, each at the full rate
         assert len(after) >= 3 and all(s.ok for s in after[:3]), after
-        assert max(gaps_ns(after[:3])) < relaxed_ms * MS / 10, gaps_ns(after)
+        assert max(gaps_ns(after[:3])) < relaxed_ms * MS / 3, gaps_ns(after)
 
     run(main())
 
@@ -126,7 +127,7 @@ def test_ending_the_relaxation_brings_the_full_rate_back_at_once_and_a_lapsed_en
         p.relax(["ended"], 0)
         assert not p.relaxed("ended")
         # its next probe one interval after its last, not up to 5 s later
-        await wait_for(lambda: len(rec.of("ended")) >= count + 3, 1, "3 probes at the full rate")
+        await wait_for(lambda: len(rec.of("ended")) >= count + 3, 2, "3 probes at the full rate")
         # "lapsed" was never told: its relaxed probe that comes after the end (at most 5 s)
         # sets the full rate again
         await wait_for(lambda: not p.relaxed("lapsed"), 8, "lapsed back at the full rate")
