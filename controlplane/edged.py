@@ -575,8 +575,7 @@ class Daemon(Operations):
     async def _status_loop(self) -> None:
         failing = None
         while True:
-            # Wire signals (measured from real traffic) are not read yet: no backend is fresh.
-            self.pace_probes(frozenset(), time.monotonic_ns())
+            self.pace_probes(self.wire_fresh, time.monotonic_ns())  # as of each service's last step
             try:
                 self._write_status(time.monotonic_ns())
                 await self._retire_leaving(time.monotonic_ns())
