@@ -237,3 +237,33 @@ def test_edged_relaxes_the_fresh_backends_and_puts_the_others_back_at_the_full_r
         assert not b1_relaxed and not b0_after
 
     run(main())
+
+
+def test_edgeds_status_round_relaxes_the_backends_whose_wire_signal_is_fresh():
+    from controlplane.tests.test_edged_loop import FakeMaps
+
+    async def main() -> None:
+        server = await started()
+        cfg = parse_config({"version": 1, "services": [{
+            "name": "web", "vip": "198.18.0.10", "port": 80,
+            "health": {"probe": {"kind": "tcp", "interval_ms": 20, "timeout_ms": 20, "rise": 1,
+                                 "relaxed_interval_ms": 400}},
+            "backends": [{"name": n, "address": f"198.18.1.{i + 2}", "port": 80}
+                         for i, n in enumerate(("b0", "b1"))]}]})
+        d = edged.Daemon(cfg, "edge-t0", edged.Events())
+        d.maps = FakeMaps(cfg)
+        d._set_services(cfg)
+        d.prober.set_targets([Target(t.key, LOOPBACK, server.port, t.probe) for t in d._targets(cfg)])
+        d.wire_fresh = {("web", "b0")}  # what a step found fresh
+        loop = asyncio.create_task(d._status_loop())
+        try:
+            await wait_for(lambda: d.prober.relaxed(("web", "b0")), 3, "b0 relaxed")
+            b1_relaxed = d.prober.relaxed(("web", "b1"))
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+            await closing(d.prober, server)
+
+        assert not b1_relaxed
+
+    run(main())
