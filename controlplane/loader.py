@@ -298,14 +298,7 @@ class Loaded:
         return self._bpf[name].map_fd
 
     def load(self, func: str, kind: str):
-        from bcc import BPF
-
-        prog_type = {"xdp": BPF.XDP, "tc": BPF.SCHED_CLS}[kind]
-        with _captured_stderr() as log:
-            try:
-                fn = self._bpf.load_func(func, prog_type)
-            except Exception as e:  # bcc raises bare Exception
-                raise LoaderError(f"load {func}: {_first_error(log())} ({e})") from e
+        fn = _load_func(self._bpf, func, kind)
         if kind == "xdp" and func not in TAILS.values():
             self._install_tails()
         return fn
@@ -324,6 +317,50 @@ class Loaded:
     def close(self) -> None:
         # Drops our fds; pinned maps and attached programs stay in the kernel.
         self._bpf.cleanup()
+
+
+def _load_func(bpf, func: str, kind: str):
+    """bcc's load_func for an "xdp" or "tc" program; LoaderError with the verifier's first error."""
+    from bcc import BPF
+
+    prog_type = {"xdp": BPF.XDP, "tc": BPF.SCHED_CLS}[kind]
+    with _captured_stderr() as log:
+        try:
+            return bpf.load_func(func, prog_type)
+        except Exception as e:  # bcc raises bare Exception
+            raise LoaderError(f"load {func}: {_first_error(log())} ({e})") from e
+
+
+class Standalone:
+    """A compiled program file outside the data path (the benchmarks' floors and sinks): no pins,
+    no tail calls; its maps live as long as this object or an attached program."""
+
+    def __init__(self, bpf) -> None:
+        self._bpf = bpf
+
+    def load(self, func: str, kind: str):
+        return _load_func(self._bpf, func, kind)
+
+    def table(self, name: str) -> "Table":
+        return Table(name, self._bpf[name])
+
+    def close(self) -> None:
+        self._bpf.cleanup()
+
+
+def compile_standalone(path: Path, defines: Mapping[str, int] | None = None) -> Standalone:
+    """Compiles one self-contained bcc source (e.g. tools/bench_bare.c) with -D name=value flags."""
+    try:
+        from bcc import BPF
+    except ImportError as e:
+        raise LoaderError(f"bcc is not importable ({e}); run tools/bootstrap") from e
+
+    flags = [f"-D{name}={value}" for name, value in (defines or {}).items()]
+    with _captured_stderr((1, 2)) as log:
+        try:
+            return Standalone(BPF(src_file=str(path), cflags=flags))
+        except Exception as e:  # bcc raises bare Exception
+            raise CompileError(f"compile {path.name}: {_first_error(log()) if log().strip() else e}") from e
 
 
 def cflags(pin_path: Path, params: Params) -> list[str]:
@@ -489,6 +526,25 @@ def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, ctx: bytes | None 
         err = ctypes.get_errno()
         raise LoaderError(f"BPF_PROG_TEST_RUN: {os.strerror(err)}")
     return TestRun(attr.retval, attr.duration, data_out.raw[: attr.data_size_out])
+
+
+_BPF_PROG_GET_FD_BY_ID = 13
+
+
+def hold_prog(prog_id: int, name: str):
+    """A loaded program (e.g. one a deploy attached) by id, as bcc's Function on a new fd: it
+    stays loaded, and attach_xdp/attach_tc take it, until the caller closes its .fd."""
+    from bcc import BPF
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = ctypes.create_string_buffer(struct.pack("=IIII", prog_id, 0, 0, 0))
+    nr = _SYS_BPF.get(os.uname().machine)
+    if nr is None:
+        raise LoaderError(f"BPF_PROG_GET_FD_BY_ID: unknown syscall number on {os.uname().machine}")
+    fd = libc.syscall(nr, _BPF_PROG_GET_FD_BY_ID, attr, 16)
+    if fd < 0:
+        raise LoaderError(f"BPF_PROG_GET_FD_BY_ID {prog_id}: {os.strerror(ctypes.get_errno())}")
+    return BPF.Function(None, name, fd)
 
 
 _BPF_OBJ_GET_INFO_BY_FD = 15

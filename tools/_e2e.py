@@ -1,0 +1,96 @@
+"""The pure part of tools/bench-e2e: test frames, NAPI thread names, /proc parsing, the per-packet
+arithmetic and the table. No root, no kernel, no bcc (controlplane/tests/test_bench_e2e.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+import struct
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+
+FRAME_SIZE = 64  # on the wire without FCS: 14 Ethernet + 20 IPv4 + 8 UDP + 22 payload
+COMM_LEN = 15  # TASK_COMM_LEN - 1: what /proc/PID/comm keeps of a kthread's name
+
+
+def ipv4_checksum(header: bytes) -> int:
+    """RFC 1071 checksum of an IPv4 header whose checksum field is zero."""
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def udp_frame(dst_mac: bytes, src_mac: bytes, src: IPv4Address, dst: IPv4Address,
+              sport: int, dport: int, size: int = FRAME_SIZE) -> bytes:
+    """An Ethernet/IPv4/UDP frame of size bytes; UDP checksum 0 (none, valid for IPv4)."""
+    payload = size - 14 - 20 - 8
+    if payload < 0:
+        raise ValueError(f"size {size} is below the 42 bytes of the headers")
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + 8 + payload, 0, 0x4000, 64, 17, 0,
+                     src.packed, dst.packed)
+    ip = ip[:10] + struct.pack("!H", ipv4_checksum(ip)) + ip[12:]
+    udp = struct.pack("!HHHH", sport, dport, 8 + payload, 0)
+    return dst_mac + src_mac + b"\x08\x00" + ip + udp + bytes(payload)
+
+
+def napi_comm(ifname: str) -> str:
+    """What /proc/PID/comm shows for the threaded-NAPI kthread of ifname ("napi/<dev>-<id>", cut to 15)."""
+    return f"napi/{ifname}-"[:COMM_LEN]
+
+
+def schedstat_ns(text: str) -> int:
+    """Time on CPU (ns) from /proc/PID/schedstat: "<on-cpu ns> <waiting ns> <timeslices>"."""
+    fields = text.split()
+    if len(fields) != 3:
+        raise ValueError(f"schedstat: expected 3 fields, got {text!r}")
+    return int(fields[0])
+
+
+def per_packet_ns(cpu_ns: int, packets: int) -> float:
+    """Router CPU per delivered packet; ValueError when nothing was delivered."""
+    if packets <= 0:
+        raise ValueError(f"no packet delivered ({packets}); the path under test forwards nothing")
+    return cpu_ns / packets
+
+
+@dataclass(frozen=True)
+class Path:
+    """One row of the table: a direction through one configuration of the router namespace."""
+
+    key: str  # e.g. "fwd/router"
+    direction: str  # "forward" (client -> backend) or "reply" (backend -> client)
+    label: str
+
+
+@dataclass(frozen=True)
+class Summary:
+    min: float
+    median: float
+    runs: int
+    delivered: float  # median share of the sent frames that reached the sink
+
+
+def summarize(samples: list[float], delivered: list[float]) -> Summary:
+    if not samples:
+        raise ValueError("no samples")
+    return Summary(min(samples), statistics.median(samples), len(samples), statistics.median(delivered))
+
+
+def ratio(numerator: Summary | None, denominator: Summary | None) -> str:
+    """median/median as "1.23x", or "-" when a side is missing."""
+    if numerator is None or denominator is None or denominator.median <= 0:
+        return "-"
+    return f"{numerator.median / denominator.median:.2f}x"
+
+
+def table(paths: list[Path], results: dict[str, Summary]) -> list[str]:
+    """The printed table: one line per measured path, ns per delivered packet."""
+    lines = [f"  {'direction':<8} {'path':<44} {'min ns':>8} {'median ns':>10} {'runs':>5} {'delivered':>10}"]
+    for path in paths:
+        s = results.get(path.key)
+        if s is None:
+            continue
+        lines.append(f"  {path.direction:<8} {path.label:<44} {s.min:>8,.0f} {s.median:>10,.0f} {s.runs:>5} "
+                     f"{s.delivered:>9.0%}")
+    return lines
