@@ -86,6 +86,8 @@ class Client:
         path = self.socket_path
         if path is None:
             return NotRunning(f"cannot reach edged at {self.target}: {details}")
+        if "No such file or directory" in details:  # none when grpc tried, even if edged bound it since
+            return NotRunning(f"edged is not running (no API socket at {path})")
         try:
             os.stat(path)
         except PermissionError:

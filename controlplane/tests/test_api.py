@@ -821,3 +821,23 @@ def test_status_reads_the_maps_when_no_edged_answers(monkeypatch, capsys, sockdi
     assert cli.main(["status", "--socket", stale, "--iface", "eth9"]) == 0
     assert asked == [None, "eth9"]
     assert capsys.readouterr().out == "nothing deployed in this network namespace\n" * 2
+
+
+def test_a_socket_that_appears_between_the_call_and_the_diagnosis_is_still_not_running(tmp_path):
+    """edged starting: grpc found no socket file, and by the time the client looks why, edged
+    has bound it. The call failed because edged was not running yet; callers waiting for a
+    starting edged retry on NotRunning (seen as a flake of test_ecmp's restart test)."""
+    import socket as socketlib
+
+    path = str(tmp_path / "edged.sock")
+    listener = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    try:
+        with Client(socket_path=path, timeout_s=CALL_TIMEOUT_S) as c:
+            err = c._unreachable(f"failed to connect to all addresses; last error: FAILED_PRECONDITION: "
+                                 f"unix:{path}: connect failed: addr: unix:{path} error: No such file or directory")
+        assert isinstance(err, NotRunning), err
+        assert str(err) == f"edged is not running (no API socket at {path})"
+    finally:
+        listener.close()
