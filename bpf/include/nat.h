@@ -97,7 +97,7 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct iphdr *iph,
 				    __u32 bid, struct nexthop **out)
 {
 	struct nexthop *nh = edge_nexthop.lookup(&bid);
-	struct bpf_fib_lookup fib = {};
+	struct bpf_fib_lookup fib;
 	__u64 now = bpf_jiffies64();
 
 	if (!nh)
@@ -106,6 +106,8 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct iphdr *iph,
 		*out = nh;
 		return 0;
 	}
+	/* zeroed here, not where declared: a cache hit skips the stores */
+	__builtin_memset(&fib, 0, sizeof(fib));
 	fib.family = AF_INET;
 	fib.tos = iph->tos;
 	fib.l4_protocol = iph->protocol;
@@ -200,6 +202,7 @@ static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, _
 		*out = hop;
 		return BPF_FIB_LKUP_RET_SUCCESS;
 	}
+	__builtin_memset(fib, 0, sizeof(*fib));	/* the caller's: zeroed on a miss only */
 	fib->family = AF_INET;
 	fib->tos = iph->tos;
 	fib->l4_protocol = iph->protocol;
@@ -237,8 +240,7 @@ static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct iphdr *iph = data + sizeof(struct ethhdr);
-	struct bpf_fib_lookup fib = {};
-	struct bpf_redir_neigh nb = {};
+	struct bpf_fib_lookup fib;	/* filled by reply_hop on a cache miss */
 	struct reply_hop *hop = NULL;
 	struct ethhdr *eth;
 	int rc;
@@ -260,6 +262,8 @@ static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 
 		return TC_ACT_OK;
 	decrease_ttl(iph);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH || !hop) {
+		struct bpf_redir_neigh nb = {};
+
 		nb.nh_family = AF_INET;
 		nb.ipv4_nh = fib.ipv4_dst;	/* the gateway, or the client */
 		return count_verdict(EDGE_CNT_RETURN_REDIRECT,
