@@ -173,7 +173,7 @@ struct rnat_info {
 /* Value of edge_nexthop (per CPU), indexed by backend id: a cached
  * bpf_fib_lookup result, so most packets skip the FIB. */
 struct nexthop {
-	__u64	expires_ns;	/* bpf_ktime_get_coarse_ns() after which it is looked up again */
+	__u64	expires;	/* bpf_jiffies64() from which on it is looked up again */
 	__u32	ifindex;
 	__u8	smac[6];
 	__u8	dmac[6];
@@ -183,7 +183,7 @@ struct nexthop {
  * of (client, VIP): the bpf_fib_lookup result of a reply to that client. */
 #define EDGE_REPLY_HOP_SLOTS	4096	/* a power of two */
 struct reply_hop {
-	__u64	expires_ns;	/* bpf_ktime_get_coarse_ns() after which it is looked up again */
+	__u64	expires;	/* bpf_jiffies64() from which on it is looked up again */
 	__be32	client;		/* the tag: which client and VIP the slot holds */
 	__be32	vip;
 	__u32	ifindex;

@@ -83,6 +83,13 @@ struct scan_counts {
 	__u32 standbys;
 };
 BPF_PERCPU_ARRAY(edge_scan_counts, struct scan_counts, 1);
+/* Per-CPU clock of the fast path's health decisions (edge_xdp.c,
+ * health_now); kernel only, not pinned. */
+struct clock_cache {
+	__u64 jiffies;	/* bpf_jiffies64() when ns was read */
+	__u64 ns;	/* bpf_ktime_get_ns() then */
+};
+BPF_PERCPU_ARRAY(edge_clock, struct clock_cache, 1);
 /* hash(client, VIP) -> cached egress interface and MACs of replies (per CPU). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct reply_hop, edge_reply_hop,
 		 EDGE_REPLY_HOP_SLOTS, EDGE_PIN(edge_reply_hop));

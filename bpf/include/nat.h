@@ -73,9 +73,21 @@ static __always_inline void decrease_ttl(struct iphdr *iph)
 	iph->check = csum_replace16(iph->check, old, *(__be16 *)&iph->ttl);
 }
 
-#ifndef EDGE_NEXTHOP_TTL_NS
-#define EDGE_NEXTHOP_TTL_NS	1000000000	/* a cached FIB result is used this long */
+#ifndef EDGE_NEXTHOP_TTL_JIFFIES
+#define EDGE_NEXTHOP_TTL_JIFFIES 100	/* a cached FIB result is used this long: 0.1 s at HZ=1000 .. 1 s at HZ=100 */
 #endif
+
+/* The caches' clock is bpf_jiffies64(), which the verifier turns into one
+ * load (64-bit JITs): the clocks are helper calls, which cost an established
+ * flow about a fifth of its time (tools/bench-datapath). Their TTL is
+ * counted in jiffies, so it is a second at most whatever the kernel's HZ.
+ * 1 while an entry expiring at expires is fresh at now; an entry that would
+ * expire further ahead than one TTL (garbage, or nanoseconds an older build
+ * kept in the same pinned field) is stale, so it is looked up again. */
+static __always_inline int hop_fresh(__u64 expires, __u64 now)
+{
+	return expires - now - 1 < EDGE_NEXTHOP_TTL_JIFFIES;
+}
 
 /* Egress interface and MACs towards the backend: the per-CPU cache, or a
  * FIB lookup that refills it. Returns 0, or -1 to let the stack deliver
@@ -85,15 +97,17 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct iphdr *iph,
 				    __u32 bid, struct nexthop **out)
 {
 	struct nexthop *nh = edge_nexthop.lookup(&bid);
-	struct bpf_fib_lookup fib = {};
-	__u64 now = bpf_ktime_get_coarse_ns();
+	struct bpf_fib_lookup fib;
+	__u64 now = bpf_jiffies64();
 
 	if (!nh)
 		return -1;
-	if (nh->ifindex && now < nh->expires_ns) {
+	if (nh->ifindex && hop_fresh(nh->expires, now)) {
 		*out = nh;
 		return 0;
 	}
+	/* zeroed here, not where declared: a cache hit skips the stores */
+	__builtin_memset(&fib, 0, sizeof(fib));
 	fib.family = AF_INET;
 	fib.tos = iph->tos;
 	fib.l4_protocol = iph->protocol;
@@ -108,7 +122,7 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct iphdr *iph,
 	nh->ifindex = fib.ifindex;
 	__builtin_memcpy(nh->smac, fib.smac, ETH_ALEN);
 	__builtin_memcpy(nh->dmac, fib.dmac, ETH_ALEN);
-	nh->expires_ns = now + EDGE_NEXTHOP_TTL_NS;
+	nh->expires = now + EDGE_NEXTHOP_TTL_JIFFIES;
 	*out = nh;
 	return 0;
 }
@@ -178,16 +192,17 @@ static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, _
 {
 	__u32 slot = hash_mix(iph->daddr ^ vip) & (EDGE_REPLY_HOP_SLOTS - 1);
 	struct reply_hop *hop = edge_reply_hop.lookup(&slot);
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = bpf_jiffies64();
 	int rc;
 
 	if (!hop)
 		return BPF_FIB_LKUP_RET_NOT_FWDED;
-	if (hop->ifindex && hop->client == iph->daddr && hop->vip == vip && now < hop->expires_ns &&
+	if (hop->ifindex && hop->client == iph->daddr && hop->vip == vip && hop_fresh(hop->expires, now) &&
 	    (skb->gso_size || skb->len <= hop->mtu + sizeof(struct ethhdr))) {
 		*out = hop;
 		return BPF_FIB_LKUP_RET_SUCCESS;
 	}
+	__builtin_memset(fib, 0, sizeof(*fib));	/* the caller's: zeroed on a miss only */
 	fib->family = AF_INET;
 	fib->tos = iph->tos;
 	fib->l4_protocol = iph->protocol;
@@ -207,7 +222,7 @@ static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, _
 	hop->mtu = fib->mtu_result;	/* the egress device's (tot_len was 0) */
 	__builtin_memcpy(hop->smac, fib->smac, ETH_ALEN);
 	__builtin_memcpy(hop->dmac, fib->dmac, ETH_ALEN);
-	hop->expires_ns = now + EDGE_NEXTHOP_TTL_NS;
+	hop->expires = now + EDGE_NEXTHOP_TTL_JIFFIES;
 	*out = hop;
 	return rc;
 }
@@ -225,8 +240,7 @@ static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct iphdr *iph = data + sizeof(struct ethhdr);
-	struct bpf_fib_lookup fib = {};
-	struct bpf_redir_neigh nb = {};
+	struct bpf_fib_lookup fib;	/* filled by reply_hop on a cache miss */
 	struct reply_hop *hop = NULL;
 	struct ethhdr *eth;
 	int rc;
@@ -248,6 +262,8 @@ static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 
 		return TC_ACT_OK;
 	decrease_ttl(iph);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH || !hop) {
+		struct bpf_redir_neigh nb = {};
+
 		nb.nh_family = AF_INET;
 		nb.ipv4_nh = fib.ipv4_dst;	/* the gateway, or the client */
 		return count_verdict(EDGE_CNT_RETURN_REDIRECT,
