@@ -131,8 +131,12 @@ int edge_return(struct __sk_buff *skb)
 	} else if (proto == IPPROTO_TCP) {
 		if (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_)) {
 			bpf_skb_load_bytes(skb, l4_off + 8, &ack_seq, sizeof(ack_seq));
-			if (classify_answer(fi, &fk, tcp_flags, ack_seq, &answer) != TC_ACT_OK)
+			if (classify_answer(fi, &fk, tcp_flags, ack_seq, &answer) != TC_ACT_OK) {
+				/* a direct connection on a VIP flow's port: its
+				 * entry went, edge_direct keeps its replies as they are */
+				note_direct(&fk, &rk);
 				return TC_ACT_UNSPEC;
+			}
 		}
 	}
 

@@ -5,7 +5,8 @@
  * (client, VIP) tuple names the sending backend, as the ingress forwards
  * such a flow's packets over the budget (select.h). Direct connections to a
  * backend's own address, which no table can tell from VIP ones, are known by
- * their SYN-ACK without an entry and kept in edge_direct. Kernel side
+ * their SYN-ACK (without an entry, or not answering the entry's SYN: a port a
+ * VIP flow used before) and kept in edge_direct. Kernel side
  * only; the forward half lives in select_backend. */
 #ifndef EDGE_STATELESS_H
 #define EDGE_STATELESS_H
@@ -18,6 +19,21 @@
 #define TCP_FLAG_SYN_	0x02
 #define TCP_FLAG_RST_	0x04
 #define TCP_FLAG_ACK_	0x10
+
+/* The connection of client fk (as the ingress sees it) to backend endpoint
+ * bk answered a SYN that did not come through the VIP: a direct one. */
+static __always_inline void note_direct(const struct flow_key *fk, const struct backend_key *bk)
+{
+	struct direct_key dk = {
+		.backend = bk->addr,
+		.client = fk->src,
+		.backend_port = bk->port,
+		.client_port = fk->sport,
+	};
+	__u32 one = 1;
+
+	edge_direct.update(&dk, &one);
+}
 
 /* 1 when the reply from backend endpoint bk (ri: its edge_rnat entry) with
  * TCP flags tcp_flags to the client of fk (the connection as the ingress sees
@@ -49,12 +65,12 @@ static __always_inline int stateless_reply(struct flow_key *fk, const struct bac
 		.vip_id = ri->vip_id,
 	};
 	struct vip_info *vip;
-	__u32 idx, *id, one = 1;
+	__u32 idx, *id;
 
 	if (fk->proto != IPPROTO_TCP)
 		return 0;
 	if ((tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) {
-		edge_direct.update(&dk, &one);
+		note_direct(fk, bk);
 		return 0;
 	}
 	if (edge_direct.lookup(&dk))
