@@ -2,7 +2,9 @@
 /* edge_tc.c: clsact ingress of the backend-facing interfaces. Consumes
  * heartbeats (heartbeat.h); gives a backend's reply to a client the VIP back
  * as its source (NAT mode) when conntrack pins that client's connection to
- * this backend, noting SYN-ACKs and RSTs for passive detection, and
+ * this backend, or without an entry when the Maglev table gives it to this
+ * backend and it is no direct connection (stateless.h), noting SYN-ACKs and
+ * RSTs for passive detection, and
  * redirects it towards the client (nat.h, reply_out) without the kernel's
  * forwarding path; everything else continues untouched. The L4 checksum
  * goes through the kernel's helpers, which also handle partial checksums. */
@@ -15,10 +17,7 @@
 #include "include/health.h"
 #include "include/heartbeat.h"
 #include "include/nat.h"
-
-#define TCP_FLAG_SYN_	0x02
-#define TCP_FLAG_RST_	0x04
-#define TCP_FLAG_ACK_	0x10
+#include "include/stateless.h"
 
 #define ANSWER_NONE	(-1)
 
@@ -107,26 +106,37 @@ int edge_return(struct __sk_buff *skb)
 	ri = edge_rnat.lookup(&rk);
 	if (!ri)
 		return TC_ACT_UNSPEC;
-	/* Only replies of a VIP connection pinned to this backend: the router's
-	 * own probes and direct connections to the backend stay untouched. */
+	/* Only replies of a VIP connection of this backend (its entry, or with
+	 * none its Maglev slot): the router's own probes and direct connections
+	 * to the backend stay untouched. */
 	fk.src = iph->daddr;
 	fk.dst = ri->vip_addr;
 	fk.sport = ((__be16 *)nh.pos)[1];
 	fk.dport = ri->vip_port;
 	fk.proto = proto;
-	fi = edge_ct.lookup(&fk);
-	if (!fi || fi->backend_id != ri->backend_id)
-		return TC_ACT_UNSPEC;
 	if (proto == IPPROTO_TCP) {
 		/* the flags byte, read directly when it is in the linear data */
 		if (nh.pos + 14 <= data_end)
 			tcp_flags = ((__u8 *)nh.pos)[13];
 		else
 			bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1);
+	}
+	fi = edge_ct.lookup(&fk);
+	if (!fi) {
+		/* no entry: ours if the Maglev table says so (stateless.h) */
+		if (!stateless_reply(&fk, &rk, ri, tcp_flags))
+			return TC_ACT_UNSPEC;
+	} else if (fi->backend_id != ri->backend_id) {
+		return TC_ACT_UNSPEC;
+	} else if (proto == IPPROTO_TCP) {
 		if (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_)) {
 			bpf_skb_load_bytes(skb, l4_off + 8, &ack_seq, sizeof(ack_seq));
-			if (classify_answer(fi, &fk, tcp_flags, ack_seq, &answer) != TC_ACT_OK)
+			if (classify_answer(fi, &fk, tcp_flags, ack_seq, &answer) != TC_ACT_OK) {
+				/* a direct connection on a VIP flow's port: its
+				 * entry went, edge_direct keeps its replies as they are */
+				note_direct(&fk, &rk);
 				return TC_ACT_UNSPEC;
+			}
 		}
 	}
 
@@ -145,7 +155,7 @@ int edge_return(struct __sk_buff *skb)
 
 	if (answer != ANSWER_NONE)
 		note_answer(ri, answer);
-	if (proto == IPPROTO_TCP)
+	if (proto == IPPROTO_TCP && fi)	/* none on the stateless path */
 		wire_reply(skb, fi, ri->backend_id, tcp_flags, l4_off);	/* wire.h */
 	count_return(ri->vip_id, ri->backend_id);
 	count_index(EDGE_CNT_RETURN_NAT);

@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -34,6 +34,7 @@ CT_F_WIRE_WAIT = 0x38
 WIRE_BUCKETS = 24  # edge_wire histograms: bucket i = [2^i, 2^(i+1)) microseconds
 
 REPLY_HOP_SLOTS = 4096  # edge_reply_hop: per-CPU cache slots of reply FIB results
+DIRECT_SLOTS = 16384  # edge_direct: LRU entries of direct (not VIP) connections to backends
 
 UNKNOWN = 0xFFFFFFFF
 PROBE_F_DRAINED = 0x1
@@ -57,7 +58,9 @@ CNT_RETURN_NAT = 4
 CNT_HEARTBEAT = 5
 CNT_EJECTION = 6
 CNT_RETURN_REDIRECT = 7
-CNT_MAX = 8
+CNT_STATELESS = 8
+CNT_RETURN_STATELESS = 9
+CNT_MAX = 10
 
 DROP_MALFORMED = 1
 DROP_NO_BACKEND = 2
@@ -78,6 +81,8 @@ CNT_NAMES = {
     CNT_HEARTBEAT: "heartbeat",
     CNT_EJECTION: "ejection",
     CNT_RETURN_REDIRECT: "return_redirect",
+    CNT_STATELESS: "stateless",
+    CNT_RETURN_STATELESS: "return_stateless",
 }
 DROP_NAMES = {
     DROP_MALFORMED: "malformed",
@@ -113,12 +118,13 @@ MAP_CT_BUDGET = "edge_ct_budget"
 MAP_TAILS = "edge_tails"
 MAP_REPLY_HOP = "edge_reply_hop"
 MAP_WIRE = "edge_wire"
+MAP_DIRECT = "edge_direct"
 
 MAP_NAMES = (
     MAP_VIPS, MAP_VIP_ADDRS, MAP_BACKENDS, MAP_MAGLEV, MAP_CT, MAP_RNAT,
     MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
     MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
-    MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS, MAP_REPLY_HOP, MAP_WIRE,
+    MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS, MAP_REPLY_HOP, MAP_WIRE, MAP_DIRECT,
 )
 
 

@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	7
+#define EDGE_ABI_VERSION	8
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -201,6 +201,17 @@ struct ct_budget {
 	__u32	pad;
 };
 
+/* Key of edge_direct: a TCP connection to a backend's own address that did
+ * not come through a VIP (its SYN-ACK had no conntrack entry): the return
+ * path leaves its replies alone. Value: __u32, unused (1). */
+#define EDGE_DIRECT_SLOTS	16384	/* LRU entries */
+struct direct_key {
+	__be32	backend;	/* the backend's address, network byte order */
+	__be32	client;		/* the peer's address */
+	__be16	backend_port;	/* network byte order */
+	__be16	client_port;
+};
+
 /* Value of edge_vip_stats and edge_be_stats (per CPU). */
 struct traffic_stats {
 	__u64	packets;	/* forwarded client -> backend */
@@ -289,7 +300,9 @@ struct node_info {
 #define EDGE_CNT_HEARTBEAT	5	/* valid heartbeat consumed */
 #define EDGE_CNT_EJECTION	6	/* passive detection ejected a backend */
 #define EDGE_CNT_RETURN_REDIRECT 7	/* return path: reverse NATed and redirected */
-#define EDGE_CNT_MAX		8
+#define EDGE_CNT_STATELESS	8	/* TCP, no SYN, no entry, budget spent: forwarded by its Maglev pick, no entry made */
+#define EDGE_CNT_RETURN_STATELESS 9	/* return path: no entry, reverse NATed because the Maglev slot names the sender */
+#define EDGE_CNT_MAX		10
 
 /* Drop reasons: index into edge_drops. Never reuse a number; retire it. */
 #define EDGE_DROP_MALFORMED	1	/* truncated or inconsistent headers */
@@ -314,6 +327,7 @@ _Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");
 _Static_assert(sizeof(struct reply_hop) == 40, "abi: reply_hop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
 _Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");
+_Static_assert(sizeof(struct direct_key) == 12, "abi: direct_key");
 _Static_assert(sizeof(struct service_cfg) == 304, "abi: service_cfg");
 _Static_assert(sizeof(struct backend_health) == 64, "abi: backend_health");
 _Static_assert(sizeof(struct hb_key) == 8, "abi: hb_key");

@@ -70,6 +70,10 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct ct_budget, edge_ct_budget,
 /* Reverse NAT: backend endpoint -> VIP to restore. */
 BPF_TABLE_PINNED("hash", struct backend_key, struct rnat_info, edge_rnat,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_rnat));
+/* Direct (not VIP) TCP connections to a backend endpoint in edge_rnat, seen
+ * by their SYN-ACK: the stateless return path leaves them alone (stateless.h). */
+BPF_TABLE_PINNED("lru_hash", struct direct_key, __u32, edge_direct,
+		 EDGE_DIRECT_SLOTS, EDGE_PIN(edge_direct));
 /* backend id -> cached egress interface and MACs (per CPU). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct nexthop, edge_nexthop,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_nexthop));

@@ -21,6 +21,7 @@
 
 #include "flow.h"
 #include "health.h"
+#include "stats.h"
 
 #ifndef EDGE_MAX_WALK
 #define EDGE_MAX_WALK	4	/* extra Maglev slots tried before the fallback scan */
@@ -202,9 +203,10 @@ out:
 
 /* Resolves the backend of this packet, or NULL with the drop reason in
  * *drop: the VIP has none usable, or the packet is TCP but no SYN, conntrack
- * does not know it and the budget for such entries is spent (forwarded, its
- * answer could not be reverse-NATed), or, on the fast path,
- * EDGE_TO_SLOW_PATH. *new_flow: conntrack was missed or replaced;
+ * does not know it, the budget for such entries is spent and its first
+ * Maglev pick is not usable without the slow path (a usable one takes it
+ * statelessly: no entry, *new_flow 0, counted EDGE_CNT_STATELESS), or, on
+ * the fast path, EDGE_TO_SLOW_PATH. *new_flow: conntrack was missed or replaced;
  * *failover: see pick_new. The slow path takes no budget: the fast path
  * took it before handing the packet over. */
 static __always_inline struct backend_info *
@@ -214,6 +216,7 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 {
 	struct flow_info *fi = edge_ct.lookup(&pkt->flow);
 	struct backend_info *be;
+	int stateless;
 
 	*failover = 0;
 	pkt->ct = fi;
@@ -234,16 +237,24 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 	}
 	*new_flow = 1;
 	*drop = EDGE_DROP_NO_BACKEND;
-	if (stage == EDGE_STAGE_FAST && !fi && pkt->flow.proto == IPPROTO_TCP && !pkt->syn && !ct_budget_take()) {
-		*drop = EDGE_DROP_UNTRACKED;
-		return NULL;
-	}
+	stateless = stage == EDGE_STAGE_FAST && !fi && pkt->flow.proto == IPPROTO_TCP &&
+		    !pkt->syn && !ct_budget_take();
 	/* verifier: on the fast path a flow that moves is the slow path's */
 	be = stage || !fi ? pick_new(vip, sc, pkt, now, bid, failover, stage) : NULL;
 	if (!be) {
-		if (stage != EDGE_STAGE_SCAN)
+		if (stateless)
+			*drop = EDGE_DROP_UNTRACKED;
+		else if (stage != EDGE_STAGE_SCAN)
 			*drop = EDGE_TO_NEXT_STAGE;
 		return NULL;
+	}
+	if (stateless) {
+		/* Over the budget, a usable Maglev pick still takes the packet,
+		 * without an entry: a flow another router had (ECMP) finds the
+		 * backend the identical table gives it (stateless.h). */
+		*new_flow = 0;
+		count_index(EDGE_CNT_STATELESS);
+		return be;
 	}
 	if (fi) {
 		/* An established flow moved: rewritten in place, so moving

@@ -24,6 +24,7 @@ from controlplane.lab.traffic import close_all, http_get, open_connections
 
 PORT = 8000
 MODES = ("link", "silent", "freeze", "stop")
+ASKERS = 64  # connections asked at once after the loss (a thread each)
 # link:   the router's upstream link goes down and its edged (with its bird) is SIGKILLed
 # silent: the link stays up but nothing crosses it any more (a node that lost power behind a
 #         switch), then edged and bird are SIGKILLed: their FIN never arrives, only BFD (or the
@@ -48,6 +49,7 @@ class RouterLoss:
     new_attempts: int = 0  # new connections tried from the loss on (each with a short timeout)
     new_failures: int = 0
     new_failing_until_s: float = 0.0  # the last new connection that failed (its SYN was lost) started then
+    all_answered_s: float = 0.0  # the last connection that answered afterwards did then (all are asked at once)
 
     @property
     def kept_ratio(self) -> float:
@@ -121,10 +123,12 @@ class Fleet:
             return sum(s["new_flows"] for s in c.status()["services"])
 
     def lose_router(self, victim: int = 0, mode: str = "link", n_conns: int = 200,
-                    new_timeout_s: float = 0.5, settle_s: float = 3.0) -> RouterLoss:
+                    new_timeout_s: float = 0.5, settle_s: float = 3.0,
+                    answer_timeout_s: float = 5.0) -> RouterLoss:
         """Opens n_conns connections, loses router `victim` the `mode` way, waits for the upstream
-        to withdraw it, then asks every connection once more. Meanwhile new connections are tried
-        every 10 ms (each with new_timeout_s) until settle_s after the withdraw."""
+        to withdraw it, then asks every connection once more, ASKERS at a time, each waiting up to
+        answer_timeout_s. Meanwhile new connections are tried every 10 ms (each with
+        new_timeout_s) until settle_s after the withdraw."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
         net, n = self.net, self.net.topo.routers
@@ -141,17 +145,25 @@ class Fleet:
             self._lose(victim, mode)
             withdrawn = net.wait_next_hops(set(range(n)) - {victim}, 30.0)
             result = RouterLoss(mode, n, n_conns, per_router, withdrawn - t0)
-            for conn, had in zip(conns, before):
-                conn.sock.settimeout(5.0)  # a request sent into the dead router is retransmitted
+
+            def ask(conn_had: tuple) -> tuple[str, str | None, float]:
+                conn, had = conn_had
+                conn.sock.settimeout(answer_timeout_s)  # a request sent into the dead router is retransmitted
                 try:
-                    got = conn.request().backend
+                    return had, conn.request().backend, time.monotonic()
                 except OSError as e:
-                    result.failed.append(f"{conn.local_addr} (was {had}): {type(e).__name__}: {e}")
-                    continue
-                if got == had:
-                    result.kept_backend += 1
-                else:
-                    result.changed_backend += 1
+                    return had, f"{conn.local_addr} (was {had}): {type(e).__name__}: {e}", -1.0
+
+            with ThreadPoolExecutor(max_workers=ASKERS) as pool:
+                for had, got, at in pool.map(ask, zip(conns, before)):
+                    if at < 0:
+                        result.failed.append(got)
+                        continue
+                    result.all_answered_s = max(result.all_answered_s, at - t0)
+                    if got == had:
+                        result.kept_backend += 1
+                    else:
+                        result.changed_backend += 1
             deadline = withdrawn + settle_s
             while time.monotonic() < deadline:
                 time.sleep(0.05)  # new connections keep being tried until then
