@@ -216,15 +216,20 @@ def test_a_restarted_target_keeps_its_relaxation_and_a_removed_one_forgets_it():
 # ------------------------------------------------------------ edged
 
 
+def _relaxing_daemon():
+    """edged with one tcp-probed service of two backends (b0, b1) that relaxes to 400 ms."""
+    cfg = parse_config({"version": 1, "services": [{
+        "name": "web", "vip": "198.18.0.10", "port": 80,
+        "health": {"probe": {"kind": "tcp", "interval_ms": 20, "timeout_ms": 20, "rise": 1,
+                             "relaxed_interval_ms": 400}},
+        "backends": [{"name": n, "address": f"198.18.1.{i + 2}", "port": 80} for i, n in enumerate(("b0", "b1"))]}]})
+    return cfg, edged.Daemon(cfg, "edge-t0", edged.Events())
+
+
 def test_edged_relaxes_the_fresh_backends_and_puts_the_others_back_at_the_full_rate():
     async def main() -> None:
         server = await started()
-        cfg = parse_config({"version": 1, "services": [{
-            "name": "web", "vip": "198.18.0.10", "port": 80,
-            "health": {"probe": {"kind": "tcp", "interval_ms": 20, "timeout_ms": 20, "rise": 1,
-                                 "relaxed_interval_ms": 400}},
-            "backends": [{"name": n, "address": f"198.18.1.{i + 2}", "port": 80} for i, n in enumerate(("b0", "b1"))]}]})
-        d = edged.Daemon(cfg, "edge-t0", edged.Events())
+        cfg, d = _relaxing_daemon()
         # the config's backends on 127.0.0.1 (test traffic stays on loopback)
         d.prober.set_targets([Target(t.key, LOOPBACK, server.port, t.probe) for t in d._targets(cfg)])
         d.pace_probes({("web", "b0")}, time.monotonic_ns())
@@ -244,13 +249,7 @@ def test_edgeds_status_round_relaxes_the_backends_whose_wire_signal_is_fresh():
 
     async def main() -> None:
         server = await started()
-        cfg = parse_config({"version": 1, "services": [{
-            "name": "web", "vip": "198.18.0.10", "port": 80,
-            "health": {"probe": {"kind": "tcp", "interval_ms": 20, "timeout_ms": 20, "rise": 1,
-                                 "relaxed_interval_ms": 400}},
-            "backends": [{"name": n, "address": f"198.18.1.{i + 2}", "port": 80}
-                         for i, n in enumerate(("b0", "b1"))]}]})
-        d = edged.Daemon(cfg, "edge-t0", edged.Events())
+        cfg, d = _relaxing_daemon()
         d.maps = FakeMaps(cfg)
         d._set_services(cfg)
         d.prober.set_targets([Target(t.key, LOOPBACK, server.port, t.probe) for t in d._targets(cfg)])
