@@ -95,7 +95,10 @@ def _repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir:
             if node["ingress_ifindex"] != index or node["xdp_flags"] != flags:
                 maps.write_node(**{**node, "ingress_ifindex": index, "xdp_flags": flags})
             done.append(f"attached XDP on {iface} again (ifindex {index})")
-    for idx in replies:  # edge_reply redirects to the ingress_ifindex of the node record: no rewrite
+    # The replies' fast path only on top of a whole data path (tc behind it): not, say, after an
+    # undeploy under edged. It redirects to the node record's ingress_ifindex: nothing to rewrite.
+    whole = not _check(maps, iface, pin_dir, pin_path, ()) if replies else False
+    for idx in replies if whole else ():
         if loader.xdp_state(idx) is None and _ifname(idx) is not None:
             loader.attach_xdp(loader.ifname(idx), held.load(abi.PROG_REPLY, "xdp"), xdp_mode, replace=False)
             done.append(f"attached the reply fast path on {loader.ifname(idx)} again")
