@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -60,7 +60,8 @@ CNT_EJECTION = 6
 CNT_RETURN_REDIRECT = 7
 CNT_STATELESS = 8
 CNT_RETURN_STATELESS = 9
-CNT_MAX = 10
+CNT_RETURN_XDP = 10
+CNT_MAX = 11
 
 DROP_MALFORMED = 1
 DROP_NO_BACKEND = 2
@@ -83,6 +84,7 @@ CNT_NAMES = {
     CNT_RETURN_REDIRECT: "return_redirect",
     CNT_STATELESS: "stateless",
     CNT_RETURN_STATELESS: "return_stateless",
+    CNT_RETURN_XDP: "return_xdp",
 }
 DROP_NAMES = {
     DROP_MALFORMED: "malformed",
@@ -136,6 +138,8 @@ def heartbeat(port: int, seq: int, token: int, epoch: int) -> bytes:
 # Program entry points (edge_xdp.c, edge_tc.c).
 PROG_INGRESS = "edge_ingress"
 PROG_RETURN = "edge_return"
+# XDP fast path of replies on the backend-facing interfaces (edge_reply.c); the rest goes on to PROG_RETURN.
+PROG_REPLY = "edge_reply"
 # The ingress slow path and its fallback scan, tail-called through edge_tails[TAIL_SLOW],
 # [TAIL_SCAN] (select.h says what each holds).
 PROG_INGRESS_SLOW = "edge_ingress_slow"

@@ -44,7 +44,7 @@ class Changes:
 
     async def _reload(self, new: Config, source: str) -> dict:
         bird.Bird.check_change(self.cfg.node.bgp, new.node.bgp)
-        for key in ("maglev_m", "max_services", "max_backends", "ct_size", "pin_dir", "xdp_mode"):
+        for key in ("maglev_m", "max_services", "max_backends", "ct_size", "pin_dir", "xdp_mode", "reply_xdp"):
             if getattr(new.node, key) != getattr(self.cfg.node, key):
                 raise ConfigError(f"node.{key}: changed from {getattr(self.cfg.node, key)} to "
                                   f"{getattr(new.node, key)}; a reload cannot resize the data path "
@@ -115,7 +115,7 @@ class Changes:
             res = await asyncio.to_thread(deploy.deploy, applied, self.iface, adopt_weights=True, hold=True,
                                           lock=self._node_lock)
             old_held, old_maps = self._held, self.maps
-            self._held, self.maps = res.held, res.maps
+            self._held, self.maps, self._reply_ifindex = res.held, res.maps, res.reply_ifindex
             old_maps.close()
             old_held.close()
             report = res.report

@@ -390,6 +390,10 @@ class Node:
     metrics_listen: str = option("HOST:PORT of the Prometheus endpoint", _listen, "127.0.0.1:9470")
     iface: Optional[str] = option("interface edged deploys on when it finds nothing deployed", _ifname, None)
     xdp_mode: str = option("native (driver) or generic (skb) XDP", _one_of("native", "generic"), "native")
+    reply_xdp: str = option("XDP fast path of replies on the backend-facing interfaces (tc takes the rest): "
+                            "auto (where the driver takes it; else tc alone, said in one line), on (deploy "
+                            "fails where it cannot attach), off (tc alone)",
+                            _one_of("auto", "on", "off"), "auto")
     bgp: Optional[Bgp] = option("announce the VIPs over BGP; absent: routing the VIPs here is someone "
                                 "else's job", _section(Bgp), None)
     fleet: Optional[Fleet] = option("join a fleet: the same weights on every node, from etcd; absent: "

@@ -38,6 +38,7 @@ class DeployResult:
     report: object
     held: loader.Loaded | None = None  # with hold=True: the open data path; the caller closes it
     maps: Maps | None = None
+    reply_ifindex: tuple[int, ...] = ()  # return interfaces running the XDP fast path of replies
 
 
 LOCK_DIR_ENV = "EDGE_LOCK_DIR"  # where the writer locks live; the unit's /run/edge by default
@@ -274,6 +275,7 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
         old_node = maps.node() if updating else None
         xdp_fn = loaded.load(abi.PROG_INGRESS, "xdp")
         tc_fn = loaded.load(abi.PROG_RETURN, "tc")
+        reply_fn = loaded.load(abi.PROG_REPLY, "xdp") if cfg.node.reply_xdp != "off" else None
 
         applied = cfg
         if updating and amend is not None:
@@ -302,8 +304,11 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
                     added[idx] = added[idx] or was_added
                 else:
                     loader.detach_tc(idx, remove_clsact=was_added)
+                    detach_reply(idx)
         names = tuple(loader.ifname(i) for i in return_oifs)
         progress(f"return path on {', '.join(names)}")
+        replies = attach_replies(return_oifs, ingress, reply_fn, cfg.node.xdp_mode, cfg.node.reply_xdp,
+                                 undo, progress)
 
         mode = cfg.node.xdp_mode
         flags = loader.attach_xdp(iface, xdp_fn, mode, replace=updating)
@@ -329,8 +334,53 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
         loaded.close()
     undo.forget()
     if hold:
-        return DeployResult(iface, instance, pin_path, mode, updating, names, report, loaded, maps)
-    return DeployResult(iface, instance, pin_path, mode, updating, names, report)
+        return DeployResult(iface, instance, pin_path, mode, updating, names, report, loaded, maps, replies)
+    return DeployResult(iface, instance, pin_path, mode, updating, names, report, reply_ifindex=replies)
+
+
+def attach_replies(return_oifs: list[int], ingress: int, fn, xdp_mode: str, want: str,
+                   undo: loader.Undo, progress: Progress) -> tuple[int, ...]:
+    """Puts the XDP fast path of replies (edge_reply) on every return interface, or replaces
+    ours there; returns where it runs. want "off" (fn None) removes ours; "auto" leaves an
+    interface to tc alone when its driver refuses (one progress line), "on" fails the deploy.
+    Not where the ingress program holds the XDP hook (backends behind the client-facing
+    interface) nor where another program does."""
+    done = []
+    for idx in return_oifs:
+        name = loader.ifname(idx)
+        current = loader.xdp_state(idx)
+        if fn is None:
+            detach_reply(idx)
+            continue
+        if idx == ingress or (current is not None and current.name != abi.PROG_REPLY):
+            holder = abi.PROG_INGRESS if idx == ingress else f"'{current.name}'"
+            if want == "on":
+                raise LoaderError(f"node.reply_xdp: on, but {name} runs XDP program {holder}; "
+                                  f"set node.reply_xdp: auto to leave its replies to tc")
+            progress(f"replies on {name} stay with tc: XDP program {holder} holds its hook")
+            continue
+        try:
+            flags = loader.attach_xdp(name, fn, xdp_mode, replace=current is not None)
+        except LoaderError as e:
+            if want == "on":
+                raise
+            progress(f"replies on {name} stay with tc: {e}")
+            continue
+        if current is None:
+            undo.push(f"detach XDP from {name}", lambda name=name, flags=flags: loader.detach_xdp(name, flags))
+        done.append(idx)
+    if done:
+        progress(f"XDP fast path of replies on {', '.join(loader.ifname(i) for i in done)}")
+    return tuple(done)
+
+
+def detach_reply(idx: int) -> bool:
+    """Removes our reply fast path from interface idx if it runs there."""
+    current = loader.xdp_state(idx)
+    if current is None or current.name != abi.PROG_REPLY:
+        return False
+    loader.detach_xdp(loader.ifname(idx), loader.XDP_MODES.get(current.mode, 0))
+    return True
 
 
 def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
@@ -377,6 +427,8 @@ def _undeploy(iface: str, pin_dir: str, progress: Progress) -> bool:
         progress(f"detached XDP from {iface}")
     if node:
         for idx, added in zip(node["return_ifindex"], node["return_clsact_added"]):
+            if detach_reply(idx):
+                progress(f"detached the reply fast path from {loader.ifname(idx)}")
             loader.detach_tc(idx, remove_clsact=added)
         others = [i for i in loader.instances_here(pin_dir) if loader.instance_dir(pin_dir, i) != pin_path]
         if node["ip_forward_was"] == 0 and not others:
@@ -394,6 +446,8 @@ def _undeploy_other_abi(iface: str, current, pins: list[Path], progress: Progres
         loader.detach_xdp(iface, loader.XDP_MODES.get(current.mode, 0))
         progress(f"detached XDP ({pins[0].parent.name}) from {iface}")
     for index in loader.ifindexes():
+        if detach_reply(index):
+            progress(f"detached the reply fast path from {loader.ifname(index)}")
         if loader.has_clsact(index) and (loader.return_filter(index) or "").startswith(abi.PROG_RETURN):
             loader.detach_tc(index)
             progress(f"detached the return path from {loader.ifname(index)}")
@@ -445,6 +499,8 @@ def describe(maps: Maps, instance: str, pin_path: Path, count_conntrack: bool = 
     snap["xdp"] = {"attached": bool(xdp and xdp.name == abi.PROG_INGRESS),
                    "mode": xdp.mode if xdp else None, "prog_id": xdp.prog_id if xdp else None}
     snap["return_ifaces"] = [loader.ifname(i) for i in node["return_ifindex"]]
+    snap["reply_xdp_ifaces"] = [loader.ifname(i) for i in node["return_ifindex"]
+                                if (x := loader.xdp_state(i)) is not None and x.name == abi.PROG_REPLY]
     since = node_drain(instance)
     snap["node_drained"], snap["node_drained_t"] = since is not None, since
     return snap

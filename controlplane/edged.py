@@ -85,6 +85,7 @@ class Daemon(Changes, Operations):
         self.services: dict[str, Steered] = {}
         self.maps = None
         self._held = None
+        self._reply_ifindex: tuple[int, ...] = ()  # where deploy put the XDP fast path of replies
         self._tasks: list[asyncio.Task] = []
         self._walks: set[asyncio.Future] = set()  # status walks on _walker, for close() to wait for
         self._stopping = asyncio.Event()
@@ -129,7 +130,7 @@ class Daemon(Changes, Operations):
                 lock=self._node_lock)
         finally:
             self._write_lock.release()
-        self._held, self.maps = res.held, res.maps
+        self._held, self.maps, self._reply_ifindex = res.held, res.maps, res.reply_ifindex
         self._adopt_operator_state()
         self._set_services(desired.fit(self.cfg, self.leaving)[0])
         if self.cfg.node.bgp is not None:  # announces nothing until run(): the node is not serving yet
@@ -419,7 +420,7 @@ class Daemon(Changes, Operations):
         if self.maps is None or self._held is None:  # starting, stopping, or mid-redeploy
             return None
         return watch.Watched(self._held, self.maps, self.iface, self.cfg.node.xdp_mode,
-                             self.cfg.node.pin_dir, self.pin_path)
+                             self.cfg.node.pin_dir, self.pin_path, self._reply_ifindex)
 
     def _serving(self, problem: str, did: str = "") -> None:
         """NOT_SERVING while problem says why (grpc health, status, a "datapath" event,

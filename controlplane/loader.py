@@ -28,9 +28,9 @@ from controlplane.netlink import (  # noqa: F401  (re-exported)
 )
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
-SOURCES = ("edge_xdp.c", "edge_tc.c")
+SOURCES = ("edge_xdp.c", "edge_tc.c", "edge_reply.c")
 # Every program of the data path and its kind (abi.py names them).
-PROGRAMS = {abi.PROG_INGRESS: "xdp", abi.PROG_RETURN: "tc",
+PROGRAMS = {abi.PROG_INGRESS: "xdp", abi.PROG_RETURN: "tc", abi.PROG_REPLY: "xdp",
             abi.PROG_INGRESS_SLOW: "xdp", abi.PROG_INGRESS_SCAN: "xdp"}
 # Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
 TAILS = {abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW, abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN}
@@ -299,7 +299,7 @@ class Loaded:
 
     def load(self, func: str, kind: str):
         fn = _load_func(self._bpf, func, kind)
-        if kind == "xdp" and func not in TAILS.values():
+        if kind == "xdp" and func not in TAILS.values() and func != abi.PROG_REPLY:
             self._install_tails()
         return fn
 

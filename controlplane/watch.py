@@ -30,15 +30,16 @@ def _ifindex(iface: str) -> int | None:
         return None
 
 
-def check(maps: Maps, iface: str, pin_dir: str, pin_path: Path) -> str:
-    """'' when the data path is whole; else one line saying what is missing."""
+def check(maps: Maps, iface: str, pin_dir: str, pin_path: Path, replies: tuple[int, ...] = ()) -> str:
+    """'' when the data path is whole; else one line saying what is missing. replies: the return
+    interfaces deploy put the XDP fast path of replies on."""
     try:
-        return _check(maps, iface, pin_dir, pin_path)
+        return _check(maps, iface, pin_dir, pin_path, replies)
     except NetlinkError as e:  # an interface went away between two questions
         return f"netlink: {os.strerror(e.code)} while checking the data path"
 
 
-def _check(maps: Maps, iface: str, pin_dir: str, pin_path: Path) -> str:
+def _check(maps: Maps, iface: str, pin_dir: str, pin_path: Path, replies: tuple[int, ...]) -> str:
     try:
         loader.check_bpffs(pin_dir)
     except LoaderError:
@@ -56,18 +57,24 @@ def _check(maps: Maps, iface: str, pin_dir: str, pin_path: Path) -> str:
     for idx in node["return_ifindex"]:
         if loader.return_filter(idx) is None:
             return f"{loader.ifname(idx)}: the return path is not attached"
+    for idx in replies:
+        xdp = loader.xdp_state(idx)
+        if xdp is None or xdp.name != abi.PROG_REPLY:
+            return f"{loader.ifname(idx)}: the XDP fast path of replies is not attached (tc carries them)"
     return ""
 
 
-def repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir: str, pin_path: Path) -> str:
+def repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir: str, pin_path: Path,
+           replies: tuple[int, ...] = ()) -> str:
     """Puts back what it can; says what it did ('' for nothing). Raises LoaderError."""
     try:
-        return _repair(held, maps, iface, xdp_mode, pin_dir, pin_path)
+        return _repair(held, maps, iface, xdp_mode, pin_dir, pin_path, replies)
     except NetlinkError as e:
         raise LoaderError(f"netlink: {os.strerror(e.code)} while putting the data path back") from e
 
 
-def _repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir: str, pin_path: Path) -> str:
+def _repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir: str, pin_path: Path,
+            replies: tuple[int, ...]) -> str:
     done = []
     try:
         loader.check_bpffs(pin_dir)
@@ -88,7 +95,19 @@ def _repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir:
             if node["ingress_ifindex"] != index or node["xdp_flags"] != flags:
                 maps.write_node(**{**node, "ingress_ifindex": index, "xdp_flags": flags})
             done.append(f"attached XDP on {iface} again (ifindex {index})")
+    # The replies' fast path only on top of a whole data path (tc behind it): not, say, after an
+    # undeploy under edged. It redirects to the node record's ingress_ifindex: nothing to rewrite.
+    whole = not _check(maps, iface, pin_dir, pin_path, ()) if replies else False
+    for idx in replies if whole else ():
+        if loader.xdp_state(idx) is None and _ifname(idx) is not None:
+            loader.attach_xdp(loader.ifname(idx), held.load(abi.PROG_REPLY, "xdp"), xdp_mode, replace=False)
+            done.append(f"attached the reply fast path on {loader.ifname(idx)} again")
     return "; ".join(done)
+
+
+def _ifname(index: int) -> str | None:
+    name = loader.ifname(index)
+    return None if name.startswith("ifindex ") else name
 
 
 @dataclass(frozen=True)
@@ -101,6 +120,7 @@ class Watched:
     xdp_mode: str
     pin_dir: str
     pin_path: Path
+    reply_ifindex: tuple[int, ...] = ()
 
 
 async def run(watched: Callable[[], Watched | None], report: Callable[[str, str], None],
@@ -116,14 +136,15 @@ async def run(watched: Callable[[], Watched | None], report: Callable[[str, str]
             continue
         did = ""
         try:
-            problem = await loop.run_in_executor(executor, check, w.maps, w.iface, w.pin_dir, w.pin_path)
+            problem = await loop.run_in_executor(executor, check, w.maps, w.iface, w.pin_dir, w.pin_path,
+                                                 w.reply_ifindex)
             if problem:
                 report(problem, "")
                 did = await loop.run_in_executor(executor, repair, w.held, w.maps, w.iface, w.xdp_mode,
-                                                 w.pin_dir, w.pin_path)
+                                                 w.pin_dir, w.pin_path, w.reply_ifindex)
                 if did:
                     problem = await loop.run_in_executor(executor, check, w.maps, w.iface, w.pin_dir,
-                                                         w.pin_path)
+                                                         w.pin_path, w.reply_ifindex)
         except LoaderError as e:  # a repair that failed: still not serving, tried again next time
             report(problem or f"data path: {e}", "")
             continue

@@ -160,6 +160,24 @@ def test_deploy_refuses_to_replace_a_foreign_xdp_program(net, router):
         assert before["ifaces"][router.iface].xdp_prog_id == prog_id
 
 
+def test_a_foreign_xdp_program_on_a_backend_side_leaves_its_replies_to_tc(net, router):
+    """node.reply_xdp auto: the other interfaces get the fast path, that one keeps its program
+    and tc alone (said in one line); on: the deploy fails and leaves the node as it was."""
+    ifname = net.backend_iface(1)
+    with foreign_xdp(router, ifname) as prog_id:
+        before = node_state(router)
+        done = router.deploy([router.service("web")], node={"reply_xdp": "on"}, check=False)
+        assert_one_line_error(done, "reply_xdp", ifname, "foreign")
+        assert node_state(router) == before
+
+        router.deploy([router.service("web")])
+        (snap,) = router.status_all()
+        assert snap["reply_xdp_ifaces"] == [net.backend_iface(0), net.backend_iface(2)]
+        assert router.iface_state(ifname).xdp_prog_id == prog_id
+        router.undeploy()
+        assert router.iface_state(ifname).xdp_prog_id == prog_id
+
+
 def test_undeploy_removes_exactly_what_deploy_added(net, router):
     """XDP, return filters, the clsact qdiscs deploy created (not the one on rt-b1, there before),
     the pins; and ip_forward goes back to 0. `status` without --iface shows the one deployment
@@ -178,9 +196,11 @@ def test_undeploy_removes_exactly_what_deploy_added(net, router):
         assert snap["pin_path"] == str(router.pin_path) and deployed["pins"] == [router.iface]
         assert deployed["ifaces"][router.iface].xdp_prog_id == snap["xdp"]["prog_id"]
         assert sorted(snap["return_ifaces"]) == [net.backend_iface(i) for i in range(3)]
+        assert snap["reply_xdp_ifaces"] == [net.backend_iface(i) for i in range(3)]
         for i in range(3):
             state = deployed["ifaces"][net.backend_iface(i)]
-            assert (state.xdp_prog_id, state.clsact, state.ingress_filters) == (None, True, (RETURN_FILTER,))
+            assert (state.clsact, state.ingress_filters) == (True, (RETURN_FILTER,))
+            assert state.xdp_prog_id is not None  # edge_reply, the fast path of replies
         assert deployed["ip_forward"] == "1"
 
         done = router.undeploy()

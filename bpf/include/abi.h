@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	8
+#define EDGE_ABI_VERSION	9
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -275,8 +275,9 @@ struct backend_probe {
 	char	reason[64];	/* why, in a few words */
 };
 
-/* Value of edge_node (one entry). User space only: what undeploy must undo
- * and the sizes the pinned maps were made with. */
+/* Value of edge_node (one entry). Written by user space: what undeploy must undo
+ * and the sizes the pinned maps were made with; edge_reply reads
+ * ingress_ifindex (the one interface it redirects replies to). */
 struct node_info {
 	__u32	maglev_m;
 	__u32	max_services;
@@ -299,10 +300,11 @@ struct node_info {
 #define EDGE_CNT_RETURN_NAT	4	/* return path: reverse NAT applied */
 #define EDGE_CNT_HEARTBEAT	5	/* valid heartbeat consumed */
 #define EDGE_CNT_EJECTION	6	/* passive detection ejected a backend */
-#define EDGE_CNT_RETURN_REDIRECT 7	/* return path: reverse NATed and redirected */
+#define EDGE_CNT_RETURN_REDIRECT 7	/* return path: reverse NATed and redirected by tc */
 #define EDGE_CNT_STATELESS	8	/* TCP, no SYN, no entry, budget spent: forwarded by its Maglev pick, no entry made */
 #define EDGE_CNT_RETURN_STATELESS 9	/* return path: no entry, reverse NATed because the Maglev slot names the sender */
-#define EDGE_CNT_MAX		10
+#define EDGE_CNT_RETURN_XDP	10	/* return path: reverse NATed and redirected by XDP (edge_reply) */
+#define EDGE_CNT_MAX		11
 
 /* Drop reasons: index into edge_drops. Never reuse a number; retire it. */
 #define EDGE_DROP_MALFORMED	1	/* truncated or inconsistent headers */

@@ -186,9 +186,12 @@ static long (*redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
  * holds the hop, on NO_NEIGH fib->ipv4_dst the next hop's address. Like the
  * forward cache, a route or neighbour change is seen within its TTL. A reply
  * longer than the cached MTU (and not GSO) is looked up again, so the FIB
- * answers FRAG_NEEDED and the stack sends the ICMP error. */
-static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, __be32 vip,
-				     struct bpf_fib_lookup *fib, struct reply_hop **out)
+ * answers FRAG_NEEDED and the stack sends the ICMP error. Shared by tc
+ * (reply_hop) and XDP (edge_reply.c): ctx is either's context, len the
+ * frame's length with its Ethernet header. */
+static __always_inline int reply_hop_at(void *ctx, __u32 in_ifindex, __u32 len, int gso,
+					struct iphdr *iph, __be32 vip,
+					struct bpf_fib_lookup *fib, struct reply_hop **out)
 {
 	__u32 slot = hash_mix(iph->daddr ^ vip) & (EDGE_REPLY_HOP_SLOTS - 1);
 	struct reply_hop *hop = edge_reply_hop.lookup(&slot);
@@ -198,7 +201,7 @@ static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, _
 	if (!hop)
 		return BPF_FIB_LKUP_RET_NOT_FWDED;
 	if (hop->ifindex && hop->client == iph->daddr && hop->vip == vip && hop_fresh(hop->expires, now) &&
-	    (skb->gso_size || skb->len <= hop->mtu + sizeof(struct ethhdr))) {
+	    (gso || len <= hop->mtu + sizeof(struct ethhdr))) {
 		*out = hop;
 		return BPF_FIB_LKUP_RET_SUCCESS;
 	}
@@ -208,12 +211,13 @@ static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, _
 	fib->l4_protocol = iph->protocol;
 	fib->ipv4_src = vip;
 	fib->ipv4_dst = iph->daddr;
-	fib->ifindex = skb->ingress_ifindex;
-	/* tot_len stays 0: the kernel then checks the skb against the egress
-	 * MTU itself, which knows GSO packets. */
+	fib->ifindex = in_ifindex;
+	/* tot_len stays 0: tc's kernel then checks the skb against the egress
+	 * MTU itself, which knows GSO packets; XDP's caller compares the frame
+	 * with mtu_result (the egress MTU either way). */
 	hop->client = iph->daddr;
 	hop->vip = vip;
-	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	rc = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
 		hop->ifindex = 0;
 		return rc;
@@ -225,6 +229,12 @@ static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, _
 	hop->expires = now + EDGE_NEXTHOP_TTL_JIFFIES;
 	*out = hop;
 	return rc;
+}
+
+static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, __be32 vip,
+				     struct bpf_fib_lookup *fib, struct reply_hop **out)
+{
+	return reply_hop_at(skb, skb->ingress_ifindex, skb->len, skb->gso_size, iph, vip, fib, out);
 }
 
 /* tc: finishes the reverse NAT of a reply (snat_rest) and sends it to the

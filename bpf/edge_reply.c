@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* edge_reply.c: XDP on the backend-facing interfaces, the fast path of
+ * replies. It handles only the common case, an IPv4 TCP or UDP reply of a
+ * VIP connection that conntrack pins to this backend, with nothing for the
+ * return path to note: it gives the reply the VIP back as its source,
+ * updates both checksums incrementally and redirects it to the client-facing
+ * interface the router's ingress program runs on. Everything else goes on
+ * (XDP_PASS) to the tc program (edge_tc.c), which handles it exactly as
+ * without this one: heartbeats, SYN/RST/FIN (passive detection, wire counts),
+ * pending wire samples, replies without a conntrack entry, VLAN tags, IPv4
+ * options, fragments, an unresolved neighbour, an MTU exceeded, another
+ * egress interface, and L4 checksums in partial form (see partial_csum). */
+#include <uapi/linux/bpf.h>
+#include <linux/stddef.h>
+#include "include/maps.h"
+#include "include/parse.h"
+#include "include/stats.h"
+#include "include/heartbeat.h"
+#include "include/nat.h"
+
+#define REPLY_TCP_SLOW	0x07	/* FIN | SYN | RST: the return path notes them */
+
+/* 1 when the L4 checksum field holds the folded pseudo-header sum, as a
+ * packet sent with a partial checksum (CHECKSUM_PARTIAL: a local stack on
+ * a veth, GRO'd packets in generic mode) does: the rest is summed later by
+ * whoever completes it, so the field needs another update than a full
+ * checksum, which only tc's helpers can tell apart. A full checksum that
+ * happens to have this value (1 in 65,536) goes to tc too, which is only
+ * slower. */
+static __always_inline int partial_csum(const struct iphdr *iph, __u16 check, __u16 l4_len)
+{
+	__u32 sum = (iph->saddr & 0xffff) + (iph->saddr >> 16) +
+		    (iph->daddr & 0xffff) + (iph->daddr >> 16) +
+		    bpf_htons(iph->protocol) + bpf_htons(l4_len);
+
+	return csum_fold(sum) == check;
+}
+
+/* Source address and port become the VIP's; IPv4 and L4 checksums follow
+ * (a zero UDP checksum means "none" and stays so). */
+static __always_inline void snat_xdp(struct iphdr *iph, __be16 *sport, __u16 *check, int udp,
+				     __be32 vip_addr, __be16 vip_port)
+{
+	__u16 c = *check;
+
+	if (!udp || c) {
+		c = csum_replace32(c, iph->saddr, vip_addr);
+		c = csum_replace16(c, *sport, vip_port);
+		*check = (udp && !c) ? 0xffff : c;
+	}
+	iph->check = csum_replace32(iph->check, iph->saddr, vip_addr);
+	iph->saddr = vip_addr;
+	*sport = vip_port;
+}
+
+int edge_reply(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *iph = (void *)(eth + 1);
+	struct bpf_fib_lookup fib;	/* filled by reply_hop_at on a cache miss */
+	struct reply_hop *hop = NULL;
+	struct backend_key rk = {};
+	struct flow_key fk = {};
+	struct node_info *node;
+	struct flow_info *fi;
+	struct rnat_info *ri;
+	__u32 zero = 0, len = data_end - data;
+	__u16 *check;
+	__be16 *ports;
+	int udp;
+
+	if ((void *)(iph + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return XDP_PASS;
+	if (iph->ihl != 5 || iph->ttl <= 1 || (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET)) ||
+	    bpf_ntohs(iph->tot_len) > len - sizeof(*eth))
+		return XDP_PASS;
+	ports = (void *)(iph + 1);
+	if (iph->protocol == IPPROTO_TCP) {
+		struct tcphdr *th = (void *)ports;
+
+		if ((void *)(th + 1) > data_end || (((__u8 *)th)[13] & REPLY_TCP_SLOW))
+			return XDP_PASS;
+		check = &th->check;
+		udp = 0;
+	} else if (iph->protocol == IPPROTO_UDP) {
+		struct udphdr *uh = (void *)ports;
+
+		if ((void *)(uh + 1) > data_end || is_hb_port(uh->dest))
+			return XDP_PASS;
+		check = &uh->check;
+		udp = 1;
+	} else {
+		return XDP_PASS;
+	}
+	if (partial_csum(iph, *check, bpf_ntohs(iph->tot_len) - sizeof(*iph)))
+		return XDP_PASS;
+
+	rk.addr = iph->saddr;
+	rk.port = ports[0];
+	rk.proto = iph->protocol;
+	ri = edge_rnat.lookup(&rk);
+	if (!ri)
+		return XDP_PASS;
+	fk.src = iph->daddr;
+	fk.dst = ri->vip_addr;
+	fk.sport = ports[1];
+	fk.dport = ri->vip_port;
+	fk.proto = iph->protocol;
+	fi = edge_ct.lookup(&fk);
+	if (!fi || fi->backend_id != ri->backend_id || (fi->flags & EDGE_CT_F_WIRE_WAIT))
+		return XDP_PASS;
+
+	/* Only to the interface edge_ingress runs on: a driver that takes XDP
+	 * frames (on veth: whose peer runs NAPI, as the forward direction
+	 * needs of the backends' side). Other egress interfaces go through tc. */
+	node = edge_node.lookup(&zero);
+	if (!node || reply_hop_at(ctx, ctx->ingress_ifindex, len, 0, iph, ri->vip_addr,
+				  &fib, &hop) != BPF_FIB_LKUP_RET_SUCCESS || !hop ||
+	    hop->ifindex != node->ingress_ifindex || len > hop->mtu + sizeof(*eth))
+		return XDP_PASS;
+
+	snat_xdp(iph, ports, check, udp, ri->vip_addr, ri->vip_port);
+	decrease_ttl(iph);
+	__builtin_memcpy(eth->h_dest, hop->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, hop->smac, ETH_ALEN);
+	count_return(ri->vip_id, ri->backend_id);
+	count_index(EDGE_CNT_RETURN_NAT);
+	return count_verdict(EDGE_CNT_RETURN_XDP, bpf_redirect(hop->ifindex, 0));
+}
