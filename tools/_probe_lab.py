@@ -107,17 +107,19 @@ def measure(phase: str, relaxed_ms: int, edged: EdgedProc, client: Counted, serv
     probes0, fresh0, total = edged_view(sock)
     t_status0 = time.monotonic()
     c0 = dict(client.last)
+    es0 = pt.stat_user_sys(Path(f"/proc/{edged.proc.pid}/stat").read_text())[1]
     e0, cl0, sv0 = ticks(edged.proc.pid), ticks(client.proc.pid), sum(ticks(p.pid) for p in servers)
     w0 = time.monotonic()
     time.sleep(seconds)
     e1, cl1, sv1 = ticks(edged.proc.pid), ticks(client.proc.pid), sum(ticks(p.pid) for p in servers)
     w1 = time.monotonic()
+    es1 = pt.stat_user_sys(Path(f"/proc/{edged.proc.pid}/stat").read_text())[1]
     c1 = dict(client.last)
     probes1, fresh1, _ = edged_view(sock)
     t_status1 = time.monotonic()
     wall = w1 - w0
     return {"phase": phase, "relaxed_ms": relaxed_ms, "seconds": wall, "backends": total,
-            "edged_cpu_pct": pt.cpu_pct(e0, e1, wall, clk),
+            "edged_cpu_pct": pt.cpu_pct(e0, e1, wall, clk), "edged_sys_pct": pt.cpu_pct(es0, es1, wall, clk),
             "probes_per_s": pt.rate(probes0, probes1, t_status1 - t_status0),
             "fresh": min(fresh0, fresh1), "fresh_start": fresh0, "fresh_end": fresh1,
             "conns_per_s": pt.rate(c0.get("ok", 0), c1.get("ok", 0), c1.get("t", 0) - c0.get("t", 0)),

@@ -72,10 +72,15 @@ def plan(n: int, per_service: int = PER_SERVICE) -> list[Planned]:
     return out
 
 
-def stat_ticks(text: str) -> int:
-    """utime + stime (clock ticks) from the text of /proc/PID/stat (the name may hold ')' and spaces)."""
+def stat_user_sys(text: str) -> tuple[int, int]:
+    """(utime, stime) in clock ticks from the text of /proc/PID/stat (the name may hold ')' and spaces)."""
     fields = text.rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+    return int(fields[11]), int(fields[12])
+
+
+def stat_ticks(text: str) -> int:
+    """utime + stime (clock ticks) from the text of /proc/PID/stat."""
+    return sum(stat_user_sys(text))
 
 
 def cpu_pct(ticks0: int, ticks1: int, wall_s: float, clk_tck: int) -> float:
@@ -93,13 +98,14 @@ def verdict(pct: float, target: float = TARGET_CPU_PCT) -> str:
     return f"{'met' if pct <= target else 'NOT met'} ({pct:.1f}% of one core; target <= {target:g}%)"
 
 
-HEADER = (f"{'phase':<7} {'relaxed ms':>10} {'edged cpu%':>10} {'probes/s':>8} {'fresh':>9} "
+HEADER = (f"{'phase':<7} {'relaxed ms':>10} {'edged cpu%':>10} {'sys%':>5} {'probes/s':>8} {'fresh':>9} "
           f"{'conns/s':>7} {'failed':>6} {'client%':>7} {'servers%':>8}")
 
 
 def row(r: dict) -> str:
     """One line of the table for a phase's result (see _probe_lab.measure)."""
-    return (f"{r['phase']:<7} {r['relaxed_ms']:>10} {r['edged_cpu_pct']:>10.1f} {r['probes_per_s']:>8.0f} "
+    return (f"{r['phase']:<7} {r['relaxed_ms']:>10} {r['edged_cpu_pct']:>10.1f} {r['edged_sys_pct']:>5.1f} "
+            f"{r['probes_per_s']:>8.0f} "
             f"{r['fresh']:>4}/{r['backends']:<4} {r['conns_per_s']:>7.0f} {r['conns_failed']:>6} "
             f"{r['client_cpu_pct']:>7.1f} {r['servers_cpu_pct']:>8.1f}")
 

@@ -57,6 +57,7 @@ def test_cpu_comes_from_utime_and_stime_of_proc_stat_even_with_a_paren_in_the_na
     # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
     text = "4242 (py (edged) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 350 150 0 0 20 0 3 0 1\n"
 
+    assert pt.stat_user_sys(text) == (350, 150)
     assert pt.stat_ticks(text) == 500
     # 250 ticks at 100 Hz over 10 s: 2.5 s of CPU, 25 % of one core
     assert pt.cpu_pct(1000, 1250, 10.0, 100) == pytest.approx(25.0)
