@@ -11,9 +11,10 @@ edge_map_errors_total, and the loop goes on. Stopping edged leaves the data path
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Optional
 
 from controlplane import abi, announce, bird, deploy, desired, loader, metrics, sdnotify, watch, weights, wire
@@ -226,7 +227,8 @@ class Daemon(Changes, Operations):
         self._tasks.append(asyncio.create_task(self._status_loop()))
         # faults of the node (interface gone, bpffs unmounted): reported through _serving()
         self._tasks.append(asyncio.create_task(
-            watch.run(self._watched, self._serving, _worker, WATCH_EVERY_S), name="watch"))
+            watch.run(self._watched, self._serving, _worker, WATCH_EVERY_S, self._writing, self._repaired),
+            name="watch"))
         if self.announcer is not None:
             self._tasks.append(asyncio.create_task(self.announcer.run(), name="announce"))
         if self.fleet is not None:
@@ -419,8 +421,34 @@ class Daemon(Changes, Operations):
     def _watched(self) -> watch.Watched | None:
         if self.maps is None or self._held is None:  # starting, stopping, or mid-redeploy
             return None
+        backends = tuple(dict.fromkeys(str(b.address) for st in self.services.values() for b in st.service.backends))
         return watch.Watched(self._held, self.maps, self.iface, self.cfg.node.xdp_mode,
-                             self.cfg.node.pin_dir, self.pin_path, self._reply_ifindex)
+                             self.cfg.node.pin_dir, self.pin_path, self._reply_ifindex, backends,
+                             self.cfg.node.reply_xdp)
+
+    @contextlib.asynccontextmanager
+    async def _writing(self):
+        """What every change of the data path holds: one change at a time in edged, and the
+        router's write lock (an edgectl undeploy waits for it, and it for an undeploy)."""
+        async with self._apply_lock:
+            await asyncio.to_thread(self._write_lock.acquire)
+            try:
+                yield
+            finally:
+                self._write_lock.release()
+
+    async def _repaired(self, got: watch.Repaired) -> None:
+        """The watch put part of the data path back (under _writing): a backend-facing interface
+        made again also changes what the maps say heartbeats arrive on."""
+        self._reply_ifindex = got.reply_ifindex
+        if not got.return_ifindex:
+            return
+        applied = replace(self.cfg, services=tuple(st.service for st in self.services.values()))
+        try:
+            routes = await asyncio.to_thread(deploy.backend_routes, applied)
+            self.maps.apply(deploy.adopted(self.maps, applied), routes)
+        except EdgeError as e:
+            self._failed(f"data path: after putting the return path back: {e}", e, None)
 
     def _serving(self, problem: str, did: str = "") -> None:
         """NOT_SERVING while problem says why (grpc health, status, a "datapath" event,

@@ -1,6 +1,6 @@
 """Faults of the node under edged: the data path cannot be compiled (kernel headers gone after
 a kernel change), and the data path goes away under a running edged (its client-facing
-interface deleted and made again; its bpffs unmounted).
+interface or a backend-facing one deleted and made again; its bpffs unmounted).
 
         client ──veth── router (XDP, edged) ──veth── b0, b1, b2 (testbed HTTP backends)
 """
@@ -16,7 +16,7 @@ from controlplane import abi
 from controlplane import edgedcli as edged_module
 from controlplane.api.client import Client
 from controlplane.lab.daemon import EdgedProc
-from controlplane.lab.traffic import http_get
+from controlplane.lab.traffic import http_get, udp_answers
 
 PORT = 8000
 
@@ -143,3 +143,48 @@ def test_bpffs_unmounted_under_edged_is_not_serving_until_it_can_pin_again(net, 
     finally:
         if mounted:
             subprocess.run(["umount", str(mnt)], timeout=30)
+
+
+def udp_replies(net, n: int, attempts: int = 20) -> list[tuple[str, str]]:
+    """n answers from the VIP, retried while the path is still being put back; bounded tries."""
+    last = None
+    for _ in range(attempts):
+        try:
+            return udp_answers(net.client, net.vip, PORT, n)
+        except OSError as e:
+            last = e
+            time.sleep(0.1)
+    raise AssertionError(f"no UDP answers through the VIP after {attempts} tries: {last}")
+
+
+def test_backend_interface_made_again_gets_the_return_path_and_the_reply_fast_path_again(net, router,
+                                                                                           tmp_path):
+    """The NIC towards b0 goes away and comes back (new ifindex, no tc, no XDP): edged attaches the
+    return path (tc) and the XDP fast path of replies (edge_reply, node.reply_xdp auto) there again,
+    and b0's replies are counted by return_xdp again, not only by tc."""
+    service = router.service("dns", protocol="udp", backends=[0])  # every reply crosses rt-b0
+    edged = EdgedProc.start(net.router, router.config([service], node={
+        "api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470"}), router.iface)
+    try:
+        edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API")
+        udp_replies(net, 10)  # the first replies resolve the client's neighbour (tc)
+        before = router.status()["verdicts"]["return_xdp"]
+        assert {src for _, src in udp_replies(net, 20)} == {f"{net.vip}:{PORT}"}
+        assert router.status()["verdicts"]["return_xdp"] - before == 20
+
+        mark = len(edged.events)
+        net.recreate_backend_link(0)
+        back = edged.wait_for(lambda e: e["kind"] == "datapath" and e["serving"], 30.0,
+                              "edged to attach the return path again", after=mark)
+        assert "reply fast path" in back["text"], back["text"]
+        status = router.status()
+        assert status["return_ifaces"][-1:] == [net.backend_iface(0)], status["return_ifaces"]
+        assert status["reply_xdp_ifaces"] == [net.backend_iface(0)], status["reply_xdp_ifaces"]
+
+        udp_replies(net, 10)  # b0's neighbour entry went with the old interface
+        before = router.status()["verdicts"]["return_xdp"]
+        assert {src for _, src in udp_replies(net, 20)} == {f"{net.vip}:{PORT}"}
+        assert router.status()["verdicts"]["return_xdp"] - before == 20  # XDP carried every one
+        assert health(tmp_path) == "SERVING"
+    finally:
+        edged.stop()

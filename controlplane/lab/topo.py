@@ -376,23 +376,37 @@ class Net:
     def recreate_client_link(self, timeout_s: float = 5.0) -> None:
         """Deletes the client-router veth and makes it again as build() did: same names,
         addresses and offloads, new ifindexes (a NIC that went away and came back)."""
-        here, there = self.router_client_iface, self.client_iface
-        self._del_link(self.router, here)
-        with self.router.iproute() as ipr:
-            ipr.link("add", ifname=here, index=1100, kind="veth",
-                     peer={"ifname": there, "net_ns_fd": self.client.name})
         topo = self.topo
-        for ns, ifname, addr in ((self.router, here, topo.router_client_addr),
-                                 (self.client, there, topo.client_addr)):
-            with ns.iproute() as ipr:
-                index = ipr.link_lookup(ifname=ifname)[0]
-                ipr.addr("add", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
-                ipr.link("set", index=index, state="up")
-        self.router.sysctl(f"net.ipv4.conf.{here}.rp_filter", 0)
+        self._recreate_link(CLIENT, 1100, topo.router_client_addr, topo.client_addr, timeout_s)
         with self.client.iproute() as ipr:
             for dst in (topo.vip_route, TEST_RANGE):
                 ipr.route("add", dst=str(dst), gateway=str(topo.router_client_addr.ip))
-        self.client.run(["ethtool", "-K", there, "tx", "off", "gro", "on"])
+
+    def recreate_backend_link(self, i: int, timeout_s: float = 5.0) -> None:
+        """The same for the veth between the router and backend i (a backend-facing NIC)."""
+        topo = self.topo
+        self._recreate_link(backend_role(i), 1110 + i, topo.router_backend_addr(i), topo.backend_addr(i),
+                            timeout_s)
+        with self.backends[i].iproute() as ipr:
+            ipr.route("add", dst="0.0.0.0/0", gateway=str(topo.router_backend_addr(i).ip))
+
+    def _recreate_link(self, role: str, index: int, here_addr: IPv4Interface, there_addr: IPv4Interface,
+                       timeout_s: float) -> None:
+        """Deletes the router's veth to role and adds it again with the router end at index
+        (other than the old one and its peer's), both ends addressed, up and offloads as build()."""
+        peer = self.namespaces[role]
+        here, there = self.ifname(ROUTER, role), self.ifname(role, ROUTER)
+        self._del_link(self.router, here)
+        with self.router.iproute() as ipr:
+            ipr.link("add", ifname=here, index=index, kind="veth",
+                     peer={"ifname": there, "net_ns_fd": peer.name})
+        for ns, ifname, addr in ((self.router, here, here_addr), (peer, there, there_addr)):
+            with ns.iproute() as ipr:
+                found = ipr.link_lookup(ifname=ifname)[0]
+                ipr.addr("add", index=found, address=str(addr.ip), prefixlen=addr.network.prefixlen)
+                ipr.link("set", index=found, state="up")
+        self.router.sysctl(f"net.ipv4.conf.{here}.rp_filter", 0)
+        peer.run(["ethtool", "-K", there, "tx", "off", "gro", "on"])
         self._wait_links_up(timeout_s)
 
     def _del_link(self, ns: Ns, ifname: str) -> None:
