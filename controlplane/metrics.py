@@ -92,6 +92,11 @@ METRICS = (
     Spec("edge_backend_queue_running", "gauge", "Requests the backend is running, as it reports", BE),
     Spec("edge_backend_kv_cache_usage_ratio", "gauge", "KV-cache use the backend reports, 0..1", BE),
     Spec("edge_backend_hung", "gauge", "1 when work is outstanding and the engine makes no progress", BE),
+    Spec("edge_backend_probe_interval_seconds", "gauge",
+         "Interval of the backend's health probes now: probe.interval_ms, or probe.relaxed_interval_ms "
+         "while real traffic measures it (adaptive probing)", BE),
+    Spec("edge_backend_probe_relaxed", "gauge",
+         "1 while the backend's health probes run at the relaxed interval (adaptive probing)", BE),
     # kept by Observer
     Spec("edge_backend_rtt_seconds", "histogram", "RTT of successful probes", BE),
     Spec("edge_probes_total", "counter", "Probes of the backend, by result", BE + ("result",)),
@@ -313,7 +318,8 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
                 ("edge_failovers_total", "failovers"))
     gauges = (("edge_backend_rtt_smoothed_seconds", "rtt_smoothed_s"), ("edge_backend_queue_waiting", "waiting"),
               ("edge_backend_queue_running", "running"), ("edge_backend_kv_cache_usage_ratio", "kv_usage"),
-              ("edge_backend_hung", "hung"))
+              ("edge_backend_hung", "hung"), ("edge_backend_probe_interval_seconds", "probe_interval_s"),
+              ("edge_backend_probe_relaxed", "probe_relaxed"))
     fleet = snap.get("fleet")
     if fleet:
         fams["edge_fleet_connected"].add_metric([], 1 if fleet["connected"] else 0)

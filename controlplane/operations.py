@@ -219,6 +219,8 @@ class Operations:
         view = weights.describe(st.trackers[backend], now_ns, health.metrics if health else None)
         window = self.prober.window((name, backend))  # the one window of recent probes
         ok, failed = self.observer.probes(name, backend)
+        probe = health.probe if health else None
+        relaxed = self.prober.relaxed((name, backend)) if probe is not None else None  # adaptive probing
         view.update({
             # engines export gauges as floats; requests are counted in whole numbers
             "waiting": None if view.get("waiting") is None else int(view["waiting"]),
@@ -236,6 +238,9 @@ class Operations:
             "override": self.overrides.get((name, backend)),
             "leaving": (name, backend) in self.leaving,
             "wire": wire.summary(st.wire_signals.get(backend)),  # over weights.wire.window_ms
+            "probe_relaxed": relaxed,
+            "probe_interval_s": None if probe is None else
+            (max(probe.relaxed_ms, probe.interval_ms) if relaxed else probe.interval_ms) / 1000,
         })
         fleet = getattr(self, "fleet", None)
         mark = (fleet.marks.get(name) or {}).get(backend) if fleet is not None and name in fleet.shared else None

@@ -43,7 +43,7 @@ def print_status(snap: dict) -> None:
             print("    " + _fmt_discovery(s["discovery"]))
         total = sum(b["slots"] for b in s["backends"]) or 1
         rows = [("backend", "address", "weight", "share", "state", "heartbeat", "rtt p50/p99", "load",
-                 "probe", "wire hs/fb p50", "active", "packets", "new flows", "failovers", "returned")]
+                 "probe", "probe every", "wire hs/fb p50", "active", "packets", "new flows", "failovers", "returned")]
         notes = []
         for b in s["backends"]:
             h, p = b["health"], b["probe"]
@@ -52,7 +52,7 @@ def print_status(snap: dict) -> None:
             rows.append((
                 b["name"] + (" (standby)" if b["standby"] else ""), f"{b['address']}:{b['port']}",
                 str(b["weight"]), f"{100 * b['slots'] / total:.1f}%", b["state"], beat,
-                _fmt_rtt(p), _fmt_load(p), p["state"] or "-", *_fmt_wire(b),
+                _fmt_rtt(p), _fmt_load(p), p["state"] or "-", fmt_probe_every(b), *_fmt_wire(b),
                 _fmt_count(b["packets"]), _fmt_count(b["new_flows"]), _fmt_count(b["failovers"]),
                 _fmt_count(b["return_packets"]),
             ))
@@ -113,6 +113,17 @@ def _fmt_rtt(p: dict) -> str:
     if not p["rtt_p50_us"]:
         return "-"
     return f"{p['rtt_p50_us'] / 1000:.1f}/{p['rtt_p99_us'] / 1000:.1f}ms"
+
+
+def fmt_probe_every(b: dict) -> str:
+    """The interval of the backend's health probes now, edged's view: 'relaxed' while real traffic
+    measures the backend (adaptive probing); '-' without edged or without health.probe."""
+    e = b.get("edged") or {}
+    interval = e.get("probe_interval_s")
+    if interval is None:
+        return "-"
+    text = f"{interval * 1000:.0f}ms" if interval < 1 else f"{interval:g}s"
+    return text + (" relaxed" if e.get("probe_relaxed") else "")
 
 
 def _fmt_wire(b: dict) -> tuple[str, str]:

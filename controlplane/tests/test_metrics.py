@@ -64,12 +64,13 @@ def realistic_snapshot() -> dict:
          **_traffic(120_000, 96_000_000, 800, 110_000, 0),
          "edged": _edged(rtt_p50_s=0.00085, rtt_p99_s=0.0021, rtt_smoothed_s=0.0009, waiting=3.0, running=12.0,
                          kv_usage=0.625, hung=False, weight=700, config_weight=1, state="up",
-                         probes_ok=1500, probes_failed=2)},
+                         probes_ok=1500, probes_failed=2, probe_relaxed=True, probe_interval_s=1.0)},
         {"id": 1, "name": "h100-b", "address": "198.18.2.2", "port": 8000, "weight": 300, "standby": False,
          "state": "down", "health": _health(False, "down", None), "slots": 19662,
          "probe": _probe(1, probes_ok=40, probes_failed=310, state="down", reason="3 probes failed"),
          **_traffic(50_000, 41_000_000, 350, 47_000, 0),
-         "edged": _edged(config_weight=1, weight=300, state="down", probes_ok=40, probes_failed=310)},
+         "edged": _edged(config_weight=1, weight=300, state="down", probes_ok=40, probes_failed=310,
+                         probe_relaxed=False, probe_interval_s=0.1)},
         {"id": 2, "name": "h100-spare", "address": "198.18.3.2", "port": 8000, "weight": 1, "standby": True,
          "state": "up", "health": _health(True, "up", 0.0971), "slots": 0,
          "probe": _probe(1, state="up"),
@@ -215,6 +216,19 @@ def test_load_signals_are_exported_when_known_and_omitted_when_not():
                  "edge_backend_hung", "edge_backend_rtt_smoothed_seconds"):
         for unknown in (be("llama-70b", "h100-b"), be("embed", "l4-0")):
             assert value(fams, name, **unknown) is None, (name, unknown)
+
+
+def test_adaptive_probing_shows_each_backends_probe_interval_and_whether_it_is_relaxed():
+    with endpoint(Source()) as server:
+        fams = scrape(server)
+    a, b = be("llama-70b", "h100-a"), be("llama-70b", "h100-b")
+    assert value(fams, "edge_backend_probe_interval_seconds", **a) == 1.0  # real traffic measures it
+    assert value(fams, "edge_backend_probe_relaxed", **a) == 1
+    assert value(fams, "edge_backend_probe_interval_seconds", **b) == 0.1
+    assert value(fams, "edge_backend_probe_relaxed", **b) == 0
+    for unknown in (be("embed", "l4-0"), be("llama-70b", "h100-spare")):  # no probe / no edged view
+        assert value(fams, "edge_backend_probe_interval_seconds", **unknown) is None
+        assert value(fams, "edge_backend_probe_relaxed", **unknown) is None
 
 
 def test_labels_are_bounded_names_never_addresses():

@@ -227,19 +227,30 @@ def _relaxing_daemon():
 
 
 def test_edged_relaxes_the_fresh_backends_and_puts_the_others_back_at_the_full_rate():
+    from controlplane.tests.test_edged_loop import FakeMaps
+
     async def main() -> None:
         server = await started()
         cfg, d = _relaxing_daemon()
         # the config's backends on 127.0.0.1 (test traffic stays on loopback)
         d.prober.set_targets([Target(t.key, LOOPBACK, server.port, t.probe) for t in d._targets(cfg)])
+        d.maps = FakeMaps(cfg)
+        d._set_services(cfg)
         d.pace_probes({("web", "b0")}, time.monotonic_ns())
         await wait_for(lambda: d.prober.relaxed(("web", "b0")), 3, "b0 relaxed")
         b1_relaxed = d.prober.relaxed(("web", "b1"))
+        now = time.monotonic_ns()
+        shown = {b: {k: d.backend_view("web", b, now)[k] for k in ("probe_relaxed", "probe_interval_s")}
+                 for b in ("b0", "b1")}  # what status, the API and the metrics show
         d.pace_probes(set(), time.monotonic_ns())  # b0's wire signals went stale
         b0_after = d.prober.relaxed(("web", "b0"))
+        shown_after = d.backend_view("web", "b0", time.monotonic_ns())["probe_interval_s"]
         await closing(d.prober, server)
 
         assert not b1_relaxed and not b0_after
+        assert shown == {"b0": {"probe_relaxed": True, "probe_interval_s": 0.4},
+                         "b1": {"probe_relaxed": False, "probe_interval_s": 0.02}}
+        assert shown_after == 0.02
 
     run(main())
 

@@ -1,0 +1,35 @@
+"""What `edgectl status` prints of adaptive probing: each backend's probe interval now, marked
+relaxed while real traffic measures the backend (edged's view; '-' without it)."""
+
+from __future__ import annotations
+
+from controlplane import statusview
+from controlplane.tests.test_metrics import realistic_snapshot
+
+
+def _row(out: str, backend: str) -> str:
+    (line,) = [line for line in out.splitlines() if line.strip().startswith(backend + " ")]
+    return line
+
+
+def test_the_backend_table_shows_the_probe_interval_and_relaxed_probes(capsys):
+    snap = {**realistic_snapshot(), "iface": "eth1", "instance": "eth1-4026531840", "return_ifaces": ["eth2"],
+            "xdp": {"attached": True, "mode": "native", "prog_id": 42}}
+    llama = snap["services"][0]["backends"]
+    llama[0]["edged"].update(probe_relaxed=True, probe_interval_s=1.0)
+    llama[1]["edged"].update(probe_relaxed=False, probe_interval_s=0.1)
+
+    statusview.print_status(snap)
+    out = capsys.readouterr().out
+
+    header = [line for line in out.splitlines() if "probe every" in line]
+    assert len(header) == 2, out  # one table per service
+    assert "1s relaxed" in _row(out, "h100-a")
+    assert "100ms" in _row(out, "h100-b") and "relaxed" not in _row(out, "h100-b")
+
+
+def test_probe_every_without_edged_or_without_a_probe_is_a_dash():
+    assert statusview.fmt_probe_every({}) == "-"  # read from the pinned maps: no edged view
+    assert statusview.fmt_probe_every({"edged": {"probe_interval_s": None, "probe_relaxed": None}}) == "-"
+    assert statusview.fmt_probe_every({"edged": {"probe_interval_s": 2.5, "probe_relaxed": True}}) == "2.5s relaxed"
+    assert statusview.fmt_probe_every({"edged": {"probe_interval_s": 0.02, "probe_relaxed": False}}) == "20ms"
