@@ -7,7 +7,8 @@ every newer version to edged (snapshot.to_apply); and campaign: create the leade
 lease in a transaction that succeeds only while no leader key exists. The winner watches every
 report and every operator mark (operator.py; edged records them with operate()) and publishes
 the next snapshot (snapshot.next_snapshot, the marks folded in), each put guarded by a
-transaction that it is still the leader; the others watch the leader key and campaign again
+transaction that it is still the leader; it also deletes the marks of backends nobody runs any
+more (operator.unknown, for longer than stale_ms; a "fleet-operator" event each); the others watch the leader key and campaign again
 when it goes (the leader stopped, or its lease ran out: within lease_ttl_s).
 
 Any fault ends the session: the node is no leader any more, keeps the snapshot it applied (the
@@ -245,6 +246,8 @@ class Member:
                 last = None
         reports: dict[bytes, dict] = {}
         marks: dict[bytes, tuple[str, str, dict]] = {}  # operator key -> (service, backend, mark)
+        revs: dict[bytes, int] = {}  # operator key -> its mod revision
+        unknown_since: dict[bytes, float] = {}  # operator key -> when its backend was first unknown
         queue: asyncio.Queue = asyncio.Queue()
         listing = await self._call(c.get_prefix(self.k_nodes))
         for kv in listing:
@@ -252,6 +255,7 @@ class Member:
         marked = await self._call(c.get_prefix(self.k_operator))
         for kv in marked:
             self._put_mark(marks, kv.key, kv.value)
+            revs[kv.key] = kv.mod_revision
 
         async def pump(k: bytes, start: int) -> None:
             async for event in _events(c, k, utils.prefix_range_end(k), self.cfg.timeout_ms, start_revision=start):
@@ -277,6 +281,7 @@ class Member:
                     if not ok:
                         raise ConnectionError("no longer the leader (its key is gone)")
                     last = nxt
+                await self._sweep_marks(c, marks, revs, reports, unknown_since, now)
                 try:
                     batch = [await asyncio.wait_for(queue.get(), self.cfg.report_ms / 1000)]
                 except asyncio.TimeoutError:
@@ -286,8 +291,10 @@ class Member:
                 for event in batch:
                     if event.kv.key.startswith(self.k_operator):
                         marks.pop(event.kv.key, None)
+                        revs.pop(event.kv.key, None)
                         if event.kind == aetcd.EventKind.PUT:
                             self._put_mark(marks, event.kv.key, event.kv.value)
+                            revs[event.kv.key] = event.kv.mod_revision
                     elif event.kind == aetcd.EventKind.PUT:
                         _put_report(reports, event.kv.key, event.kv.value)
                     else:
@@ -296,6 +303,30 @@ class Member:
             for pumping in pumps:
                 pumping.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def _sweep_marks(self, c: aetcd.Client, marks: dict, revs: dict, reports: dict, since: dict,
+                           now: float) -> None:
+        """Deletes the operator marks whose backend has been unknown (operator.unknown) for
+        stale_ms: the leader's own config may be a reload behind the node that set one. Each
+        delete is guarded by the leadership and by the mark's revision (a mark set again stays)."""
+        stale_s = self.cfg.stale_ms / 1000
+        unknown = set(op.unknown(marks, list(self.services()), reports.values(), now, stale_s))
+        for k in [k for k in since if k not in unknown]:
+            del since[k]
+        t = c.transactions
+        for k in sorted(unknown):
+            if now - since.setdefault(k, now) < stale_s or k not in revs:
+                continue
+            del since[k]  # tried: the watch says what came of it; a refused delete waits stale_ms again
+            service, backend, mark = marks[k]
+            ok, _ = await self._call(c.transaction(
+                compare=[t.value(self.k_leader) == self.cfg.name.encode(), t.mod(k) == revs[k]],
+                success=[t.delete(k)], failure=[]))
+            if ok:
+                self.emit("fleet-operator", f"fleet: deleted the operator mark of {service}/{backend} "
+                                            f"({op.describe(mark)}, set by {mark.get('node') or '?'}): no node runs "
+                                            f"that backend any more", service=service, backend=backend,
+                          mark={"drain": mark.get("drain"), "weight": mark.get("weight")})
 
     def _put_mark(self, marks: dict, key: bytes, value: bytes) -> None:
         names = op.split_key(self.cfg.prefix, key)

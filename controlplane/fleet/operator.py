@@ -11,6 +11,12 @@ snapshot it publishes, so every node applies it and the tables stay equal:
 Folding: a drained backend gets weight 0 (the data path then marks it draining: no new flows,
 its connections stay, as a drain on one node), else an override gets its weight. Names are
 config names ([a-z0-9_.-]), so SERVICE/BACKEND splits unambiguously.
+
+A mark outlives nothing it was set for: once neither the leader's config (with the backends
+still draining out after a reload) nor a fresh report of any node names its backend, for
+longer than the fleet's stale_ms, the leader deletes it (an event says so). A backend removed
+and added again later under the same name then starts undrained, as a new backend does; until
+the leader deletes it, a mark only waits (of_service leaves it out).
 """
 
 from __future__ import annotations
@@ -85,6 +91,20 @@ def of_service(s: Service, marks: Optional[Mapping]) -> dict[str, dict]:
     names = {b.name for b in s.backends}
     return {b: {"drain": bool(m.get("drain")), "weight": m.get("weight")}
             for b, m in sorted(((marks or {}).get(s.name) or {}).items()) if b in names}
+
+
+def unknown(marks: Mapping[bytes, tuple[str, str, Mapping]], services: Iterable[Service],
+            reports: Iterable[Mapping], now: float, stale_s: float) -> list[bytes]:
+    """Keys of the marks (key -> (service, backend, mark)) whose backend neither services (the
+    leader's, backends draining out included) nor any report fresher than stale_s names: a
+    node running a newer config keeps the marks it set alive by reporting them."""
+    known = {(s.name, b.name) for s in services for b in s.backends}
+    for r in reports:
+        if now - float(r.get("t", 0)) > stale_s:
+            continue
+        for name, doc in (r.get("services") or {}).items():
+            known.update((name, b) for b in (doc.get("weights") or {}))
+    return [k for k, (service, backend, _) in marks.items() if (service, backend) not in known]
 
 
 def fold(weights: Mapping[str, int], marks: Mapping[str, Mapping]) -> dict[str, int]:

@@ -86,6 +86,20 @@ def test_marks_of_unknown_backends_wait_and_a_service_nobody_reports_still_gets_
     assert snap["services"]["chat"]["weights"] == {"a": 1, "b": 0}  # the configured weights, b drained
 
 
+def test_marks_of_backends_no_config_and_no_fresh_report_names_are_unknown():
+    c = cfg()
+    found = {b"k-b": ("chat", "b", {"drain": True}), b"k-gone": ("chat", "gone", {"drain": True}),
+             b"k-svc": ("old", "a", {"weight": 3}), b"k-new": ("chat", "new", {"drain": True})}
+    newer = fs.report("n2", 100.0, 0, True, [parse_config({"version": 1, "services": [{
+        "name": "chat", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": "latency_inverse"},
+        "backends": [{"name": "new", "address": "198.18.1.4", "port": 8000}]}]}).services[0]],
+        {"chat": {"new": 1}}, {"chat": {"new": "up"}})
+    # n2 runs a config with "new" and reports it: its mark stays while the report is fresh
+    assert sorted(op.unknown(found, c.services, [newer], 101.0, 5)) == [b"k-gone", b"k-svc"]
+    assert sorted(op.unknown(found, c.services, [newer], 106.0, 5)) == [b"k-gone", b"k-new", b"k-svc"]
+    assert op.unknown({b"k-b": found[b"k-b"]}, c.services, [], 101.0, 5) == []
+
+
 def test_nodes_take_the_folded_weights_and_the_marks():
     c = cfg()
     snap = fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], None, "n1", 101.0, 5, marks(b=(True, None)))
