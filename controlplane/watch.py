@@ -34,18 +34,18 @@ def _ifindex(iface: str) -> int | None:
 
 
 def check(maps: Maps, iface: str, pin_dir: str, pin_path: Path, replies: tuple[int, ...] = (),
-          backends: tuple[str, ...] = ()) -> str:
+          backends: tuple[str, ...] = (), reply_xdp: str = "auto") -> str:
     """'' when the data path is whole; else one line saying what is missing. replies: the return
-    interfaces deploy put the XDP fast path of replies on; backends: every backend address
-    (the interface routing to one needs the return path)."""
+    interfaces deploy put the XDP fast path of replies on (with reply_xdp "on": every one);
+    backends: every backend address (the interface routing to one needs the return path)."""
     try:
-        return _check(maps, iface, pin_dir, pin_path, replies, backends)
+        return _check(maps, iface, pin_dir, pin_path, replies, backends, reply_xdp)
     except NetlinkError as e:  # an interface went away between two questions
         return f"netlink: {os.strerror(e.code)} while checking the data path"
 
 
 def _check(maps: Maps, iface: str, pin_dir: str, pin_path: Path, replies: tuple[int, ...],
-           backends: tuple[str, ...] = ()) -> str:
+           backends: tuple[str, ...] = (), reply_xdp: str = "auto") -> str:
     try:
         loader.check_bpffs(pin_dir)
     except LoaderError:
@@ -65,7 +65,7 @@ def _check(maps: Maps, iface: str, pin_dir: str, pin_path: Path, replies: tuple[
             return f"{loader.ifname(idx)}: the return path is not attached"
     for idx in _new_return_ifaces(node, backends):
         return f"{loader.ifname(idx)}: the return path is not attached (the interface was made again?)"
-    for idx in replies:
+    for idx in node["return_ifindex"] if reply_xdp == "on" else replies:
         if _ifname(idx) is None:  # gone: the new interface in its place is the one above
             continue
         xdp = loader.xdp_state(idx)
@@ -116,14 +116,18 @@ def _repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir:
     replies = tuple(idx for idx in replies if _ifname(idx) is not None)
     # The replies' fast path only on top of a whole data path (tc behind it): not, say, after an
     # undeploy under edged. It redirects to the node record's ingress_ifindex: nothing to rewrite.
-    whole = not _check(maps, iface, pin_dir, pin_path, (), backends) if replies or fresh else False
+    whole = bool(replies or fresh or reply_xdp == "on") and not _check(maps, iface, pin_dir, pin_path, (), backends)
     for idx in replies if whole else ():
         if loader.xdp_state(idx) is None:
             loader.attach_xdp(loader.ifname(idx), held.load(abi.PROG_REPLY, "xdp"), xdp_mode, replace=False)
             done.append(f"attached the reply fast path on {loader.ifname(idx)} again")
-    if whole and fresh and reply_xdp != "off":  # deploy's rules: auto, on, another program's hook
+    # deploy's rules: auto leaves a refused interface to tc, on fails (another program's hook, the
+    # driver), and every return interface of "on" must have it
+    lacking = [idx for idx in (maps.node()["return_ifindex"] if reply_xdp == "on" else fresh)
+               if idx not in replies and _ifname(idx) is not None]
+    if whole and lacking and reply_xdp != "off":
         said: list[str] = []
-        got = deploy.attach_replies(fresh, maps.node()["ingress_ifindex"], held.load(abi.PROG_REPLY, "xdp"),
+        got = deploy.attach_replies(lacking, maps.node()["ingress_ifindex"], held.load(abi.PROG_REPLY, "xdp"),
                                     xdp_mode, reply_xdp, loader.Undo(), said.append)
         done += [line for line in said if "stay with tc" in line]
         if got:
@@ -204,7 +208,7 @@ async def run(watched: Callable[[], Watched | None], report: Callable[[str, str]
         did = ""
         try:
             problem = await loop.run_in_executor(executor, check, w.maps, w.iface, w.pin_dir, w.pin_path,
-                                                 w.reply_ifindex, w.backends)
+                                                 w.reply_ifindex, w.backends, w.reply_xdp)
             if problem:
                 report(problem, "")
                 async with locked():
@@ -219,8 +223,8 @@ async def run(watched: Callable[[], Watched | None], report: Callable[[str, str]
                         await repaired(got)
                 if did:
                     problem = await loop.run_in_executor(executor, check, w.maps, w.iface, w.pin_dir,
-                                                         w.pin_path, got.reply_ifindex, w.backends)
+                                                         w.pin_path, got.reply_ifindex, w.backends, w.reply_xdp)
         except LoaderError as e:  # a repair that failed: still not serving, tried again next time
-            report(problem or f"data path: {e}", "")
+            report(f"{problem} (putting it back failed: {e})" if problem else f"data path: {e}", "")
             continue
         report(problem, did)

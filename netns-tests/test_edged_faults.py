@@ -12,6 +12,8 @@ import subprocess
 import time
 import urllib.request
 
+import pytest
+
 from controlplane import abi
 from controlplane import edgedcli as edged_module
 from controlplane.api.client import Client
@@ -159,40 +161,43 @@ def udp_replies(net, n: int, attempts: int = 20) -> list[tuple[str, str]]:
     raise AssertionError(f"no UDP answers through the VIP after {attempts} tries: {last}")
 
 
-def test_backend_interface_made_again_gets_the_return_path_and_the_reply_fast_path_again(net, router,
-                                                                                           tmp_path):
+@pytest.mark.parametrize("reply_xdp", ["auto", "off"])
+def test_backend_interface_made_again_gets_the_return_path_and_the_reply_fast_path_again(net, router, tmp_path,
+                                                                                           reply_xdp):
     """The NIC towards b0 goes away and comes back (new ifindex, no tc, no XDP): edged attaches the
-    return path (tc) and the XDP fast path of replies (edge_reply, node.reply_xdp auto) there again,
-    b0's replies are counted by return_xdp again, not only by tc, and b0's heartbeats, which must
-    arrive on the interface the maps name, keep it usable."""
+    return path (tc) and, as deploy would (node.reply_xdp), the XDP fast path of replies (edge_reply)
+    there again: b0's replies are counted by return_xdp again, not only by tc (with "off": tc alone,
+    as before). b0's heartbeats, which must arrive on the interface the maps name, keep it usable."""
+    xdp = 20 if reply_xdp == "auto" else 0  # of 20 replies, how many XDP carries
     service = router.service("dns", protocol="udp", backends=[0], health={  # every reply crosses rt-b0
         "heartbeat": {"port": hb.DEFAULT_HB_PORT, "interval_ms": 10, "timeout_ms": 500, "rise": 3}})
     service["backends"][0]["token"] = hex(TOKEN)
     agent = hb.start_heartbeats(net, 0, token=TOKEN, interval_ms=10)
     try:
         edged = EdgedProc.start(net.router, router.config([service], node={
-            "api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470"}), router.iface)
+            "api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470",
+            "reply_xdp": reply_xdp}), router.iface)
         try:
             edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API")
             udp_replies(net, 10)  # the first replies resolve the client's neighbour (tc)
             before = router.status()["verdicts"]["return_xdp"]
             assert {src for _, src in udp_replies(net, 20)} == {f"{net.vip}:{PORT}"}
-            assert router.status()["verdicts"]["return_xdp"] - before == 20
+            assert router.status()["verdicts"]["return_xdp"] - before == xdp
 
             mark = len(edged.events)
             net.recreate_backend_link(0)
             back = edged.wait_for(lambda e: e["kind"] == "datapath" and e["serving"], 30.0,
                                   "edged to attach the return path again", after=mark)
-            assert "reply fast path" in back["text"], back["text"]
+            assert ("reply fast path" in back["text"]) == bool(xdp), back["text"]
             status = router.status()
             assert status["return_ifaces"][-1:] == [net.backend_iface(0)], status["return_ifaces"]
-            assert status["reply_xdp_ifaces"] == [net.backend_iface(0)], status["reply_xdp_ifaces"]
+            assert status["reply_xdp_ifaces"] == [net.backend_iface(0)] * bool(xdp), status["reply_xdp_ifaces"]
 
             udp_replies(net, 10, attempts=50)  # b0 up again (rise 3 heartbeats), its neighbour resolved
             before = router.status()
             assert {src for _, src in udp_replies(net, 20)} == {f"{net.vip}:{PORT}"}
             after = router.status()
-            assert after["verdicts"]["return_xdp"] - before["verdicts"]["return_xdp"] == 20  # XDP carried all
+            assert after["verdicts"]["return_xdp"] - before["verdicts"]["return_xdp"] == xdp
             assert after["drops"]["spoofed_heartbeat"] == before["drops"]["spoofed_heartbeat"]
             assert after["services"][0]["backends"][0]["health"]["usable"]
             assert health(tmp_path) == "SERVING"

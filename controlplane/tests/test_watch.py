@@ -71,3 +71,45 @@ def test_a_whole_data_path_takes_no_lock(monkeypatch):
     log, reports = _run_rounds(monkeypatch, ["", ""])
     assert "lock" not in log and not any(line.startswith("repair") for line in log), log
     assert reports and all(r == ("", "") for r in reports)
+
+
+class _Node:
+    """A node record and this namespace's interfaces, as check() asks loader for them."""
+
+    def __init__(self, monkeypatch, pin_path: Path, links: dict[int, tuple[str, str | None]],
+                 routes: dict[str, int], return_ifindex: list[int]):
+        from controlplane import abi, loader
+        from controlplane.netlink import XdpState
+
+        pin_path.mkdir()
+        for name in abi.MAP_NAMES:
+            (pin_path / name).touch()
+        self.record = {"ingress_ifindex": 1, "return_ifindex": return_ifindex}
+        monkeypatch.setattr(loader, "check_bpffs", lambda pin_dir: None)
+        monkeypatch.setattr(loader, "ifindex", lambda name: next(i for i, (n, _) in links.items() if n == name))
+        monkeypatch.setattr(loader, "ifname", lambda i: links[i][0] if i in links else f"ifindex {i}")
+        monkeypatch.setattr(loader, "xdp_state", lambda i: XdpState(7, links[i][1], "native")
+                            if i in links and links[i][1] else None)
+        monkeypatch.setattr(loader, "return_filter", lambda i: abi.PROG_RETURN if i in links else None)
+        monkeypatch.setattr(loader, "route_oif", lambda addr: routes.get(addr))
+
+    def node(self) -> dict:
+        return self.record
+
+
+def test_check_names_a_backend_interface_made_again_and_reply_xdp_on_wants_every_return_interface(
+        monkeypatch, tmp_path):
+    from controlplane import abi
+
+    links = {1: ("rt-c", abi.PROG_INGRESS), 3: ("rt-b1", None), 9: ("rt-b0", None)}  # rt-b0 was 2
+    node = _Node(monkeypatch, tmp_path / "pins", links, {"198.18.1.2": 9, "198.18.2.2": 3}, [2, 3])
+    args = (node, "rt-c", str(tmp_path), tmp_path / "pins")
+
+    assert watch.check(*args, (2,), ("198.18.1.2", "198.18.2.2")) == \
+        "rt-b0: the return path is not attached (the interface was made again?)"
+    node.record["return_ifindex"] = [3, 9]  # what the repair writes
+    assert watch.check(*args, (), ("198.18.1.2", "198.18.2.2")) == ""  # auto: those deploy put it on
+    assert watch.check(*args, (), ("198.18.1.2",), "on") == \
+        "rt-b1: the XDP fast path of replies is not attached (tc carries them)"
+    links[3], links[9] = ("rt-b1", abi.PROG_REPLY), ("rt-b0", abi.PROG_REPLY)
+    assert watch.check(*args, (), ("198.18.1.2",), "on") == ""
