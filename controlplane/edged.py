@@ -56,6 +56,7 @@ class Steered:
     wire: Optional[wire.Windows] = None  # the data path's wire signals over weights.wire.window_ms
     wire_signals: dict[str, wire.Signal] = field(default_factory=dict)  # as of the last read
     wire_read_ns: int = 0
+    wire_fresh: set[str] = field(default_factory=set)  # backends whose wire signal was fresh at the last step
 
     @property
     def computed(self) -> bool:
@@ -194,6 +195,8 @@ class Daemon(Changes, Operations):
             if st.pushed is None or set(st.pushed) != {b.name for b in s.backends}:
                 st.pushed = self.maps.weights(s.name)
             self.services[s.name] = st
+        # what a service that is new here found fresh before (a reload took it out and back) counts no more
+        self.wire_fresh = {(name, b) for name, st in self.services.items() for b in st.wire_fresh}
         self.prober.set_targets(self._targets(cfg))
         self.observer.retain((s.name, b.name) for s in cfg.services for b in s.backends)
 
@@ -373,14 +376,17 @@ class Daemon(Changes, Operations):
             st.wire = st.wire or wire.Windows(cfg.window_ms * 1_000_000, cfg.min_samples)
             st.wire.reconfigure(cfg.window_ms * 1_000_000, cfg.min_samples)
             _, bids = self.maps.ids(s.name)
-            got = self.maps.wire_stats(bids[b.name] for b in s.backends if b.name in bids)
-            st.wire.observe(now_ns, {b.name: got[bids[b.name]] for b in s.backends if b.name in bids})
+            names = [b.name for b in s.backends if b.name in bids]
+            st.wire.observe_rows(now_ns, names, self.maps.wire_rows([bids[n] for n in names]))
             st.wire_signals = st.wire.signals()
         for name, tr in st.trackers.items():
             sig = st.wire_signals.get(name)
             tr.wire_rtt_s = sig.handshake_p50_s if sig is not None and sig.fresh else None
-        self.wire_fresh = ({k for k in self.wire_fresh if k[0] != s.name}
-                           | {(s.name, n) for n in wire.fresh_keys(st.wire_signals)})
+        fresh = wire.fresh_keys(st.wire_signals)
+        if fresh != st.wire_fresh:  # wire_fresh changes by the difference: 1,000 backends, hundreds of steps a second
+            self.wire_fresh -= {(s.name, n) for n in st.wire_fresh - fresh}
+            self.wire_fresh |= {(s.name, n) for n in fresh - st.wire_fresh}
+            st.wire_fresh = fresh
 
     def _fleet_apply(self, got) -> dict[str, str]:
         """A fleet snapshot arrived: every service it covers steps now (writing its weights).
