@@ -57,6 +57,7 @@ class Steered:
     wire_signals: dict[str, wire.Signal] = field(default_factory=dict)  # as of the last read
     wire_read_ns: int = 0
     wire_fresh: set[str] = field(default_factory=set)  # backends whose wire signal was fresh at the last step
+    wire_applied: bool = False  # the trackers' wire_rtt_s and wire_fresh follow wire_signals
 
     @property
     def computed(self) -> bool:
@@ -192,6 +193,7 @@ class Daemon(Changes, Operations):
             st.service = s
             st.trackers = {b.name: st.trackers.get(b.name) or self._new_tracker(s, s.name in old)
                            for b in s.backends}
+            st.wire_applied = False  # new trackers get the wire's RTT at the next step
             if st.pushed is None or set(st.pushed) != {b.name for b in s.backends}:
                 st.pushed = self.maps.weights(s.name)
             self.services[s.name] = st
@@ -282,12 +284,16 @@ class Daemon(Changes, Operations):
         if st is None or backend not in st.trackers:
             return
         probe, sla = st.service.health.probe, st.service.sla
-        weights.observe_sample(st.trackers[backend], sample, st.service.weights, probe)
-        if sample.ok and st.service.health.passive is not None:
-            st.passed.add(backend)  # evidence for readmission after a passive ejection (step)
+        tr = st.trackers[backend]
+        was_down = tr.down
+        weights.observe_sample(tr, sample, st.service.weights, probe)
         self.observer.observe_sample(name, backend, sample, probe.window if probe else 1,
                                      sla.p99_rtt_ms / 1000 if sla else None)
-        st.wake.set()
+        if sample.ok and st.service.health.passive is not None:
+            st.passed.add(backend)  # evidence for readmission after a passive ejection (step)
+            st.wake.set()
+        elif weights.sample_moves(tr, sample, was_down, st.service.weights, probe.kind if probe else None):
+            st.wake.set()  # else the next periodic step decides the same
 
     def _on_load(self, key, load: Load) -> None:
         name, backend = key
@@ -311,8 +317,9 @@ class Daemon(Changes, Operations):
         return interval
 
     async def _steer_loop(self, name: str) -> None:
-        """Decides when a probe result or scrape came in, at most every quarter interval, and
-        at least once an interval: a changed RTT reaches the table without waiting a tick."""
+        """Decides when a probe result that can move a weight (weights.sample_moves) or a scrape
+        came in, at most every quarter interval, and at least once an interval: a changed RTT
+        reaches the table without waiting a tick."""
         failing = None
         while True:
             st = self.services.get(name)
@@ -370,6 +377,7 @@ class Daemon(Changes, Operations):
         a fresh handshake p50 becomes the policy's RTT input, and wire_fresh says whose is fresh."""
         s, cfg = st.service, st.service.weights.wire
         if not cfg.enabled:
+            st.wire_applied = st.wire_applied and st.wire is None and not st.wire_signals
             st.wire, st.wire_signals = None, {}
         elif st.wire is None or now_ns - st.wire_read_ns >= cfg.interval_ms * 1_000_000:
             st.wire_read_ns = now_ns
@@ -379,14 +387,18 @@ class Daemon(Changes, Operations):
             names = [b.name for b in s.backends if b.name in bids]
             st.wire.observe_rows(now_ns, names, self.maps.wire_rows([bids[n] for n in names]))
             st.wire_signals = st.wire.signals()
+            st.wire_applied = False
+        if st.wire_applied:  # the signals and the trackers are as the last step left them
+            return
         for name, tr in st.trackers.items():
             sig = st.wire_signals.get(name)
             tr.wire_rtt_s = sig.handshake_p50_s if sig is not None and sig.fresh else None
         fresh = wire.fresh_keys(st.wire_signals)
-        if fresh != st.wire_fresh:  # wire_fresh changes by the difference: 1,000 backends, hundreds of steps a second
+        if fresh != st.wire_fresh:  # wire_fresh changes by the difference: it holds every service's
             self.wire_fresh -= {(s.name, n) for n in st.wire_fresh - fresh}
             self.wire_fresh |= {(s.name, n) for n in fresh - st.wire_fresh}
             st.wire_fresh = fresh
+        st.wire_applied = True
 
     def _fleet_apply(self, got) -> dict[str, str]:
         """A fleet snapshot arrived: every service it covers steps now (writing its weights).
@@ -414,6 +426,8 @@ class Daemon(Changes, Operations):
 
     def _operator_weights(self, s: Service) -> dict[str, int]:
         """Backend name -> the weight the operator forces (drain, reload removal, override)."""
+        if not (self.drained or self.leaving or self.overrides):
+            return {}
         return weights.forced(
             s, (b.name for b in s.backends if (s.name, b.name) in self.drained or (s.name, b.name) in self.leaving),
             {b: w for (n, b), w in self.overrides.items() if n == s.name})
