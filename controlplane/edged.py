@@ -54,10 +54,14 @@ class Steered:
     passed: set[str] = field(default_factory=set)  # backends whose probe passed since the last step
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # new signals since the last decision
     wire: Optional[wire.Windows] = None  # the data path's wire signals over weights.wire.window_ms
-    wire_signals: dict[str, wire.Signal] = field(default_factory=dict)  # as of the last read
     wire_read_ns: int = 0
     wire_fresh: set[str] = field(default_factory=set)  # backends whose wire signal was fresh at the last step
     wire_applied: bool = False  # the trackers' wire_rtt_s and wire_fresh follow wire_signals
+
+    @property
+    def wire_signals(self) -> dict[str, wire.Signal]:
+        """Backend name -> its wire signal as of the last read (worked out when first asked)."""
+        return self.wire.signals() if self.wire is not None else {}
 
     @property
     def computed(self) -> bool:
@@ -377,8 +381,8 @@ class Daemon(Changes, Operations):
         a fresh handshake p50 becomes the policy's RTT input, and wire_fresh says whose is fresh."""
         s, cfg = st.service, st.service.weights.wire
         if not cfg.enabled:
-            st.wire_applied = st.wire_applied and st.wire is None and not st.wire_signals
-            st.wire, st.wire_signals = None, {}
+            st.wire_applied = st.wire_applied and st.wire is None
+            st.wire = None
         elif st.wire is None or now_ns - st.wire_read_ns >= cfg.interval_ms * 1_000_000:
             st.wire_read_ns = now_ns
             st.wire = st.wire or wire.Windows(cfg.window_ms * 1_000_000, cfg.min_samples)
@@ -386,14 +390,13 @@ class Daemon(Changes, Operations):
             _, bids = self.maps.ids(s.name)
             names = [b.name for b in s.backends if b.name in bids]
             st.wire.observe_rows(now_ns, names, self.maps.wire_rows([bids[n] for n in names]))
-            st.wire_signals = st.wire.signals()
             st.wire_applied = False
         if st.wire_applied:  # the signals and the trackers are as the last step left them
             return
+        p50s = st.wire.fresh_p50s() if st.wire is not None else {}  # the fresh ones' handshake p50
         for name, tr in st.trackers.items():
-            sig = st.wire_signals.get(name)
-            tr.wire_rtt_s = sig.handshake_p50_s if sig is not None and sig.fresh else None
-        fresh = wire.fresh_keys(st.wire_signals)
+            tr.wire_rtt_s = p50s.get(name)
+        fresh = set(p50s)
         if fresh != st.wire_fresh:  # wire_fresh changes by the difference: it holds every service's
             self.wire_fresh -= {(s.name, n) for n in st.wire_fresh - fresh}
             self.wire_fresh |= {(s.name, n) for n in fresh - st.wire_fresh}

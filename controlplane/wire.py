@@ -146,13 +146,18 @@ def summary(s: Optional[Signal]) -> dict:
     return {k: getattr(s, k) if s is not None else None for k in keys}
 
 
-def _signals(keys: Sequence, newest: np.ndarray, oldest: np.ndarray, window_s: Sequence[float],
-             min_samples: int) -> dict:
-    """Key -> Signal of rows newest minus oldest (newest alone where a count went back: the map
-    was made again), as signal(difference(new, old), ...) gives for one key."""
+def _window(newest: np.ndarray, oldest: np.ndarray) -> np.ndarray:
+    """Rows newest minus oldest; newest alone where a count went back (the map was made
+    again), as difference() does for one key."""
     d = newest - oldest
     back = (d < 0).any(axis=1)
     d[back] = newest[back]
+    return d
+
+
+def _signals(keys: Sequence, newest: np.ndarray, d: np.ndarray, window_s: Sequence[float],
+             min_samples: int) -> dict:
+    """Key -> Signal of window rows d, as signal(difference(new, old), ...) gives for one key."""
     hs, fb = d[:, HANDSHAKE], d[:, FIRST_BYTE]
     hs_n, fb_n = hs.sum(axis=1).tolist(), fb.sum(axis=1).tolist()
     qs = [[None if math.isnan(x) else x for x in quantiles(h, q).tolist()]
@@ -177,6 +182,8 @@ class Windows:
     _snaps: deque = field(default_factory=deque)  # (number, time ns, rows), oldest first
     _first: dict = field(default_factory=dict)  # key -> number of its oldest snapshot in the window
     _count: int = 0
+    _cache: Optional[tuple] = None  # _windows() of the last observe()
+    _signals: Optional[dict] = None  # signals() of the last observe()
 
     def observe(self, now_ns: int, stats: Mapping[Hashable, WireStats]) -> None:
         """Snapshots taken now; keys absent from stats are forgotten."""
@@ -190,6 +197,7 @@ class Windows:
             self._realign(keys)
         number = self._count
         self._count += 1
+        self._cache = self._signals = None
         self._snaps.append((number, now_ns, np.array(rows, np.int64)))
         start = now_ns - self.window_ns
         moved = {}
@@ -228,10 +236,10 @@ class Windows:
         self._first = {key: self._first[key] if key in self._first else self._count for key in keys}
         self._keys = keys
 
-    def signals(self) -> dict[Hashable, Signal]:
-        """Key -> its signal over the window (newest minus oldest snapshot)."""
-        if not self._snaps:
-            return {}
+    def _windows(self) -> tuple[np.ndarray, np.ndarray, list[float]]:
+        """(newest rows, window rows, window_s per key) as of the last observe(); cached."""
+        if self._cache is not None:
+            return self._cache
         _, t1, newest = self._snaps[-1]
         by_number = {n: (t, rows) for n, t, rows in self._snaps}
         histories: dict[int, list[int]] = {}  # oldest snapshot -> the rows of the keys it starts
@@ -244,9 +252,33 @@ class Windows:
             oldest[at] = rows[at]
             for i in at:
                 window_s[i] = (t1 - t0) / 1e9
-        return _signals(self._keys, newest, oldest, window_s, self.min_samples)
+        self._cache = (newest, _window(newest, oldest), window_s)
+        return self._cache
+
+    def signals(self) -> dict[Hashable, Signal]:
+        """Key -> its signal over the window (newest minus oldest snapshot); the same dict
+        until the next observe() or a change of min_samples: do not change it."""
+        if not self._snaps:
+            return {}
+        if self._signals is None:
+            newest, d, window_s = self._windows()
+            self._signals = _signals(self._keys, newest, d, window_s, self.min_samples)
+        return self._signals
+
+    def fresh_p50s(self) -> dict[Hashable, float]:
+        """Key -> its handshake p50 (s), for the keys whose signal is fresh: what signals()
+        says of them, for a fraction of its work (edged asks after every read)."""
+        if not self._snaps:
+            return {}
+        _, d, _ = self._windows()
+        hs = d[:, HANDSHAKE]
+        fresh = np.flatnonzero(hs.sum(axis=1) >= self.min_samples)
+        p50s = quantiles(hs[fresh], 0.5).tolist()
+        return {self._keys[i]: p50 for i, p50 in zip(fresh.tolist(), p50s)}
 
     def reconfigure(self, window_ns: int, min_samples: int) -> None:
+        if min_samples != self.min_samples:
+            self._signals = None
         self.window_ns, self.min_samples = window_ns, min_samples
 
 
