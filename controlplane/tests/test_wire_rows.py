@@ -78,8 +78,10 @@ def test_windows_on_rows_give_every_key_the_per_key_rule_signal(steps, min_sampl
     for dt_ms, keys, window_ms in steps:
         now += dt_ms * MS
         if window_ms is not None:
+            rows.signals()  # cached: a new min_samples must not find the old answer
+            min_samples = min_samples % 6 + 1
             rows.reconfigure(window_ms * MS, min_samples)
-            per_key.window_ns = window_ms * MS
+            per_key.window_ns, per_key.min_samples = window_ms * MS, min_samples
         stats = {}
         for key, adds, opened, closed, restart in keys:
             if key in stats:
@@ -95,4 +97,6 @@ def test_windows_on_rows_give_every_key_the_per_key_rule_signal(steps, min_sampl
                 opened=old.opened + opened, closed=old.closed + closed)
         rows.observe(now, stats)
         per_key.observe(now, stats)
-        assert rows.signals() == per_key.signals()
+        want = per_key.signals()
+        assert rows.fresh_p50s() == {k: s.handshake_p50_s for k, s in want.items() if s.fresh}
+        assert rows.signals() == want
