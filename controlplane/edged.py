@@ -350,7 +350,9 @@ class Daemon(Changes, Operations):
         self._read_wire(st, now_ns)
         forced = self._operator_weights(s)
         d = weights.decide(s, st.trackers, st.pushed, now_ns, forced=forced)
-        for b in s.backends:
+        # decide() names every backend: with nothing changed the walk below would change nothing
+        same = len(d.states) == len(s.backends) and d.states == st.states and d.reasons == st.reasons
+        for b in () if same else s.backends:
             state, reason = d.states.get(b.name, ""), d.reasons.get(b.name, "")
             if state != st.states.get(b.name):
                 if b.name in st.states:

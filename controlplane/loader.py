@@ -388,6 +388,7 @@ def _key_text(key) -> str:
 
 
 _END = object()
+_lookup_elem = None  # bcc's bpf_lookup_elem, once a Table.lookup_into() needs it
 
 
 class Table:
@@ -432,9 +433,11 @@ class Table:
     def lookup_into(self, key, address: int) -> None:
         """Copies key's value (every CPU's, for a per-CPU map) to memory at address (sizeof(Leaf)
         bytes): no new Leaf per lookup (edged reads thousands a second). KeyError when absent."""
-        from bcc import libbcc
-
-        rc = libbcc.lib.bpf_lookup_elem(self._t.map_fd, ctypes.byref(key), ctypes.c_void_p(address))
+        global _lookup_elem
+        if _lookup_elem is None:
+            from bcc import libbcc
+            _lookup_elem = libbcc.lib.bpf_lookup_elem
+        rc = _lookup_elem(self._t.map_fd, ctypes.byref(key), ctypes.c_void_p(address))
         if rc < 0:
             err = ctypes.get_errno() or -rc
             if err == errno.ENOENT:

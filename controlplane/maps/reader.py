@@ -124,8 +124,9 @@ class Reader:
             return np.zeros((0, wire.ROW_LEN), np.int64)
         raw = np.empty((len(bids), ctypes.sizeof(t.Leaf) // 8), np.uint64)  # every CPU's record
         at, stride = raw.ctypes.data, raw.strides[0]
+        key, lookup = t.Key, t.lookup_into
         for i, bid in enumerate(bids):
-            t.lookup_into(t.Key(bid), at + i * stride)
+            lookup(key(bid), at + i * stride)
         summed = raw.reshape(len(bids), -1, words).sum(axis=1, dtype=np.uint64)
         return summed[:, wire_columns(t.sLeaf)].astype(np.int64)
 
