@@ -55,8 +55,14 @@ class Steered:
     passed: set[str] = field(default_factory=set)  # backends whose probe passed since the last step
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # new signals since the last decision
     wire: Optional[wire.Windows] = None  # the data path's wire signals over weights.wire.window_ms
-    wire_signals: dict[str, wire.Signal] = field(default_factory=dict)  # as of the last read
     wire_read_ns: int = 0
+    wire_fresh: set[str] = field(default_factory=set)  # backends whose wire signal was fresh at the last step
+    wire_applied: bool = False  # the trackers' wire_rtt_s and wire_fresh follow wire_signals
+
+    @property
+    def wire_signals(self) -> dict[str, wire.Signal]:
+        """Backend name -> its wire signal as of the last read (worked out when first asked)."""
+        return self.wire.signals() if self.wire is not None else {}
 
     @property
     def computed(self) -> bool:
@@ -192,9 +198,12 @@ class Daemon(Changes, Operations):
             st.service = s
             st.trackers = {b.name: st.trackers.get(b.name) or self._new_tracker(s, s.name in old)
                            for b in s.backends}
+            st.wire_applied = False  # new trackers get the wire's RTT at the next step
             if st.pushed is None or set(st.pushed) != {b.name for b in s.backends}:
                 st.pushed = self.maps.weights(s.name)
             self.services[s.name] = st
+        # what a service that is new here found fresh before (a reload took it out and back) counts no more
+        self.wire_fresh = {(name, b) for name, st in self.services.items() for b in st.wire_fresh}
         self.prober.set_targets(self._targets(cfg))
         self.observer.retain((s.name, b.name) for s in cfg.services for b in s.backends)
 
@@ -281,12 +290,16 @@ class Daemon(Changes, Operations):
         if st is None or backend not in st.trackers:
             return
         probe, sla = st.service.health.probe, st.service.sla
-        weights.observe_sample(st.trackers[backend], sample, st.service.weights, probe)
-        if sample.ok and st.service.health.passive is not None:
-            st.passed.add(backend)  # evidence for readmission after a passive ejection (step)
+        tr = st.trackers[backend]
+        was_down = tr.down
+        weights.observe_sample(tr, sample, st.service.weights, probe)
         self.observer.observe_sample(name, backend, sample, probe.window if probe else 1,
                                      sla.p99_rtt_ms / 1000 if sla else None)
-        st.wake.set()
+        if sample.ok and st.service.health.passive is not None:
+            st.passed.add(backend)  # evidence for readmission after a passive ejection (step)
+            st.wake.set()
+        elif weights.sample_moves(tr, sample, was_down, st.service.weights, probe.kind if probe else None):
+            st.wake.set()  # else the next periodic step decides the same
 
     def _on_load(self, key, load: Load) -> None:
         name, backend = key
@@ -310,8 +323,9 @@ class Daemon(Changes, Operations):
         return interval
 
     async def _steer_loop(self, name: str) -> None:
-        """Decides when a probe result or scrape came in, at most every quarter interval, and
-        at least once an interval: a changed RTT reaches the table without waiting a tick."""
+        """Decides when a probe result that can move a weight (weights.sample_moves) or a scrape
+        came in, at most every quarter interval, and at least once an interval: a changed RTT
+        reaches the table without waiting a tick."""
         failing = None
         while True:
             st = self.services.get(name)
@@ -338,7 +352,9 @@ class Daemon(Changes, Operations):
         self._read_wire(st, now_ns)
         forced = self._operator_weights(s)
         d = weights.decide(s, st.trackers, st.pushed, now_ns, forced=forced)
-        for b in s.backends:
+        # decide() names every backend: with nothing changed the walk below would change nothing
+        same = len(d.states) == len(s.backends) and d.states == st.states and d.reasons == st.reasons
+        for b in () if same else s.backends:
             state, reason = d.states.get(b.name, ""), d.reasons.get(b.name, "")
             if state != st.states.get(b.name):
                 if b.name in st.states:
@@ -369,20 +385,27 @@ class Daemon(Changes, Operations):
         a fresh handshake p50 becomes the policy's RTT input, and wire_fresh says whose is fresh."""
         s, cfg = st.service, st.service.weights.wire
         if not cfg.enabled:
-            st.wire, st.wire_signals = None, {}
+            st.wire_applied = st.wire_applied and st.wire is None
+            st.wire = None
         elif st.wire is None or now_ns - st.wire_read_ns >= cfg.interval_ms * 1_000_000:
             st.wire_read_ns = now_ns
             st.wire = st.wire or wire.Windows(cfg.window_ms * 1_000_000, cfg.min_samples)
             st.wire.reconfigure(cfg.window_ms * 1_000_000, cfg.min_samples)
             _, bids = self.maps.ids(s.name)
-            got = self.maps.wire_stats(bids[b.name] for b in s.backends if b.name in bids)
-            st.wire.observe(now_ns, {b.name: got[bids[b.name]] for b in s.backends if b.name in bids})
-            st.wire_signals = st.wire.signals()
+            names = [b.name for b in s.backends if b.name in bids]
+            st.wire.observe_rows(now_ns, names, self.maps.wire_rows([bids[n] for n in names]))
+            st.wire_applied = False
+        if st.wire_applied:  # the signals and the trackers are as the last step left them
+            return
+        p50s = st.wire.fresh_p50s() if st.wire is not None else {}  # the fresh ones' handshake p50
         for name, tr in st.trackers.items():
-            sig = st.wire_signals.get(name)
-            tr.wire_rtt_s = sig.handshake_p50_s if sig is not None and sig.fresh else None
-        self.wire_fresh = ({k for k in self.wire_fresh if k[0] != s.name}
-                           | {(s.name, n) for n in wire.fresh_keys(st.wire_signals)})
+            tr.wire_rtt_s = p50s.get(name)
+        fresh = set(p50s)
+        if fresh != st.wire_fresh:  # wire_fresh changes by the difference: it holds every service's
+            self.wire_fresh -= {(s.name, n) for n in st.wire_fresh - fresh}
+            self.wire_fresh |= {(s.name, n) for n in fresh - st.wire_fresh}
+            st.wire_fresh = fresh
+        st.wire_applied = True
 
     def _fleet_apply(self, got) -> dict[str, str]:
         """A fleet snapshot arrived: every service it covers steps now (writing its weights).
@@ -410,6 +433,8 @@ class Daemon(Changes, Operations):
 
     def _operator_weights(self, s: Service) -> dict[str, int]:
         """Backend name -> the weight the operator forces (drain, reload removal, override)."""
+        if not (self.drained or self.leaving or self.overrides):
+            return {}
         return weights.forced(
             s, (b.name for b in s.backends if (s.name, b.name) in self.drained or (s.name, b.name) in self.leaving),
             {b: w for (n, b), w in self.overrides.items() if n == s.name})

@@ -16,6 +16,7 @@ from controlplane import abi, announce, deploy, weights, wire
 from controlplane.errors import EdgeError
 from controlplane.fleet import operator as fleet_operator
 from controlplane.maps import ProbeStatus
+from controlplane.signals import quantile
 
 if TYPE_CHECKING:
     from controlplane.desired import Leaving
@@ -212,12 +213,14 @@ class Operations:
                     b["edged"] = self.backend_view(svc["name"], b["name"], now)
         return snap
 
-    def backend_view(self, name: str, backend: str, now_ns: int) -> dict:
-        """What edged knows of one backend: window, smoothing, load, state."""
+    def backend_view(self, name: str, backend: str, now_ns: int, full: bool = True) -> dict:
+        """What edged knows of one backend: window, smoothing, load, state. full=False leaves
+        out what the edge_be_probe record does not hold (rtt_window, config_weight, wire)."""
         st = self.services[name]
         health = st.service.health
         view = weights.describe(st.trackers[backend], now_ns, health.metrics if health else None)
         window = self.prober.window((name, backend))  # the one window of recent probes
+        rtts = window.rtts() if window else []
         ok, failed = self.observer.probes(name, backend)
         probe = health.probe if health else None
         relaxed = self.prober.relaxed((name, backend)) if probe is not None else None  # adaptive probing
@@ -225,23 +228,24 @@ class Operations:
             # engines export gauges as floats; requests are counted in whole numbers
             "waiting": None if view.get("waiting") is None else int(view["waiting"]),
             "running": None if view.get("running") is None else int(view["running"]),
-            "rtt_p50_s": window.p50() if window else None,
-            "rtt_p99_s": window.p99() if window else None,
-            "rtt_window": window.rtts() if window else [],
+            "rtt_p50_s": quantile(rtts, 0.50),  # as window.p50() and p99(), from one copy of the RTTs
+            "rtt_p99_s": quantile(rtts, 0.99),
+            **({"rtt_window": rtts} if full else {}),
             "probes_ok": ok,
             "probes_failed": failed,
             "weight": (st.pushed or {}).get(backend),
-            "config_weight": next(b.weight for b in st.service.backends if b.name == backend),
+            **({"config_weight": next(b.weight for b in st.service.backends if b.name == backend)} if full else {}),
             "state": st.states.get(backend, "static" if not st.computed else ""),
             "reason": st.reasons.get(backend, ""),
             "drained": (name, backend) in self.drained,
             "override": self.overrides.get((name, backend)),
             "leaving": (name, backend) in self.leaving,
-            "wire": wire.summary(st.wire_signals.get(backend)),  # over weights.wire.window_ms
             "probe_relaxed": relaxed,
             "probe_interval_s": None if probe is None else
             (max(probe.relaxed_ms, probe.interval_ms) if relaxed else probe.interval_ms) / 1000,
         })
+        if full:
+            view["wire"] = wire.summary(st.wire_signals.get(backend))  # over weights.wire.window_ms
         fleet = getattr(self, "fleet", None)
         mark = (fleet.marks.get(name) or {}).get(backend) if fleet is not None and name in fleet.shared else None
         if mark is not None:  # fleet-wide, from the applied snapshot
@@ -259,7 +263,7 @@ class Operations:
         for name, st in self.services.items():
             _, bids = self.maps.ids(name)
             for b in st.service.backends:
-                v = self.backend_view(name, b.name, now_ns)
+                v = self.backend_view(name, b.name, now_ns, full=False)
                 gone = self.leaving.get((name, b.name))
                 self.maps.write_status(bids[b.name], ProbeStatus(
                     updated_ns=now_ns, config_weight=b.weight,

@@ -85,6 +85,18 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
             tr.down, tr.ramp_since_ns = True, None
 
 
+def sample_moves(tr: Tracker, s: Sample, was_down: bool, w: config.Weights, probe_kind: Optional[str]) -> bool:
+    """Whether a probe result that observe_sample() just fed to tr can change what decide()
+    says, so that a decision is due at once: never under the static policy; otherwise unless
+    it passed, the backend was and stays up, and the RTT the policy weighs is the wire's alone
+    (rtt_input: a fresh wire signal with a tcp probe), which the probe's RTT does not move."""
+    if w.policy == "static":
+        return False
+    if not s.ok or was_down or tr.down:
+        return True
+    return tr.wire_rtt_s is None or probe_kind not in (None, "tcp")
+
+
 def _smooth(tr: Tracker, x: float, t_ns: int, w: config.Weights) -> None:
     if tr.rtt_s is None or tr.rtt_t_ns is None:
         tr.rtt_s, tr.rtt_t_ns = x, t_ns

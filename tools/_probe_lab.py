@@ -153,7 +153,7 @@ def run(args) -> int:
           f"min_samples {args.min_samples}; {args.seconds:g} s measured per phase; load average "
           f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs", flush=True)
     results = []
-    with Net(Topo(backends=1)) as net:
+    with Net(Topo(backends=1), prefix=args.prefix) as net:
         net.build()
         add_backends(net, args.backends)
         router = Router(net)

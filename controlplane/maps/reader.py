@@ -5,14 +5,16 @@ maps package, the only code that knows map layouts; Maps mixes this in."""
 
 from __future__ import annotations
 
+import ctypes
 import time
-from typing import Iterable
+from typing import Iterable, Sequence
 
+import numpy as np
 
 from controlplane import abi, wire
 from controlplane.maps.records import (
     PROBE_TEXT, PROTO_NAMES, ProbeStatus, WireStats, count_entries, from_be16, from_be32, pack_probe,
-    unpack_probe, unpack_wire,
+    unpack_probe, wire_columns, wire_from_row,
 )
 
 
@@ -110,14 +112,23 @@ class Reader:
         if bids is None:
             info = self.t[abi.MAP_BACKENDS]
             bids = [i for i in range(self.max_backends) if info[info.Key(i)].flags & abi.BE_F_VALID]
+        bids = list(bids)
+        return {bid: wire_from_row(r) for bid, r in zip(bids, self.wire_rows(bids))}
+
+    def wire_rows(self, bids: Sequence[int]) -> np.ndarray:
+        """The wire signals of backends bids, summed over CPUs (cumulative), as rows of int64
+        (controlplane.wire.row), one a backend in the order of bids."""
         t = self.t[abi.MAP_WIRE]
-        out = {}
-        for bid in bids:
-            total = WireStats()
-            for v in t.getvalue(t.Key(bid)):
-                total = total + unpack_wire(v)
-            out[bid] = total
-        return out
+        words = ctypes.sizeof(t.sLeaf) // 8  # all u64: abi.h asserts the size, a test the fields
+        if not bids:
+            return np.zeros((0, wire.ROW_LEN), np.int64)
+        raw = np.empty((len(bids), ctypes.sizeof(t.Leaf) // 8), np.uint64)  # every CPU's record
+        at, stride = raw.ctypes.data, raw.strides[0]
+        key, lookup = t.Key, t.lookup_into
+        for i, bid in enumerate(bids):
+            lookup(key(bid), at + i * stride)
+        summed = raw.reshape(len(bids), -1, words).sum(axis=1, dtype=np.uint64)
+        return summed[:, wire_columns(t.sLeaf)].astype(np.int64)
 
     def wire_view(self, bid: int) -> dict:
         """Backend bid's wire signals since the map was made, as status and the metrics show

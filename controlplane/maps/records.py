@@ -162,6 +162,24 @@ def unpack_wire(v) -> WireStats:
     )
 
 
+def wire_columns(leaf) -> list[int]:
+    """Where each column of a wire row (controlplane.wire.row) is among the u64 words of one
+    CPU's struct wire_stats; leaf: its ctypes type (bcc's sLeaf)."""
+    def word(name: str) -> int:
+        return getattr(leaf, name).offset // 8
+    return [*range(word("handshake"), word("handshake") + abi.WIRE_BUCKETS),
+            *range(word("first_byte"), word("first_byte") + abi.WIRE_BUCKETS),
+            word("handshake_ns"), word("first_byte_ns"), word("opened"), word("closed")]
+
+
+def wire_from_row(r) -> WireStats:
+    """A wire row (controlplane.wire.row) as a WireStats."""
+    values = [int(x) for x in r]
+    b = abi.WIRE_BUCKETS
+    return WireStats(handshake=tuple(values[:b]), first_byte=tuple(values[b:2 * b]), handshake_ns=values[2 * b],
+                     first_byte_ns=values[2 * b + 1], opened=values[2 * b + 2], closed=values[2 * b + 3])
+
+
 def counts_from_dump(map_name: str, dump: list[dict]) -> dict[str, int]:
     """`bpftool -j map dump` of edge_verdicts or edge_drops (per-CPU arrays of u64, key
     u32, both host byte order) as {name: count summed over CPUs}: for readers that do

@@ -98,6 +98,9 @@ class Table:
 
     getvalue = __getitem__
 
+    def lookup_into(self, key, address: int) -> None:
+        ct.memmove(address, bytes(self[key]), ct.sizeof(self.Leaf))
+
     def __setitem__(self, key, leaf) -> None:
         k = self._k(key)
         if not self.array and k not in self.data and len(self.data) >= self.max_entries:

@@ -15,10 +15,11 @@ import itertools
 import threading
 import time
 
+import numpy as np
 import pytest
 import yaml
 
-from controlplane import abi, edged, loader, maps, operations
+from controlplane import abi, edged, loader, maps, operations, wire
 from controlplane.errors import ConfigError, EdgeError, MapError
 from controlplane.config import parse_config
 from controlplane.maps import ApplyReport, ProbeStatus, WireStats
@@ -119,6 +120,9 @@ class FakeMaps:
     def wire_stats(self, bids=None):
         bids = [bid for _, ids in self.ids_of.values() for bid in ids.values()] if bids is None else bids
         return {bid: self.wire.get(bid, WireStats()) for bid in bids}
+
+    def wire_rows(self, bids):
+        return np.array([wire.row(self.wire.get(bid, WireStats())) for bid in bids], np.int64).reshape(-1, wire.ROW_LEN)
 
     def leaving(self, s):
         return []

@@ -1,12 +1,12 @@
 """controlplane.maps: the wire signals record (struct wire_stats of abi.h, edge_wire) and
-Maps.wire_stats(), which sums it over CPUs. Unprivileged: the maps are in memory
+Maps.wire_stats() and Maps.wire_rows(), which sum it over CPUs. Unprivileged: the maps are in memory
 (tests/memtables.py builds them from abi.h and maps.h)."""
 
 from __future__ import annotations
 
 import ctypes
 
-from controlplane import abi
+from controlplane import abi, wire
 from controlplane.config import parse_config
 from controlplane.maps.records import WireStats, unpack_wire
 from controlplane.tests.memtables import MemMaps
@@ -63,6 +63,9 @@ def test_maps_sum_every_cpu_of_every_valid_backend():
         assert (b1.opened, b1.closed, b1.active) == (8, 1, 7)
         assert maps.wire_stats([bids["b1"]]) == {bids["b1"]: b1}
         assert unpack_wire(per_cpu[0]).handshake[3] == 2
+        rows = maps.wire_rows([bids["b1"], bids["b0"]])  # what edged's steps read
+        assert rows.tolist() == [wire.row(b1).tolist(), wire.row(WireStats()).tolist()]
+        assert maps.wire_rows([]).shape == (0, wire.ROW_LEN)
     finally:
         maps.close()
         mem.close()
