@@ -48,19 +48,23 @@ static __always_inline int partial_csum(const struct iphdr *iph, __u16 check, __
 	return csum_fold(sum) == check;
 }
 
-/* Source address and port become the VIP's; IPv4 and L4 checksums follow
- * (a zero UDP checksum means "none" and stays so). */
+/* Source address and port become the VIP's and the TTL drops by one; IPv4
+ * and L4 checksums follow, each folded once (a zero UDP checksum means
+ * "none" and stays so). The TTL sits in the high byte of the 16-bit word it
+ * shares with the protocol. */
 static __always_inline void snat_xdp(struct iphdr *iph, __be16 *sport, __u16 *check, int udp,
 				     __be32 vip_addr, __be16 vip_port)
 {
+	__u32 addr = csum_delta32(iph->saddr, vip_addr);
+	__be16 ttl_word = *(__be16 *)&iph->ttl;
 	__u16 c = *check;
 
 	if (!udp || c) {
-		c = csum_replace32(c, iph->saddr, vip_addr);
-		c = csum_replace16(c, *sport, vip_port);
+		c = csum_apply(c, addr + csum_delta16(*sport, vip_port));
 		*check = (udp && !c) ? 0xffff : c;
 	}
-	iph->check = csum_replace32(iph->check, iph->saddr, vip_addr);
+	iph->ttl--;
+	iph->check = csum_apply(iph->check, addr + csum_delta16(ttl_word, *(__be16 *)&iph->ttl));
 	iph->saddr = vip_addr;
 	*sport = vip_port;
 }
@@ -134,7 +138,6 @@ int edge_reply(struct xdp_md *ctx)
 		return XDP_PASS;
 
 	snat_xdp(iph, ports, check, udp, ri->vip_addr, ri->vip_port);
-	decrease_ttl(iph);
 	set_macs(eth, hop->dmac, hop->smac);
 	count_return(ri->vip_id, ri->backend_id);
 	count_index(EDGE_CNT_RETURN_NAT);

@@ -20,13 +20,8 @@
 #define AF_INET		2
 #endif
 
-static __always_inline void dnat_l3(struct iphdr *iph, __be32 addr)
-{
-	iph->check = csum_replace32(iph->check, iph->daddr, addr);
-	iph->daddr = addr;
-}
-
-/* Rewrites destination address and port, fixing IPv4 and L4 checksums.
+/* Rewrites destination address and port, fixing IPv4 and L4 checksums (the
+ * address change computed once for both, each checksum folded once).
  * verifier: the L4 header is re-checked here because the pointer the parser
  * checked loses its range once spilled (LLVM merges the TCP and UDP paths).
  * Returns -1 only if those already checked headers are not there. */
@@ -34,32 +29,30 @@ static __always_inline int dnat(struct pkt *pkt, const struct backend_info *be,
 				void *data_end)
 {
 	struct iphdr *iph = pkt->iph;
-	__be32 old_addr = iph->daddr;
+	__u32 addr = csum_delta32(iph->daddr, be->addr);
 
 	if (pkt->flow.proto == IPPROTO_TCP) {
 		struct tcphdr *th = (void *)(iph + 1);
 
 		if ((void *)(th + 1) > data_end)
 			return -1;
-		dnat_l3(iph, be->addr);
-		th->check = csum_replace32(th->check, old_addr, be->addr);
-		th->check = csum_replace16(th->check, th->dest, be->port);
+		th->check = csum_apply(th->check, addr + csum_delta16(th->dest, be->port));
 		th->dest = be->port;
 	} else {
 		struct udphdr *uh = (void *)(iph + 1);
 
 		if ((void *)(uh + 1) > data_end)
 			return -1;
-		dnat_l3(iph, be->addr);
 		/* A zero UDP checksum means "none" and stays so. */
 		if (uh->check) {
-			__u16 c = csum_replace32(uh->check, old_addr, be->addr);
+			__u16 c = csum_apply(uh->check, addr + csum_delta16(uh->dest, be->port));
 
-			c = csum_replace16(c, uh->dest, be->port);
 			uh->check = c ? c : 0xffff;
 		}
 		uh->dest = be->port;
 	}
+	iph->check = csum_apply(iph->check, addr);
+	iph->daddr = be->addr;
 	return 0;
 }
 
