@@ -15,10 +15,22 @@
 #include "include/maps.h"
 #include "include/parse.h"
 #include "include/stats.h"
-#include "include/heartbeat.h"
 #include "include/nat.h"
 
 #define REPLY_TCP_SLOW	0x07	/* FIN | SYN | RST: the return path notes them */
+
+/* 1 when a UDP datagram may be a heartbeat: its payload starts with the
+ * heartbeat magic. tc's consume_heartbeat takes as heartbeats only
+ * datagrams to a heartbeat port whose payload starts so, and looks the port
+ * up itself; a reply that merely starts with those four bytes only takes
+ * tc's slower path. Testing the magic instead of the port spares every UDP
+ * reply a hash lookup (edge_hb_ports). */
+static __always_inline int maybe_heartbeat(const struct udphdr *uh, void *data_end)
+{
+	const __be32 *magic = (const void *)(uh + 1);
+
+	return (void *)(magic + 1) <= data_end && *magic == bpf_htonl(EDGE_HB_MAGIC);
+}
 
 /* 1 when the L4 checksum field holds the folded pseudo-header sum, as a
  * packet sent with a partial checksum (CHECKSUM_PARTIAL: a local stack on
@@ -36,19 +48,23 @@ static __always_inline int partial_csum(const struct iphdr *iph, __u16 check, __
 	return csum_fold(sum) == check;
 }
 
-/* Source address and port become the VIP's; IPv4 and L4 checksums follow
- * (a zero UDP checksum means "none" and stays so). */
+/* Source address and port become the VIP's and the TTL drops by one; IPv4
+ * and L4 checksums follow, each folded once (a zero UDP checksum means
+ * "none" and stays so). The TTL sits in the high byte of the 16-bit word it
+ * shares with the protocol. */
 static __always_inline void snat_xdp(struct iphdr *iph, __be16 *sport, __u16 *check, int udp,
 				     __be32 vip_addr, __be16 vip_port)
 {
+	__u32 addr = csum_delta32(iph->saddr, vip_addr);
+	__be16 ttl_word = *(__be16 *)&iph->ttl;
 	__u16 c = *check;
 
 	if (!udp || c) {
-		c = csum_replace32(c, iph->saddr, vip_addr);
-		c = csum_replace16(c, *sport, vip_port);
+		c = csum_apply(c, addr + csum_delta16(*sport, vip_port));
 		*check = (udp && !c) ? 0xffff : c;
 	}
-	iph->check = csum_replace32(iph->check, iph->saddr, vip_addr);
+	iph->ttl--;
+	iph->check = csum_apply(iph->check, addr + csum_delta16(ttl_word, *(__be16 *)&iph->ttl));
 	iph->saddr = vip_addr;
 	*sport = vip_port;
 }
@@ -87,7 +103,7 @@ int edge_reply(struct xdp_md *ctx)
 	} else if (iph->protocol == IPPROTO_UDP) {
 		struct udphdr *uh = (void *)ports;
 
-		if ((void *)(uh + 1) > data_end || is_hb_port(uh->dest))
+		if ((void *)(uh + 1) > data_end || maybe_heartbeat(uh, data_end))
 			return XDP_PASS;
 		check = &uh->check;
 		udp = 1;
@@ -122,9 +138,7 @@ int edge_reply(struct xdp_md *ctx)
 		return XDP_PASS;
 
 	snat_xdp(iph, ports, check, udp, ri->vip_addr, ri->vip_port);
-	decrease_ttl(iph);
-	__builtin_memcpy(eth->h_dest, hop->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, hop->smac, ETH_ALEN);
+	set_macs(eth, hop->dmac, hop->smac);
 	count_return(ri->vip_id, ri->backend_id);
 	count_index(EDGE_CNT_RETURN_NAT);
 	return count_verdict(EDGE_CNT_RETURN_XDP, bpf_redirect(hop->ifindex, 0));

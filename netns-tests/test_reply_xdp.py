@@ -12,8 +12,13 @@ everything it does not handle to the tc program.
 from __future__ import annotations
 
 import json
+import socket
+import struct
+
+from scapy.layers.inet import IP, UDP
 
 from controlplane import abi
+from controlplane.lab.topo import backend_role
 from controlplane.lab.traffic import close_all, http_get, open_connections, udp_answers
 
 PORT = 8000
@@ -83,6 +88,47 @@ def test_partial_checksums_are_left_to_tc(net, router):
     verdicts = router.status()["verdicts"]
     assert verdicts["return_xdp"] == 0
     assert verdicts["return_nat"] >= 2 * 15 + 15
+
+
+def _reply_from_backend(net, i: int, client_port: int, payload: bytes) -> None:
+    """Backend i sends one UDP datagram from its service port to the client's client_port, as an
+    answer on that flow (a raw IP socket: the backend's server owns the port; scapy fills in
+    full checksums)."""
+    packet = IP(src=str(net.backend_addr(i)), dst=str(net.topo.client_addr.ip)) / \
+        UDP(sport=PORT, dport=client_port) / payload
+    with net.backends[i].enter():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    with sock:
+        sock.sendto(bytes(packet), (str(net.topo.client_addr.ip), 0))
+
+
+def test_udp_replies_that_start_like_a_heartbeat_are_left_to_tc(net, router):
+    """edge_reply leaves a UDP datagram whose payload starts with the heartbeat magic to tc,
+    which tells heartbeats apart (by port, then payload); tc reverse-NATs it like any reply.
+    The same datagram without the magic goes through XDP."""
+    router.deploy([router.service("dns", protocol="udp")])
+    udp_answers(net.client, net.vip, PORT, 10)  # next hops known: later replies can take XDP
+    with net.client.enter():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        sock.settimeout(2.0)
+        sock.sendto(b"who", (str(net.vip), PORT))
+        name, _ = sock.recvfrom(2048)
+        i = [backend_role(j) for j in range(3)].index(name.decode())
+        client_port = sock.getsockname()[1]
+        got = {}
+        for label, payload in (("magic", struct.pack("!I", abi.HB_MAGIC) + b"not a heartbeat"),
+                               ("plain", b"an ordinary answer")):
+            before = router.status()["verdicts"]
+            _reply_from_backend(net, i, client_port, payload)
+            data, src = sock.recvfrom(2048)
+            after = router.status()["verdicts"]
+            got[label] = (data == payload, f"{src[0]}:{src[1]}",
+                          {k: after[k] - before[k] for k in ("return_xdp", "return_redirect", "return_nat")})
+
+    vip = f"{net.vip}:{PORT}"
+    assert got["magic"] == (True, vip, {"return_xdp": 0, "return_redirect": 1, "return_nat": 1})
+    assert got["plain"] == (True, vip, {"return_xdp": 1, "return_redirect": 0, "return_nat": 1})
 
 
 def test_reply_xdp_off_leaves_replies_to_tc_and_undeploy_removes_it(net, router):

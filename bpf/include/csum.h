@@ -16,24 +16,38 @@ static __always_inline __u16 csum_fold(__u32 sum)
 	return (__u16)sum;
 }
 
+/* ~m + m' for a 32-bit field m -> m', unfolded: what a change adds to ~HC.
+ * Changes covered by one checksum are summed and applied with one fold
+ * (csum_apply) instead of one csum_replace* each; same result, fewer
+ * instructions. */
+static __always_inline __u32 csum_delta32(__be32 from, __be32 to)
+{
+	return (~from & 0xffff) + (~from >> 16) + (to & 0xffff) + (to >> 16);
+}
+
+/* The same for a 16-bit field. */
+static __always_inline __u32 csum_delta16(__be16 from, __be16 to)
+{
+	return (__u16)~from + (__u32)to;
+}
+
+/* HC' = ~(~HC + delta), delta a sum of at most four csum_delta*: below
+ * 2^20, so csum_fold's two rounds suffice. */
+static __always_inline __u16 csum_apply(__u16 check, __u32 delta)
+{
+	return (__u16)~csum_fold((__u16)~check + delta);
+}
+
 /* HC' = ~(~HC + ~m + m') for a 32-bit field m -> m'. */
 static __always_inline __u16 csum_replace32(__u16 check, __be32 from, __be32 to)
 {
-	__u32 sum = (__u16)~check;
-
-	sum += (~from & 0xffff) + (~from >> 16);
-	sum += (to & 0xffff) + (to >> 16);
-	return (__u16)~csum_fold(sum);
+	return csum_apply(check, csum_delta32(from, to));
 }
 
 /* The same for a 16-bit field. */
 static __always_inline __u16 csum_replace16(__u16 check, __be16 from, __be16 to)
 {
-	__u32 sum = (__u16)~check;
-
-	sum += (__u16)~from;
-	sum += to;
-	return (__u16)~csum_fold(sum);
+	return csum_apply(check, csum_delta16(from, to));
 }
 
 /* A 64-bit one's complement accumulator folded to 16 bits. */

@@ -20,13 +20,8 @@
 #define AF_INET		2
 #endif
 
-static __always_inline void dnat_l3(struct iphdr *iph, __be32 addr)
-{
-	iph->check = csum_replace32(iph->check, iph->daddr, addr);
-	iph->daddr = addr;
-}
-
-/* Rewrites destination address and port, fixing IPv4 and L4 checksums.
+/* Rewrites destination address and port, fixing IPv4 and L4 checksums (the
+ * address change computed once for both, each checksum folded once).
  * verifier: the L4 header is re-checked here because the pointer the parser
  * checked loses its range once spilled (LLVM merges the TCP and UDP paths).
  * Returns -1 only if those already checked headers are not there. */
@@ -34,33 +29,48 @@ static __always_inline int dnat(struct pkt *pkt, const struct backend_info *be,
 				void *data_end)
 {
 	struct iphdr *iph = pkt->iph;
-	__be32 old_addr = iph->daddr;
+	__u32 addr = csum_delta32(iph->daddr, be->addr);
 
 	if (pkt->flow.proto == IPPROTO_TCP) {
 		struct tcphdr *th = (void *)(iph + 1);
 
 		if ((void *)(th + 1) > data_end)
 			return -1;
-		dnat_l3(iph, be->addr);
-		th->check = csum_replace32(th->check, old_addr, be->addr);
-		th->check = csum_replace16(th->check, th->dest, be->port);
+		th->check = csum_apply(th->check, addr + csum_delta16(th->dest, be->port));
 		th->dest = be->port;
 	} else {
 		struct udphdr *uh = (void *)(iph + 1);
 
 		if ((void *)(uh + 1) > data_end)
 			return -1;
-		dnat_l3(iph, be->addr);
 		/* A zero UDP checksum means "none" and stays so. */
 		if (uh->check) {
-			__u16 c = csum_replace32(uh->check, old_addr, be->addr);
+			__u16 c = csum_apply(uh->check, addr + csum_delta16(uh->dest, be->port));
 
-			c = csum_replace16(c, uh->dest, be->port);
 			uh->check = c ? c : 0xffff;
 		}
 		uh->dest = be->port;
 	}
+	iph->check = csum_apply(iph->check, addr);
+	iph->daddr = be->addr;
 	return 0;
+}
+
+/* The frame's destination and source MACs from a cached hop, each as a 4-
+ * and a 2-byte copy. memcpy into struct ethhdr (packed: alignment 1) and
+ * from a 6-byte array compiles to six byte loads and stores per MAC, as
+ * BPF's LLVM splits every access it cannot prove aligned; the casts of
+ * the untyped frame pointer are taken as aligned. Unaligned loads and
+ * stores of packet data and map values are allowed by the verifier where
+ * the architecture handles them (x86-64, arm64: no strict alignment). */
+static __always_inline void set_macs(struct ethhdr *eth, const __u8 *dmac, const __u8 *smac)
+{
+	void *f = eth;
+
+	*(__u32 *)f = *(const __u32 *)dmac;
+	*(__u16 *)(f + 4) = *(const __u16 *)(dmac + 4);
+	*(__u32 *)(f + ETH_ALEN) = *(const __u32 *)smac;
+	*(__u16 *)(f + ETH_ALEN + 4) = *(const __u16 *)(smac + 4);
 }
 
 /* TTL - 1 with its checksum update; the TTL sits in the high byte of the
@@ -140,8 +150,7 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *pkt, __u32 bi
 	if ((void *)(eth + 1) > data_end)
 		return count_drop(EDGE_DROP_MALFORMED);
 	decrease_ttl(iph);
-	__builtin_memcpy(eth->h_dest, nh->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, nh->smac, ETH_ALEN);
+	set_macs(eth, nh->dmac, nh->smac);
 	return count_verdict(EDGE_CNT_REDIRECT, bpf_redirect(nh->ifindex, 0));
 }
 
@@ -279,8 +288,7 @@ static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 
 		return count_verdict(EDGE_CNT_RETURN_REDIRECT,
 				     redirect_neigh(fib.ifindex, &nb, sizeof(nb), 0));
 	}
-	__builtin_memcpy(eth->h_dest, hop->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, hop->smac, ETH_ALEN);
+	set_macs(eth, hop->dmac, hop->smac);
 	return count_verdict(EDGE_CNT_RETURN_REDIRECT, bpf_redirect(hop->ifindex, 0));
 }
 
