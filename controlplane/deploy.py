@@ -220,6 +220,31 @@ def _check_sizes(maps: Maps, cfg: Config) -> None:
             )
 
 
+def make_pin_path(pin_path: Path, undo: loader.Undo) -> None:
+    """pin_path and its missing parents. Another instance of this host may deploy at the same
+    time and make a shared parent (the ABI's directory) first: that is no error. undo removes
+    what this call made: the instance's directory with its pins, a parent only while empty."""
+    for d in reversed([pin_path, *pin_path.parents]):
+        if d.exists():
+            continue
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue  # made just now by the other instance
+        if d == pin_path:
+            undo.push(f"remove {d}", lambda d=d: loader.remove_pins(d))
+        else:
+            undo.push(f"remove {d}", lambda d=d: _rmdir_if_empty(d))
+
+
+def _rmdir_if_empty(d: Path) -> None:
+    try:
+        d.rmdir()
+    except OSError as e:
+        if e.errno != errno.ENOTEMPTY:
+            raise
+
+
 def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: bool = False,
            hold: bool = False, amend: Callable[[Maps, Config], Config] | None = None,
            lock: NodeLock | None = None) -> DeployResult:
@@ -263,10 +288,7 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
     undo = loader.Undo()
     loaded = None
     try:
-        for d in reversed([pin_path, *pin_path.parents]):
-            if not d.exists():
-                d.mkdir()
-                undo.push(f"remove {d}", lambda d=d: loader.remove_pins(d))
+        make_pin_path(pin_path, undo)
         progress(f"compiling the data path (M={cfg.node.maglev_m}, {cfg.node.max_services} services, "
                  f"{cfg.node.max_backends} backends)")
         loaded = loader.compile_datapath(pin_path, params_of(cfg))

@@ -1,12 +1,16 @@
 """What edged did and saw, in order: one Events log that writes each event to
 stderr (a text line, or one JSON object per line), keeps the recent ones for
 the API, and hands them to every subscribed watcher without ever blocking on a
-slow one."""
+slow one. The log writes to its own copy of fd 2, taken when it is made: the
+loader points fd 2 at a buffer while bcc compiles or attaches, in worker
+threads, and an event of the loop meanwhile would land in that buffer."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import os
 import sys
 import time
 from collections import deque
@@ -15,13 +19,14 @@ PROG = "edged"
 EVENTS_KEPT = 512
 
 
-def _log(line: str) -> None:
-    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-
-
-def _log_json(event: dict) -> None:
-    sys.stderr.write(json.dumps(event, default=str) + "\n")  # one write: lines never interleave
-    sys.stderr.flush()
+def _own_stderr() -> io.TextIOBase | None:
+    """A line-buffered stream on a copy of stderr's fd; None when stderr has no fd (a test's
+    stand-in), which is then written as it is."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return None
+    return os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
 
 
 class Events:
@@ -32,14 +37,15 @@ class Events:
         self.recent: deque[dict] = deque(maxlen=keep)
         self.queues: set[asyncio.Queue] = set()
         self.json_lines = json_lines
+        self._out = _own_stderr()
 
     def emit(self, kind: str, text: str, **fields) -> dict:
         event = {"t": time.time(), "kind": kind, "text": text, **fields}
         self.recent.append(event)
-        if self.json_lines:
-            _log_json(event)
-        else:
-            _log(text)
+        out = self._out or sys.stderr
+        # one write per event: lines never interleave
+        out.write(json.dumps(event, default=str) + "\n" if self.json_lines else f"{PROG}: {text}\n")
+        out.flush()
         for q in list(self.queues):
             try:
                 q.put_nowait(event)
