@@ -55,3 +55,36 @@ def test_a_directory_of_another_user_is_refused(tmp_path):
     os.chown(pin_dir, 65534, -1)
     with pytest.raises(LoaderError, match=r"/edge is owned by uid 65534, not root"):
         check_pin_dir(str(pin_dir), pin_path)
+
+
+def test_a_parent_made_by_another_instance_meanwhile_is_no_error(tmp_path, monkeypatch):
+    """Two edgeds of one host deploying at once both found the ABI's directory missing; the
+    second mkdir failed with FileExistsError (a fleet test's edged exited with that traceback)."""
+    from pathlib import Path
+
+    from controlplane.deploy import make_pin_path
+    from controlplane.loader import Undo
+
+    pin_dir, pin_path = layout(tmp_path)
+    other = pin_dir / "v3" / "eth1-1"
+    other.mkdir(parents=True)  # the other instance got there first...
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda p: False if p == pin_dir / "v3" else real_exists(p))  # ...after we looked
+    undo = Undo()
+    make_pin_path(pin_path, undo)
+    assert pin_path.is_dir()
+    monkeypatch.undo()
+    assert undo.rollback() == []  # the instance's directory goes; the shared ones stay, in use
+    assert not pin_path.exists() and other.is_dir()
+
+
+def test_undo_removes_the_parents_it_made_while_empty(tmp_path):
+    from controlplane.deploy import make_pin_path
+    from controlplane.loader import Undo
+
+    pin_dir, pin_path = layout(tmp_path)
+    undo = Undo()
+    make_pin_path(pin_path, undo)
+    (pin_path / "edge_vips").write_text("")  # a pin
+    assert undo.rollback() == []
+    assert not pin_dir.exists()
