@@ -194,12 +194,13 @@ def open_maps(loaded: loader.Loaded) -> Maps:
 def backend_routes(cfg: Config) -> dict:
     """Egress ifindex towards every backend address; ConfigError naming one
     without a route."""
+    found = loader.route_oifs(str(b.address) for s in cfg.services for b in s.backends)
     oifs = {}
     for i, s in enumerate(cfg.services):
         for j, b in enumerate(s.backends):
             if b.address in oifs:
                 continue
-            oif = loader.route_oif(str(b.address))
+            oif = found[str(b.address)]
             if oif is None:
                 raise ConfigError(
                     f"services[{i}].backends[{j}].address: no route to {b.address} ({s.name}/{b.name}) from this node"

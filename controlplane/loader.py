@@ -25,7 +25,7 @@ from controlplane.errors import CompileError, LoaderError, MapError, NotDeployed
 # the data-path watch reach them through this module, the one that attaches.
 from controlplane.netlink import (  # noqa: F401  (re-exported)
     TC_HANDLE, TC_INGRESS_PARENT, TC_PRIO, XdpState, attach_tc, detach_tc, has_clsact, ifindex,
-    ifindexes, ifname, ip_forward, prog_name, return_filter, route_oif, set_ip_forward, xdp_state,
+    ifindexes, ifname, ip_forward, prog_name, return_filter, route_oif, route_oifs, set_ip_forward, xdp_state,
 )
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"

@@ -11,6 +11,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from controlplane.errors import LoaderError
 
@@ -54,15 +55,31 @@ def ifname(index: int) -> str:
 
 def route_oif(address: str) -> int | None:
     """Egress ifindex of this namespace's route to address; None if unrouted."""
+    return route_oifs([address])[address]
+
+
+def route_oifs(addresses: Iterable[str]) -> dict[str, int | None]:
+    """route_oif of every address over one netlink socket (opening one per address cost
+    about 1.6 ms of CPU each: 1.6 s for 1,000 backends)."""
     from pyroute2.netlink.exceptions import NetlinkError
 
+    out: dict[str, int | None] = {}
     with _ipr() as ipr:
-        try:
-            routes = ipr.route("get", dst=address)
-        except NetlinkError as e:
-            if e.code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
-                return None
-            raise
+        for address in addresses:
+            if address in out:
+                continue
+            try:
+                routes = ipr.route("get", dst=address)
+            except NetlinkError as e:
+                if e.code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
+                    out[address] = None
+                    continue
+                raise
+            out[address] = _oif(routes)
+    return out
+
+
+def _oif(routes) -> int | None:
     for route in routes:
         if route.get_attr("RTA_TYPE", route["type"]) not in (1, 2):  # unicast, local
             return None
