@@ -71,8 +71,7 @@ def _disconnecter() -> Optional[Callable[[int], int]]:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        connect = libc.connect
-        connect.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_uint32)
+        connect = libc.connect  # no argtypes: an int and a buffer convert as they are, faster
         connect.restype = ctypes.c_int
         unspec = ctypes.create_string_buffer(16)  # struct sockaddr, sa_family 0 (AF_UNSPEC)
     except (ImportError, OSError, AttributeError):
