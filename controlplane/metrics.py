@@ -186,8 +186,12 @@ class Observer:
             raise ValueError("window must be at least 1")
         rtt_s = sample.rtt_s if sample.ok else None
         with self._lock:
-            b = self._backends.setdefault((service, backend), _BackendStats())
-            svc = self._services.setdefault(service, _ServiceStats())
+            b = self._backends.get((service, backend))  # built only when new: once per backend
+            if b is None:
+                b = self._backends[(service, backend)] = _BackendStats()
+            svc = self._services.get(service)
+            if svc is None:
+                svc = self._services[service] = _ServiceStats()
             if sample.ok:
                 b.ok += 1
             else:

@@ -177,8 +177,8 @@ def run(args) -> int:
             print(pt.HEADER, flush=True)
             results.append(measure("before", interval_ms, edged, client, servers, sock, args.seconds))
             print(pt.row(results[-1]), flush=True)
-            relaxed_ms = max(interval_ms, min(10 * interval_ms, 2000))  # config.Probe.relaxed_ms's default
-            phases = [("after", None, relaxed_ms)] + ([("none", NO_PROBES, "-")] if args.no_probes_phase else [])
+            relaxed_ms = args.relaxed_ms or max(interval_ms, min(10 * interval_ms, 2000))  # else Probe's default
+            phases = [("after", args.relaxed_ms, relaxed_ms)] + ([("none", NO_PROBES, "-")] if args.no_probes_phase else [])
             for phase, key, shown in phases:
                 with Client(sock, timeout_s=60.0) as c:
                     c.reload(yaml.safe_dump(config_doc(services, args, key, sock), sort_keys=False))

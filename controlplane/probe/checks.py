@@ -33,6 +33,7 @@ _TS_ANCILLARY = socket.CMSG_SPACE(16)  # one struct timespec (two 64-bit fields)
 _TCP_INFO_LEN = 72  # struct tcp_info up to tcpi_rttvar
 _TCPI_RTT = 68  # offset of tcpi_rtt (microseconds) in struct tcp_info
 _TCP_SYN_SENT = 2
+_TCP_CLOSE = 7
 _TCP_CONNECTED = (1, 8)  # ESTABLISHED, CLOSE_WAIT (the server accepted, then closed: connected all the same)
 _EPOLLIN, _EPOLLOUT, _ONESHOT = select.EPOLLIN, select.EPOLLOUT, select.EPOLLONESHOT
 # Relaxed rounds start and time out on this grid: a few loop wake-ups a tick instead of one
@@ -70,8 +71,7 @@ def _disconnecter() -> Optional[Callable[[int], int]]:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        connect = libc.connect
-        connect.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_uint32)
+        connect = libc.connect  # no argtypes: an int and a buffer convert as they are, faster
         connect.restype = ctypes.c_int
         unspec = ctypes.create_string_buffer(16)  # struct sockaddr, sa_family 0 (AF_UNSPEC)
     except (ImportError, OSError, AttributeError):
@@ -80,6 +80,26 @@ def _disconnecter() -> Optional[Callable[[int], int]]:
 
 
 _disconnect = _disconnecter()
+
+
+def look_at(now_ns: int) -> int:
+    """The grid step (SLOW_GRID_NS) after now_ns, when a relaxed round started at now_ns is
+    looked at."""
+    return (now_ns // SLOW_GRID_NS + 1) * SLOW_GRID_NS
+
+
+def _rtt_if_connected(info: bytes) -> Optional[int]:
+    """tcpi_rtt (microseconds) from a probe socket's TCP_INFO if its connection was made:
+    ESTABLISHED; CLOSE_WAIT (the server accepted, then closed); or CLOSE with an RTT, which
+    only a SYN-ACK gives (the server accepted, then reset; a refused or unreachable connect
+    has none, and a reset by the prober clears it). None while connecting or when it failed."""
+    state = info[0]
+    if state in _TCP_CONNECTED:
+        return struct.unpack_from("I", info, _TCPI_RTT)[0]
+    if state == _TCP_CLOSE:
+        rtt = struct.unpack_from("I", info, _TCPI_RTT)[0]
+        return rtt if rtt else None
+    return None
 
 
 # ---------------------------------------------------------------- the kinds
@@ -105,6 +125,9 @@ class _Check:
         self.rise = 1
         self.passes = 0  # rounds in a row that passed
         self.slow = False  # next_ns was set at the relaxed interval
+        self.slow_round = False  # this round was started as a relaxed one
+        self.look_ns = 0  # when this round's result is to be looked at on the grid; 0: not
+        self.deadline_ns = 0  # this round's timeout (on the grid for a relaxed round)
         self.next_ns = _monotonic_ns() + int(random.random() * self.interval_ns)
         prober._at(self.next_ns, self)
 
@@ -121,6 +144,9 @@ class _Check:
             return
         if self.busy:
             if self.started_ns + self.timeout_ns > due_ns:
+                if self.look_ns and self.look_ns <= due_ns:
+                    self.look_ns = 0
+                    self._look()
                 return  # a start due before the deadline waits for the deadline's own call
             self._deadline()
         if self.next_ns <= due_ns:
@@ -131,9 +157,12 @@ class _Check:
         self.round += 1
         self.busy = True
         self.started_ns = now
+        self.look_ns = 0
+        self.slow_round = self.slow
         deadline_ns = now + self.timeout_ns
         if self.slow:  # a relaxed round: a timeout up to one grid step late is still a timeout
             deadline_ns = -(-deadline_ns // SLOW_GRID_NS) * SLOW_GRID_NS
+        self.deadline_ns = deadline_ns
         step = self.interval_ns
         if self.relaxed_ns > step and self.passes >= self.rise and self.prober._relaxed.get(self.backend.key, 0) > now:
             if not self.slow:  # targets relaxed together start their slow rounds spread out
@@ -157,6 +186,12 @@ class _Check:
             self.abort()
             self.fail(_errno_word(e.errno) if e.errno else str(e))
         except Exception as e:  # a bug here must not stop the other probes of this tick
+            self._fault(e)
+
+    def _look(self) -> None:
+        try:
+            self.look()
+        except Exception as e:
             self._fault(e)
 
     def _deadline(self) -> None:
@@ -210,6 +245,9 @@ class _Check:
     def last_look(self) -> None:
         pass
 
+    def look(self) -> None:
+        """The wheel's call at look_ns, set by begin() (a relaxed round's look on the grid)."""
+
     def abort(self) -> None:
         pass
 
@@ -224,7 +262,12 @@ class _Check:
 
 
 class _TcpCheck(_Check):
-    """Connect, note tcpi_rtt, reset the connection; one socket reused when it can be."""
+    """Connect, note tcpi_rtt, reset the connection; one socket reused when it can be.
+    A relaxed round does not wait on epoll: its connection is looked at on the next step of
+    the grid (SLOW_GRID_NS), one wake-up for the looks and starts of many targets, and only
+    one still connecting then is handed to epoll. The RTT is the kernel's either way, and a
+    connection the server accepted and then reset counts as connected however late it is
+    read (tcpi_rtt says the SYN-ACK came), so when it is read decides nothing."""
 
     def __init__(self, *args) -> None:
         self.sock: Optional[socket.socket] = None
@@ -245,6 +288,15 @@ class _TcpCheck(_Check):
         if err != errno.EINPROGRESS:
             self._connected(err)
             return
+        if self.slow_round:
+            look_ns = look_at(_monotonic_ns())
+            if look_ns < self.deadline_ns:
+                self.look_ns = look_ns
+                self.prober._at(look_ns, self)
+            return  # else the deadline's call looks
+        self._arm()
+
+    def _arm(self) -> None:
         if self.armed_once:
             self.prober._ep.modify(self.fd, _EPOLLOUT | _ONESHOT)
         else:
@@ -255,20 +307,25 @@ class _TcpCheck(_Check):
         if self.busy:
             self._connected(0)
 
+    def look(self) -> None:
+        if self.sock is not None:
+            self._connected(0)
+
     def last_look(self) -> None:
         if self.sock is not None:
             self._connected(0, waiting=True)
 
     def _connected(self, err: int, waiting: bool = False) -> None:
         info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
-        if info[0] in _TCP_CONNECTED:
-            rtt_ns = struct.unpack_from("I", info, _TCPI_RTT)[0] * 1000 or _monotonic_ns() - self.t0
+        rtt_us = _rtt_if_connected(info)
+        if rtt_us is not None:
+            rtt_ns = rtt_us * 1000 or _monotonic_ns() - self.t0
             self._release()
             self.finish(rtt_ns)
             return
         if info[0] == _TCP_SYN_SENT and not err:
-            if not waiting:  # woken without a result: wait on
-                self.prober._ep.modify(self.fd, _EPOLLOUT | _ONESHOT)
+            if not waiting:  # woken or looked at without a result: wait on
+                self._arm()
             return
         err = err or self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         self._release()

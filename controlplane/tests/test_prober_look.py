@@ -1,0 +1,120 @@
+"""Relaxed tcp probes looked at on the grid (checks._TcpCheck): the pure parts (look_at,
+_rtt_if_connected) and, with real servers on 127.0.0.1 as in test_prober.py, that a relaxed
+round's result is read without epoll and decides what an immediate read would."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+
+from controlplane.config import Probe
+from controlplane.probe import Prober, Target
+from controlplane.probe import checks
+from controlplane.probe.checks import SLOW_GRID_NS, _rtt_if_connected, look_at
+from controlplane.tests.test_prober import LOOPBACK, Recorder, closing, run, started, wait_for
+
+FAR_NS = 3600 * 10**9
+
+
+def tcp_info(state: int, rtt_us: int) -> bytes:
+    info = bytearray(checks._TCP_INFO_LEN)
+    info[0] = state
+    struct.pack_into("I", info, checks._TCPI_RTT, rtt_us)
+    return bytes(info)
+
+
+def test_a_relaxed_round_is_looked_at_on_the_next_grid_step():
+    assert look_at(0) == SLOW_GRID_NS
+    assert look_at(SLOW_GRID_NS - 1) == SLOW_GRID_NS
+    assert look_at(SLOW_GRID_NS) == 2 * SLOW_GRID_NS
+    assert look_at(5 * SLOW_GRID_NS + 3) == 6 * SLOW_GRID_NS
+
+
+def test_a_connection_counts_as_made_when_the_syn_ack_came_whatever_happened_after():
+    assert _rtt_if_connected(tcp_info(1, 120)) == 120  # ESTABLISHED
+    assert _rtt_if_connected(tcp_info(8, 90)) == 90  # CLOSE_WAIT: accepted, then closed
+    assert _rtt_if_connected(tcp_info(7, 75)) == 75  # CLOSE with an RTT: accepted, then reset
+    assert _rtt_if_connected(tcp_info(7, 0)) is None  # refused, unreachable, or reset by us
+    assert _rtt_if_connected(tcp_info(2, 0)) is None  # SYN_SENT: still connecting
+
+
+class CountingEpoll:
+    """The prober's epoll set, counting registrations and re-arms."""
+
+    def __init__(self, ep) -> None:
+        self.ep, self.arms = ep, 0
+
+    def register(self, *a):
+        self.arms += 1
+        return self.ep.register(*a)
+
+    def modify(self, *a):
+        self.arms += 1
+        return self.ep.modify(*a)
+
+    def __getattr__(self, name):
+        return getattr(self.ep, name)
+
+
+def test_relaxed_tcp_rounds_of_a_loopback_listener_pass_without_epoll():
+    async def main() -> None:
+        server = await started()
+        rec = Recorder()
+        p = Prober(on_sample=rec.sample)
+        probe = Probe(kind="tcp", interval_ms=20, timeout_ms=200, rise=1, fall=3, relaxed_interval_ms=100)
+        p.set_targets([Target("b", LOOPBACK, server.port, probe)])
+        p._ep = counting = CountingEpoll(p._ep)
+        p.relax(["b"], time.monotonic_ns() + FAR_NS)
+        await wait_for(lambda: p.relaxed("b"), 3, "relaxed")
+        await wait_for(lambda: any(s.ok for s in rec.of("b")), 3, "a probe")
+        arms, since = counting.arms, len(rec.of("b"))
+        # a loopback connect is made within connect() itself: the grid's look finds it made
+        await wait_for(lambda: len(rec.of("b")) >= since + 3, 5, "3 relaxed probes")
+        relaxed = rec.of("b")[since:]
+        await closing(p, server)
+
+        assert all(s.ok and 0 < s.rtt_s < 0.2 for s in relaxed), relaxed
+        assert counting.arms == arms
+
+    run(main())
+
+
+def test_a_relaxed_round_to_a_server_that_accepts_and_resets_passes_and_a_refused_one_fails():
+    async def main() -> None:
+        resets = 0
+
+        def reset(conn: socket.socket) -> None:
+            nonlocal resets
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+            resets += 1
+
+        listener = socket.socket()
+        listener.bind((LOOPBACK, 0))
+        listener.listen(16)
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        loop = asyncio.get_running_loop()
+        loop.add_reader(listener.fileno(), lambda: reset(listener.accept()[0]))
+        rec = Recorder()
+        p = Prober(on_sample=rec.sample)
+        probe = Probe(kind="tcp", interval_ms=20, timeout_ms=200, rise=1, fall=3, relaxed_interval_ms=60)
+        p.set_targets([Target("b", LOOPBACK, port, probe)])
+        p.relax(["b"], time.monotonic_ns() + FAR_NS)
+        await wait_for(lambda: p.relaxed("b") and resets >= 3 and len(rec.of("b")) >= 3, 5, "relaxed probes")
+        ok = list(rec.of("b"))
+        loop.remove_reader(listener.fileno())
+        listener.close()  # the next round is refused and brings the full rate back
+        since = len(rec.of("b"))
+        await wait_for(lambda: any(not s.ok for s in rec.of("b")[since:]), 5, "a refused probe")
+        failed = next(s for s in rec.of("b")[since:] if not s.ok)
+        relaxed_after = p.relaxed("b")
+        await closing(p)
+
+        assert all(s.ok for s in ok), ok
+        assert failed.error == "refused" and failed.rtt_s is None
+        assert not relaxed_after
+
+    run(main())
