@@ -312,10 +312,15 @@ class Daemon(Changes, Operations):
     # ------------------------------------------------------------ steering
 
     @staticmethod
-    def _interval_s(s: Service) -> float:
+    def _interval_s(s: Service, relaxed: bool = False) -> float:
+        """How often a service's step runs at least: its probes' interval (relaxed: every
+        backend's probes are, and steps come as without probes: the scrapes' and the wire's
+        intervals), else its scrapes', else 1 s; never less often than wire.interval_ms."""
         health, interval = s.health, 1.0
         if health and health.probe:
-            interval = health.probe.interval_ms / 1000
+            interval = max(health.probe.interval_ms, health.probe.relaxed_ms if relaxed else 0) / 1000
+            if relaxed and health.metrics:
+                interval = min(interval, health.metrics.interval_ms / 1000)
         elif health and health.metrics:
             interval = health.metrics.interval_ms / 1000
         if s.weights.wire.enabled and s.weights.policy != "static":  # wire signals change between probes
@@ -325,7 +330,8 @@ class Daemon(Changes, Operations):
     async def _steer_loop(self, name: str) -> None:
         """Decides when a probe result that can move a weight (weights.sample_moves) or a scrape
         came in, at most every quarter interval, and at least once an interval: a changed RTT
-        reaches the table without waiting a tick."""
+        reaches the table without waiting a tick. While every backend's probes are relaxed the
+        interval is as without probes (a failed probe wakes the step at once all the same)."""
         failing = None
         while True:
             st = self.services.get(name)
@@ -337,7 +343,8 @@ class Daemon(Changes, Operations):
                 failing = None
             except EdgeError as e:
                 failing = self._failed(f"{name}: {e}", e, failing, service=name)
-            interval = self._interval_s(st.service)
+            relaxed = all(self.prober.relaxed((name, b.name)) for b in st.service.backends)
+            interval = self._interval_s(st.service, relaxed)
             await asyncio.sleep(interval / 4)
             if not st.wake.is_set():
                 try:

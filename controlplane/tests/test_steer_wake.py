@@ -85,3 +85,15 @@ def test_a_backend_a_reload_adds_gets_the_wire_rtt_at_the_next_step_without_a_re
         assert st.wire_read_ns == read_at and st.trackers["b0"].wire_rtt_s is not None
         assert d.wire_fresh == {("web", "b0")}
     on_loop(test)
+
+
+def test_steps_come_as_without_probes_while_every_backend_is_relaxed():
+    """The periodic step follows the probe interval; once real traffic has relaxed every
+    backend's probes it runs at the wire's interval instead (a failed probe still wakes it)."""
+    from controlplane.edged import Daemon
+
+    s = cfg(kind="tcp").services[0]
+    probe, wire = s.health.probe, s.weights.wire
+    assert Daemon._interval_s(s) == min(probe.interval_ms, wire.interval_ms) / 1000
+    assert Daemon._interval_s(s, relaxed=True) == min(probe.relaxed_ms, wire.interval_ms) / 1000
+    assert Daemon._interval_s(s, relaxed=True) > Daemon._interval_s(s)
