@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* edge_xdp.c: ingress of the edge router, on the client-facing interface.
- * parse -> VIP? -> conntrack or Maglev, judged by per-packet health -> DNAT
- * -> FIB redirect. Traffic that is not for a VIP passes untouched, except
+ * parse -> conntrack hit of a live VIP flow? -> DNAT -> FIB redirect; else
+ * VIP? -> conntrack or Maglev, judged by per-packet health -> DNAT -> FIB
+ * redirect. Traffic that is not for a VIP passes untouched, except
  * heartbeats arriving where their backend is not; every exit is counted.
  * edge_ingress is the fast path; what it cannot decide cheaply it hands to
  * edge_ingress_slow and that to edge_ingress_scan, by tail calls (select.h). */
@@ -134,6 +135,47 @@ static __always_inline __u64 health_now(void)
 	return c->ns;
 }
 
+/* The fast path's common case: a packet (no SYN) of an established flow,
+ * whose conntrack entry fi names the service and backend. The service's
+ * config carries its VIP key (abi.h, service_cfg), so when the entry's
+ * destination is still that VIP and the backend is still the service's,
+ * valid and alive, the packet is forwarded without the edge_vips lookup:
+ * one hash lookup (conntrack) instead of two. Everything else (a VIP that
+ * moved or went, a backend not alive, keep_flows) returns EDGE_CONTINUE
+ * and takes the full path, which decides as it always did. */
+static __always_inline int established(struct xdp_md *ctx, struct pkt *pkt,
+				       struct flow_info *fi)
+{
+	__u32 vid = fi->vip_id, bid = fi->backend_id;
+	struct service_cfg *sc = edge_svc_cfg.lookup(&vid);
+	struct backend_info *be;
+	__u64 now = 0;
+
+	if (!sc || sc->vip_addr != pkt->flow.dst || sc->vip_port != pkt->flow.dport ||
+	    sc->vip_proto != pkt->flow.proto)
+		return EDGE_CONTINUE;
+	be = edge_backends.lookup(&bid);
+	if (!be || be->vip_id != vid)
+		return EDGE_CONTINUE;
+	if (sc->flags)
+		now = health_now();
+	if (!backend_alive(be, sc, now))	/* also: valid and up */
+		return EDGE_CONTINUE;
+	/* the full path's checks, in its order, now that this is VIP traffic */
+	if ((void *)(pkt->iph + 1) > (void *)(long)ctx->data_end)
+		return count_drop(EDGE_DROP_MALFORMED);
+	if (!ipv4_csum_ok(pkt->iph))
+		return count_drop(EDGE_DROP_BAD_CSUM);
+	if (pkt->iph->ttl <= 1)
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+	count_traffic(vid, bid, pkt->l3_len, 0, 0);
+	wire_forward(fi, bid, 0, pkt->end, pkt->seq,
+		     pkt->l3_len - sizeof(struct iphdr) - pkt->tcp_hlen);
+	if (dnat(pkt, be, (void *)(long)ctx->data_end) < 0)
+		return count_drop(EDGE_DROP_MALFORMED);
+	return forward(ctx, pkt, bid);
+}
+
 /* The whole ingress; stage is a constant, EDGE_STAGE_* (see select.h). */
 static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 {
@@ -142,6 +184,7 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	struct vip_info *vip;
 	struct service_cfg *sc;
 	struct backend_info *be;
+	struct flow_info *fi;
 	__u64 now = 0;
 	__u32 bid, drop;
 	int verdict, new_flow, failover;
@@ -149,6 +192,15 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	verdict = parse_packet(ctx, &pkt);
 	if (verdict != EDGE_CONTINUE)
 		return verdict;
+
+	/* Conntrack first: an established flow needs no edge_vips lookup
+	 * (established). Traffic not for a VIP pays this lookup too. */
+	fi = edge_ct.lookup(&pkt.flow);
+	if (stage == EDGE_STAGE_FAST && fi && !pkt.syn) {
+		verdict = established(ctx, &pkt, fi);
+		if (verdict != EDGE_CONTINUE)
+			return verdict;
+	}
 
 	vk.addr = pkt.flow.dst;
 	vk.port = pkt.flow.dport;
@@ -188,7 +240,7 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	if (sc->flags)
 		now = stage == EDGE_STAGE_FAST ? health_now() : bpf_ktime_get_ns();
 
-	be = select_backend(vip, sc, &pkt, now, &bid, &new_flow, &failover, &drop, stage);
+	be = select_backend(vip, sc, &pkt, fi, now, &bid, &new_flow, &failover, &drop, stage);
 	if (!be) {
 		if (drop == EDGE_TO_NEXT_STAGE) {
 			edge_tails.call(ctx, stage);

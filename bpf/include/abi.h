@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	9
+#define EDGE_ABI_VERSION	10
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -70,6 +70,14 @@ struct service_cfg {
 	__u32	n_backends;	/* entries used in backends[] */
 	__u32	panic_below;	/* panic mode while fewer primaries are usable; 0 = off */
 	__u32	backends[EDGE_MAX_PER_SERVICE];	/* backend ids, primaries first */
+	/* The service's edge_vips key, written before its edge_vips entry and
+	 * cleared before that goes: a conntrack hit to this address, port and
+	 * protocol is an established flow of this service without the
+	 * edge_vips lookup (edge_xdp.c, established). */
+	__be32	vip_addr;	/* network byte order */
+	__be16	vip_port;	/* network byte order */
+	__u8	vip_proto;
+	__u8	pad;
 };
 
 /* service_cfg.flags */
@@ -330,7 +338,7 @@ _Static_assert(sizeof(struct reply_hop) == 40, "abi: reply_hop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
 _Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");
 _Static_assert(sizeof(struct direct_key) == 12, "abi: direct_key");
-_Static_assert(sizeof(struct service_cfg) == 304, "abi: service_cfg");
+_Static_assert(sizeof(struct service_cfg) == 312, "abi: service_cfg");
 _Static_assert(sizeof(struct backend_health) == 64, "abi: backend_health");
 _Static_assert(sizeof(struct hb_key) == 8, "abi: hb_key");
 _Static_assert(sizeof(struct hb_target) == 24, "abi: hb_target");

@@ -201,7 +201,8 @@ out:
 	return edge_backends.lookup(&found);
 }
 
-/* Resolves the backend of this packet, or NULL with the drop reason in
+/* Resolves the backend of this packet, whose conntrack entry is fi (NULL:
+ * none), or NULL with the drop reason in
  * *drop: the VIP has none usable, or the packet is TCP but no SYN, conntrack
  * does not know it, the budget for such entries is spent and its first
  * Maglev pick is not usable without the slow path (a usable one takes it
@@ -211,10 +212,9 @@ out:
  * took it before handing the packet over. */
 static __always_inline struct backend_info *
 select_backend(const struct vip_info *vip, const struct service_cfg *sc,
-	       struct pkt *pkt, __u64 now, __u32 *bid, int *new_flow,
-	       int *failover, __u32 *drop, const int stage)
+	       struct pkt *pkt, struct flow_info *fi, __u64 now, __u32 *bid,
+	       int *new_flow, int *failover, __u32 *drop, const int stage)
 {
-	struct flow_info *fi = edge_ct.lookup(&pkt->flow);
 	struct backend_info *be;
 	int stateless;
 

@@ -105,10 +105,9 @@ class Writer:
 
         # 1. a removed service's VIP stops answering first: its address or backends may be
         #    someone else's below
-        vips = self.t[abi.MAP_VIPS]
         for name, vid in p.removed_services.items():
             if vid in old_vips:
-                del vips[old_vips.pop(vid)[0]]
+                self._delete_vip(old_vips.pop(vid)[0])
 
         # An endpoint whose replies change owner (another backend id) is "claimed": the
         # backends on either side of it wait until the tables stop naming them (3.)
@@ -146,7 +145,7 @@ class Writer:
             if vid not in old_vips or not (names_old_owner or any(waits(s, b) for b in s.backends)):
                 continue
             k = old_vips[vid][0]  # on the VIP it has now; a move comes with the last flip
-            if bytes(k) not in {bytes(x) for x in vips.keys()}:  # moving, and gone to make room
+            if bytes(k) not in {bytes(x) for x in self.t[abi.MAP_VIPS].keys()}:  # moving, and gone to make room
                 continue
             interim = replace(s, vip=from_be32(k.addr), port=from_be16(k.port), protocol=PROTO_NAMES[k.proto],
                               backends=tuple(b for b in s.backends if not waits(s, b)))
@@ -207,7 +206,10 @@ class Writer:
         if len(present) + len(wanted - set(present)) > self._capacity(name):
             for raw, k in present.items():
                 if raw not in wanted:
-                    del t[k]
+                    if name == abi.MAP_VIPS:
+                        self._delete_vip(k)
+                    else:
+                        del t[k]
 
     def _capacity(self, name: str) -> int:
         """max_entries of a hash map as pinned (bpf/include/maps.h sizes them by these two)."""
@@ -254,6 +256,39 @@ class Writer:
         v.n_backends = len(ordered)
         for i, bid in enumerate(ordered):
             v.backends[i] = bid
+        # the VIP key stays what the map has: only _write_vip names one, once the VIP entry is this
+        # service's, and _forget_service_vip clears it before the entry goes or changes owner
+        cur = t[t.Key(vid)]
+        v.vip_addr, v.vip_port, v.vip_proto = cur.vip_addr, cur.vip_port, cur.vip_proto
+        t[t.Key(vid)] = v
+
+    def _name_service_vip(self, vid: int, key) -> None:
+        """Names VIP key `key` in service vid's config once that VIP entry is vid's: a conntrack
+        hit to it is then forwarded without the edge_vips lookup (edge_xdp.c, established)."""
+        t = self.t[abi.MAP_SVC_CFG]
+        v = t[t.Key(vid)]
+        if (v.vip_addr, v.vip_port, v.vip_proto) == (key.addr, key.port, key.proto):
+            return
+        v.vip_addr, v.vip_port, v.vip_proto = key.addr, key.port, key.proto
+        t[t.Key(vid)] = v
+
+    def _delete_vip(self, key) -> None:
+        """Deletes VIP entry `key`, after the config of the service it names stops naming it."""
+        t = self.t[abi.MAP_VIPS]
+        self._forget_service_vip(t[key].id, key)
+        del t[key]
+
+    def _forget_service_vip(self, vid: int, key) -> None:
+        """Clears VIP key `key` from service vid's config (if it names it) before that VIP
+        entry goes: conntrack hits to that address then take the edge_vips lookup again,
+        which finds it gone."""
+        t = self.t[abi.MAP_SVC_CFG]
+        if vid >= self.max_services:
+            return
+        v = t[t.Key(vid)]
+        if (v.vip_addr, v.vip_port, v.vip_proto) != (key.addr, key.port, key.proto):
+            return
+        v.vip_addr, v.vip_port, v.vip_proto = 0, 0, 0
         t[t.Key(vid)] = v
 
     def _write_heartbeats(self, cfg: Config, health_ids: dict, oifs: Mapping[IPv4Address, int]) -> None:
@@ -379,11 +414,18 @@ class Writer:
         v = t.Leaf()
         v.id, v.table = vid, half
         v.flags = abi.VIP_F_KEEP_FLOWS if s.existing_flows == "keep" else 0
+        try:
+            owner = t[k].id
+        except KeyError:
+            owner = vid
+        if owner != vid:  # taken over: the other service's established flows look the VIP up again
+            self._forget_service_vip(owner, k)
         t[k] = v  # one hash update: the flip
+        self._name_service_vip(vid, k)
         if old and bytes(old[0]) != bytes(k):  # the service moved to a new VIP
             try:
                 if t[old[0]].id == vid:  # not taken over by another service meanwhile
-                    del t[old[0]]
+                    self._delete_vip(old[0])
             except KeyError:  # made room for the new one already
                 pass
 
@@ -398,7 +440,7 @@ class Writer:
             vips = self.t[abi.MAP_VIPS]
             for k in list(vips.keys()):
                 if k.addr not in want:
-                    del vips[k]
+                    self._delete_vip(k)
         self._make_room(abi.MAP_VIP_ADDRS, {bytes(t.Key(a)) for a in want})
         for addr, n in want.items():
             self._put_changed(t, t.Key(addr), t.Leaf(n))

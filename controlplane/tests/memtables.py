@@ -244,7 +244,8 @@ def vip_keys(cfg) -> dict[tuple, str]:
 def half_states(mem: MemMaps, target: dict[tuple, str] | None = None) -> list[str]:
     """What a packet arriving now could trip over: a VIP whose address the fast test misses,
     a table or service list naming a backend that is not valid or not the VIP's, a backend
-    that takes new flows without the reverse NAT entry its replies need. target: the VIPs
+    that takes new flows without the reverse NAT entry its replies need, a service config
+    naming a VIP key (service_cfg.vip_*) that is not its VIP entry. target: the VIPs
     of the config being applied; a VIP not in it, or the target's for another service, is
     going away from the service it names now (a moved VIP's replies are the new VIP's a
     moment before the move, and that is allowed)."""
@@ -252,6 +253,13 @@ def half_states(mem: MemMaps, target: dict[tuple, str] | None = None) -> list[st
     svcs = _ids_to_names(mem)[0]
     bad = []
     addrs = {k.value for k in t[abi.MAP_VIP_ADDRS].keys()}
+    vips = {(k.addr, k.port, k.proto): v.id for k, v in t[abi.MAP_VIPS].items()}
+    for vid in range(mem.max_services):  # the fast path forwards conntrack hits to a VIP key named here
+        c = t[abi.MAP_SVC_CFG][vid]
+        key = (c.vip_addr, c.vip_port, c.vip_proto)
+        if key != (0, 0, 0) and vips.get(key) != vid:
+            owner = "gone" if key not in vips else f"id {vips[key]}'s"
+            bad.append(f"service id {vid} names VIP {key} ({owner}): its conntrack hits skip the VIP lookup")
     rnat = {(k.addr, k.port, k.proto): v for k, v in t[abi.MAP_RNAT].items()}
     for key, (vid, table) in active_tables(mem).items():
         if key[0] not in addrs:

@@ -143,3 +143,23 @@ def test_a_write_failing_midway_is_rolled_back_byte_for_byte(mem, k):
         mem.faults.fail_at = None
         maps.apply(new)  # the same change goes through once the fault is gone
     assert canonical(mem) == fresh(new)
+
+
+def _named_vips(mem):
+    """Service id -> the VIP key its config names for the fast path (service_cfg.vip_*)."""
+    t = mem.tables["edge_svc_cfg"]
+    return {vid: (t[vid].vip_addr, t[vid].vip_port, t[vid].vip_proto) for vid in range(mem.max_services)
+            if (t[vid].vip_addr, t[vid].vip_port, t[vid].vip_proto) != (0, 0, 0)}
+
+
+def test_service_configs_name_their_vips_and_forget_removed_ones(mem):
+    """The fast path forwards a conntrack hit to the VIP key a service's config names without
+    looking the VIP up: named once the VIP entry is the service's, cleared before it goes."""
+    maps = mem.maps()
+    cfg = config(svc("chat", 1, be("b0", 10)), svc("code", 2, be("c0", 20)))
+    maps.apply(cfg)
+    assert sorted(_named_vips(mem).values()) == sorted(vip_keys(cfg))
+    seen = watch(mem)
+    maps.apply(config(svc("code", 2, be("c0", 20))))
+    assert list(_named_vips(mem).values()) == [k for k, n in vip_keys(cfg).items() if n == "code"]
+    assert seen == []
