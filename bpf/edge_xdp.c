@@ -176,6 +176,17 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *pkt,
 	return forward(ctx, pkt, bid);
 }
 
+/* 0 when daddr is no VIP address: its bit in edge_vip_filter is clear. An
+ * inlined array lookup and a hash instead of a hash lookup: the fast path
+ * spares most traffic not for a VIP the conntrack lookup. */
+static __always_inline int maybe_vip(__be32 daddr)
+{
+	__u32 zero = 0, bit = hash_mix(daddr) & (EDGE_VIP_FILTER_BITS - 1);
+	struct vip_filter *f = edge_vip_filter.lookup(&zero);
+
+	return !f || ((f->bits[bit / 64] >> (bit % 64)) & 1);
+}
+
 /* The whole ingress; stage is a constant, EDGE_STAGE_* (see select.h). */
 static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 {
@@ -187,15 +198,19 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	struct flow_info *fi;
 	__u64 now = 0;
 	__u32 bid, drop;
-	int verdict, new_flow, failover;
+	int verdict, new_flow, failover, looked;
 
 	verdict = parse_packet(ctx, &pkt);
 	if (verdict != EDGE_CONTINUE)
 		return verdict;
 
 	/* Conntrack first: an established flow needs no edge_vips lookup
-	 * (established). Traffic not for a VIP pays this lookup too. */
-	fi = edge_ct.lookup(&pkt.flow);
+	 * (established). A SYN, which established does not take, and
+	 * traffic to an address the VIP filter rules out look it up where
+	 * the full path needs it, after the VIP (for such an address that
+	 * is a VIP after all: a filter not yet written). */
+	looked = stage != EDGE_STAGE_FAST || (!pkt.syn && maybe_vip(pkt.flow.dst));
+	fi = looked ? edge_ct.lookup(&pkt.flow) : NULL;
 	if (stage == EDGE_STAGE_FAST && fi && !pkt.syn) {
 		verdict = established(ctx, &pkt, fi);
 		if (verdict != EDGE_CONTINUE)
@@ -240,6 +255,8 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	if (sc->flags)
 		now = stage == EDGE_STAGE_FAST ? health_now() : bpf_ktime_get_ns();
 
+	if (!looked)
+		fi = edge_ct.lookup(&pkt.flow);
 	be = select_backend(vip, sc, &pkt, fi, now, &bid, &new_flow, &failover, &drop, stage);
 	if (!be) {
 		if (drop == EDGE_TO_NEXT_STAGE) {

@@ -33,6 +33,9 @@ CT_F_WIRE_WAIT = 0x38
 
 WIRE_BUCKETS = 24  # edge_wire histograms: bucket i = [2^i, 2^(i+1)) microseconds
 
+VIP_FILTER_WORDS = 16  # edge_vip_filter: bit hash_mix(VIP address) % VIP_FILTER_BITS is set
+VIP_FILTER_BITS = 1024
+
 REPLY_HOP_SLOTS = 4096  # edge_reply_hop: per-CPU cache slots of reply FIB results
 DIRECT_SLOTS = 16384  # edge_direct: LRU entries of direct (not VIP) connections to backends
 
@@ -121,12 +124,13 @@ MAP_TAILS = "edge_tails"
 MAP_REPLY_HOP = "edge_reply_hop"
 MAP_WIRE = "edge_wire"
 MAP_DIRECT = "edge_direct"
+MAP_VIP_FILTER = "edge_vip_filter"
 
 MAP_NAMES = (
     MAP_VIPS, MAP_VIP_ADDRS, MAP_BACKENDS, MAP_MAGLEV, MAP_CT, MAP_RNAT,
     MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
     MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
-    MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS, MAP_REPLY_HOP, MAP_WIRE, MAP_DIRECT,
+    MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS, MAP_REPLY_HOP, MAP_WIRE, MAP_DIRECT, MAP_VIP_FILTER,
 )
 
 

@@ -178,6 +178,16 @@ struct rnat_info {
 	__u32	vip_id;
 };
 
+/* Value of edge_vip_filter (one entry): bit hash_mix(address) % EDGE_VIP_FILTER_BITS
+ * (flow.h; the address as stored, network order) is set for every VIP address,
+ * so the fast path passes most traffic not for a VIP without a hash lookup. A
+ * set bit only means "look it up": correctness never depends on the filter. */
+#define EDGE_VIP_FILTER_WORDS	16
+#define EDGE_VIP_FILTER_BITS	1024	/* EDGE_VIP_FILTER_WORDS * 64 */
+struct vip_filter {
+	__u64	bits[EDGE_VIP_FILTER_WORDS];
+};
+
 /* Value of edge_nexthop (per CPU), indexed by backend id: a cached
  * bpf_fib_lookup result, so most packets skip the FIB. */
 struct nexthop {
@@ -334,6 +344,7 @@ _Static_assert(sizeof(struct wire_stats) == 416, "abi: wire_stats");
 _Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
 _Static_assert(sizeof(struct backend_key) == 8, "abi: backend_key");
 _Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");
+_Static_assert(sizeof(struct vip_filter) * 8 == EDGE_VIP_FILTER_BITS, "abi: vip_filter");
 _Static_assert(sizeof(struct reply_hop) == 40, "abi: reply_hop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
 _Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");

@@ -37,6 +37,9 @@ BPF_TABLE_PINNED("hash", struct vip_key, struct vip_info, edge_vips,
 /* VIP address -> number of VIPs on it: the cheap "is this for us?" test. */
 BPF_TABLE_PINNED("hash", __be32, __u32, edge_vip_addrs,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vip_addrs));
+/* One entry: a bit per hash of VIP addresses (abi.h, vip_filter). */
+BPF_TABLE_PINNED("array", __u32, struct vip_filter, edge_vip_filter,
+		 1, EDGE_PIN(edge_vip_filter));
 /* backend id -> address, port, flags. */
 BPF_TABLE_PINNED("array", __u32, struct backend_info, edge_backends,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_backends));

@@ -40,6 +40,24 @@ def from_be16(value: int) -> int:
     return socket.ntohs(value)
 
 
+def hash_mix(h: int) -> int:
+    """bpf/include/flow.h's hash_mix (MurmurHash3's 32-bit finaliser)."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def vip_filter_words(addrs: Iterable[int]) -> list[int]:
+    """edge_vip_filter's words with the bit of each address set (be32 values, as stored)."""
+    words = [0] * abi.VIP_FILTER_WORDS
+    for a in addrs:
+        bit = hash_mix(a) % abi.VIP_FILTER_BITS
+        words[bit // 64] |= 1 << (bit % 64)
+    return words
+
+
 def _name_bytes(name: str) -> bytes:
     return name.encode()[: abi.NAME_LEN - 1]
 

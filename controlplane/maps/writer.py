@@ -18,7 +18,7 @@ from controlplane.journal import Journal
 from controlplane.config import Config, Service
 from controlplane.errors import MapError
 from controlplane.maps.records import (
-    PROTOS, PROTO_NAMES, _name_bytes, be16, be32, from_be16, from_be32,
+    PROTOS, PROTO_NAMES, _name_bytes, be16, be32, from_be16, from_be32, vip_filter_words,
 )
 
 
@@ -184,6 +184,7 @@ class Writer:
         self._drop_unwanted(abi.MAP_HB_PORTS, self._hb_ports_wanted)
         self._drop_unwanted(abi.MAP_VIP_ADDRS, {bytes(self.t[abi.MAP_VIP_ADDRS].Key(be32(s.vip)))
                                                 for s in cfg.services})
+        self._write_vip_filter({be32(s.vip) for s in cfg.services})
 
     def _flip(self, s: Service, vid: int, p: desired.Plan, old_vips: dict) -> None:
         """Service s's backend list and Maglev table (inactive half), then one VIP update."""
@@ -436,6 +437,7 @@ class Writer:
         for s in cfg.services:
             want[be32(s.vip)] = want.get(be32(s.vip), 0) + 1
         present = {k.value for k in t.keys()}
+        self._write_vip_filter(present | set(want))  # apply() narrows it to want last
         if len(present | set(want)) > self._capacity(abi.MAP_VIP_ADDRS):  # full: VIPs moving off an address go first
             vips = self.t[abi.MAP_VIPS]
             for k in list(vips.keys()):
@@ -444,6 +446,19 @@ class Writer:
         self._make_room(abi.MAP_VIP_ADDRS, {bytes(t.Key(a)) for a in want})
         for addr, n in want.items():
             self._put_changed(t, t.Key(addr), t.Leaf(n))
+
+    def _write_vip_filter(self, addrs: set[int]) -> None:
+        """edge_vip_filter with the bits of these VIP addresses (be32 values): the fast path
+        skips the conntrack lookup of traffic to an address whose bit is clear (and looks it up
+        after all when the VIP lookup finds one), so every VIP's bit is set before its entry is
+        written and cleared only after it is gone, or its flows pay a third lookup."""
+        t = self.t[abi.MAP_VIP_FILTER]
+        words = vip_filter_words(addrs)
+        v = t[t.Key(0)]
+        if list(v.bits) != words:
+            for i, w in enumerate(words):
+                v.bits[i] = w
+            t[t.Key(0)] = v
 
     # ------------------------------------------------------------ reading
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from controlplane import abi
 from controlplane.maps import MAGLEV_STRIDE, Maps
+from controlplane.maps.records import vip_filter_words
 
 INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
 SCALARS = {"__u8": ct.c_uint8, "__u16": ct.c_uint16, "__u32": ct.c_uint32, "__u64": ct.c_uint64,
@@ -245,7 +246,8 @@ def half_states(mem: MemMaps, target: dict[tuple, str] | None = None) -> list[st
     """What a packet arriving now could trip over: a VIP whose address the fast test misses,
     a table or service list naming a backend that is not valid or not the VIP's, a backend
     that takes new flows without the reverse NAT entry its replies need, a service config
-    naming a VIP key (service_cfg.vip_*) that is not its VIP entry. target: the VIPs
+    naming a VIP key (service_cfg.vip_*) that is not its VIP entry, a VIP address the
+    fast path's filter (edge_vip_filter) rules out. target: the VIPs
     of the config being applied; a VIP not in it, or the target's for another service, is
     going away from the service it names now (a moved VIP's replies are the new VIP's a
     moment before the move, and that is allowed)."""
@@ -254,6 +256,10 @@ def half_states(mem: MemMaps, target: dict[tuple, str] | None = None) -> list[st
     bad = []
     addrs = {k.value for k in t[abi.MAP_VIP_ADDRS].keys()}
     vips = {(k.addr, k.port, k.proto): v.id for k, v in t[abi.MAP_VIPS].items()}
+    words = list(t[abi.MAP_VIP_FILTER][0].bits)
+    for key in vips:  # the fast path's filter must not rule a VIP address out (only costs a lookup)
+        if any(w & ~have for w, have in zip(vip_filter_words([key[0]]), words)):
+            bad.append(f"VIP {key}: its bit in {abi.MAP_VIP_FILTER} is clear")
     for vid in range(mem.max_services):  # the fast path forwards conntrack hits to a VIP key named here
         c = t[abi.MAP_SVC_CFG][vid]
         key = (c.vip_addr, c.vip_port, c.vip_proto)
