@@ -70,10 +70,11 @@ struct service_cfg {
 	__u32	n_backends;	/* entries used in backends[] */
 	__u32	panic_below;	/* panic mode while fewer primaries are usable; 0 = off */
 	__u32	backends[EDGE_MAX_PER_SERVICE];	/* backend ids, primaries first */
-	/* The service's edge_vips key, written before its edge_vips entry and
-	 * cleared before that goes: a conntrack hit to this address, port and
-	 * protocol is an established flow of this service without the
-	 * edge_vips lookup (edge_xdp.c, established). */
+	/* The service's edge_vips key, named once that entry is this
+	 * service's and cleared before it goes or changes owner (maps): a
+	 * conntrack hit to this address, port and protocol is an established
+	 * flow of this service without the edge_vips lookup (edge_xdp.c,
+	 * established). All zero: none. */
 	__be32	vip_addr;	/* network byte order */
 	__be16	vip_port;	/* network byte order */
 	__u8	vip_proto;
@@ -180,8 +181,9 @@ struct rnat_info {
 
 /* Value of edge_vip_filter (one entry): bit hash_mix(address) % EDGE_VIP_FILTER_BITS
  * (flow.h; the address as stored, network order) is set for every VIP address,
- * so the fast path passes most traffic not for a VIP without a hash lookup. A
- * set bit only means "look it up": correctness never depends on the filter. */
+ * so the fast path spares most traffic not for a VIP the conntrack lookup it
+ * makes first. A clear bit only moves that lookup after the VIP's: no flow
+ * depends on the filter. */
 #define EDGE_VIP_FILTER_WORDS	16
 #define EDGE_VIP_FILTER_BITS	1024	/* EDGE_VIP_FILTER_WORDS * 64 */
 struct vip_filter {
