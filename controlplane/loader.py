@@ -10,7 +10,6 @@ import contextlib
 import ctypes
 import errno
 import os
-import re
 import stat
 import struct
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from controlplane import abi
+from controlplane.bpfsource import BPF_DIR, SOURCES, _amalgamate, source_text  # noqa: F401  (re-exported)
 from controlplane.config import Node
 from controlplane.errors import CompileError, LoaderError, MapError, NotDeployed
 # Interfaces, routes, tc and sysctl are pyroute2's, in netlink.py; deploy and
@@ -28,8 +28,6 @@ from controlplane.netlink import (  # noqa: F401  (re-exported)
     ifindexes, ifname, ip_forward, prog_name, return_filter, route_oif, route_oifs, set_ip_forward, xdp_state,
 )
 
-BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
-SOURCES = ("edge_xdp.c", "edge_tc.c", "edge_reply.c")
 # Every program of the data path and its kind (abi.py names them).
 PROGRAMS = {abi.PROG_INGRESS: "xdp", abi.PROG_RETURN: "tc", abi.PROG_REPLY: "xdp",
             abi.PROG_INGRESS_SLOW: "xdp", abi.PROG_INGRESS_SCAN: "xdp"}
@@ -43,7 +41,6 @@ XDP_FLAGS_DRV_MODE = 1 << 2
 XDP_MODES = {"native": XDP_FLAGS_DRV_MODE, "generic": XDP_FLAGS_SKB_MODE}
 
 
-_INCLUDE = re.compile(r'^#include\s+"([^"]+)"\s*$', re.M)
 
 
 _NODE = Node()  # the defaults are declared once, in config.Node
@@ -207,35 +204,6 @@ def remove_pins(path: Path) -> None:
 
 
 # ---------------------------------------------------------------- compile
-
-def _amalgamate(path: Path, seen: set[Path], top: Path = BPF_DIR) -> str:
-    """path with our own headers pasted in (bcc rewrites map helpers, map.lookup(), only in
-    its main file); their include guards stay in force. #line markers name every line's
-    real file (relative to top's parent: bpf/include/select.h) and line, so compiler errors
-    point there; a header pasted once already becomes a comment on the same line."""
-    name = path.resolve().relative_to(top.resolve().parent)
-    out = [f'#line 1 "{name}"\n']
-    for no, line in enumerate(path.read_text().splitlines(keepends=True), 1):
-        match = _INCLUDE.match(line)
-        if match is None:
-            out.append(line)
-            continue
-        inc = (path.parent / match.group(1)).resolve()
-        if inc in seen:
-            out.append(f"/* {match.group(1)} already included */\n")
-            continue
-        seen.add(inc)
-        out.append(_amalgamate(inc, seen, top))
-        out.append(f'#line {no + 1} "{name}"\n')
-    text = "".join(out)
-    return text if text.endswith("\n") else text + "\n"
-
-
-def source_text(bpf_dir: Path = BPF_DIR) -> str:
-    """The one compilation unit bcc gets: SOURCES of bpf_dir, headers pasted in."""
-    seen: set[Path] = set()
-    return "".join(_amalgamate(bpf_dir / name, seen, bpf_dir) for name in SOURCES)
-
 
 @contextlib.contextmanager
 def _captured_stderr(fds: tuple[int, ...] = (2,)) -> Iterator[Callable[[], str]]:
