@@ -147,6 +147,11 @@ def test_scrapes_keep_their_interval_while_the_probes_are_relaxed():
                               MetricsScrape(interval_ms=20, stale_ms=1000))])
         p.relax(["b"], time.monotonic_ns() + FAR_NS)
         await wait_for(lambda: p.relaxed("b"), 3, "relaxed")
+        # The round that set the relaxed schedule may still be answering, and the first
+        # relaxed round is at a random point of the interval (20 ms to 2 s): count from
+        # after both, so the next round is one whole relaxed interval away.
+        start = len(rec.of("b"))
+        await wait_for(lambda: len(rec.of("b")) >= start + 2, 6, "the first relaxed round")
         probes, loads = len(rec.of("b")), len(rec.loads.get("b", []))
         await wait_for(lambda: len(rec.loads.get("b", [])) >= loads + 20, 3, "20 more scrapes")
         more_probes = len(rec.of("b")) - probes
