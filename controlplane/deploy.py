@@ -133,6 +133,44 @@ def set_node_drain(instance: str, drained: bool) -> None:
                           f"{e.strerror}") from e
 
 
+def undeployed_at(instance: str) -> float | None:
+    """When `edgectl undeploy` took the data path from under a running edged (UNIX time); None
+    when it did not. The mark (<instance>.undeployed, beside the locks) tells that edged's watch
+    to put nothing back: undeploy is the stop button, not a fault to repair. The next deploy
+    (edged's own at its start, or edgectl deploy) removes it, and so does edged when it stops."""
+    try:
+        return float(json.loads((_run_dir() / f"{instance}.undeployed").read_text())["t"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0  # unreadable: undeployed all the same; the next deploy removes it
+
+
+def set_undeployed(instance: str, undeployed: bool) -> None:
+    """Writes (atomically) or removes the undeploy mark; LoaderError naming the file if it cannot."""
+    path = _run_dir() / f"{instance}.undeployed"
+    try:
+        if not undeployed:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".undeployed.tmp")
+        tmp.write_text(json.dumps({"t": time.time(), "pid": os.getpid()}) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise LoaderError(f"{path}: cannot {'write' if undeployed else 'remove'} the undeploy mark: "
+                          f"{e.strerror}") from e
+
+
+def _owned(instance: str, iface: str) -> bool:
+    """Whether a running edged (or a deploy) holds the router's owner lock."""
+    try:
+        with NodeLock(instance, iface):
+            return False
+    except LoaderError:
+        return True
+
+
 def holder(path: Path) -> str:
     """'pid N: command line' of the process holding a flock on path, from /proc/locks."""
     st = os.stat(path)
@@ -356,6 +394,7 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
     if not hold:
         loaded.close()
     undo.forget()
+    set_undeployed(instance, False)  # deployed again: a running edged's watch repairs again
     if hold:
         return DeployResult(iface, instance, pin_path, mode, updating, names, report, loaded, maps, replies)
     return DeployResult(iface, instance, pin_path, mode, updating, names, report, reply_ifindex=replies)
@@ -414,6 +453,9 @@ def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
     instance = loader.instance_name(iface)
     with NodeLock(instance, iface, "write", WRITE_WAIT_S):
         done = _undeploy(iface, pin_dir, progress)
+        if done and _owned(instance, iface):  # before the lock goes: the watch's repair waits for it
+            set_undeployed(instance, True)
+            progress("the running edged leaves the data path off until it is restarted")
     if node_drain(instance) is not None:  # the drain-node mark goes with the data path
         set_node_drain(instance, False)
         progress("removed the drain-node mark")

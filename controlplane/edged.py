@@ -279,6 +279,10 @@ class Daemon(Changes, Operations):
         if self._held is not None:
             self._held.close()
             self._held = None
+        try:  # what `edgectl undeploy` told this edged ends with it; the next deploy finds no mark
+            deploy.set_undeployed(self.instance, False)
+        except EdgeError as e:
+            self.events.emit("error", str(e))
         self._node_lock.release()
         self._write_lock.release()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +45,21 @@ def check(maps: Maps, iface: str, pin_dir: str, pin_path: Path, replies: tuple[i
         return f"netlink: {os.strerror(e.code)} while checking the data path"
 
 
+def undeployed(pin_path: Path) -> str:
+    """The problem to report when `edgectl undeploy` took the data path from under edged ('' when
+    it did not): nothing is put back then."""
+    t = deploy.undeployed_at(pin_path.name)  # the instance's pins live in a directory of its name
+    if t is None:
+        return ""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "an unknown time"
+    return f"undeployed by 'edgectl undeploy' at {when}; edged puts nothing back until it is restarted"
+
+
 def _check(maps: Maps, iface: str, pin_dir: str, pin_path: Path, replies: tuple[int, ...],
            backends: tuple[str, ...] = (), reply_xdp: str = "auto") -> str:
+    stopped = undeployed(pin_path)
+    if stopped:
+        return stopped
     try:
         loader.check_bpffs(pin_dir)
     except LoaderError:
@@ -92,6 +106,8 @@ def repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir: 
 
 def _repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir: str, pin_path: Path,
             replies: tuple[int, ...], backends: tuple[str, ...], reply_xdp: str) -> Repaired:
+    if undeployed(pin_path):  # read under the write lock, which undeploy held while it wrote the mark
+        return Repaired("", replies)
     done = []
     try:
         loader.check_bpffs(pin_dir)

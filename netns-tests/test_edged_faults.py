@@ -103,6 +103,38 @@ def test_client_interface_deleted_and_made_again_is_attached_again(net, router, 
         edged.stop()
 
 
+def test_undeploy_under_edged_stays_undeployed(net, router, tmp_path):
+    """`edgectl undeploy` under a running edged, the stop button: edged says NOT_SERVING naming
+    the undeploy and puts nothing back (no pins, no XDP on either side, no return path) until
+    it is restarted; the restart deploys again and traffic flows."""
+    edged = EdgedProc.start(net.router, doc(router, tmp_path), router.iface)
+    try:
+        edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API")
+        assert wait_for_http(net)
+        mark = len(edged.events)
+        router.undeploy()
+        said = edged.wait_for(lambda e: e["kind"] == "datapath" and "undeployed" in e["text"], 10.0,
+                              "edged to say the data path was undeployed", after=mark)
+        assert not said["serving"], said
+        time.sleep(2.5)  # two more rounds of the watch (1 s): still nothing put back
+        assert [e["text"] for e in edged.events[mark:] if e["kind"] == "datapath" and e["serving"]] == []
+        assert router.pinned_ifaces() == []
+        assert router.iface_state(router.iface).xdp_prog_id is None
+        for i in range(3):
+            state = router.iface_state(net.backend_iface(i))
+            assert (state.xdp_prog_id, state.ingress_filters) == (None, ()), (i, state)
+        assert health(tmp_path) == "NOT_SERVING" and metric(net, "edge_datapath_up") == 0.0
+    finally:
+        edged.stop()
+    edged = EdgedProc.start(net.router, doc(router, tmp_path), router.iface)
+    try:
+        edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API again")
+        assert wait_for_http(net) in ("b0", "b1", "b2")
+        assert health(tmp_path) == "SERVING"
+    finally:
+        edged.stop()
+
+
 def test_bpffs_unmounted_under_edged_is_not_serving_until_it_can_pin_again(net, router, tmp_path):
     """The bpffs holding the pins is unmounted (a bpffs of the test's own, mounted at a test
     directory, never the host's): forwarding goes on (the kernel keeps what is attached), but

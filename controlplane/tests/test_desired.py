@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -116,3 +117,31 @@ def test_a_backend_renamed_on_its_endpoint_is_the_same_backend():
     old = config(svc("chat", 1, ("b0", 10), ("b1", 11)))
     new = config(svc("chat", 1, ("b0", 10), ("gpu-1", 11)))
     assert desired.leaving_after(old, new, {}, now_ns=0) == {}
+
+
+def test_the_undeploy_mark_is_written_read_and_removed_and_the_watch_names_it(tmp_path, monkeypatch):
+    """`edgectl undeploy` under edged leaves a mark beside the locks; the watch then reports the
+    undeploy (with its time) instead of repairing; an unreadable mark still counts."""
+    from controlplane import watch
+
+    monkeypatch.setenv(deploy.LOCK_DIR_ENV, str(tmp_path))
+    pins = tmp_path / "v1" / "eth9-1"
+    assert deploy.undeployed_at("eth9-1") is None and watch.undeployed(pins) == ""
+    deploy.set_undeployed("eth9-1", True)
+    assert abs(deploy.undeployed_at("eth9-1") - time.time()) < 60
+    said = watch.undeployed(pins)
+    assert said.startswith("undeployed by 'edgectl undeploy' at ") and "until it is restarted" in said
+    assert deploy.undeployed_at("eth9-2") is None  # another instance's router
+    (tmp_path / "eth9-1.undeployed").write_text("{")
+    assert deploy.undeployed_at("eth9-1") == 0.0 and "an unknown time" in watch.undeployed(pins)
+    deploy.set_undeployed("eth9-1", False)
+    deploy.set_undeployed("eth9-1", False)  # removing twice is fine
+    assert deploy.undeployed_at("eth9-1") is None and list(tmp_path.iterdir()) == []
+
+
+def test_undeploy_marks_only_a_router_a_running_edged_owns(tmp_path, monkeypatch):
+    monkeypatch.setenv(deploy.LOCK_DIR_ENV, str(tmp_path))
+    assert not deploy._owned("eth9-1", "eth9")
+    with deploy.NodeLock("eth9-1", "eth9"):  # what edged holds for its life (flocks: per open file)
+        assert deploy._owned("eth9-1", "eth9")
+    assert not deploy._owned("eth9-1", "eth9")
