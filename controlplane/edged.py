@@ -154,7 +154,8 @@ class Daemon(Changes, Operations):
                                              self._fleet_apply, self.events.emit, lambda: not self.not_serving,
                                              self.local_marks,
                                              lambda: {n: {b: wire.summary(g) for b, g in st.wire_signals.items()}
-                                                      for n, st in self.services.items()})
+                                                      for n, st in self.services.items()},
+                                             self.discovery.unsettled)
         verb = "adopted the data path on" if res.updated else "deployed on"
         self.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
                                      f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",

@@ -92,3 +92,31 @@ def test_the_leader_deletes_marks_of_backends_nobody_runs_and_a_readded_backend_
             edged.stop()
     finally:
         etcd.stop()
+
+
+def test_marks_of_a_discovered_service_wait_while_its_source_has_said_nothing(net, router, tmp_path):
+    """A service whose discovery source has not answered since edged started (nothing cached) has
+    no known backends: the leader must not take its marks for stale (a drain set for a discovered
+    backend would silently end). Marks of a service no config has still go."""
+    (tmp_path / "etcd").mkdir()
+    etcd = Etcd(net.router, tmp_path / "etcd").start()
+    try:
+        mark = {"node": "r9", "t": time.time()}
+        discovered = f"{net.backend_addr(1)}-{PORT}"
+        etcd.put(f"{FLEET}operator/web/{discovered}", {**mark, "drain": True})
+        etcd.put(f"{FLEET}operator/old/b0", {**mark, "drain": True})  # a service gone: deleted
+        config = doc(router, tmp_path, [0])
+        config["services"][0]["discovery"] = {  # nothing listens there: the source never answers
+            "etcd": {"endpoints": ["127.0.0.1:23791"], "prefix": "/edge/services/web/", "timeout_ms": 500},
+            "retry_ms": 200}
+        edged = EdgedProc.start(net.router, config, router.iface)
+        try:
+            gone = edged.wait_for(lambda e: e["kind"] == "fleet-operator", 60.0, "the gone service's mark deleted")
+            assert (gone["service"], gone["backend"]) == ("old", "b0"), gone
+            time.sleep(3.0)  # three more stale_ms (1 s) of sweeps
+            assert fleet_marks(net) == [("web", discovered, True, None)]
+            assert not any(e["kind"] == "fleet-operator" and e["service"] == "web" for e in edged.events)
+        finally:
+            edged.stop()
+    finally:
+        etcd.stop()

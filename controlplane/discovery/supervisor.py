@@ -120,6 +120,12 @@ class Supervisor:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def unsettled(self) -> set[str]:
+        """Services whose source has given nothing usable since edged started (no last known
+        good): their discovered backends are not known, so nothing may be concluded from their
+        absence (the fleet leader keeps those services' operator marks)."""
+        return {name for name, c in self.caches.items() if c.backends is None}
+
     def healthy(self) -> bool:
         return not any(t.done() and not t.cancelled() and t.exception() is not None for t in self._tasks.values())
 

@@ -44,12 +44,14 @@ class Member:
 
     def __init__(self, cfg: Fleet, services: Callable[[], Iterable[Service]], apply: Callable[[fs.Apply], Optional[dict]],
                  emit: Callable[..., object], serving: Callable[[], bool] = lambda: True,
-                 local: Callable[[], dict] = dict, wire: Callable[[], Mapping] = dict):
+                 local: Callable[[], dict] = dict, wire: Callable[[], Mapping] = dict,
+                 unsettled: Callable[[], Iterable[str]] = tuple):
         """local: what an operator set on this node only; wire: service -> backend -> the wire
-        signals edged last read (both for the report)."""
+        signals edged last read (both for the report); unsettled: the services whose discovery
+        has said nothing yet (their marks are not swept)."""
         self.cfg = cfg
         self.services, self._apply, self.emit, self.serving = services, apply, emit, serving
-        self.local, self.wire = local, wire
+        self.local, self.wire, self.unsettled = local, wire, unsettled
         p = cfg.prefix
         self.k_leader, self.k_nodes, self.k_snapshot = (p + fs.LEADER).encode(), (p + fs.NODES).encode(), \
             (p + fs.SNAPSHOT).encode()
@@ -310,7 +312,7 @@ class Member:
         stale_ms: the leader's own config may be a reload behind the node that set one. Each
         delete is guarded by the leadership and by the mark's revision (a mark set again stays)."""
         stale_s = self.cfg.stale_ms / 1000
-        unknown = set(op.unknown(marks, list(self.services()), reports.values(), now, stale_s))
+        unknown = set(op.unknown(marks, list(self.services()), reports.values(), now, stale_s, self.unsettled()))
         for k in [k for k in since if k not in unknown]:
             del since[k]
         t = c.transactions

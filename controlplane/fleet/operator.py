@@ -94,17 +94,21 @@ def of_service(s: Service, marks: Optional[Mapping]) -> dict[str, dict]:
 
 
 def unknown(marks: Mapping[bytes, tuple[str, str, Mapping]], services: Iterable[Service],
-            reports: Iterable[Mapping], now: float, stale_s: float) -> list[bytes]:
+            reports: Iterable[Mapping], now: float, stale_s: float,
+            unsettled: Iterable[str] = ()) -> list[bytes]:
     """Keys of the marks (key -> (service, backend, mark)) whose backend neither services (the
     leader's, backends draining out included) nor any report fresher than stale_s names: a
-    node running a newer config keeps the marks it set alive by reporting them."""
+    node running a newer config keeps the marks it set alive by reporting them. Never one of
+    an unsettled service (discovery has said nothing yet: its backends are not known)."""
     known = {(s.name, b.name) for s in services for b in s.backends}
     for r in reports:
         if now - float(r.get("t", 0)) > stale_s:
             continue
         for name, doc in (r.get("services") or {}).items():
             known.update((name, b) for b in (doc.get("weights") or {}))
-    return [k for k, (service, backend, _) in marks.items() if (service, backend) not in known]
+    waiting = set(unsettled)
+    return [k for k, (service, backend, _) in marks.items()
+            if (service, backend) not in known and service not in waiting]
 
 
 def fold(weights: Mapping[str, int], marks: Mapping[str, Mapping]) -> dict[str, int]:

@@ -210,6 +210,20 @@ def test_the_supervisor_derives_tokens_and_never_applies_a_set_that_does_not_fit
     assert v.failed and events == ["discovery-failed"] and len(sup.found()["chat"]) == 1
 
 
+def test_a_service_is_unsettled_until_its_source_gave_something_usable():
+    cfg = config(DNS)
+    sup = Supervisor(lambda: None, lambda kind, text, **f: None, clock=lambda: 1.0)
+    sup.cfg = cfg
+    sup.caches["chat"] = cached()
+    assert sup.unsettled() == {"chat"}
+    sup._offer("chat", Failure("no answer in 5.0 s at start"))
+    assert sup.unsettled() == {"chat"}  # failed with nothing cached: still not known
+    sup._offer("chat", Answer((be("198.18.1.2"),)))
+    assert sup.unsettled() == set()
+    sup._offer("chat", Failure("timeout"))
+    assert sup.unsettled() == set()  # stale: the last known good set stands
+
+
 # ---- etcd values
 
 

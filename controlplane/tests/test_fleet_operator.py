@@ -98,6 +98,8 @@ def test_marks_of_backends_no_config_and_no_fresh_report_names_are_unknown():
     assert sorted(op.unknown(found, c.services, [newer], 101.0, 5)) == [b"k-gone", b"k-svc"]
     assert sorted(op.unknown(found, c.services, [newer], 106.0, 5)) == [b"k-gone", b"k-new", b"k-svc"]
     assert op.unknown({b"k-b": found[b"k-b"]}, c.services, [], 101.0, 5) == []
+    # chat's discovery has said nothing yet: none of its marks is unknown; old's still is
+    assert op.unknown(found, c.services, [], 106.0, 5, unsettled={"chat"}) == [b"k-svc"]
 
 
 def test_nodes_take_the_folded_weights_and_the_marks():
