@@ -489,7 +489,7 @@ def test_grpc_health_probe_is_ok_iff_serving():
         p = Prober(on_sample=rec.sample)
 
         def probe(service: str) -> Probe:
-            return Probe(kind="grpc", grpc_service=service, interval_ms=50, timeout_ms=50)
+            return Probe(kind="grpc", grpc_service=service, interval_ms=250, timeout_ms=250)  # slack for a loaded CI
 
         p.set_targets([Target(k, LOOPBACK, port, probe(service)) for k, port, service in (
             ("server", server.port, ""), ("chat", server.port, "chat"), ("sick", server.port, "sick"),
@@ -500,7 +500,7 @@ def test_grpc_health_probe_is_ok_iff_serving():
         samples = {k: rec.of(k)[-2:] for k in keys}  # the first may include the channel's connect
         await closing(p, server)
 
-        assert all(s.ok and 0 < s.rtt_s < 0.05 for k in ("server", "chat") for s in samples[k]), samples
+        assert all(s.ok and 0 < s.rtt_s < 0.25 for k in ("server", "chat") for s in samples[k]), samples
         assert {s.error for s in samples["sick"]} == {"NOT_SERVING"}
         assert {s.error for s in samples["unknown"]} == {"grpc NOT_FOUND"}
         assert {s.error for s in samples["refused"]} <= {"refused", "unavailable", "timeout"}
