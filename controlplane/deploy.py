@@ -105,32 +105,44 @@ def _run_dir() -> Path:
     return Path(os.environ.get(LOCK_DIR_ENV, "/run/edge"))
 
 
-def node_drain(instance: str) -> float | None:
-    """When `edgectl drain-node` drained this router (UNIX time), None when it is not drained.
-    The mark is a small file beside the router's locks (<instance>.drained): it outlives edged,
-    as the pinned data path does, and goes with undeploy (and a reboot, as the pins do)."""
+def _mark_time(instance: str, suffix: str, key: str) -> float | None:
+    """The time (UNIX, under key) a mark file beside the router's locks (<instance>.<suffix>)
+    holds; None when there is none, 0.0 when it cannot be read (the mark counts all the same)."""
     try:
-        return float(json.loads((_run_dir() / f"{instance}.drained").read_text())["since_t"])
+        return float(json.loads((_run_dir() / f"{instance}.{suffix}").read_text())[key])
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError):
-        return 0.0  # unreadable: drained rather than announced by mistake; undrain-node rewrites it
+        return 0.0
 
 
-def set_node_drain(instance: str, drained: bool) -> None:
-    """Writes (atomically) or removes the drain-node mark; LoaderError naming the file if it cannot."""
-    path = _run_dir() / f"{instance}.drained"
+def _set_mark(instance: str, suffix: str, key: str, on: bool, what: str) -> None:
+    """Writes (atomically, with the time and this pid) or removes a mark file; LoaderError naming
+    the file if it cannot."""
+    path = _run_dir() / f"{instance}.{suffix}"
     try:
-        if not drained:
+        if not on:
             path.unlink(missing_ok=True)
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".drained.tmp")
-        tmp.write_text(json.dumps({"since_t": time.time()}) + "\n")
+        tmp = path.with_suffix(f".{suffix}.tmp")
+        tmp.write_text(json.dumps({key: time.time(), "pid": os.getpid()}) + "\n")
         os.replace(tmp, path)
     except OSError as e:
-        raise LoaderError(f"{path}: cannot {'write' if drained else 'remove'} the drain-node mark: "
-                          f"{e.strerror}") from e
+        raise LoaderError(f"{path}: cannot {'write' if on else 'remove'} the {what}: {e.strerror}") from e
+
+
+def node_drain(instance: str) -> float | None:
+    """When `edgectl drain-node` drained this router (UNIX time), None when it is not drained
+    (0.0 when the mark is unreadable: drained rather than announced by mistake; undrain-node
+    rewrites it). The mark is a small file beside the router's locks (<instance>.drained): it
+    outlives edged, as the pinned data path does, and goes with undeploy (and a reboot, as the
+    pins do)."""
+    return _mark_time(instance, "drained", "since_t")
+
+
+def set_node_drain(instance: str, drained: bool) -> None:
+    _set_mark(instance, "drained", "since_t", drained, "drain-node mark")
 
 
 def undeployed_at(instance: str) -> float | None:
@@ -138,28 +150,11 @@ def undeployed_at(instance: str) -> float | None:
     when it did not. The mark (<instance>.undeployed, beside the locks) tells that edged's watch
     to put nothing back: undeploy is the stop button, not a fault to repair. The next deploy
     (edged's own at its start, or edgectl deploy) removes it, and so does edged when it stops."""
-    try:
-        return float(json.loads((_run_dir() / f"{instance}.undeployed").read_text())["t"])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0.0  # unreadable: undeployed all the same; the next deploy removes it
+    return _mark_time(instance, "undeployed", "t")
 
 
 def set_undeployed(instance: str, undeployed: bool) -> None:
-    """Writes (atomically) or removes the undeploy mark; LoaderError naming the file if it cannot."""
-    path = _run_dir() / f"{instance}.undeployed"
-    try:
-        if not undeployed:
-            path.unlink(missing_ok=True)
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".undeployed.tmp")
-        tmp.write_text(json.dumps({"t": time.time(), "pid": os.getpid()}) + "\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        raise LoaderError(f"{path}: cannot {'write' if undeployed else 'remove'} the undeploy mark: "
-                          f"{e.strerror}") from e
+    _set_mark(instance, "undeployed", "t", undeployed, "undeploy mark")
 
 
 def _owned(instance: str, iface: str) -> bool:
