@@ -263,7 +263,7 @@ def test_tcp_probe_of_a_listener_succeeds_and_of_a_closed_port_is_refused():
         server = await started()
         rec = Recorder()
         p = Prober(on_sample=rec.sample)
-        probe = Probe(kind="tcp", interval_ms=20, timeout_ms=20)
+        probe = Probe(kind="tcp", interval_ms=100, timeout_ms=100)  # slack for a loaded CI
         p.set_targets([Target("up", LOOPBACK, server.port, probe), Target("down", LOOPBACK, free_port(), probe)])
         await wait_for(lambda: len(rec.of("up")) >= 5 and len(rec.of("down")) >= 5, 3, "5 samples each")
         up, down = rec.of("up"), rec.of("down")
@@ -275,7 +275,7 @@ def test_tcp_probe_of_a_listener_succeeds_and_of_a_closed_port_is_refused():
                        observe=lambda: server.connections)
         await server.close()
 
-        assert all(s.ok and 0 < s.rtt_s < 0.02 for s in up), up
+        assert all(s.ok and 0 < s.rtt_s < 0.1 for s in up), up
         assert all(not s.ok and s.error == "refused" and s.rtt_s is None for s in down), down
 
     run(main())
@@ -289,16 +289,16 @@ def test_http_probe_is_ok_on_2xx_keeps_its_connection_and_measures_the_answer_ti
         server = await started(delay_s=0.03)
         rec = Recorder()
         p = Prober(on_sample=rec.sample)
-        p.set_targets([Target("b", LOOPBACK, server.port, http_probe(interval_ms=100, timeout_ms=100))])
-        await wait_for(lambda: len(rec.of("b")) >= 4, 3, "4 samples")
+        p.set_targets([Target("b", LOOPBACK, server.port, http_probe(interval_ms=250, timeout_ms=250))])
+        await wait_for(lambda: len(rec.of("b")) >= 4, 5, "4 samples")
         samples = rec.of("b")[:4]
         await closing(p, server)
 
         assert all(s.ok for s in samples), samples
-        assert all(0.03 <= s.rtt_s < 0.1 for s in samples), samples  # >= the server's delay
+        assert all(0.03 <= s.rtt_s < 0.25 for s in samples), samples  # >= the server's delay
         assert server.connections == 1  # kept alive: one request per probe
         times = [s.t_ns for s in samples]
-        assert all(0.08e9 <= b - a <= 0.15e9 for a, b in zip(times, times[1:])), times  # every 100 ms
+        assert all(0.2e9 <= b - a <= 0.4e9 for a, b in zip(times, times[1:])), times  # every 250 ms
 
     run(main())
 
@@ -364,7 +364,7 @@ def test_http_reconnects_when_the_server_closes_and_reads_chunked_and_split_answ
         p = Prober(on_sample=rec.sample)
         p.set_targets([Target("closer", LOOPBACK, closer.port, http_probe()),
                        Target("chunked", LOOPBACK, chunked.port, http_probe()),
-                       Target("split", LOOPBACK, split.port, http_probe(interval_ms=100, timeout_ms=100))])
+                       Target("split", LOOPBACK, split.port, http_probe(interval_ms=250, timeout_ms=250))])
         keys = ("closer", "chunked", "split")
         await wait_for(lambda: all(len(rec.of(k)) >= 3 for k in keys), 3, "3 samples each")
         samples = {k: rec.of(k)[:3] for k in keys}
@@ -374,7 +374,7 @@ def test_http_reconnects_when_the_server_closes_and_reads_chunked_and_split_answ
         assert all(s.ok for k in keys for s in samples[k]), samples
         assert connections[0] >= 3 and connections[1:] == (1, 1)
         # The body came 20 ms after the head: the answer is complete only then.
-        assert all(0.02 <= s.rtt_s < 0.06 for s in samples["split"]), samples["split"]
+        assert all(0.02 <= s.rtt_s < 0.25 for s in samples["split"]), samples["split"]
 
     run(main())
 
