@@ -9,7 +9,10 @@
  * without this one: heartbeats, SYN/RST/FIN (passive detection, wire counts),
  * pending wire samples, replies without a conntrack entry, VLAN tags, IPv4
  * options, fragments, an unresolved neighbour, an MTU exceeded, another
- * egress interface, and L4 checksums in partial form (see partial_csum). */
+ * egress interface, and L4 checksums in partial form (see partial_csum).
+ * The reverse-NAT entry of the sending backend comes from a per-CPU copy
+ * (rnat_cached) while edge_rnat is unchanged, so a reply takes one hash
+ * lookup, conntrack's. */
 #include <uapi/linux/bpf.h>
 #include <linux/stddef.h>
 #include "include/maps.h"
@@ -48,6 +51,39 @@ static __always_inline int partial_csum(const struct iphdr *iph, __u16 check, __
 	return csum_fold(sum) == check;
 }
 
+/* struct backend_key as one word, the tag of its edge_rnat_cache slot */
+union rnat_tag {
+	struct backend_key key;
+	__u64 word;
+};
+
+/* The edge_rnat entry of the backend endpoint rk, from this CPU's copy when
+ * it was made under gen, the current node_info.rnat_gen (read before this
+ * call: an entry looked up while user space changes edge_rnat is copied
+ * under the older generation, so the next packet looks it up again), else
+ * looked up and copied into the endpoint's slot. NULL: no entry. Two
+ * endpoints sharing a slot on one CPU take turns, each turn a lookup, as
+ * without the copy. */
+static __always_inline const struct rnat_info *rnat_cached(const struct backend_key *rk, __u64 gen)
+{
+	union rnat_tag tag = { .key = *rk };
+	__u32 idx = hash_mix((__u32)tag.word ^ (__u32)(tag.word >> 32)) & (EDGE_RNAT_CACHE_SLOTS - 1);
+	struct rnat_slot *slot = edge_rnat_cache.lookup(&idx);
+	struct rnat_info *ri;
+
+	if (!slot)
+		return NULL;
+	if (slot->key == tag.word && slot->gen == gen)
+		return &slot->info;
+	ri = edge_rnat.lookup((struct backend_key *)rk);
+	if (!ri)
+		return NULL;
+	slot->key = tag.word;
+	slot->gen = gen;
+	slot->info = *ri;
+	return &slot->info;
+}
+
 /* Source address and port become the VIP's and the TTL drops by one; IPv4
  * and L4 checksums follow, each folded once (a zero UDP checksum means
  * "none" and stays so). The TTL sits in the high byte of the 16-bit word it
@@ -79,9 +115,9 @@ int edge_reply(struct xdp_md *ctx)
 	struct reply_hop *hop = NULL;
 	struct backend_key rk = {};
 	struct flow_key fk = {};
+	const struct rnat_info *ri;
 	struct node_info *node;
 	struct flow_info *fi;
-	struct rnat_info *ri;
 	__u32 zero = 0, len = data_end - data;
 	__u16 *check;
 	__be16 *ports;
@@ -113,10 +149,13 @@ int edge_reply(struct xdp_md *ctx)
 	if (partial_csum(iph, *check, bpf_ntohs(iph->tot_len) - sizeof(*iph)))
 		return XDP_PASS;
 
+	node = edge_node.lookup(&zero);	/* rnat_gen; ingress_ifindex below */
+	if (!node)
+		return XDP_PASS;
 	rk.addr = iph->saddr;
 	rk.port = ports[0];
 	rk.proto = iph->protocol;
-	ri = edge_rnat.lookup(&rk);
+	ri = rnat_cached(&rk, *(volatile __u64 *)&node->rnat_gen);
 	if (!ri)
 		return XDP_PASS;
 	fk.src = iph->daddr;
@@ -131,9 +170,8 @@ int edge_reply(struct xdp_md *ctx)
 	/* Only to the interface edge_ingress runs on: a driver that takes XDP
 	 * frames (on veth: whose peer runs NAPI, as the forward direction
 	 * needs of the backends' side). Other egress interfaces go through tc. */
-	node = edge_node.lookup(&zero);
-	if (!node || reply_hop_at(ctx, ctx->ingress_ifindex, len, 0, iph, ri->vip_addr,
-				  &fib, &hop) != BPF_FIB_LKUP_RET_SUCCESS || !hop ||
+	if (reply_hop_at(ctx, ctx->ingress_ifindex, len, 0, iph, ri->vip_addr, &fib,
+			 &hop) != BPF_FIB_LKUP_RET_SUCCESS || !hop ||
 	    hop->ifindex != node->ingress_ifindex || len > hop->mtu + sizeof(*eth))
 		return XDP_PASS;
 

@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16

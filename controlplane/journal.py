@@ -5,17 +5,19 @@ the ctypes objects bcc hands out, whatever their type."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 from controlplane.loader import Undo
 
 
 class Journal(Undo):
-    """tables: the given tables, recording into this journal; table: the one written last."""
+    """tables: the given tables, recording into this journal; table: the one written last.
+    after_undo: table name -> what to call after each of its entries is put back."""
 
-    def __init__(self, tables: Mapping[str, object]):
+    def __init__(self, tables: Mapping[str, object], after_undo: Mapping[str, Callable[[], None]] | None = None):
         super().__init__()
         self.table = "?"
+        self.after_undo = dict(after_undo or {})
         self.tables = {name: Recorded(name, t, self) for name, t in tables.items()}
 
 
@@ -36,12 +38,13 @@ class Recorded:
 
     def _remember(self, key) -> None:
         key = type(key).from_buffer_copy(key)
+        after = self._j.after_undo.get(self._name, lambda: None)
         try:
             old = self._t[key]
         except KeyError:
-            self._j.push(f"{self._name}: remove a new key", lambda: self._discard(key))
+            self._j.push(f"{self._name}: remove a new key", lambda: (self._discard(key), after()))
         else:
-            self._j.push(f"{self._name}: restore", lambda: self._t.__setitem__(key, old))
+            self._j.push(f"{self._name}: restore", lambda: (self._t.__setitem__(key, old), after()))
         self._j.table = self._name
 
     def _discard(self, key) -> None:

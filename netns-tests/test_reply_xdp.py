@@ -12,12 +12,15 @@ everything it does not handle to the tc program.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import struct
+from ipaddress import IPv4Address
 
 from scapy.layers.inet import IP, UDP
 
 from controlplane import abi
+from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.topo import backend_role
 from controlplane.lab.traffic import close_all, http_get, open_connections, udp_answers
 
@@ -144,3 +147,52 @@ def test_reply_xdp_off_leaves_replies_to_tc_and_undeploy_removes_it(net, router)
 
     router.undeploy()
     assert [_xdp_on(net, i) for i in range(3)] == [None] * 3
+
+
+def _answers_from_ports(net, vip: IPv4Address, ports: range) -> list[str]:
+    """One datagram to vip:PORT from each client port in ports; where each answer came from."""
+    socks: list[socket.socket] = []
+    try:
+        with net.client.enter():
+            for port in ports:
+                socks.append(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+                socks[-1].bind((str(net.topo.client_addr.ip), port))
+        for sock in socks:
+            sock.settimeout(2.0)
+            sock.sendto(b"who", (str(vip), PORT))
+        return [f"{src[0]}:{src[1]}" for _, src in (sock.recvfrom(2048) for sock in socks)]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_replies_follow_a_vip_that_edged_moves(net, router, tmp_path):
+    """edge_reply works from per-CPU copies of reverse-NAT entries, and edged changes the maps
+    in place under the same programs: after a reload moves the service to another VIP, the
+    replies on the same client ports (whose old conntrack entries are still there) come from
+    the new VIP, through XDP."""
+    vip2 = net.vip + 1
+
+    def doc(vip: IPv4Address) -> dict:
+        service = router.service("dns", protocol="udp", vip=str(vip))
+        service["weights"] = {"policy": "static"}
+        return router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
+                                              "metrics_listen": "127.0.0.1:9470"})
+
+    ports = range(41000, 41030)
+    edged = EdgedProc.start(net.router, doc(net.vip), router.iface)
+    try:
+        for _ in range(3):  # next hops known, and every backend's entry copied where its replies run
+            assert set(_answers_from_ports(net, net.vip, ports)) == {f"{net.vip}:{PORT}"}
+        edged.rewrite_config(doc(vip2))
+        mark = len(edged.events)
+        edged.signal(signal.SIGHUP)
+        done = edged.wait_for(lambda e: e["kind"] in ("reload", "reload-rejected"), 60.0, "reload", after=mark)
+        assert done["kind"] == "reload", done["text"]
+        before = router.status()["verdicts"]
+        got = _answers_from_ports(net, vip2, ports)
+        after = router.status()["verdicts"]
+    finally:
+        edged.stop()
+    assert set(got) == {f"{vip2}:{PORT}"}
+    assert after["return_xdp"] - before["return_xdp"] == len(ports)

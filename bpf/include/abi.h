@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	10
+#define EDGE_ABI_VERSION	11
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -297,7 +297,7 @@ struct backend_probe {
 
 /* Value of edge_node (one entry). Written by user space: what undeploy must undo
  * and the sizes the pinned maps were made with; edge_reply reads
- * ingress_ifindex (the one interface it redirects replies to). */
+ * ingress_ifindex (the one interface it redirects replies to) and rnat_gen. */
 struct node_info {
 	__u32	maglev_m;
 	__u32	max_services;
@@ -310,6 +310,11 @@ struct node_info {
 	__u32	return_ifindex[EDGE_MAX_RETURN_IFACES];
 	__u32	return_clsact_added;	/* bit i: deploy created clsact on return_ifindex[i] */
 	__u32	pad;
+	/* Raised (never lowered, never reused) after every change of edge_rnat:
+	 * edge_reply's per-CPU copies of edge_rnat entries (edge_rnat_cache,
+	 * maps.h) hold the value they were copied under and are used only
+	 * while it is current. */
+	__u64	rnat_gen;
 };
 
 /* Verdict counters: index into edge_verdicts. */
@@ -358,7 +363,7 @@ _Static_assert(sizeof(struct hb_target) == 24, "abi: hb_target");
 _Static_assert(sizeof(struct heartbeat) == EDGE_HEARTBEAT_SIZE, "abi: heartbeat");
 _Static_assert(sizeof(struct service_meta) == 40, "abi: service_meta");
 _Static_assert(sizeof(struct backend_meta) == 40, "abi: backend_meta");
-_Static_assert(sizeof(struct node_info) == 104, "abi: node_info");
+_Static_assert(sizeof(struct node_info) == 112, "abi: node_info");
 _Static_assert(sizeof(struct backend_probe) == 136, "abi: backend_probe");
 
 #endif /* EDGE_ABI_H */

@@ -97,6 +97,17 @@ struct clock_cache {
 	__u64 ns;	/* bpf_ktime_get_ns() then */
 };
 BPF_PERCPU_ARRAY(edge_clock, struct clock_cache, 1);
+/* Per-CPU copies of edge_rnat entries for edge_reply, direct-mapped by a hash
+ * of the backend endpoint (edge_reply.c, rnat_cached); kernel only, not
+ * pinned. A copy is used only while node_info.rnat_gen is the one it was
+ * made under. */
+#define EDGE_RNAT_CACHE_SLOTS	1024	/* a power of two */
+struct rnat_slot {
+	__u64	key;		/* the struct backend_key it copies, as one word */
+	__u64	gen;		/* node_info.rnat_gen when copied */
+	struct rnat_info info;	/* the edge_rnat entry */
+};
+BPF_PERCPU_ARRAY(edge_rnat_cache, struct rnat_slot, EDGE_RNAT_CACHE_SLOTS);
 /* hash(client, VIP) -> cached egress interface and MACs of replies (per CPU). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct reply_hop, edge_reply_hop,
 		 EDGE_REPLY_HOP_SLOTS, EDGE_PIN(edge_reply_hop));

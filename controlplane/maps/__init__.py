@@ -24,7 +24,7 @@ from controlplane.errors import MapError
 from controlplane.maps.reader import Reader
 from controlplane.maps.records import (  # noqa: F401  (re-exported)
     MAGLEV_STRIDE, PROBE_TEXT, PROTOS, PROTO_NAMES, ProbeStatus, WireStats, _U32_MAX_VALUE, _name_bytes,
-    be16, be32, count_entries, counts_from_dump, from_be16, from_be32, pack_probe, unpack_probe,
+    be16, be32, count_entries, counts_from_dump, from_be16, from_be32, next_rnat_gen, pack_probe, unpack_probe,
 )
 from controlplane.maps.writer import ApplyReport, Writer  # noqa: F401  (re-exported)
 
@@ -35,7 +35,8 @@ class Maps(Writer, Reader):
     def __init__(self, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int,
                  max_backends: int | None = None):
         """max_backends: the pinned maps' (node record); default: as the tables were compiled."""
-        self.t = tables
+        self.t = tables  # apply() swaps in journaled views while it runs
+        self._untracked = tables  # writes not to be undone (rnat_changed)
         self.m = maglev_m
         self.max_services = max_services
         self.max_backends = max_backends or len(tables[abi.MAP_BACKENDS])
@@ -109,6 +110,9 @@ class Maps(Writer, Reader):
             raise MapError(f"{abi.MAP_NODE}: more than {abi.MAX_RETURN_IFACES} backend-facing interfaces")
         t = self.t[abi.MAP_NODE]
         v = t.Leaf()
+        # a new reverse-NAT generation (writer.rnat_changed), not the old one: a value read before
+        # another writer's change and written back after it would make stale copies current
+        v.rnat_gen = next_rnat_gen(t[t.Key(0)].rnat_gen)
         v.maglev_m, v.max_services, v.max_backends, v.ct_size = maglev_m, max_services, max_backends, ct_size
         v.ingress_ifindex, v.xdp_flags = ingress_ifindex, xdp_flags
         v.ip_forward_was = 0 if ip_forward_was is None else ip_forward_was + 1

@@ -49,6 +49,12 @@ def hash_mix(h: int) -> int:
     return h ^ (h >> 16)
 
 
+def next_rnat_gen(gen: int) -> int:
+    """node_info.rnat_gen after an edge_rnat change: above gen and CLOCK_MONOTONIC's ns, so it
+    is a value no edged or edgectl on this boot gave it before, even after a rollback."""
+    return max(gen + 1, time.monotonic_ns()) & 0xFFFFFFFFFFFFFFFF
+
+
 def vip_filter_words(addrs: Iterable[int]) -> list[int]:
     """edge_vip_filter's words with the bit of each address set (be32 values, as stored)."""
     words = [0] * abi.VIP_FILTER_WORDS

@@ -18,7 +18,7 @@ from controlplane.journal import Journal
 from controlplane.config import Config, Service
 from controlplane.errors import MapError
 from controlplane.maps.records import (
-    PROTOS, PROTO_NAMES, _name_bytes, be16, be32, from_be16, from_be32, vip_filter_words,
+    PROTOS, PROTO_NAMES, _name_bytes, be16, be32, from_be16, from_be32, next_rnat_gen, vip_filter_words,
 )
 
 
@@ -51,7 +51,7 @@ class Writer:
         interface its heartbeats must arrive on."""
         oifs = oifs or {}
         saved_t, saved_ids = self.t, self._ids
-        journal = Journal(saved_t)
+        journal = Journal(saved_t, after_undo={abi.MAP_RNAT: self.rnat_changed})  # putting back is a change too
         self.t, self._journal = journal.tables, journal
         try:
             p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
@@ -179,7 +179,8 @@ class Writer:
             t[t.Key(vid)] = t.Leaf()
         for bid in p.removed_backends.values():
             self._clear_backend(bid)
-        self._drop_unwanted(abi.MAP_RNAT, self._rnat_keys(cfg))
+        if self._drop_unwanted(abi.MAP_RNAT, self._rnat_keys(cfg)):
+            self.rnat_changed()
         self._drop_unwanted(abi.MAP_HB, self._hb_wanted)
         self._drop_unwanted(abi.MAP_HB_PORTS, self._hb_ports_wanted)
         self._drop_unwanted(abi.MAP_VIP_ADDRS, {bytes(self.t[abi.MAP_VIP_ADDRS].Key(be32(s.vip)))
@@ -199,29 +200,43 @@ class Writer:
         k = self._vip_key(s)
         old_vips[vid] = (k, self.t[abi.MAP_VIPS][k])
 
-    def _make_room(self, name: str, wanted: set[bytes]) -> None:
+    def _make_room(self, name: str, wanted: set[bytes]) -> bool:
         """At capacity, a hash map's entries that are going away go before new ones come in
-        (the kernel refuses a key into a full map)."""
+        (the kernel refuses a key into a full map). True when it had to make room."""
         t = self.t[name]
         present = {bytes(k): k for k in t.keys()}
-        if len(present) + len(wanted - set(present)) > self._capacity(name):
-            for raw, k in present.items():
-                if raw not in wanted:
-                    if name == abi.MAP_VIPS:
-                        self._delete_vip(k)
-                    else:
-                        del t[k]
+        if len(present) + len(wanted - set(present)) <= self._capacity(name):
+            return False
+        for raw, k in present.items():
+            if raw not in wanted:
+                if name == abi.MAP_VIPS:
+                    self._delete_vip(k)
+                else:
+                    del t[k]
+        return True
 
     def _capacity(self, name: str) -> int:
         """max_entries of a hash map as pinned (bpf/include/maps.h sizes them by these two)."""
         by_services = (abi.MAP_VIPS, abi.MAP_VIP_ADDRS, abi.MAP_HB_PORTS)
         return self.max_services if name in by_services else self.max_backends
 
-    def _drop_unwanted(self, name: str, wanted: set[bytes]) -> None:
+    def _drop_unwanted(self, name: str, wanted: set[bytes]) -> bool:
+        """Deletes the entries not wanted; True when there were any."""
         t = self.t[name]
-        for k in list(t.keys()):
-            if bytes(k) not in wanted:
-                del t[k]
+        unwanted = [k for k in t.keys() if bytes(k) not in wanted]
+        for k in unwanted:
+            del t[k]
+        return bool(unwanted)
+
+    def rnat_changed(self) -> None:
+        """edge_reply uses its per-CPU copy of an edge_rnat entry while node_info.rnat_gen is
+        the one it was copied under (bpf/edge_reply.c, rnat_cached), so after every change of
+        edge_rnat, before any other map is written, rnat_gen takes a value it never had. Not
+        journaled: putting edge_rnat back is a change too, so it never goes back."""
+        t = self._untracked[abi.MAP_NODE]
+        v = t[t.Key(0)]
+        v.rnat_gen = next_rnat_gen(v.rnat_gen)
+        t[t.Key(0)] = v
 
     # ------------------------------------------------------------ weights
 
@@ -326,14 +341,16 @@ class Writer:
             self._put_changed(ports, k, ports.Leaf(1))
 
     @staticmethod
-    def _put_changed(t, k, v) -> None:
-        """One write, only when the entry differs: an apply that changes nothing writes nothing."""
+    def _put_changed(t, k, v) -> bool:
+        """One write, only when the entry differs: an apply that changes nothing writes nothing.
+        True when it wrote."""
         try:
             if bytes(t[k]) == bytes(v):
-                return
+                return False
         except KeyError:
             pass
         t[k] = v
+        return True
 
     def _rnat_keys(self, cfg: Config) -> set[bytes]:
         t = self.t[abi.MAP_RNAT]
@@ -349,7 +366,7 @@ class Writer:
         """edge_rnat: each backend endpoint -> the VIP its replies come from (only_new: the
         endpoints that have no entry yet)."""
         t = self.t[abi.MAP_RNAT]
-        self._make_room(abi.MAP_RNAT, self._rnat_keys(cfg))
+        changed = self._make_room(abi.MAP_RNAT, self._rnat_keys(cfg))
         present = {bytes(k) for k in t.keys()} if only_new else set()
         for s in cfg.services:
             vid = p.svc_ids[s.name]
@@ -360,7 +377,9 @@ class Writer:
                 v.vip_addr, v.vip_port = be32(s.vip), be16(s.port)
                 v.backend_id, v.vip_id = p.be_ids[(s.name, b.name)], vid
                 if bytes(k) not in present:
-                    self._put_changed(t, k, v)
+                    changed = self._put_changed(t, k, v) or changed
+        if changed:
+            self.rnat_changed()
 
     def _write_backend(self, bid: int, vid: int, b, health_id: int) -> None:
         info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]

@@ -57,11 +57,13 @@ class Faults:
 
     def __init__(self) -> None:
         self.writes = 0
+        self.last = ""  # the table written last
         self.fail_at: int | None = None
         self.on_write = None
 
     def tick(self, name: str) -> None:
         self.writes += 1
+        self.last = name
         if self.fail_at is not None and self.writes == self.fail_at:
             raise Exception(f"Could not update table: injected fault in {name}")
 
@@ -167,8 +169,18 @@ class MemMaps:
         return Maps(self.tables, self.maglev_fd, self.m, self.max_services)
 
     def image(self) -> dict:
-        """Everything in the maps, byte for byte."""
-        return {**{n: t.dump() for n, t in self.tables.items()}, abi.MAP_MAGLEV: bytes(self._mm)}
+        """Everything in the maps, byte for byte, but edge_node's rnat_gen: it rises whenever
+        edge_rnat changed, also back by a rollback (RnatCopies checks it)."""
+        out = {**{n: t.dump() for n, t in self.tables.items()}, abi.MAP_MAGLEV: bytes(self._mm)}
+        t = self.tables[abi.MAP_NODE]
+        for k, v in out[abi.MAP_NODE].items():
+            node = t.Leaf.from_buffer_copy(v)
+            node.rnat_gen = 0
+            out[abi.MAP_NODE][k] = bytes(node)
+        return out
+
+    def rnat_gen(self) -> int:
+        return self.tables[abi.MAP_NODE][0].rnat_gen
 
     def close(self) -> None:
         self._mm.close()
@@ -285,3 +297,36 @@ def half_states(mem: MemMaps, target: dict[tuple, str] | None = None) -> list[st
             if r is None or r.backend_id != bid or (r.vip_addr, r.vip_port) != key[:2]:
                 bad.append(f"VIP {key}: backend {bid} takes new flows, its replies are not reverse-NATed")
     return bad
+
+
+class RnatCopies:
+    """What edge_reply's per-CPU copies of edge_rnat entries (bpf/edge_reply.c, rnat_cached)
+    may hold: a copy is used while node_info.rnat_gen is the one it was made under. So a
+    generation never comes back, and edge_rnat changes under one generation only until the
+    writes of edge_rnat are done: the generation moves before any other map is written and
+    before apply() returns or raises. after_write() (Faults.on_write) and settled() note
+    what breaks that in `bad`."""
+
+    def __init__(self, mem: MemMaps):
+        self.mem = mem
+        self.gen = mem.rnat_gen()
+        self.rnat = mem.tables[abi.MAP_RNAT].dump()  # as under self.gen
+        self.seen = {self.gen}
+        self.bad: list[str] = []
+
+    def after_write(self) -> None:
+        gen, rnat = self.mem.rnat_gen(), self.mem.tables[abi.MAP_RNAT].dump()
+        if gen != self.gen:
+            if gen in self.seen:
+                self.bad.append(f"rnat_gen {gen} came back")
+            self.seen.add(gen)
+            self.gen, self.rnat = gen, rnat
+        elif rnat != self.rnat and self.mem.faults.last != abi.MAP_RNAT:
+            self.bad.append(f"{self.mem.faults.last} written while edge_rnat differs from its copies "
+                            f"under rnat_gen {gen}")
+
+    def settled(self) -> list[str]:
+        """bad, and whether edge_rnat is what copies under the current generation hold."""
+        if self.mem.tables[abi.MAP_RNAT].dump() != self.rnat:
+            return [*self.bad, f"edge_rnat changed under rnat_gen {self.gen}, which is still current"]
+        return list(self.bad)

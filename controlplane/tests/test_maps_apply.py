@@ -1,15 +1,17 @@
 """maps.apply on an in-memory model of the maps (memtables.py): membership changes
 (replace, rename, VIP moves, capacity edges) leave what a fresh deploy of the same
 config leaves, never expose a half state to a packet, and a failed apply leaves
-the maps byte-identical."""
+the maps byte-identical (but for the reverse-NAT generation, which only rises)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
 from controlplane.config import parse_config
 from controlplane.errors import MapError
-from controlplane.tests.memtables import MemMaps, canonical, half_states, vip_keys
+from controlplane.tests.memtables import MemMaps, RnatCopies, canonical, half_states, vip_keys
 
 M = 1009
 
@@ -163,3 +165,44 @@ def test_service_configs_name_their_vips_and_forget_removed_ones(mem):
     maps.apply(config(svc("code", 2, be("c0", 20))))
     assert list(_named_vips(mem).values()) == [k for k, n in vip_keys(cfg).items() if n == "code"]
     assert seen == []
+
+
+NODE = dict(maglev_m=M, max_services=4, max_backends=8, ct_size=1024, ingress_ifindex=3, xdp_flags=2,
+            ip_forward_was=0, return_ifindex=[4], return_clsact_added=[True])
+
+
+def test_the_reverse_nat_generation_rises_with_every_change_of_edge_rnat(mem):
+    """edge_reply uses its per-CPU copy of an edge_rnat entry while node_info.rnat_gen is the
+    one it was copied under: every apply that changes edge_rnat gives it a new value before
+    any other map is written, one that changes nothing leaves it, and the node record's
+    writer gives it a new one too (never an old one back)."""
+    maps = mem.maps()
+    maps.write_node(**NODE)
+    copies = RnatCopies(mem)
+    mem.faults.on_write = copies.after_write
+    maps.apply(config(svc("chat", 1, be("b0", 10), be("b1", 11)), svc("code", 2, be("c0", 20))))
+    first = mem.rnat_gen()
+    assert first > 0
+    maps.apply(config(svc("chat", 1, be("b0", 10), be("b1", 11)), svc("code", 2, be("c0", 20))))
+    assert mem.rnat_gen() == first  # nothing changed
+    maps.write_node(**{**NODE, "ingress_ifindex": 5})  # edged's watch: the interface was made again
+    second = mem.rnat_gen()
+    assert second > first
+    maps.apply(config(svc("chat", 1, be("b0", 10), be("b2", 12)), svc("code", 3, be("c0", 20))))
+    assert mem.rnat_gen() > second
+    maps.apply(config(svc("code", 3, be("c0", 20))))
+    assert copies.settled() == []
+
+
+@pytest.mark.parametrize("k", range(1, 40))
+def test_a_failed_apply_leaves_no_copy_of_edge_rnat_in_use_that_it_made_stale(mem, k):
+    """A write failing midway: edge_rnat is put back, which is a change too, so the
+    generation moves on again and never returns to one that copies of its changes have."""
+    maps = mem.maps()
+    maps.apply(config(svc("chat", 1, be("b0", 10), be("b1", 11)), svc("code", 2, be("c0", 20))))
+    copies = RnatCopies(mem)
+    mem.faults.on_write = copies.after_write
+    mem.faults.writes, mem.faults.fail_at = 0, k
+    with contextlib.suppress(MapError):
+        maps.apply(config(svc("chat-v2", 3, be("b0", 10), be("b2", 12, weight=3)), svc("code", 2, be("c1", 21))))
+    assert copies.settled() == []

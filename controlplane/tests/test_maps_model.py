@@ -3,7 +3,8 @@ sequences of configs (add, remove, replace, rename, re-weight, move a VIP, sizes
 and over capacity) to the in-memory maps (memtables.py) through the real maps code.
 After every step the maps equal a fresh deploy of the same config (ids aside);
 during every step no write shows a packet a half state; a write failing at step k
-leaves the maps byte-identical; an update that cannot fit fails and changes nothing."""
+leaves the maps byte-identical; an update that cannot fit fails and changes nothing; the
+copies edge_reply keeps of edge_rnat entries are never used past a change (RnatCopies)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from controlplane.config import parse_config
 from controlplane.errors import ConfigError, MapError
-from controlplane.tests.memtables import MemMaps, canonical, half_states, vip_keys
+from controlplane.tests.memtables import MemMaps, RnatCopies, canonical, half_states, vip_keys
 
 M = 1009
 MAX_SERVICES, MAX_BACKENDS = 3, 6
@@ -73,7 +74,13 @@ class Membership(RuleBasedStateMachine):
         self.maps = self.mem.maps()
         self.half: list[str] = []
         self.target: set = set()
-        self.mem.faults.on_write = lambda: self.half.extend(half_states(self.mem, self.target))
+        self.copies = RnatCopies(self.mem)  # edge_reply's copies of edge_rnat stay current
+
+        def on_write():
+            self.half.extend(half_states(self.mem, self.target))
+            self.copies.after_write()
+
+        self.mem.faults.on_write = on_write
         self.services: list[dict] | None = None
 
     def teardown(self):
@@ -89,6 +96,7 @@ class Membership(RuleBasedStateMachine):
         try:
             self.maps.apply(cfg)
         except MapError as e:
+            assert self.copies.settled() == []
             # fitting, it may only be refused when every primary of a service is replaced
             # while the maps are full (done as two changes instead)
             assert not fits or "in two steps" in str(e), f"{e} although it fits"
@@ -96,6 +104,7 @@ class Membership(RuleBasedStateMachine):
             assert self.mem.image() == before
             return
         assert fits
+        assert self.copies.settled() == []
         # Known limit: when the old and new endpoints together overflow edge_rnat, entries going
         # away are dropped before the tables stop naming them (a window of microseconds).
         eps = lambda svcs: {(b["address"], b["port"]) for s in svcs or [] for b in s["backends"]}  # noqa: E731
@@ -156,9 +165,11 @@ class Membership(RuleBasedStateMachine):
         except MapError as e:
             assert "\n" not in str(e)
             assert self.mem.image() == before
+            assert self.copies.settled() == []
             return
         finally:
             self.mem.faults.fail_at = None
+        assert self.copies.settled() == []
         self.half.clear()  # fewer than k writes: it went through
         assert canonical(self.mem) == fresh(cfg)
         self.services = svcs
