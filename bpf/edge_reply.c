@@ -57,52 +57,60 @@ union rnat_tag {
 	__u64 word;
 };
 
+/* The checksum change of the TTL dropping by one: ~old + new of the 16-bit
+ * word it shares with the protocol (TTL in the high byte), whatever the
+ * word: 0xfeff in network order. */
+#define TTL_DEC_DELTA	bpf_htons(0xfeff)
+
 /* The edge_rnat entry of the backend endpoint rk, from this CPU's copy when
  * it was made under gen, the current node_info.rnat_gen (read before this
  * call: an entry looked up while user space changes edge_rnat is copied
  * under the older generation, so the next packet looks it up again), else
- * looked up and copied into the endpoint's slot. NULL: no entry. Two
- * endpoints sharing a slot on one CPU take turns, each turn a lookup, as
- * without the copy. */
-static __always_inline const struct rnat_info *rnat_cached(const struct backend_key *rk, __u64 gen)
+ * looked up and copied into the endpoint's slot with the checksum changes
+ * of its reverse NAT (folded: applied to a checksum, a folded change gives
+ * what the unfolded sum does). NULL: no entry. Two endpoints sharing a slot
+ * on one CPU take turns, each turn a lookup, as without the copy. */
+static __always_inline const struct rnat_slot *rnat_cached(const struct backend_key *rk, __u64 gen)
 {
 	union rnat_tag tag = { .key = *rk };
 	__u32 idx = hash_mix((__u32)tag.word ^ (__u32)(tag.word >> 32)) & (EDGE_RNAT_CACHE_SLOTS - 1);
 	struct rnat_slot *slot = edge_rnat_cache.lookup(&idx);
 	struct rnat_info *ri;
+	__u32 addr;
 
 	if (!slot)
 		return NULL;
 	if (slot->key == tag.word && slot->gen == gen)
-		return &slot->info;
+		return slot;
 	ri = edge_rnat.lookup((struct backend_key *)rk);
 	if (!ri)
 		return NULL;
 	slot->key = tag.word;
 	slot->gen = gen;
 	slot->info = *ri;
-	return &slot->info;
+	addr = csum_delta32(rk->addr, ri->vip_addr);
+	slot->csum_ip = csum_fold(addr + TTL_DEC_DELTA);
+	slot->csum_l4 = csum_fold(addr + csum_delta16(rk->port, ri->vip_port));
+	return slot;
 }
 
 /* Source address and port become the VIP's and the TTL drops by one; IPv4
- * and L4 checksums follow, each folded once (a zero UDP checksum means
- * "none" and stays so). The TTL sits in the high byte of the 16-bit word it
- * shares with the protocol. */
+ * and L4 checksums follow, each with the change its copy of the edge_rnat
+ * entry carries (rnat_cached; a zero UDP checksum means "none" and stays
+ * so). */
 static __always_inline void snat_xdp(struct iphdr *iph, __be16 *sport, __u16 *check, int udp,
-				     __be32 vip_addr, __be16 vip_port)
+				     const struct rnat_slot *rs)
 {
-	__u32 addr = csum_delta32(iph->saddr, vip_addr);
-	__be16 ttl_word = *(__be16 *)&iph->ttl;
 	__u16 c = *check;
 
 	if (!udp || c) {
-		c = csum_apply(c, addr + csum_delta16(*sport, vip_port));
+		c = csum_apply(c, rs->csum_l4);
 		*check = (udp && !c) ? 0xffff : c;
 	}
 	iph->ttl--;
-	iph->check = csum_apply(iph->check, addr + csum_delta16(ttl_word, *(__be16 *)&iph->ttl));
-	iph->saddr = vip_addr;
-	*sport = vip_port;
+	iph->check = csum_apply(iph->check, rs->csum_ip);
+	iph->saddr = rs->info.vip_addr;
+	*sport = rs->info.vip_port;
 }
 
 int edge_reply(struct xdp_md *ctx)
@@ -115,6 +123,7 @@ int edge_reply(struct xdp_md *ctx)
 	struct reply_hop *hop = NULL;
 	struct backend_key rk = {};
 	struct flow_key fk = {};
+	const struct rnat_slot *rs;
 	const struct rnat_info *ri;
 	struct node_info *node;
 	struct flow_info *fi;
@@ -155,9 +164,10 @@ int edge_reply(struct xdp_md *ctx)
 	rk.addr = iph->saddr;
 	rk.port = ports[0];
 	rk.proto = iph->protocol;
-	ri = rnat_cached(&rk, *(volatile __u64 *)&node->rnat_gen);
-	if (!ri)
+	rs = rnat_cached(&rk, *(volatile __u64 *)&node->rnat_gen);
+	if (!rs)
 		return XDP_PASS;
+	ri = &rs->info;
 	fk.src = iph->daddr;
 	fk.dst = ri->vip_addr;
 	fk.sport = ports[1];
@@ -175,7 +185,7 @@ int edge_reply(struct xdp_md *ctx)
 	    hop->ifindex != node->ingress_ifindex || len > hop->mtu + sizeof(*eth))
 		return XDP_PASS;
 
-	snat_xdp(iph, ports, check, udp, ri->vip_addr, ri->vip_port);
+	snat_xdp(iph, ports, check, udp, rs);
 	set_macs(eth, hop->dmac, hop->smac);
 	count_return(ri->vip_id, ri->backend_id);
 	count_index(EDGE_CNT_RETURN_NAT);

@@ -100,12 +100,15 @@ BPF_PERCPU_ARRAY(edge_clock, struct clock_cache, 1);
 /* Per-CPU copies of edge_rnat entries for edge_reply, direct-mapped by a hash
  * of the backend endpoint (edge_reply.c, rnat_cached); kernel only, not
  * pinned. A copy is used only while node_info.rnat_gen is the one it was
- * made under. */
+ * made under; the checksum changes of the reverse NAT come with it. */
 #define EDGE_RNAT_CACHE_SLOTS	1024	/* a power of two */
 struct rnat_slot {
 	__u64	key;		/* the struct backend_key it copies, as one word */
 	__u64	gen;		/* node_info.rnat_gen when copied */
 	struct rnat_info info;	/* the edge_rnat entry */
+	__u16	csum_ip;	/* IPv4 checksum change: source address -> VIP, TTL - 1 (folded) */
+	__u16	csum_l4;	/* L4 checksum change: source address and port -> the VIP's (folded) */
+	__u32	pad;
 };
 BPF_PERCPU_ARRAY(edge_rnat_cache, struct rnat_slot, EDGE_RNAT_CACHE_SLOTS);
 /* hash(client, VIP) -> cached egress interface and MACs of replies (per CPU). */
