@@ -188,6 +188,6 @@ int edge_reply(struct xdp_md *ctx)
 	snat_xdp(iph, ports, check, udp, rs);
 	set_macs(eth, hop->dmac, hop->smac);
 	count_return(ri->vip_id, ri->backend_id);
-	count_index(EDGE_CNT_RETURN_NAT);
+	/* one verdict counter per reply: readers count it under return_nat too */
 	return count_verdict(EDGE_CNT_RETURN_XDP, bpf_redirect(hop->ifindex, 0));
 }

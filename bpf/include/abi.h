@@ -322,13 +322,13 @@ struct node_info {
 #define EDGE_CNT_REDIRECT	1	/* NATed and redirected to the backend's interface */
 #define EDGE_CNT_NAT_PASS	2	/* NATed, handed to the stack (neighbour unresolved, VLAN) */
 #define EDGE_CNT_DROP		3	/* dropped; edge_drops says why */
-#define EDGE_CNT_RETURN_NAT	4	/* return path: reverse NAT applied */
+#define EDGE_CNT_RETURN_NAT	4	/* return path: reverse NAT applied by tc; readers add RETURN_XDP (every reverse-NATed reply) */
 #define EDGE_CNT_HEARTBEAT	5	/* valid heartbeat consumed */
 #define EDGE_CNT_EJECTION	6	/* passive detection ejected a backend */
 #define EDGE_CNT_RETURN_REDIRECT 7	/* return path: reverse NATed and redirected by tc */
 #define EDGE_CNT_STATELESS	8	/* TCP, no SYN, no entry, budget spent: forwarded by its Maglev pick, no entry made */
 #define EDGE_CNT_RETURN_STATELESS 9	/* return path: no entry, reverse NATed because the Maglev slot names the sender */
-#define EDGE_CNT_RETURN_XDP	10	/* return path: reverse NATed and redirected by XDP (edge_reply) */
+#define EDGE_CNT_RETURN_XDP	10	/* return path: reverse NATed and redirected by XDP (edge_reply; its only count) */
 #define EDGE_CNT_MAX		11
 
 /* Drop reasons: index into edge_drops. Never reuse a number; retire it. */

@@ -14,7 +14,7 @@ import numpy as np
 from controlplane import abi, wire
 from controlplane.maps.records import (
     PROBE_TEXT, PROTO_NAMES, ProbeStatus, WireStats, count_entries, from_be16, from_be32, pack_probe,
-    unpack_probe, wire_columns, wire_from_row,
+    unpack_probe, verdicts_shown, wire_columns, wire_from_row,
 )
 
 
@@ -159,8 +159,10 @@ class Reader:
         return sum(int(v) for v in t.getvalue(t.Key(index)))
 
     def counters(self) -> dict[str, dict[str, int]]:
-        """{"verdicts": {name: n}, "drops": {name: n}}, summed over CPUs."""
-        return {"verdicts": {n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()},
+        """{"verdicts": {name: n}, "drops": {name: n}}, summed over CPUs; verdicts as shown
+        (records.verdicts_shown: return_nat includes return_xdp)."""
+        return {"verdicts": verdicts_shown({n: self._sum_counter(abi.MAP_VERDICTS, i)
+                                            for i, n in abi.CNT_NAMES.items()}),
                 "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()}}
 
     def snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:

@@ -204,10 +204,20 @@ def wire_from_row(r) -> WireStats:
                      first_byte_ns=values[2 * b + 1], opened=values[2 * b + 2], closed=values[2 * b + 3])
 
 
+def verdicts_shown(counts: dict[str, int]) -> dict[str, int]:
+    """edge_verdicts by name as status and the metrics show them: return_nat is every
+    reverse-NATed reply, tc's (its own slot, EDGE_CNT_RETURN_NAT) and edge_reply's, which
+    counts each of its replies only once, under return_xdp."""
+    names = abi.CNT_NAMES[abi.CNT_RETURN_NAT], abi.CNT_NAMES[abi.CNT_RETURN_XDP]
+    if all(n in counts for n in names):
+        counts = {**counts, names[0]: counts[names[0]] + counts[names[1]]}
+    return counts
+
+
 def counts_from_dump(map_name: str, dump: list[dict]) -> dict[str, int]:
     """`bpftool -j map dump` of edge_verdicts or edge_drops (per-CPU arrays of u64, key
-    u32, both host byte order) as {name: count summed over CPUs}: for readers that do
-    not compile the data path (tests, tools)."""
+    u32, both host byte order) as {name: count summed over CPUs}, verdicts as shown
+    (verdicts_shown): for readers that do not compile the data path (tests, tools)."""
     names = {abi.MAP_VERDICTS: abi.CNT_NAMES, abi.MAP_DROPS: abi.DROP_NAMES}[map_name]
     counts = {}
     for entry in dump:
@@ -215,7 +225,7 @@ def counts_from_dump(map_name: str, dump: list[dict]) -> dict[str, int]:
         if key in names:
             counts[names[key]] = sum(int.from_bytes(bytes(int(b, 16) for b in v["value"]), sys.byteorder)
                                      for v in entry["values"])
-    return counts
+    return verdicts_shown(counts) if map_name == abi.MAP_VERDICTS else counts
 
 
 def count_entries(keys: Iterable, deadline_ns: int | None = None, every: int = 1024) -> tuple[int, bool]:

@@ -120,3 +120,32 @@ def test_a_bpftool_dump_of_the_verdict_counters_sums_cpus_by_name():
             {"key": hexes(abi.CNT_PASS, 4), "values": [{"cpu": 0, "value": hexes(0, 8)}]},
             {"key": hexes(999, 4), "values": [{"cpu": 0, "value": hexes(7, 8)}]}]
     assert counts_from_dump(abi.MAP_VERDICTS, dump) == {"redirect": 5 + 2**40, "pass": 0}
+
+
+def test_return_nat_counts_the_replies_of_tc_and_of_xdp():
+    """edge_reply counts a reply once, under return_xdp; tc's edge_return counts its own under
+    return_nat (EDGE_CNT_RETURN_NAT). Readers show return_nat as every reverse-NATed reply:
+    both, from a bpftool dump and from the maps."""
+    def hexes(n: int, size: int) -> list[str]:
+        return [f"0x{b:02x}" for b in n.to_bytes(size, sys.byteorder)]
+
+    dump = [{"key": hexes(abi.CNT_RETURN_NAT, 4), "values": [{"cpu": 0, "value": hexes(7, 8)},
+                                                              {"cpu": 1, "value": hexes(1, 8)}]},
+            {"key": hexes(abi.CNT_RETURN_XDP, 4), "values": [{"cpu": 0, "value": hexes(5, 8)},
+                                                              {"cpu": 1, "value": hexes(2, 8)}]}]
+    assert counts_from_dump(abi.MAP_VERDICTS, dump) == {"return_nat": 15, "return_xdp": 7}
+
+    from controlplane.tests.memtables import NCPU, MemMaps
+
+    mem = MemMaps(1009, 2, 4)
+    try:
+        t = mem.tables[abi.MAP_VERDICTS]
+        for idx, per_cpu in ((abi.CNT_RETURN_NAT, (3, 4)), (abi.CNT_RETURN_XDP, (10, 20))):
+            leaf = t.Leaf()
+            for cpu in range(NCPU):
+                leaf[cpu] = per_cpu[cpu]
+            t[t.Key(idx)] = leaf
+        verdicts = mem.maps().counters()["verdicts"]
+        assert (verdicts["return_nat"], verdicts["return_xdp"]) == (37, 30)
+    finally:
+        mem.close()
