@@ -146,8 +146,10 @@ class _Check:
                 if self.look_ns and self.look_ns <= due_ns:
                     self.look_ns = 0
                     self._look()
-                return  # a start due before the deadline waits for the deadline's own call
-            self._deadline()
+                if self.busy:
+                    return  # a start due before the deadline waits for the deadline's own call
+            else:
+                self._deadline()
         if self.next_ns <= due_ns:
             self._start()
 
@@ -177,7 +179,6 @@ class _Check:
         if self.slow:
             next_ns = -(-next_ns // SLOW_GRID_NS) * SLOW_GRID_NS
         self.next_ns = next_ns
-        self.prober._at(deadline_ns, self)
         self.prober._at(next_ns, self)
         try:
             self.begin()
@@ -186,6 +187,10 @@ class _Check:
             self.fail(_errno_word(e.errno) if e.errno else str(e))
         except Exception as e:  # a bug here must not stop the other probes of this tick
             self._fault(e)
+        # The deadline's call, for a round still going that no look will settle first: a round
+        # that ended within begin() needs none, and a look that finds it unsettled places it.
+        if self.busy and not self.look_ns:
+            self.prober._at(deadline_ns, self)
 
     def _look(self) -> None:
         try:
@@ -245,7 +250,8 @@ class _Check:
         pass
 
     def look(self) -> None:
-        """The wheel's call at look_ns, set by begin() (a relaxed round's look on the grid)."""
+        """The wheel's call at look_ns, set by begin() (a relaxed round's look on the grid);
+        a round that it leaves going must place the deadline's call (_at(deadline_ns))."""
 
     def abort(self) -> None:
         pass
@@ -309,6 +315,8 @@ class _TcpCheck(_Check):
     def look(self) -> None:
         if self.sock is not None:
             self._connected(0)
+            if self.busy:  # still connecting: now on epoll, and the deadline's call decides
+                self.prober._at(self.deadline_ns, self)
 
     def last_look(self) -> None:
         if self.sock is not None:

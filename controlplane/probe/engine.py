@@ -47,6 +47,7 @@ class _Backend:
         self.target = target
         self.key = target.key
         self.checks: list[_Check] = []
+        self.probe_check: Optional[_Check] = None  # the probe's schedule (the only one that relaxes)
         probe, metrics = target.probe, target.metrics
         self.window: Optional[Window] = None
         if probe is not None:
@@ -59,6 +60,7 @@ class _Backend:
             else:
                 self.checks.append(_GrpcCheck(prober, self, probe))
             self.checks[-1].adapt(probe.relaxed_ms, probe.rise)
+            self.probe_check = self.checks[-1]
         self.last_load = last_load if metrics is not None else None
         if metrics is not None:
             self.checks.append(_HttpCheck(prober, self, metrics.interval_ms, metrics.interval_ms, metrics.path, True))
@@ -91,6 +93,7 @@ class _Backend:
             if isinstance(check, _GrpcCheck):
                 self.prober._later(check.aclose())
         self.checks = []
+        self.probe_check = None
 
 
 class Prober:
@@ -206,7 +209,7 @@ class Prober:
     def relaxed(self, key: Hashable) -> bool:
         """Whether key's next probe was set at the relaxed interval."""
         backend = self._backends.get(key)
-        return backend is not None and any(check.slow for check in backend.checks)
+        return backend is not None and backend.probe_check is not None and backend.probe_check.slow
 
     def window(self, key: Hashable) -> Optional[Window]:
         """The recent samples of key; None for an unknown key or a target without probe."""

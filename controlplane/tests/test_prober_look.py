@@ -118,3 +118,121 @@ def test_a_relaxed_round_to_a_server_that_accepts_and_resets_passes_and_a_refuse
         assert not relaxed_after
 
     run(main())
+
+
+# ------------------------------------------------------------ the wheel's calls of one relaxed round
+
+
+class WheelStub:
+    """What a check asks of its Prober, recorded: the wheel's calls (_at) and epoll arms."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.arms = 0
+        self._relaxed: dict = {}
+        self._ep = self
+
+    def _at(self, t_ns: int, check) -> None:
+        self.calls.append(t_ns)
+
+    def register(self, fd: int, events: int) -> None:
+        self.arms += 1
+
+    modify = register
+
+    def _watch(self, fd, on_event) -> None:
+        pass
+
+    def _drop(self, fd, sock) -> None:
+        sock.close()
+
+    def _report(self, message, e) -> None:
+        raise AssertionError(message) from e
+
+
+class BackendStub:
+    def __init__(self, port: int) -> None:
+        self.key = "b"
+        self.target = Target("b", LOOPBACK, port)
+        self.samples: list = []
+
+    def sample(self, sample) -> None:
+        self.samples.append(sample)
+
+
+class StillConnecting:
+    """A probe socket whose TCP_INFO says SYN_SENT (a SYN-ACK not come yet)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def getsockopt(self, level, name, size=None):
+        if name == socket.TCP_INFO:
+            return tcp_info(checks._TCP_SYN_SENT, 0)
+        return self.sock.getsockopt(level, name)
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+def relaxed_round(port: int) -> tuple[WheelStub, BackendStub, checks._TcpCheck]:
+    """A tcp check of a relaxed target whose next round starts relaxed (rise passed), started."""
+    wheel, backend = WheelStub(), BackendStub(port)
+    check = checks._TcpCheck(wheel, backend, 50, 50)
+    check.adapt(500, 1)
+    check.passes, check.slow = 1, True
+    wheel._relaxed["b"] = time.monotonic_ns() + FAR_NS
+    wheel.calls.clear()
+    check.tick(check.next_ns)
+    return wheel, backend, check
+
+
+def test_a_relaxed_round_its_look_settles_asks_for_no_deadline_call():
+    listener = socket.socket()
+    listener.bind((LOOPBACK, 0))
+    listener.listen(16)
+    try:
+        wheel, backend, check = relaxed_round(listener.getsockname()[1])
+        assert check.busy and check.look_ns and check.look_ns < check.deadline_ns
+        assert sorted(wheel.calls) == [check.look_ns, check.next_ns]  # no deadline call
+        wheel.calls.clear()
+        check.tick(check.look_ns)  # a loopback connect is made within connect(): settled
+        assert not check.busy and [s.ok for s in backend.samples] == [True]
+        assert wheel.calls == [] and wheel.arms == 0
+        check.stop()
+    finally:
+        listener.close()
+
+
+def test_a_relaxed_round_its_look_leaves_connecting_goes_to_epoll_and_gets_its_deadline_call():
+    listener = socket.socket()
+    listener.bind((LOOPBACK, 0))
+    listener.listen(16)
+    try:
+        wheel, backend, check = relaxed_round(listener.getsockname()[1])
+        check.sock = StillConnecting(check.sock)
+        wheel.calls.clear()
+        check.tick(check.look_ns)
+        assert check.busy and wheel.arms == 1 and wheel.calls == [check.deadline_ns]
+        check.tick(check.deadline_ns)  # still "connecting" at the deadline: a timeout
+        assert [(s.ok, s.error) for s in backend.samples] == [(False, "timeout")]
+        assert not check.slow  # and the full rate is back
+        check.stop()
+    finally:
+        listener.close()
+
+
+def test_a_start_that_fell_due_while_a_relaxed_round_went_on_begins_when_its_look_settles_it():
+    listener = socket.socket()
+    listener.bind((LOOPBACK, 0))
+    listener.listen(16)
+    try:
+        wheel, backend, check = relaxed_round(listener.getsockname()[1])
+        check.next_ns = check.look_ns - 1  # as after a hurry with an interval below the grid's step
+        check.tick(check.next_ns)  # busy and before the deadline: the start waits
+        assert check.round == 1
+        check.tick(check.look_ns)  # settled by the look; the start that waited begins at once
+        assert [s.ok for s in backend.samples] == [True] and check.round == 2 and check.busy
+        check.stop()
+    finally:
+        listener.close()
