@@ -320,15 +320,19 @@ class Daemon(Changes, Operations):
     def _interval_s(s: Service, relaxed: bool = False) -> float:
         """How often a service's step runs at least: its probes' interval (relaxed: every
         backend's probes are, and steps come as without probes: the scrapes' and the wire's
-        intervals), else its scrapes', else 1 s; never less often than wire.interval_ms."""
+        intervals), else its scrapes', else 1 s; never less often than wire.interval_ms.
+        Under the static policy every 1 s, probes or not: no probe or scrape result changes
+        a configured weight (weights.decide), so a step at their pace would decide the same."""
         health, interval = s.health, 1.0
+        if s.weights.policy == "static":
+            return interval
         if health and health.probe:
             interval = max(health.probe.interval_ms, health.probe.relaxed_ms if relaxed else 0) / 1000
             if relaxed and health.metrics:
                 interval = min(interval, health.metrics.interval_ms / 1000)
         elif health and health.metrics:
             interval = health.metrics.interval_ms / 1000
-        if s.weights.wire.enabled and s.weights.policy != "static":  # wire signals change between probes
+        if s.weights.wire.enabled:  # wire signals change between probes
             interval = min(interval, s.weights.wire.interval_ms / 1000)
         return interval
 
@@ -336,7 +340,8 @@ class Daemon(Changes, Operations):
         """Decides when a probe result that can move a weight (weights.sample_moves) or a scrape
         came in, at most every quarter interval, and at least once an interval: a changed RTT
         reaches the table without waiting a tick. While every backend's probes are relaxed the
-        interval is as without probes (a failed probe wakes the step at once all the same)."""
+        interval is as without probes (a failed probe wakes the step at once all the same);
+        under the static policy it is always so (_interval_s)."""
         failing = None
         while True:
             st = self.services.get(name)
@@ -348,7 +353,7 @@ class Daemon(Changes, Operations):
                 failing = None
             except EdgeError as e:
                 failing = self._failed(f"{name}: {e}", e, failing, service=name)
-            relaxed = all(self.prober.relaxed((name, b.name)) for b in st.service.backends)
+            relaxed = st.computed and all(self.prober.relaxed((name, b.name)) for b in st.service.backends)
             interval = self._interval_s(st.service, relaxed)
             await asyncio.sleep(interval / 4)
             if not st.wake.is_set():

@@ -97,3 +97,17 @@ def test_steps_come_as_without_probes_while_every_backend_is_relaxed():
     assert Daemon._interval_s(s) == min(probe.interval_ms, wire.interval_ms) / 1000
     assert Daemon._interval_s(s, relaxed=True) == min(probe.relaxed_ms, wire.interval_ms) / 1000
     assert Daemon._interval_s(s, relaxed=True) > Daemon._interval_s(s)
+
+
+def test_under_the_static_policy_steps_come_as_without_probes_or_scrapes():
+    """No probe or scrape result changes a configured weight, so the periodic step does not
+    follow their pace (a backend without fresh wire signals keeps its probes at the full rate
+    and used to make its whole service step every probe interval)."""
+    from controlplane.edged import Daemon
+
+    metrics = {"metrics": {"interval_ms": 200}}
+    for s in (cfg("static").services[0], cfg("static", kind="http").services[0],
+              cfg("static", **metrics).services[0]):
+        assert Daemon._interval_s(s) == Daemon._interval_s(s, relaxed=True) == 1.0
+    computed = cfg(**metrics).services[0]
+    assert Daemon._interval_s(computed) == computed.health.probe.interval_ms / 1000
