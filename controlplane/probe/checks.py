@@ -82,7 +82,7 @@ _disconnect = _disconnecter()
 
 
 def look_at(now_ns: int) -> int:
-    """The grid step (SLOW_GRID_NS) after now_ns, when a relaxed round started at now_ns is
+    """The grid step (SLOW_GRID_NS) after now_ns, when a tcp round started at now_ns is
     looked at."""
     return (now_ns // SLOW_GRID_NS + 1) * SLOW_GRID_NS
 
@@ -268,9 +268,10 @@ class _Check:
 
 class _TcpCheck(_Check):
     """Connect, note tcpi_rtt, reset the connection; one socket reused when it can be.
-    A relaxed round does not wait on epoll: its connection is looked at on the next step of
-    the grid (SLOW_GRID_NS), one wake-up for the looks and starts of many targets, and only
-    one still connecting then is handed to epoll. The RTT is the kernel's either way, and a
+    A round does not wait on epoll: its connection is looked at on the next step of the grid
+    (SLOW_GRID_NS), one wake-up for the looks and starts of many targets, and only one still
+    connecting then is handed to epoll (at the full rate with a timeout shorter than the
+    grid's step, epoll from the start). The RTT is the kernel's either way, and a
     connection the server accepted and then reset counts as connected however late it is
     read (tcpi_rtt says the SYN-ACK came), so when it is read decides nothing."""
 
@@ -293,13 +294,13 @@ class _TcpCheck(_Check):
         if err != errno.EINPROGRESS:
             self._connected(err)
             return
-        if self.slow_round:
-            look_ns = look_at(_monotonic_ns())
-            if look_ns < self.deadline_ns:
-                self.look_ns = look_ns
-                self.prober._at(look_ns, self)
-            return  # else the deadline's call looks
-        self._arm()
+        look_ns = look_at(_monotonic_ns())
+        if look_ns < self.deadline_ns:
+            self.look_ns = look_ns
+            self.prober._at(look_ns, self)
+        elif not self.slow_round:  # a timeout shorter than the grid's step: epoll until it
+            self._arm()
+        # else the deadline's call looks
 
     def _arm(self) -> None:
         if self.armed_once:

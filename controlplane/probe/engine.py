@@ -140,8 +140,9 @@ class Prober:
       is reached at most one relaxed interval later than at the full rate. Scrapes keep
       their own interval. The first relaxed probe of each target is at a random point of the
       relaxed interval, so targets relaxed together do not bunch; relaxed probes start and
-      time out on a 10 ms grid (checks.SLOW_GRID_NS), and relaxed tcp connections are looked
-      at on it rather than waited for on epoll, so sparse probes share loop wake-ups.
+      time out on a 10 ms grid (checks.SLOW_GRID_NS), and tcp connections (relaxed or not, with
+      a timeout longer than a grid step) are looked at on it rather than waited for on epoll,
+      so sparse probes share loop wake-ups.
     """
 
     def __init__(self, on_sample: Optional[Callable[[Hashable, Sample], None]] = None,

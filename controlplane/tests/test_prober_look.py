@@ -236,3 +236,27 @@ def test_a_start_that_fell_due_while_a_relaxed_round_went_on_begins_when_its_loo
         check.stop()
     finally:
         listener.close()
+
+
+def test_a_full_rate_tcp_round_is_looked_at_on_the_grid_too_unless_its_timeout_is_shorter(monkeypatch):
+    listener = socket.socket()
+    listener.bind((LOOPBACK, 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    try:
+        wheel, backend = WheelStub(), BackendStub(port)
+        check = checks._TcpCheck(wheel, backend, 50, 50)  # never relaxed
+        check.tick(check.next_ns)
+        assert check.busy and not check.slow_round and check.look_ns and wheel.arms == 0
+        check.tick(check.look_ns)
+        assert [s.ok for s in backend.samples] == [True] and wheel.arms == 0
+        check.stop()
+        now = (time.monotonic_ns() // SLOW_GRID_NS + 1) * SLOW_GRID_NS + 1  # just after a grid step
+        monkeypatch.setattr(checks, "_monotonic_ns", lambda: now)
+        short = checks._TcpCheck(wheel, BackendStub(port), 50, 1)  # 1 ms: below the grid's step
+        short.next_ns = now
+        short.tick(now)
+        assert short.look_ns == 0 and wheel.arms == 1  # on epoll, as ever
+        short.stop()
+    finally:
+        listener.close()
