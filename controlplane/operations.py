@@ -16,7 +16,7 @@ from controlplane import abi, announce, deploy, weights, wire
 from controlplane.errors import EdgeError
 from controlplane.fleet import operator as fleet_operator
 from controlplane.maps import ProbeStatus
-from controlplane.signals import quantile
+from controlplane.signals import quantiles
 
 if TYPE_CHECKING:
     from controlplane.desired import Leaving
@@ -221,6 +221,7 @@ class Operations:
         view = weights.describe(st.trackers[backend], now_ns, health.metrics if health else None)
         window = self.prober.window((name, backend))  # the one window of recent probes
         rtts = window.rtts() if window else []
+        p50, p99 = quantiles(rtts, 0.50, 0.99)  # as window.p50() and p99(), from one sorted copy
         ok, failed = self.observer.probes(name, backend)
         probe = health.probe if health else None
         relaxed = self.prober.relaxed((name, backend)) if probe is not None else None  # adaptive probing
@@ -228,8 +229,8 @@ class Operations:
             # engines export gauges as floats; requests are counted in whole numbers
             "waiting": None if view.get("waiting") is None else int(view["waiting"]),
             "running": None if view.get("running") is None else int(view["running"]),
-            "rtt_p50_s": quantile(rtts, 0.50),  # as window.p50() and p99(), from one copy of the RTTs
-            "rtt_p99_s": quantile(rtts, 0.99),
+            "rtt_p50_s": p50,
+            "rtt_p99_s": p99,
             **({"rtt_window": rtts} if full else {}),
             "probes_ok": ok,
             "probes_failed": failed,

@@ -44,7 +44,16 @@ class Load:
 
 def quantile(values: Iterable[float], q: float) -> Optional[float]:
     """The q-quantile (0..1) by nearest rank; None for no values."""
+    return _ranked(sorted(values), q)
+
+
+def quantiles(values: Iterable[float], *qs: float) -> tuple[Optional[float], ...]:
+    """quantile(values, q) for each q, from one sorted copy."""
     ordered = sorted(values)
+    return tuple(_ranked(ordered, q) for q in qs)
+
+
+def _ranked(ordered: list, q: float) -> Optional[float]:
     if not ordered:
         return None
     rank = min(len(ordered) - 1, max(0, int(-(-q * len(ordered) // 1)) - 1))
@@ -58,6 +67,9 @@ class Window:
         if size < 1:
             raise ValueError("window size must be at least 1")
         self.samples: deque[Sample] = deque(maxlen=size)
+        # each sample's RTT if it passed, else None: status reads every window once a second,
+        # and a few floats are cheaper to walk than as many Samples (their fields in dicts)
+        self._rtts: deque[Optional[float]] = deque(maxlen=size)
 
     @property
     def size(self) -> int:
@@ -65,13 +77,16 @@ class Window:
 
     def add(self, sample: Sample) -> None:
         self.samples.append(sample)
+        self._rtts.append(sample.rtt_s if sample.ok else None)
 
     def resize(self, size: int) -> None:
         if size != self.size:
             self.samples = deque(self.samples, maxlen=size)
+            self._rtts = deque(self._rtts, maxlen=size)
 
     def rtts(self) -> list[float]:
-        return [s.rtt_s for s in self.samples if s.ok and s.rtt_s is not None]
+        """The RTTs of the samples that passed, oldest first."""
+        return [r for r in self._rtts if r is not None]
 
     def p50(self) -> Optional[float]:
         return quantile(self.rtts(), 0.50)

@@ -1,0 +1,31 @@
+"""controlplane.signals: the Window's RTTs and the quantiles status reads from it, against
+their plain definitions over the window's samples."""
+
+from __future__ import annotations
+
+from hypothesis import given, strategies as st
+
+from controlplane.signals import Sample, Window, quantile, quantiles
+
+samples = st.builds(Sample, t_ns=st.integers(0, 10**12), ok=st.booleans(),
+                    rtt_s=st.none() | st.floats(0, 1, allow_nan=False))
+steps = st.lists(st.one_of(samples, st.integers(1, 12)), max_size=60)  # a sample to add, or a size
+
+
+@given(steps, st.integers(1, 12))
+def test_the_windows_rtts_are_those_of_its_samples_that_passed(ops, size):
+    w = Window(size)
+    for op in ops:
+        if isinstance(op, Sample):
+            w.add(op)
+        else:
+            w.resize(op)
+        assert len(w.samples) <= w.size
+        assert w.rtts() == [s.rtt_s for s in w.samples if s.ok and s.rtt_s is not None]
+        assert (w.p50(), w.p99()) == quantiles(w.rtts(), 0.50, 0.99)
+
+
+@given(st.lists(st.floats(0, 1, allow_nan=False), max_size=30))
+def test_quantiles_from_one_sort_are_each_quantile(values):
+    assert quantiles(values, 0.5, 0.99, 0.0, 1.0) == tuple(quantile(values, q) for q in (0.5, 0.99, 0.0, 1.0))
+    assert quantiles([], 0.5) == (None,)
