@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     """One probe of one backend. A failed probe is a data point, not an error:
-    ok is False, rtt_s is None and error says why in a few words."""
+    ok is False, rtt_s is None and error says why in a few words. Slots: a thousand a
+    second live in windows for seconds, and one object each (no dict) halves what the
+    garbage collector walks for them."""
 
     t_ns: int
     ok: bool
