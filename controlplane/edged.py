@@ -312,7 +312,8 @@ class Daemon(Changes, Operations):
         if st is None or backend not in st.trackers:
             return
         weights.observe_load(st.trackers[backend], load, st.service.weights)
-        st.wake.set()
+        if st.computed:  # under the static policy a scrape moves no weight
+            st.wake.set()
 
     # ------------------------------------------------------------ steering
 

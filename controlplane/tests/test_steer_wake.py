@@ -5,7 +5,7 @@ wire's RTT reaching trackers that a reload made. Unprivileged: edged runs over F
 from __future__ import annotations
 
 from controlplane import weights
-from controlplane.signals import Sample
+from controlplane.signals import Load, Sample
 from controlplane.tests.test_edged_loop import MS, PROBED, config, daemon, handshakes, on_loop
 
 OK = Sample(t_ns=0, ok=True, rtt_s=0.001)
@@ -111,3 +111,16 @@ def test_under_the_static_policy_steps_come_as_without_probes_or_scrapes():
         assert Daemon._interval_s(s) == Daemon._interval_s(s, relaxed=True) == 1.0
     computed = cfg(**metrics).services[0]
     assert Daemon._interval_s(computed) == computed.health.probe.interval_ms / 1000
+
+
+def test_a_scrape_wakes_the_step_only_where_it_can_move_a_weight():
+    def test():
+        metrics = {"metrics": {"interval_ms": 200}}
+        for policy, wakes in (("static", False), ("latency_inverse", True)):
+            d = daemon(cfg(policy, **metrics))
+            st = d.services["web"]
+            st.wake.clear()
+            d._on_load(("web", "b0"), Load(t_ns=10**12, ok=True, waiting=3.0, running=1.0))
+            assert st.wake.is_set() is wakes, policy
+            assert st.trackers["b0"].load is not None  # counted all the same
+    on_loop(test)
