@@ -1,5 +1,6 @@
-"""Fixtures of the API tests (test_api*.py), over apistage.py: an asyncio loop in a thread (lt),
-a short socket directory (sockdir), and the stand-in daemon served on a unix socket (edged).
+"""Fixtures shared by several test modules: the API tests' (test_api*.py, over apistage.py) an
+asyncio loop in a thread (lt), a short socket directory (sockdir) and the stand-in daemon served
+on a unix socket (edged); the heartbeat agent tests' health endpoint (server, test_heartbeat*.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 
 from controlplane.config import Node
 from controlplane.tests.apistage import LoopThread, Served, serving
+from controlplane.tests.test_heartbeat import HealthServer
 
 
 @pytest.fixture
@@ -39,3 +41,12 @@ def sockdir() -> Iterator[str]:
 def edged(lt, sockdir) -> Iterator[Served]:
     with serving(lt, Node(api_socket=os.path.join(sockdir, "run", "edged.sock"))) as served:
         yield served
+
+
+@pytest.fixture
+def server() -> Iterator[HealthServer]:
+    srv = HealthServer()
+    try:
+        yield srv
+    finally:
+        srv.kill()

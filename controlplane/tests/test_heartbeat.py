@@ -331,15 +331,6 @@ class HealthServer:
                     pass
 
 
-@pytest.fixture
-def server() -> Iterator[HealthServer]:
-    srv = HealthServer()
-    try:
-        yield srv
-    finally:
-        srv.kill()
-
-
 def free_port() -> int:
     """A loopback port nothing listens on (bound once, released)."""
     with socket.socket() as s:
