@@ -8,6 +8,9 @@ import asyncio
 import socket
 import struct
 import time
+from typing import Iterator
+
+import pytest
 
 from controlplane.config import Probe
 from controlplane.probe import Prober, Target
@@ -175,6 +178,18 @@ class StillConnecting:
         return getattr(self.sock, name)
 
 
+@pytest.fixture
+def listening_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that accepts connections (a backlog of 16) for the test's duration."""
+    listener = socket.socket()
+    listener.bind((LOOPBACK, 0))
+    listener.listen(16)
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
 def relaxed_round(port: int) -> tuple[WheelStub, BackendStub, checks._TcpCheck]:
     """A tcp check of a relaxed target whose next round starts relaxed (rise passed), started."""
     wheel, backend = WheelStub(), BackendStub(port)
@@ -187,55 +202,37 @@ def relaxed_round(port: int) -> tuple[WheelStub, BackendStub, checks._TcpCheck]:
     return wheel, backend, check
 
 
-def test_a_relaxed_round_its_look_settles_asks_for_no_deadline_call():
-    listener = socket.socket()
-    listener.bind((LOOPBACK, 0))
-    listener.listen(16)
-    try:
-        wheel, backend, check = relaxed_round(listener.getsockname()[1])
-        assert check.busy and check.look_ns and check.look_ns < check.deadline_ns
-        assert sorted(wheel.calls) == [check.look_ns, check.next_ns]  # no deadline call
-        wheel.calls.clear()
-        check.tick(check.look_ns)  # a loopback connect is made within connect(): settled
-        assert not check.busy and [s.ok for s in backend.samples] == [True]
-        assert wheel.calls == [] and wheel.arms == 0
-        check.stop()
-    finally:
-        listener.close()
+def test_a_relaxed_round_its_look_settles_asks_for_no_deadline_call(listening_port):
+    wheel, backend, check = relaxed_round(listening_port)
+    assert check.busy and check.look_ns and check.look_ns < check.deadline_ns
+    assert sorted(wheel.calls) == [check.look_ns, check.next_ns]  # no deadline call
+    wheel.calls.clear()
+    check.tick(check.look_ns)  # a loopback connect is made within connect(): settled
+    assert not check.busy and [s.ok for s in backend.samples] == [True]
+    assert wheel.calls == [] and wheel.arms == 0
+    check.stop()
 
 
-def test_a_relaxed_round_its_look_leaves_connecting_goes_to_epoll_and_gets_its_deadline_call():
-    listener = socket.socket()
-    listener.bind((LOOPBACK, 0))
-    listener.listen(16)
-    try:
-        wheel, backend, check = relaxed_round(listener.getsockname()[1])
-        check.sock = StillConnecting(check.sock)
-        wheel.calls.clear()
-        check.tick(check.look_ns)
-        assert check.busy and wheel.arms == 1 and wheel.calls == [check.deadline_ns]
-        check.tick(check.deadline_ns)  # still "connecting" at the deadline: a timeout
-        assert [(s.ok, s.error) for s in backend.samples] == [(False, "timeout")]
-        assert not check.slow  # and the full rate is back
-        check.stop()
-    finally:
-        listener.close()
+def test_a_relaxed_round_its_look_leaves_connecting_goes_to_epoll_and_gets_its_deadline_call(listening_port):
+    wheel, backend, check = relaxed_round(listening_port)
+    check.sock = StillConnecting(check.sock)
+    wheel.calls.clear()
+    check.tick(check.look_ns)
+    assert check.busy and wheel.arms == 1 and wheel.calls == [check.deadline_ns]
+    check.tick(check.deadline_ns)  # still "connecting" at the deadline: a timeout
+    assert [(s.ok, s.error) for s in backend.samples] == [(False, "timeout")]
+    assert not check.slow  # and the full rate is back
+    check.stop()
 
 
-def test_a_start_that_fell_due_while_a_relaxed_round_went_on_begins_when_its_look_settles_it():
-    listener = socket.socket()
-    listener.bind((LOOPBACK, 0))
-    listener.listen(16)
-    try:
-        wheel, backend, check = relaxed_round(listener.getsockname()[1])
-        check.next_ns = check.look_ns - 1  # as after a hurry with an interval below the grid's step
-        check.tick(check.next_ns)  # busy and before the deadline: the start waits
-        assert check.round == 1
-        check.tick(check.look_ns)  # settled by the look; the start that waited begins at once
-        assert [s.ok for s in backend.samples] == [True] and check.round == 2 and check.busy
-        check.stop()
-    finally:
-        listener.close()
+def test_a_start_that_fell_due_while_a_relaxed_round_went_on_begins_when_its_look_settles_it(listening_port):
+    wheel, backend, check = relaxed_round(listening_port)
+    check.next_ns = check.look_ns - 1  # as after a hurry with an interval below the grid's step
+    check.tick(check.next_ns)  # busy and before the deadline: the start waits
+    assert check.round == 1
+    check.tick(check.look_ns)  # settled by the look; the start that waited begins at once
+    assert [s.ok for s in backend.samples] == [True] and check.round == 2 and check.busy
+    check.stop()
 
 
 def test_a_full_rate_tcp_round_is_looked_at_on_the_grid_too_unless_its_timeout_is_shorter(monkeypatch):
