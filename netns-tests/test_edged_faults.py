@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from controlplane import abi
-from controlplane import edgedcli as edged_module
+from controlplane.edged import cli as edged_module
 from controlplane.api.client import Client
 from controlplane.lab import heartbeats as hb
 from controlplane.lab.daemon import EdgedProc

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import time
 
-from controlplane.changes import LEAVING_IDLE_S
+from controlplane.edged.changes import LEAVING_IDLE_S
 from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.router import Router
 from controlplane.lab.traffic import backends_seen, close_all, open_connections

@@ -53,7 +53,7 @@ class EdgedProc:
         fd, path = tempfile.mkstemp(prefix="edged-test-", suffix=".yaml")
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(doc, f, sort_keys=False)
-        argv = [sys.executable, "-m", "controlplane.edgedcli", "--config", path, "--iface", iface,
+        argv = [sys.executable, "-m", "controlplane.edged.cli", "--config", path, "--iface", iface,
                 "--log-format", "json", *extra]
         proc = ns.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                         env={**env_with_package(), **(env or {})})

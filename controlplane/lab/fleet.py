@@ -30,7 +30,7 @@ from typing import Callable
 
 from pyroute2 import netns
 
-from controlplane import bird
+from controlplane.edged import bird
 from controlplane.lab.daemon import env_with_package
 from controlplane.lab.topo import Net, Ns, Server, check_ifname, ignore_gone, read_line, unique_prefix
 from controlplane.lab.traffic import wait_until

@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import pytest
 
-from controlplane import bird
-from controlplane.announce import Announcer, Decision, NodeState, ServiceState, decide, describe_change
+from controlplane.edged import bird
+from controlplane.edged.announce import Announcer, Decision, NodeState, ServiceState, decide, describe_change
 from controlplane.config import parse_config
 from controlplane.errors import ConfigError, SpeakerError
 

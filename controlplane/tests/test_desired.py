@@ -122,7 +122,7 @@ def test_a_backend_renamed_on_its_endpoint_is_the_same_backend():
 def test_the_undeploy_mark_is_written_read_and_removed_and_the_watch_names_it(tmp_path, monkeypatch):
     """`edgectl undeploy` under edged leaves a mark beside the locks; the watch then reports the
     undeploy (with its time) instead of repairing; an unreadable mark still counts."""
-    from controlplane import watch
+    from controlplane.edged import watch
 
     monkeypatch.setenv(deploy.LOCK_DIR_ENV, str(tmp_path))
     pins = tmp_path / "v1" / "eth9-1"

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import yaml
 
-from controlplane import abi, edged, loader, maps, operations, wire
+from controlplane import abi, loader, maps, wire
+from controlplane.edged import daemon as edged
+from controlplane.edged import operations
 from controlplane.errors import ConfigError, EdgeError, MapError
 from controlplane.config import parse_config
 from controlplane.maps import ApplyReport, ProbeStatus, WireStats

@@ -99,7 +99,7 @@ def test_memory_is_capped():
 
 
 def test_restarts_end_and_a_data_path_that_cannot_compile_is_not_restarted():
-    from controlplane.edgedcli import EXIT_CANNOT_COMPILE
+    from controlplane.edged.cli import EXIT_CANNOT_COMPILE
 
     assert one("RestartPreventExitStatus").split() == [str(EXIT_CANNOT_COMPILE)]
     interval = one("StartLimitIntervalSec")

@@ -13,7 +13,7 @@ import sys
 CHILD = """
 import sys
 from controlplane import loader
-from controlplane.events import Events
+from controlplane.edged.events import Events
 events = Events(json_lines=sys.argv[1] == "json")
 with loader._captured_stderr((1, 2)) as log:
     events.emit("bgp", "bgp: withdrew 198.18.255.1 (not serving: test)")

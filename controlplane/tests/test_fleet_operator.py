@@ -142,8 +142,8 @@ class _Etcd:
 
 
 def _edged():
-    from controlplane.events import Events
-    from controlplane.operations import Operations
+    from controlplane.edged.events import Events
+    from controlplane.edged.operations import Operations
 
     class Edged(Operations):
         def __init__(self):

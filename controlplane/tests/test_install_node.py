@@ -49,7 +49,7 @@ def test_files_land_where_an_operator_expects_them(tmp_path):
     assert all(line.startswith("install-node: ") for line in lines)
     assert len(lines) == 1 + len(COMMANDS) + 2  # source tree, links, unit, config
     src = tmp_path / "opt/edge/src"
-    for rel in ("pyproject.toml", "README.md", "controlplane/config.py", "controlplane/sdnotify.py",
+    for rel in ("pyproject.toml", "README.md", "controlplane/config.py", "controlplane/edged/sdnotify.py",
                 "bpf/edge_xdp.c", "bpf/include/abi.h", "edge/edge.yaml"):
         assert (src / rel).read_bytes() == (REPO / rel).read_bytes(), rel
     assert not list(src.rglob("__pycache__"))

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane import __version__, abi, metrics
+from controlplane import __version__, abi
+from controlplane.edged import metrics
 from controlplane.errors import EdgeError
 from controlplane.signals import Sample
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from controlplane import edged
+from controlplane.edged import daemon as edged
 from controlplane.config import Probe, MetricsScrape, parse_config
 from controlplane.errors import ConfigError
 from controlplane.probe import Prober, Target

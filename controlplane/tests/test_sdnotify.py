@@ -1,4 +1,4 @@
-"""controlplane.sdnotify against a real unix datagram socket standing in for systemd's NOTIFY_SOCKET.
+"""controlplane.edged.sdnotify against a real unix datagram socket standing in for systemd's NOTIFY_SOCKET.
 
 Each test binds its own socket (a path in a tmp dir, or a unique abstract name),
 closes it at the end, and every receive has a timeout.
@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from controlplane.sdnotify import Notifier, watchdog_loop
+from controlplane.edged.sdnotify import Notifier, watchdog_loop
 
 RECV_TIMEOUT_S = 2.0
 WATCHDOG_USEC = 200_000  # pings every 0.1 s

@@ -8,7 +8,7 @@ import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from controlplane import watch
+from controlplane.edged import watch
 
 
 def _run_rounds(monkeypatch, problems: list[str]) -> tuple[list[str], list[tuple[str, str]]]:

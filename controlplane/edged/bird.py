@@ -7,7 +7,7 @@ that lets only those out. Nothing is imported, nothing goes into the kernel's ta
 Bird runs as edged's child (`bird -f`) and dies with it (PR_SET_PDEATHSIG): a dead edged is a
 dead speaker, and the upstream's BFD or hold timer withdraws the node. Every change rewrites the
 file and runs `birdc configure`; BIRD keeps its sessions up across that and sends only the
-difference. When to announce is controlplane/announce.py's business, not this file's.
+difference. When to announce is announce.py's business, not this file's.
 """
 
 from __future__ import annotations

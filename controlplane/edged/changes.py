@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from controlplane import bird, deploy, desired
+from controlplane import deploy, desired
+from controlplane.edged import bird
 from controlplane.config import Config, load_config, load_config_text
 from controlplane.discovery.supervisor import secrets_of
 from controlplane.errors import ConfigError, EdgeError

@@ -5,7 +5,7 @@ One asyncio loop, never blocked for long: walks of the maps for status and metri
 worker thread within a deadline; a failed map write is an error event and
 edge_map_errors_total, and the loop goes on. Stopping edged leaves the data path forwarding.
 
-    (the command line, serve() and main() are in edgedcli.py)
+    (the command line, serve() and main() are in cli.py)
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Optional
 
-from controlplane import abi, announce, bird, deploy, desired, loader, metrics, sdnotify, watch, weights, wire
+from controlplane import abi, deploy, desired, loader, weights, wire
+from controlplane.edged import announce, bird, metrics, sdnotify, watch
 from controlplane.config import Config, Service
-from controlplane.changes import Changes
+from controlplane.edged.changes import Changes
 from controlplane.errors import EdgeError
-from controlplane.events import Events
-from controlplane.operations import WALK_DEADLINE_S, WALK_GRACE_S, Operations
+from controlplane.edged.events import Events
+from controlplane.edged.operations import WALK_DEADLINE_S, WALK_GRACE_S, Operations
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.fleet import member as fleet_member
 from controlplane.probe import Prober, Target

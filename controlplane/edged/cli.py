@@ -1,6 +1,6 @@
 """edged's command line: its options, the interface it deploys on, and serve(),
 which runs one Daemon under systemd's eye (signal handlers, READY=1, the
-watchdog, the API server) until SIGTERM. The daemon itself is edged.py.
+watchdog, the API server) until SIGTERM. The daemon itself is daemon.py.
 
     edged --config /etc/edge/edge.yaml [--iface eth0]
 """
@@ -13,12 +13,13 @@ import signal
 import sys
 from typing import Callable
 
-from controlplane import __version__, loader, sdnotify
+from controlplane import __version__, loader
+from controlplane.edged import sdnotify
 from controlplane.api import server as api_server
 from controlplane.config import Config, load_config
 from controlplane.edged import Daemon
 from controlplane.errors import CompileError, ConfigError, EdgeError, say
-from controlplane.events import PROG, Events
+from controlplane.edged.events import PROG, Events
 
 # Exit status when the data path cannot be compiled (kernel headers missing after a kernel
 # change): edged.service's RestartPreventExitStatus, since a restart would fail the same way.

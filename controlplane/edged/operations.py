@@ -12,7 +12,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
-from controlplane import abi, announce, deploy, weights, wire
+from controlplane import abi, deploy, weights, wire
+from controlplane.edged import announce
 from controlplane.errors import EdgeError
 from controlplane.fleet import operator as fleet_operator
 from controlplane.maps import ProbeStatus

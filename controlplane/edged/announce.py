@@ -3,7 +3,7 @@
 decide() is pure: a NodeState (what edged knows of the node) in, the VIPs to
 announce and why each other one is withdrawn out. It is the whole policy, so a
 fleet (or a test) can compute it from any node's state. Announcer runs it on
-edged's loop and hands changes to a speaker (controlplane/bird.py); it holds no
+edged's loop and hands changes to a speaker (edged/bird.py); it holds no
 policy and knows nothing of BGP.
 """
 
