@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from controlplane import deploy, desired, loader, weights, wire
@@ -59,7 +60,7 @@ class State:
 
     iface: str
     instance: str  # the data path's instance name (loader.instance_name(iface))
-    pin_path: str  # where its maps are pinned
+    pin_path: Path  # where its maps are pinned
     config_path: Optional[str]  # the file a reload reads; None: only config text from the API
     events: Events
     notify: sdnotify.Notifier
@@ -69,7 +70,7 @@ class State:
     static_cfg: Config  # the config file's (or the API's text)
     observer: metrics.Observer = field(default_factory=metrics.Observer)
     maps: Optional[Maps] = None  # None before start() and after close()
-    held: Optional[object] = None  # the loaded programs (deploy's hold), None as maps
+    held: Optional[loader.Loaded] = None  # the open data path (deploy with hold=True), None as maps
     reply_ifindex: tuple[int, ...] = ()  # where deploy put the XDP fast path of replies
     services: dict[str, Steered] = field(default_factory=dict)
     drained: set[Key] = field(default_factory=set)  # operator drains (API), kept across restarts
