@@ -445,6 +445,53 @@ def compile_datapath(pin_path: Path, params: Params, debug: bool = False, text: 
     return loaded
 
 
+def mem_available() -> int | None:
+    """Bytes this process may still take for maps: MemAvailable of /proc/meminfo, or less where
+    its memory cgroup's limit leaves less (the kernel charges map memory to the cgroup of the
+    process that creates the map). None where neither can be read."""
+    found = [x for x in (_meminfo_available(), _cgroup_headroom()) if x is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_headroom() -> int | None:
+    """limit - usage of this process's memory cgroup (v1 or v2); None when unlimited or unknown."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):  # v1
+            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            return _headroom(base / "memory.limit_in_bytes", base / "memory.usage_in_bytes")
+    for hierarchy, _, path in lines:
+        if hierarchy == "0":  # v2
+            base = Path("/sys/fs/cgroup") / path.lstrip("/")
+            return _headroom(base / "memory.max", base / "memory.current")
+    return None
+
+
+def _headroom(limit_file: Path, usage_file: Path) -> int | None:
+    try:
+        limit, usage = limit_file.read_text().strip(), usage_file.read_text().strip()
+        if limit == "max" or int(limit) >= 1 << 62:
+            return None
+        return max(0, int(limit) - int(usage))
+    except (OSError, ValueError):
+        return None
+
+
 def maps_text() -> str:
     """The map declarations alone: what opening pins needs, at a third of the compile time."""
     return "#include <uapi/linux/bpf.h>\n" + _amalgamate(BPF_DIR / "include" / "maps.h", set())
