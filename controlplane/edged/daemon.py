@@ -151,12 +151,12 @@ class Daemon(Changes, Operations):
                 self.events.emit("drain-node", "node drained before this start: every VIP stays withdrawn "
                                                "(edgectl undrain-node to end it)", drained=True)
         if self.cfg.node.fleet is not None:  # joins at run(); until a snapshot applies, weights are local
-            self.fleet = fleet_member.Member(self.cfg.node.fleet, lambda: [st.service for st in self.services.values()],
-                                             self._fleet_apply, self.events.emit, lambda: not self.not_serving,
-                                             self.local_marks,
-                                             lambda: {n: {b: wire.summary(g) for b, g in st.wire_signals.items()}
-                                                      for n, st in self.services.items()},
-                                             self.discovery.unsettled)
+            self.fleet = fleet_member.Member(self.cfg.node.fleet, fleet_member.Hooks(
+                services=lambda: [st.service for st in self.services.values()], apply=self._fleet_apply,
+                emit=self.events.emit, serving=lambda: not self.not_serving, local=self.local_marks,
+                wire=lambda: {n: {b: wire.summary(g) for b, g in st.wire_signals.items()}
+                              for n, st in self.services.items()},
+                unsettled=self.discovery.unsettled))
         verb = "adopted the data path on" if res.updated else "deployed on"
         self.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
                                      f"{', '.join(res.return_ifaces)}), {len(self.cfg.services)} services",

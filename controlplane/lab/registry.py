@@ -16,8 +16,9 @@ import signal
 import socket
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from controlplane.lab.topo import Ns, stop_process
 
@@ -154,6 +155,29 @@ class Etcd:
         """Every key under prefix, in one revision."""
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
         self._call("/v3/kv/deleterange", {"key": _b64(prefix), "range_end": _b64(end)})
+
+
+class Loopback:
+    """The test process's own namespace, for a daemon on its loopback that code in the test
+    process talks to directly (an Etcd(Loopback(), ..., free_port(), free_port())): the rules
+    allow loopback peers, and gRPC's threads cannot be moved into another namespace."""
+
+    name = role = "loopback"
+
+    def popen(self, argv: Sequence[str], **kw) -> subprocess.Popen:
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        return subprocess.Popen(list(map(str, argv)), **kw)
+
+    @contextmanager
+    def enter(self) -> Iterator["Loopback"]:
+        yield self
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _b64(text: str | bytes) -> str:
