@@ -225,6 +225,9 @@ class Discovery:
     etcd: Optional[Etcd] = option("watch backends in etcd (one of dns, etcd)", _section(Etcd), None)
     allow_empty: bool = option("an empty answer empties the set; false: it counts as a failure", _bool, False)
     retry_ms: int = option("after a failure, ask again this soon", _ms, 1000)
+    max_backends: int = option(
+        "most backends one answer may hold (etcd keys under the prefix, SRV records); a larger answer is "
+        "refused as a failure before anything in it is parsed or resolved", _int(1, 65536), 256)
     token_secret_file: Optional[str] = option(
         "file with the service's secret; heartbeat tokens are HMAC-SHA256(secret, 'ADDR:PORT') cut to 64 "
         "bits (edge-heartbeat --token-secret-file computes the same)", _abs_path, None)

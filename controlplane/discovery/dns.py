@@ -5,7 +5,9 @@ backends and decides when to ask again: after the answer's smallest TTL,
 clamped to min_ttl_ms..max_ttl_ms; after a failure, after retry_ms. SRV: the
 lowest priority is primary, higher priorities are standby; weight 0 (RFC 2782:
 "very small chance") becomes 1. NXDOMAIN and no records are an empty answer;
-SERVFAIL, timeouts and unusable records are failures.
+SERVFAIL, timeouts and unusable records are failures. An answer of more records than
+discovery.max_backends is refused before any target is resolved, and at most MAX_QUERIES
+targets are resolved at once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from controlplane.discovery import Answer, Failure, Report, endpoint_name
 from controlplane.errors import ConfigError
 
 
+MAX_QUERIES = 16  # A lookups of SRV targets in flight at once (each holds a socket; edged has 1,024 fds)
+
+
 class DnsSource:
     kind = "dns"
     watched = False
@@ -31,6 +36,7 @@ class DnsSource:
     def __init__(self, d: Discovery):
         self.cfg: Dns = d.dns
         self.retry_s = d.retry_ms / 1000
+        self.max_backends = d.max_backends
         self.resolver = dns.asyncresolver.Resolver(configure=not self.cfg.servers)
         if self.cfg.servers:
             self.resolver.nameservers = [dns.nameserver.Do53Nameserver(ip, port) for ip, port in self.cfg.servers]
@@ -57,6 +63,9 @@ class DnsSource:
             ans = await self._query(c.name, "A")
             if ans is None:
                 return Answer((), None)
+            if len(ans) > self.max_backends:
+                raise ConfigError(f"A answer of {len(ans)} records, more than discovery.max_backends "
+                                  f"({self.max_backends}); over the cap")
             out = [_backend(str(r.address), c.port, 1, False, f"{c.name} A") for r in ans]
             return Answer(tuple(out), float(ans.rrset.ttl))
         ans = await self._query(c.name, "SRV")
@@ -66,9 +75,18 @@ class DnsSource:
         ttl = float(ans.rrset.ttl)
         if not records:
             return Answer((), ttl)
+        if len(records) > self.max_backends:
+            raise ConfigError(f"SRV answer of {len(records)} records, more than discovery.max_backends "
+                              f"({self.max_backends}); over the cap, no target resolved")
         top = min(r.priority for r in records)
         targets = sorted({str(r.target) for r in records})
-        found = await asyncio.gather(*(self._query(t, "A") for t in targets))
+        gate = asyncio.Semaphore(MAX_QUERIES)  # one socket per query in flight: never more than this at once
+
+        async def lookup(target: str):
+            async with gate:
+                return await self._query(target, "A")
+
+        found = await asyncio.gather(*(lookup(t) for t in targets))
         addresses = {}
         for target, a in zip(targets, found):
             if a is None:
@@ -92,6 +110,8 @@ class DnsSource:
                 await report(Failure(f"{self.cfg.name}: timed out after {self.cfg.timeout_ms} ms"))
             except (dns.exception.DNSException, ConfigError, OSError) as e:
                 await report(Failure(f"{self.cfg.name}: {_one_line(e)}"))
+            except Exception as e:  # noqa: BLE001 -- an answer no check foresaw is a failure, never the end
+                await report(Failure(f"{self.cfg.name}: {type(e).__name__}: {_one_line(e)}"))
             else:
                 await report(answer)
                 delay = self.next_in_s(answer.ttl_s)

@@ -20,6 +20,7 @@ from controlplane.discovery.tokens import read_secret
 from controlplane.errors import EdgeError
 
 Emit = Callable[..., object]  # edged's Events.emit(kind, text, **fields)
+RESTART_S, RESTART_MAX_S = 1.0, 30.0  # a source that raised starts over after this, doubled each time
 
 
 def make_source(s: Service) -> Source:
@@ -32,7 +33,8 @@ def make_source(s: Service) -> Source:
 
 
 def secrets_of(cfg: Config) -> dict[str, Optional[bytes]]:
-    """Service name -> its token secret; ConfigError naming the field when a file cannot be read."""
+    """Service name -> its token secret; ConfigError naming the field when a file cannot be read.
+    Reads files (regular ones only, tokens.read_secret): edged calls it off its loop."""
     out = {}
     for i, s in enumerate(cfg.services):
         if s.discovery is not None:
@@ -160,15 +162,27 @@ class Supervisor:
             t0 = time.perf_counter()
             try:
                 await self.apply()
-            except EdgeError as e:
+            except Exception as e:  # noqa: BLE001 -- EdgeError, or anything else: the maps did not take it
                 c.backends = verdict.previous
-                self._offer(name, Failure(f"cannot apply ({text}): {e}"))
+                why = str(e) if isinstance(e, EdgeError) else f"{type(e).__name__}: {e}"
+                self._offer(name, Failure(f"cannot apply ({text}): {why}"))
                 return
             self.emit("discovery", f"{name}: {source.kind} discovery: {text}; now {len(c.backends)} backends "
                                    f"({(time.perf_counter() - t0) * 1000:.1f} ms to the maps)",
                       service=name, source=source.kind, change=text, backends=[b.name for b in c.backends])
 
-        await source.run(report)
+        delay = RESTART_S
+        while True:  # a source never ends; if one raises all the same, it is a failure and it starts over
+            try:
+                await source.run(report)
+                why = "the source ended"
+            except Exception as e:  # noqa: BLE001 -- counted and retried, never the end of discovery
+                why = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+            if self.sources.get(name) is not source:
+                return
+            self._offer(name, Failure(f"{source.kind} source failed ({why}); started again in {delay:.1f} s"))
+            await asyncio.sleep(delay)
+            delay = min(RESTART_MAX_S, delay * 2)
 
 
 async def _first_result(source: Source) -> Result:

@@ -52,7 +52,7 @@ class Changes:
                                   f"(restart edged after 'edgectl undeploy')")
         if new.node.fleet != self.cfg.node.fleet:
             raise ConfigError("node.fleet: changed; joining, leaving or changing the fleet needs an edged restart")
-        secrets = secrets_of(new)  # an unreadable secret file refuses the reload
+        secrets = await asyncio.to_thread(secrets_of, new)  # an unreadable secret file refuses the reload
         async with self._apply_lock:
             report, leaving = await self._switch(self.discovery.effective(new))
             self.static_cfg = new

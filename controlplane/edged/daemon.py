@@ -126,7 +126,7 @@ class Daemon(Changes, Operations):
         # drain-node outlives edged (a mark beside the locks): a restart must not announce again
         self.node_drained = deploy.node_drain(self.instance) is not None
         # discovered backends are there from the first deploy (or a source's failure is on record)
-        self.discovery.configure(self.static_cfg, secrets_of(self.static_cfg))
+        self.discovery.configure(self.static_cfg, await asyncio.to_thread(secrets_of, self.static_cfg))
         await self.discovery.first(DISCOVERY_START_S)
         self.cfg = self.discovery.effective(self.static_cfg)
         # pyroute2's sync API runs an event loop of its own: netlink work goes to a thread
