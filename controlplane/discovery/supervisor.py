@@ -15,7 +15,7 @@ from typing import Awaitable, Callable, Optional
 
 from controlplane.config import Backend, Config, Service
 from controlplane.discovery import Answer, Failure, Result, Source
-from controlplane.discovery.cache import Cached, describe_change, merge, offer, with_tokens
+from controlplane.discovery.cache import Cached, describe_change, merge, offer, screen, with_tokens
 from controlplane.discovery.tokens import read_secret
 from controlplane.errors import EdgeError
 
@@ -47,9 +47,13 @@ class Supervisor:
     """Every discovery source of one edged, their caches, and the hook into edged's apply."""
 
     def __init__(self, apply: Callable[[], Awaitable[None]], emit: Emit,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 is_local: Optional[Callable[[list[str]], set[str]]] = None):
+        """is_local(addresses): those this node routes as local (its own addresses, routes of
+        type local), run in a worker thread; None: not checked (no router here)."""
         self.apply = apply  # programs merge(static config, found()) into the maps; raises EdgeError
         self.emit = emit
+        self.is_local = is_local
         self.clock = clock
         self.cfg: Optional[Config] = None
         self.caches: dict[str, Cached] = {}
@@ -90,7 +94,7 @@ class Supervisor:
         what edged deploys with, so a restart does not begin with an empty set."""
         async def one(name: str) -> None:
             result = await _first_result(self.sources[name])
-            self._offer(name, result)
+            self._offer(name, await self._screen(result))
 
         names = [n for n, c in self.caches.items() if c.backends is None and n not in self._tasks]
         tasks = [asyncio.ensure_future(one(n)) for n in names]
@@ -142,6 +146,21 @@ class Supervisor:
             merge(self.cfg, {**self.found(), name: with_tokens(self.caches[name], backends)})
         return check
 
+    async def _screen(self, result: Result) -> Result:
+        """result, or a Failure when an answer names an address no backend may have: a VIP, a
+        special range (cache.not_a_backend), or one this node routes as local."""
+        if not isinstance(result, Answer) or not result.backends or self.cfg is None:
+            return result
+        why = screen(result.backends, {s.vip for s in self.cfg.services})
+        if why is None and self.is_local is not None:
+            try:
+                local = await asyncio.to_thread(self.is_local, sorted({str(b.address) for b in result.backends}))
+            except Exception as e:  # noqa: BLE001 -- netlink failed: nothing is known, nothing is taken
+                return Failure(f"answer not checked against this node's routes: {type(e).__name__}: {e}")
+            why = next((f"{b.name}: {b.address} is this node's own (a route of type local)"
+                        for b in result.backends if str(b.address) in local), None)
+        return result if why is None else Failure(f"answer rejected: {why}")
+
     def _offer(self, name: str, result: Result):
         c = self.caches[name]
         verdict = offer(c, result, self.clock(), self._fits(name))
@@ -155,7 +174,7 @@ class Supervisor:
             if self.sources.get(name) is not source:
                 return  # replaced by a reload
             c = self.caches[name]
-            verdict = self._offer(name, result)
+            verdict = self._offer(name, await self._screen(result))
             if not verdict.changed:
                 return
             text = describe_change(verdict.previous, c.backends)

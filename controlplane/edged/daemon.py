@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Optional
 
-from controlplane import abi, deploy, desired, loader, weights, wire
+from controlplane import abi, deploy, desired, loader, netlink, weights, wire
 from controlplane.edged import announce, bird, metrics, sdnotify, watch
 from controlplane.config import Config, Service
 from controlplane.edged.changes import Changes
@@ -85,7 +85,7 @@ class Daemon(Changes, Operations):
         self.pin_path = loader.instance_dir(cfg.node.pin_dir, self.instance)
         self.events = events or Events()
         self.static_cfg = cfg  # the config file's; self.cfg adds what discovery found
-        self.discovery = Supervisor(self._apply_discovered, self.events.emit)
+        self.discovery = Supervisor(self._apply_discovered, self.events.emit, is_local=netlink.local_of)
         self._apply_lock = asyncio.Lock()  # one change of the maps at a time: reload, discovery, drain-out
         self.prober = Prober(on_sample=self._on_sample, on_load=self._on_load)
         self.observer = metrics.Observer()

@@ -293,3 +293,15 @@ def test_dns_ttl_is_clamped():
     d = config({"dns": {"name": "x.test.", "servers": ["127.0.0.1"], "min_ttl_ms": 500, "max_ttl_ms": 10000}})
     src = DnsSource(d.services[0].discovery)
     assert (src.next_in_s(0), src.next_in_s(3), src.next_in_s(3600), src.next_in_s(None)) == (0.5, 3, 10, 10)
+
+
+def test_no_discovered_address_may_be_a_vip_link_local_or_shared_space():
+    from ipaddress import IPv4Address as A
+
+    from controlplane.discovery.cache import not_a_backend
+
+    vips = {A("198.18.255.1")}
+    assert not_a_backend(A("198.18.255.1"), vips) == "198.18.255.1 is a VIP"
+    assert not_a_backend(A("169.254.1.1"), vips) == "169.254.1.1 is link-local"
+    assert "100.64.0.0/10" in not_a_backend(A("100.127.255.254"), vips)
+    assert not_a_backend(A("198.18.1.2"), vips) is None
