@@ -368,8 +368,15 @@ class Fleet:
     stale_ms: int = option("the leader ignores a report older than this", _ms, 5000)
     timeout_ms: int = option("an etcd call not answered this long fails", _ms, 2000)
     retry_ms: int = option("after a failure, etcd is tried again (next endpoint) this long after", _ms, 500)
+    user: Optional[str] = option("etcd user of this node (etcd auth on); its role lets it write its own "
+                                 "report only (nodes/NAME), see the security docs", _name, None)
+    password_file: Optional[str] = option("file holding user's password (a regular file of 16..4096 bytes, "
+                                          "read at every connect)", _abs_path, None)
 
     def _validate(self, path: str) -> None:
+        if (self.user is None) != (self.password_file is None):
+            raise ConfigError(f"{path}.{'password_file' if self.user else 'user'}: required with "
+                              f"{'user' if self.user else 'password_file'}")
         if self.stale_ms <= self.report_ms:
             raise ConfigError(f"{path}.stale_ms: {self.stale_ms} must be greater than report_ms ({self.report_ms})")
 

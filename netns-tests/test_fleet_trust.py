@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
+
+import aetcd
 
 import pytest
 
 from controlplane import weights as policy
 from controlplane.config import parse_config
 from controlplane.fleet import snapshot as fs
+from controlplane.discovery.etcd import client as etcd_client
 from controlplane.fleet.member import Hooks, Member
 from controlplane.lab.registry import Etcd, Loopback, free_port
 
@@ -34,10 +38,10 @@ def etcd(tmp_path):
         e.stop()
 
 
-def config(port: int, name: str):
+def config(port: int, name: str, auth: dict | None = None):
     return parse_config({"version": 1, "node": {"fleet": {
         "etcd": [f"127.0.0.1:{port}"], "name": name, "lease_ttl_s": 2, "report_ms": 200, "stale_ms": 1000,
-        "timeout_ms": 1000, "retry_ms": 100}}, "services": [{
+        "timeout_ms": 1000, "retry_ms": 100, **(auth or {})}}, "services": [{
             "name": "web", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": "latency_inverse"},
             "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000},
                          {"name": "b", "address": "198.18.1.3", "port": 8000}]}]})
@@ -46,8 +50,8 @@ def config(port: int, name: str):
 class Node:
     """One member with the hooks edged gives it: its own decision is set by decide()."""
 
-    def __init__(self, port: int, name: str):
-        self.cfg = config(port, name)
+    def __init__(self, port: int, name: str, auth: dict | None = None):
+        self.cfg = config(port, name, auth)
         self.events: list[dict] = []
         self.applied: list[fs.Apply] = []
         self.member = Member(self.cfg.node.fleet, Hooks(lambda: self.cfg.services, self._apply, self._emit))
@@ -78,8 +82,8 @@ async def until(pred, what: str, timeout_s: float = 15.0) -> None:
         await asyncio.sleep(0.05)  # poll interval
 
 
-async def started(etcd: Etcd, names=("r0", "r1")) -> list[Node]:
-    nodes = [Node(etcd.client_port, n) for n in names]
+async def started(etcd: Etcd, names=("r0", "r1"), auth=None) -> list[Node]:
+    nodes = [Node(etcd.client_port, n, auth(n) if auth else None) for n in names]
     for i, n in enumerate(nodes):
         n.decide(10000, 5000 + i)
         n.task = asyncio.create_task(n.member.run())
@@ -211,6 +215,53 @@ def test_a_new_leader_continues_past_a_deleted_or_forged_snapshot(etcd):
             other.decide(10000, 1500)
             await until(lambda: other.member.applied > now and other.member.shared["web"]["b"] == 1500,
                         "the new leader's next version after the delete")
+        finally:
+            await stop(nodes)
+    asyncio.run(main())
+
+
+def node_role(name: str) -> list[tuple[str, str, bool]]:
+    """The etcd role of fleet node NAME (docs: security): read the fleet's prefix; write the
+    leader key and the snapshot (any node may lead), operator marks (edgectl drain on any node),
+    and its own report only."""
+    return [("READ", PREFIX, True), ("READWRITE", PREFIX + "leader", False),
+            ("READWRITE", PREFIX + "snapshot", False), ("READWRITE", PREFIX + "operator/", True),
+            ("READWRITE", f"{PREFIX}nodes/{name}", False)]
+
+
+def test_with_etcd_auth_a_fleet_runs_and_each_node_writes_only_its_own_report(etcd, tmp_path):
+    passwords = {n: secrets.token_hex(16) for n in ("r0", "r1")}
+    for n, password in passwords.items():
+        etcd.grant(f"edge-{n}", password, node_role(n))
+        (tmp_path / f"{n}.password").write_text(password + "\n")
+    etcd.enable_auth(secrets.token_hex(16))
+
+    def auth(n: str) -> dict:
+        return {"user": f"edge-{n}", "password_file": str(tmp_path / f"{n}.password")}
+
+    async def main():
+        nodes = await started(etcd, auth=auth)
+        try:
+            assert len(leaders(nodes)) == 1
+            await weight_change_reaches_all(nodes, 2500)
+            await nodes[0].member.operate("web", "b", "drain")  # an operator mark, under auth
+            await until(lambda: all(n.member.shared["web"]["b"] == 0 for n in nodes), "the drain everywhere")
+            c = etcd_client("127.0.0.1", etcd.client_port, 2000, "edge-r1", passwords["r1"].encode())
+            try:
+                await c.put(f"{PREFIX}nodes/r1".encode(), b"{}")  # its own key: allowed
+                with pytest.raises(aetcd.ClientError, match="permission denied"):
+                    await c.put(f"{PREFIX}nodes/r0".encode(), b"{}")
+                with pytest.raises(aetcd.ClientError, match="permission denied"):
+                    await c.put(b"/edge/services/web/b9", b"{}")  # outside the fleet's prefix
+            finally:
+                await c.close()
+            without = etcd_client("127.0.0.1", etcd.client_port, 2000)
+            try:
+                with pytest.raises(aetcd.ClientError):
+                    await without.put(f"{PREFIX}snapshot".encode(), b"{}")
+            finally:
+                await without.close()
+            assert all(n.alive() and n.member.connected for n in nodes)
         finally:
             await stop(nodes)
     asyncio.run(main())

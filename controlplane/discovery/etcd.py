@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Optional
 
 import aetcd
 import grpc
@@ -61,14 +62,16 @@ def parse_value(key: bytes, value: bytes) -> Backend:
         raise ConfigError(f"{where}: not a backend ({type(e).__name__})") from None
 
 
-def client(host: str, port: int, timeout_ms: int) -> aetcd.Client:
+def client(host: str, port: int, timeout_ms: int, user: Optional[str] = None,
+           password: Optional[bytes] = None) -> aetcd.Client:
     """An aetcd client whose calls time out after timeout_ms and whose connection is kept alive
     (a dead etcd is noticed within KEEPALIVE_MS + timeout_ms); also the fleet's (fleet/member.py)."""
     options = {"grpc.keepalive_time_ms": KEEPALIVE_MS, "grpc.keepalive_timeout_ms": timeout_ms,
                "grpc.keepalive_permit_without_calls": 1, "grpc.http2.max_pings_without_data": 0,
                "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 1000,
                "grpc.max_receive_message_length": MAX_RECEIVE_BYTES}
-    return aetcd.Client(host=host, port=port, timeout=timeout_ms / 1000, options=options)
+    credentials = {"username": user, "password": password.decode(errors="replace")} if user and password else {}
+    return aetcd.Client(host=host, port=port, timeout=timeout_ms / 1000, options=options, **credentials)
 
 
 async def close_quietly(c: aetcd.Client) -> None:

@@ -39,6 +39,7 @@ from aetcd import utils
 from controlplane import weights as policy
 from controlplane.config import Fleet, Service
 from controlplane.discovery.etcd import client as etcd_client, close_quietly
+from controlplane.discovery.tokens import read_secret
 from controlplane.fleet import operator as op
 from controlplane.fleet import schema
 from controlplane.fleet import snapshot as fs
@@ -152,9 +153,10 @@ class Member:
         turn, delay = 0, self.cfg.retry_ms / 1000
         while True:
             host, port = self.cfg.etcd[turn % len(self.cfg.etcd)]
-            self._client = etcd_client(host, port, self.cfg.timeout_ms)
+            self._client = None
             reached = False
             try:
+                self._client = await _connect(self.cfg, host, port)
                 await self._session(self._client)
                 why = "session ended"
             except asyncio.CancelledError:  # edged stops: the lease goes now, so another node leads at once
@@ -165,7 +167,8 @@ class Member:
             finally:
                 reached = self.connected
                 self._lease = None
-                await close_quietly(self._client)
+                if self._client is not None:
+                    await close_quietly(self._client)
                 self._client = None
             self.faults += 1
             self._lost(f"etcd {host}:{port}: {why}")
@@ -477,6 +480,20 @@ class Member:
         raise ConnectionError(f"{k.decode()}: changed by others five times in a row; try again")
 
 
+def _password(cfg: Fleet) -> Optional[bytes]:
+    """node.fleet.password_file's password (None without etcd auth); ConfigError naming the field."""
+    if cfg.password_file is None:
+        return None
+    return read_secret(cfg.password_file, "node.fleet.password_file")
+
+
+async def _connect(cfg: Fleet, host: str, port: int) -> aetcd.Client:
+    """A client for one endpoint, with this node's etcd user if it has one (its password read
+    off the loop, at every connect: a changed password takes effect at the next session)."""
+    password = await asyncio.to_thread(_password, cfg)
+    return etcd_client(host, port, cfg.timeout_ms, cfg.user, password)
+
+
 def _continue_from(got, reports: Iterable[dict], revision: int) -> Optional[dict]:
     """The snapshot a new leader continues from: the last one if it is well-formed and its
     version no jump (never above its revision), with its version raised to the highest that a
@@ -538,8 +555,9 @@ async def read_status(cfg: Fleet) -> dict:
     """`edgectl fleet status`: the leader, the snapshot and every node's report, read from etcd
     (the first endpoint that answers). Raises ConnectionError naming the endpoints."""
     errors = []
+    password = _password(cfg)
     for host, port in cfg.etcd:
-        c = etcd_client(host, port, cfg.timeout_ms)
+        c = etcd_client(host, port, cfg.timeout_ms, cfg.user, password)
         try:
             await asyncio.wait_for(c.connect(), cfg.timeout_ms / 1000)
             prefix = cfg.prefix.encode()
