@@ -151,5 +151,5 @@ def test_an_srv_answer_is_capped_and_its_targets_resolved_a_few_at_a_time(dnsmas
         serve(400)
         with pytest.raises(Exception) as refused:
             await source(256).resolve()
-        assert "400 records, more than discovery.max_backends (256)" in str(refused.value)
+        assert "SRV answer of 400 records, more than discovery.max_backends (256)" in str(refused.value)
     asyncio.run(main())

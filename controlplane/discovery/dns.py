@@ -56,31 +56,45 @@ class DnsSource:
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
             return None
 
+    def _cap(self, n: int, what: str) -> None:
+        if n > self.max_backends:
+            raise ConfigError(f"{what} of {n} records, more than discovery.max_backends "
+                              f"({self.max_backends}); over the cap, nothing in it used")
+
     async def resolve(self) -> Answer:
         """One full resolution; raises dns.exception.DNSException or ConfigError (garbage)."""
         c = self.cfg
-        if c.type == "A":
-            ans = await self._query(c.name, "A")
-            if ans is None:
-                return Answer((), None)
-            if len(ans) > self.max_backends:
-                raise ConfigError(f"A answer of {len(ans)} records, more than discovery.max_backends "
-                                  f"({self.max_backends}); over the cap")
-            out = [_backend(str(r.address), c.port, 1, False, f"{c.name} A") for r in ans]
-            return Answer(tuple(out), float(ans.rrset.ttl))
-        ans = await self._query(c.name, "SRV")
+        if c.type == "SRV":
+            return await self._resolve_srv()
+        ans = await self._query(c.name, "A")
+        if ans is None:
+            return Answer((), None)
+        self._cap(len(ans), "A answer")
+        out = [_backend(str(r.address), c.port, 1, False, f"{c.name} A") for r in ans]
+        return Answer(tuple(out), float(ans.rrset.ttl))
+
+    async def _resolve_srv(self) -> Answer:
+        ans = await self._query(self.cfg.name, "SRV")
         if ans is None:
             return Answer((), None)
         records = [r for r in ans if str(r.target) != "."]  # "." : service decidedly not here
         ttl = float(ans.rrset.ttl)
         if not records:
             return Answer((), ttl)
-        if len(records) > self.max_backends:
-            raise ConfigError(f"SRV answer of {len(records)} records, more than discovery.max_backends "
-                              f"({self.max_backends}); over the cap, no target resolved")
+        self._cap(len(records), "SRV answer")  # before any target is resolved
         top = min(r.priority for r in records)
-        targets = sorted({str(r.target) for r in records})
-        gate = asyncio.Semaphore(MAX_QUERIES)  # one socket per query in flight: never more than this at once
+        addresses, ttl = await self._targets(sorted({str(r.target) for r in records}), ttl)
+        out = []
+        for r in sorted(records, key=lambda r: (r.priority, str(r.target), r.port)):
+            for address in addresses[str(r.target)]:
+                out.append(_backend(address, r.port, max(1, r.weight), r.priority != top, f"SRV {r.target}"))
+        self._cap(len(out), "SRV answer (its targets' addresses)")
+        return Answer(tuple(out), ttl)
+
+    async def _targets(self, targets: list[str], ttl: float) -> tuple[dict[str, list[str]], float]:
+        """Each target's addresses (at most MAX_QUERIES lookups in flight, each holding a socket)
+        and the smallest TTL seen."""
+        gate = asyncio.Semaphore(MAX_QUERIES)
 
         async def lookup(target: str):
             async with gate:
@@ -93,11 +107,7 @@ class DnsSource:
                 raise ConfigError(f"SRV target {target} has no A record")
             addresses[target] = [str(r.address) for r in a]
             ttl = min(ttl, float(a.rrset.ttl))
-        out = []
-        for r in sorted(records, key=lambda r: (r.priority, str(r.target), r.port)):
-            for address in addresses[str(r.target)]:
-                out.append(_backend(address, r.port, max(1, r.weight), r.priority != top, f"SRV {r.target}"))
-        return Answer(tuple(out), ttl)
+        return addresses, ttl
 
     async def run(self, report: Report) -> None:
         while True:

@@ -34,18 +34,23 @@ MAX_VALUE_BYTES = 4096  # a backend's value is ~100 bytes
 MAX_RECEIVE_BYTES = 16 << 20  # gRPC's receive limit, explicit: a larger read is a failure that says so
 
 
-def parse_value(key: bytes, value: bytes) -> Backend:
-    """One key's value as a Backend; ConfigError naming the key when it is not one (whatever
-    is wrong with it: size, JSON, nesting, types)."""
-    where = f"etcd {key.decode(errors='replace')[:200]}"
+def _load(value: bytes, where: str):
+    """value as JSON; ConfigError naming where when it is too large, not JSON or nested too deep."""
     if len(value) > MAX_VALUE_BYTES:
         raise ConfigError(f"{where}: {len(value)} bytes, more than {MAX_VALUE_BYTES}")
     try:
-        doc = json.loads(value)
+        return json.loads(value)
     except RecursionError:
         raise ConfigError(f"{where}: nested too deep") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"{where}: not JSON ({' '.join(str(e).split())[:80]})") from None
+
+
+def parse_value(key: bytes, value: bytes) -> Backend:
+    """One key's value as a Backend; ConfigError naming the key when it is not one (whatever
+    is wrong with it: size, JSON, nesting, types)."""
+    where = f"etcd {key.decode(errors='replace')[:200]}"
+    doc = _load(value, where)
     if not isinstance(doc, dict):
         raise ConfigError(f"{where}: expected a JSON object with {', '.join(VALUE_KEYS)}")
     unknown = sorted(str(k) for k in doc if k not in VALUE_KEYS)

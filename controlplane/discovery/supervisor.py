@@ -153,13 +153,17 @@ class Supervisor:
             return result
         why = screen(result.backends, {s.vip for s in self.cfg.services})
         if why is None and self.is_local is not None:
-            try:
-                local = await asyncio.to_thread(self.is_local, sorted({str(b.address) for b in result.backends}))
-            except Exception as e:  # noqa: BLE001 -- netlink failed: nothing is known, nothing is taken
-                return Failure(f"answer not checked against this node's routes: {type(e).__name__}: {e}")
-            why = next((f"{b.name}: {b.address} is this node's own (a route of type local)"
-                        for b in result.backends if str(b.address) in local), None)
+            why = await self._local(result.backends)
         return result if why is None else Failure(f"answer rejected: {why}")
+
+    async def _local(self, backends) -> Optional[str]:
+        """'NAME: why' of the first backend whose address this node routes as local, or None."""
+        try:
+            local = await asyncio.to_thread(self.is_local, sorted({str(b.address) for b in backends}))
+        except Exception as e:  # noqa: BLE001 -- netlink failed: nothing is known, nothing is taken
+            return f"not checked against this node's routes ({type(e).__name__}: {e})"
+        return next((f"{b.name}: {b.address} is this node's own (a route of type local)"
+                     for b in backends if str(b.address) in local), None)
 
     def _offer(self, name: str, result: Result):
         c = self.caches[name]

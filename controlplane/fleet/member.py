@@ -260,17 +260,9 @@ class Member:
     async def _take(self, c: aetcd.Client, kv) -> None:
         """A snapshot seen: applied when it is well-formed, from the current holder of the leader
         key (on its lease), newer, and not a jump (edged writes the weights before this returns)."""
-        try:
-            snap = schema.snapshot(kv.value)
-        except ValueError as e:
-            return self._refuse(kv.key, f"{e}; the applied snapshot v{self.applied} stays")
-        holder = await self._call(c.get(self.k_leader))
-        why = fs.refused(snap, holder.value.decode(errors="replace") if holder is not None else None,
-                         holder.lease if holder is not None else 0, kv.mod_revision)
-        if why is not None:
-            return self._refuse(kv.key, f"snapshot v{snap['version']} {why}; the applied snapshot "
-                                        f"v{self.applied} stays", version=snap["version"], leader=snap["leader"])
-        self._good(kv.key)
+        snap = await self._trusted(c, kv)
+        if snap is None:
+            return
         got = fs.to_apply(snap, self.services(), self.applied)
         if got is None:
             return
@@ -290,6 +282,22 @@ class Member:
                   trigger_t=snap.get("trigger_t"), applied_t=self.applied_t,
                   weights=got.weights, skipped=got.skipped, tables=tables, operator=got.operator)
         self._wake_report.set()
+
+    async def _trusted(self, c: aetcd.Client, kv) -> Optional[dict]:
+        """The snapshot in kv, checked (schema.snapshot) and written by the current holder of the
+        leader key on its lease (snapshot.refused); None (counted, said once) when it is not."""
+        try:
+            snap = schema.snapshot(kv.value)
+        except ValueError as e:
+            return self._refuse(kv.key, f"{e}; the applied snapshot v{self.applied} stays")
+        holder = await self._call(c.get(self.k_leader))
+        name = holder.value.decode(errors="replace") if holder is not None else None
+        why = fs.refused(snap, name, holder.lease if holder is not None else 0, kv.mod_revision)
+        if why is not None:
+            return self._refuse(kv.key, f"snapshot v{snap['version']} {why}; the applied snapshot "
+                                        f"v{self.applied} stays", version=snap["version"], leader=snap["leader"])
+        self._good(kv.key)
+        return snap
 
     async def _follow_snapshot(self, c: aetcd.Client, start: int) -> None:
         async for event in _events(c, self.k_snapshot, None, self.cfg.timeout_ms, start_revision=start):

@@ -182,15 +182,19 @@ def _all_zero_unasked(s: Service, weights: Mapping[str, int], marks: Mapping[str
     return any(b.weight > 0 and b.name not in asked for b in s.backends)
 
 
+def _is_weight(w) -> bool:
+    return isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= schema.MAX_WEIGHT
+
+
 def _take(s: Service, theirs: Mapping) -> tuple[Optional[dict], Optional[dict], str, bool]:
     """(weights, marks, '', False) of one service's part of a snapshot, or (None, None, why not,
     unsafe): unsafe weights are refused (the last ones stay), another config's are skipped."""
     if theirs.get("digest") != digest(s):
         return None, None, "this node's config of it differs from the leader's", False
-    weights = {k: v for k, v in theirs["weights"].items()}
+    weights = dict(theirs["weights"])
     if set(weights) != {b.name for b in s.backends}:
         return None, None, "its backends differ from this node's", False
-    if any(isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= schema.MAX_WEIGHT for w in weights.values()):
+    if not all(_is_weight(w) for w in weights.values()):
         return None, None, "a weight is out of 0..65535", True
     marks = op.of_service(s, {s.name: theirs.get("operator") or {}})
     if _all_zero_unasked(s, weights, marks):
