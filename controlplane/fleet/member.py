@@ -17,10 +17,11 @@ ignored (a fleet-refused event), never raised. A new leader publishes at once, s
 has a snapshot from it. Staleness of reports is the leader's own monotonic clock (when it last
 saw each report put), never another node's wall clock.
 
-Any fault, whatever it raises, ends the session: the node is no leader any more, keeps the snapshot it applied (the
-data path keeps forwarding with it) and says so (a fleet-lost event, edge_fleet_connected 0,
-`edgectl status`); it reconnects (next endpoint, after retry_ms, doubled up to BACKOFF_MAX_S while it cannot
-connect) and resumes with a full read.
+Any fault, whatever it raises, ends the session: the node is no leader any more, keeps the
+snapshot it applied (the data path keeps forwarding with it) and says so (a fleet-lost event,
+edge_fleet_connected 0, `edgectl status`); it counts it (edge_fleet_faults_total), reconnects
+(next endpoint, after retry_ms, doubled up to BACKOFF_MAX_S while it cannot connect) and
+resumes with a full read.
 The decisions are snapshot.py's; this file only moves documents.
 """
 
