@@ -8,7 +8,9 @@ Keys under node.fleet.prefix:
                   (weights as that node's weights.decide() computes them from its own probes;
                   wire: what its data path saw of real traffic over weights.wire.window_ms,
                   for operators only, the leader does not combine it)
-  snapshot        the leader's snapshot: {"version", "leader", "t", "services": {service:
+  snapshot        the leader's snapshot: {"version", "leader", "lease" (the leader key's lease
+                  id: nodes apply only a snapshot whose leader and lease are the leader key's
+                  now, refused()), "t", "services": {service:
                   {"digest", "backends": [[name, address, port], ...], "weights": {backend: w}}}}
                   with operator marks (operator.py) also "operator": {backend: mark} and
                   "computed": the weights before the marks were folded in
