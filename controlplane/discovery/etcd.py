@@ -21,6 +21,7 @@ from typing import Optional
 
 import aetcd
 import grpc
+from aetcd import rpc, utils
 
 from controlplane.config import Backend, Discovery, Etcd, parse_backend
 from controlplane.discovery import Answer, Failure, Report, endpoint_name
@@ -112,13 +113,20 @@ class EtcdSource:
     def _client(self, host: str, port: int) -> aetcd.Client:
         return client(host, port, self.cfg.timeout_ms)
 
+    async def _count(self, client: aetcd.Client) -> int:
+        """How many keys the prefix holds, without reading them (aetcd's get_prefix has no
+        count_only: its stub is asked directly, on the connection client.connect() made)."""
+        request = rpc.RangeRequest(key=self.prefix, range_end=utils.prefix_range_end(self.prefix), count_only=True)
+        reply = await client.kvstub.Range(request, timeout=self.cfg.timeout_ms / 1000, metadata=client.metadata)
+        return reply.count
+
     async def _read(self, client: aetcd.Client) -> tuple[dict, int]:
         """Every key's parsed value (parsed off the loop) and the revision read at; ConfigError
-        when the prefix holds more keys than max_backends (counted first, values not read)."""
+        when the prefix holds more keys than max_backends (counted first, nothing read)."""
         timeout_s = self.cfg.timeout_ms / 1000
-        keys = await asyncio.wait_for(client.get_prefix(self.prefix, keys_only=True), timeout_s)
-        if len(keys) > self.max_keys:
-            raise ConfigError(f"etcd {self.cfg.prefix}: {len(keys)} keys, more than discovery.max_backends "
+        count = await asyncio.wait_for(self._count(client), timeout_s)
+        if count > self.max_keys:
+            raise ConfigError(f"etcd {self.cfg.prefix}: {count} keys, more than discovery.max_backends "
                               f"({self.max_keys}); over the cap, nothing read")
         got = await asyncio.wait_for(client.get_prefix(self.prefix), timeout_s)
         kvs = await asyncio.to_thread(lambda: {kv.key: _parsed(kv.key, kv.value) for kv in got})
