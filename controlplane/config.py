@@ -215,6 +215,14 @@ class Etcd:
         "etcd client endpoints as IPv4:PORT, tried in turn", _list_of(_server, empty=False))
     prefix: str = option("key prefix; each key under it holds one backend as JSON", _etcd_prefix)
     timeout_ms: int = option("a read or connect not answered this long fails", _ms, 2000)
+    user: Optional[str] = option("etcd user (etcd auth on); its role needs read on prefix only", _name, None)
+    password_file: Optional[str] = option("file holding user's password (a regular file of 16..4096 bytes, "
+                                          "read at every connect)", _abs_path, None)
+
+    def _validate(self, path: str) -> None:
+        if (self.user is None) != (self.password_file is None):
+            raise ConfigError(f"{path}.{'password_file' if self.user else 'user'}: required with "
+                              f"{'user' if self.user else 'password_file'}")
 
 
 @dataclass(frozen=True)

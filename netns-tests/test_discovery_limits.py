@@ -153,3 +153,37 @@ def test_an_srv_answer_is_capped_and_its_targets_resolved_a_few_at_a_time(dnsmas
             await source(256).resolve()
         assert "SRV answer of 400 records, more than discovery.max_backends (256)" in str(refused.value)
     asyncio.run(main())
+
+
+def test_with_etcd_auth_the_source_reads_as_its_user_and_fails_without_one(etcd, tmp_path):
+    """A discovery user whose role reads the prefix only: the source answers with it; without
+    credentials it is a failure that says why."""
+    import secrets
+
+    password = secrets.token_hex(16)
+    etcd.put(PREFIX + "b0", {"address": "198.18.1.2", "port": 8000})
+    etcd.grant("edge-discovery", password, [("READ", PREFIX, True)])
+    (tmp_path / "password").write_text(password + "\n")
+    etcd.enable_auth(secrets.token_hex(16))
+    section = {"endpoints": [f"127.0.0.1:{etcd.client_port}"], "prefix": PREFIX, "timeout_ms": 1000}
+
+    async def first(source) -> object:
+        results: list = []
+
+        async def report(r):
+            results.append(r)
+
+        task = asyncio.create_task(source.run(report))
+        try:
+            return await next_result(results, 0, lambda r: True, "a first result")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def main():
+        authed = EtcdSource(discovery({"etcd": {**section, "user": "edge-discovery",
+                                                "password_file": str(tmp_path / "password")}}, 50))
+        assert is_answer(1)(await first(authed))
+        anonymous = await first(EtcdSource(discovery({"etcd": section}, 50)))
+        assert isinstance(anonymous, Failure) and "etcdserver: user name is empty" in anonymous.why, anonymous
+    asyncio.run(main())

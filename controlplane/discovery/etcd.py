@@ -25,6 +25,7 @@ from aetcd import rpc, utils
 
 from controlplane.config import Backend, Discovery, Etcd, parse_backend
 from controlplane.discovery import Answer, Failure, Report, endpoint_name
+from controlplane.discovery.tokens import read_secret
 from controlplane.errors import ConfigError
 
 VALUE_KEYS = ("address", "port", "weight", "standby", "token")
@@ -110,8 +111,14 @@ class EtcdSource:
         self.max_keys = d.max_backends
         self.prefix = self.cfg.prefix.encode()
 
-    def _client(self, host: str, port: int) -> aetcd.Client:
-        return client(host, port, self.cfg.timeout_ms)
+    async def _client(self, host: str, port: int) -> aetcd.Client:
+        """A client for one endpoint, with the section's etcd user if it has one (its password
+        read off the loop at every connect; ConfigError naming the field when it cannot be)."""
+        password = None
+        if self.cfg.password_file is not None:
+            password = await asyncio.to_thread(read_secret, self.cfg.password_file,
+                                               "discovery.etcd.password_file")
+        return client(host, port, self.cfg.timeout_ms, self.cfg.user, password)
 
     async def _count(self, client: aetcd.Client) -> int:
         """How many keys the prefix holds, without reading them (aetcd's get_prefix has no
@@ -188,7 +195,10 @@ class EtcdSource:
             return f"no answer in {self.cfg.timeout_ms} ms"
         if isinstance(e, grpc.RpcError) and getattr(e, "code", lambda: None)() == grpc.StatusCode.RESOURCE_EXHAUSTED:
             return f"a read of {self.cfg.prefix} is larger than {MAX_RECEIVE_BYTES >> 20} MiB; over the cap"
-        text = " ".join(str(e).split())[:160] or type(e).__name__
+        if isinstance(e, grpc.RpcError) and callable(getattr(e, "details", None)):
+            text = " ".join(str(e.details() or e.code()).split())[:160]  # a raw stub call's (_count's)
+        else:
+            text = " ".join(str(e).split())[:160] or type(e).__name__
         if isinstance(e, (aetcd.ClientError, grpc.RpcError, OSError, ConnectionError, ConfigError)):
             return text
         return f"{type(e).__name__}: {text}"
@@ -199,15 +209,17 @@ class EtcdSource:
         turn, delay = 0, self.retry_s
         while True:
             host, port = self.cfg.endpoints[turn % len(self.cfg.endpoints)]
-            client = self._client(host, port)
+            client = None
             self.answered = False
             try:
+                client = await self._client(host, port)
                 await self._follow(client, _noting(self, report))
                 why = "watch stream ended"
             except Exception as e:  # noqa: BLE001 -- a fault of the source, never the end of it
                 why = self._why(e)
             finally:
-                await close_quietly(client)
+                if client is not None:
+                    await close_quietly(client)
             await report(Failure(f"etcd {host}:{port}: {why}" if "etcd " not in why[:5] else why))
             turn += 1
             delay = self.retry_s if self.answered else min(MAX_RETRY_S, delay * 2)
