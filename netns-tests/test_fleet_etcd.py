@@ -99,7 +99,7 @@ def test_garbage_in_etcd_stops_no_edged_and_the_fleet_works_once_it_is_gone(flee
                                  f"r{i} to refuse the snapshot", after=marks[i])
     leader = fleet.leader()
     for key, _ in GARBAGE[1:]:  # the leader reads every report and mark: it refuses each
-        fleet.edgeds[leader].wait_for(lambda e: e["kind"] == "fleet-refused" and e["key"] == prefix + key, 15.0,
+        fleet.edgeds[leader].wait_for(lambda e, k=prefix + key: e["kind"] == "fleet-refused" and e["key"] == k, 15.0,
                                       f"the leader to refuse {key}", after=marks[leader])
     views = []
     for i in range(3):

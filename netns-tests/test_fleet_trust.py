@@ -15,13 +15,12 @@ import json
 import secrets
 
 import aetcd
-
 import pytest
 
 from controlplane import weights as policy
 from controlplane.config import parse_config
-from controlplane.fleet import snapshot as fs
 from controlplane.discovery.etcd import client as etcd_client
+from controlplane.fleet import snapshot as fs
 from controlplane.fleet.member import Hooks, Member
 from controlplane.lab.registry import Etcd, Loopback, free_port
 

@@ -25,7 +25,6 @@ from controlplane.config import Backend, Discovery, Dns, parse_backend
 from controlplane.discovery import Answer, Failure, Report, endpoint_name
 from controlplane.errors import ConfigError
 
-
 MAX_QUERIES = 16  # A lookups of SRV targets in flight at once (each holds a socket; edged has 1,024 fds)
 
 
@@ -102,7 +101,7 @@ class DnsSource:
 
         found = await asyncio.gather(*(lookup(t) for t in targets))
         addresses = {}
-        for target, a in zip(targets, found):
+        for target, a in zip(targets, found, strict=True):
             if a is None:
                 raise ConfigError(f"SRV target {target} has no A record")
             addresses[target] = [str(r.address) for r in a]

@@ -104,7 +104,7 @@ class Supervisor:
         for t in late:
             t.cancel()
         await asyncio.gather(*late, return_exceptions=True)
-        for name, t in zip(names, tasks):
+        for name, t in zip(names, tasks, strict=True):
             if t in late:
                 self._offer(name, Failure(f"no answer in {timeout_s:.1f} s at start"))
 

@@ -39,7 +39,8 @@ from aetcd import utils
 
 from controlplane import weights as policy
 from controlplane.config import Fleet, Service
-from controlplane.discovery.etcd import client as etcd_client, close_quietly
+from controlplane.discovery.etcd import client as etcd_client
+from controlplane.discovery.etcd import close_quietly
 from controlplane.discovery.tokens import read_secret
 from controlplane.fleet import operator as op
 from controlplane.fleet import schema
