@@ -32,7 +32,8 @@ from controlplane.netlink import (  # noqa: F401  (re-exported)
 PROGRAMS = {abi.PROG_INGRESS: "xdp", abi.PROG_RETURN: "tc", abi.PROG_REPLY: "xdp",
             abi.PROG_INGRESS_SLOW: "xdp", abi.PROG_INGRESS_SCAN: "xdp"}
 # Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
-TAILS = {abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW, abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN}
+TAILS = {abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW, abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN,
+         abi.TAIL_SCAN_MORE: abi.PROG_INGRESS_SCAN}
 BPF_FS_MAGIC = 0xCAFE4A11
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
@@ -603,7 +604,7 @@ def pinned_params(pin_path: Path) -> Params:
     never opens them with other sizes than the deploy's node section gave)."""
     services = pinned_max_entries(pin_path / abi.MAP_SVC_CFG)
     return Params(
-        maglev_m=pinned_max_entries(pin_path / abi.MAP_MAGLEV) // (2 * services),
+        maglev_m=pinned_max_entries(pin_path / abi.MAP_MAGLEV) * abi.MAGLEV_PER_VALUE // (2 * services),
         max_services=services,
         max_backends=pinned_max_entries(pin_path / abi.MAP_BACKENDS),
         ct_size=pinned_max_entries(pin_path / abi.MAP_CT),

@@ -45,6 +45,16 @@ static __always_inline __u32 hash_flow(const struct flow_key *k)
 	return hash_mix(h ^ k->proto);
 }
 
+/* The backend id in slot idx of the flat Maglev table [(vip id * 2 + half)
+ * * M + slot] (maps.h), or NULL past its end: two slots share a value. */
+static __always_inline __u32 *maglev_slot(__u32 idx)
+{
+	__u32 key = idx / EDGE_MAGLEV_PER_VALUE;
+	struct maglev_slots *v = edge_maglev.lookup(&key);
+
+	return v ? &v->id[idx % EDGE_MAGLEV_PER_VALUE] : NULL;
+}
+
 #ifndef EDGE_CT_MISS_PER_S
 #define EDGE_CT_MISS_PER_S	64	/* entries per CPU and second TCP packets other than SYNs may create */
 #endif

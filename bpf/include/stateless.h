@@ -79,7 +79,7 @@ static __always_inline int stateless_reply(struct flow_key *fk, const struct bac
 	if (!vip || vip->id != ri->vip_id || vip->id >= EDGE_MAX_SERVICES)
 		return 0;
 	idx = ((vip->id << 1) | (vip->table & 1)) * EDGE_MAGLEV_M + hash_flow(fk) % EDGE_MAGLEV_M;
-	id = edge_maglev.lookup(&idx);
+	id = maglev_slot(idx);
 	if (!id || *id != ri->backend_id)
 		return 0;
 	if (!(tcp_flags & (TCP_FLAG_RST_ | TCP_FLAG_FIN_)))
