@@ -264,6 +264,10 @@ class Loaded:
     def tables(self) -> Mapping[str, "Table"]:
         return {name: Table(name, self._bpf[name]) for name in abi.MAP_NAMES}
 
+    def table(self, name: str) -> "Table":
+        """Any map of the compiled source by name (a benchmark's own, say)."""
+        return Table(name, self._bpf[name])
+
     def map_fd(self, name: str) -> int:
         return self._bpf[name].map_fd
 
