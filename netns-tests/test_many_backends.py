@@ -26,9 +26,9 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Iterator
 
+import hb
 import pytest
 
-import hb
 from controlplane import abi
 from controlplane.lab.router import Router
 from controlplane.lab.topo import Net, Topo, read_line, terminate

@@ -2,14 +2,12 @@
 on-link behind the bench's backend veth), the client port whose established flow (a) lands on one
 of the three main backends (the reply cases are compiled for those), the Maglev pick of a 5-tuple
 computed as the data path does, and the C text of case (k): a new flow whose Maglev pick is the
-one dead backend. Pure (numpy and controlplane.maglev); no root, no bcc.
+one dead backend. Pure (controlplane.maglev, imported when used); no root, no bcc.
 """
 
 from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv4Network
-
-from controlplane import maglev
 
 EXTRA_BLOCK = IPv4Network("198.19.0.0/16")  # clear of the bench's 198.18.x link nets
 PER_BLOCK = 250
@@ -53,6 +51,8 @@ def hash_flow(src: IPv4Address, dst: IPv4Address, sport: int, dport: int, proto:
 def client_port(names: list[str], m: int, wanted: set[str], src: IPv4Address, dst: IPv4Address, dport: int,
                 first: int = 40000) -> int:
     """The first client port from `first` on whose flow's Maglev pick (equal weights) is in wanted."""
+    from controlplane import maglev  # here: bench-datapath imports this module before it re-execs in .venv
+
     positions = maglev.build_table(names, [1] * len(names), m)
     for port in range(first, 65536):
         if names[positions[hash_flow(src, dst, port, dport) % m]] in wanted:
