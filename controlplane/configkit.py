@@ -164,7 +164,7 @@ def _listen(value: Any, path: str) -> str:
     text = _string(value, path)
     match = _LISTEN.fullmatch(text)
     ok = match is not None and 1 <= int(match["port"]) <= 65535
-    if ok and match["v6"]:
+    if ok and match is not None and match["v6"]:
         try:
             ipaddress.IPv6Address(match["v6"])
         except ValueError:
@@ -292,9 +292,9 @@ def _sections(cls: type, empty: bool = False) -> Check:
     return check
 
 
-def _longer_than_interval(section: object, path: str, key: str) -> None:
+def _longer_than_interval(section: Any, path: str, key: str) -> None:
     """ConfigError unless section.<key> exceeds section.interval_ms."""
-    value, interval = getattr(section, key), getattr(section, "interval_ms")
+    value, interval = getattr(section, key), section.interval_ms
     if value <= interval:
         raise ConfigError(f"{path}.{key}: {value} must be greater than interval_ms ({interval})")
 
@@ -346,7 +346,7 @@ def _etcd_prefix(value: Any, path: str) -> str:
 class _Loader(yaml.SafeLoader):
     """SafeLoader that rejects a key given twice in one mapping instead of keeping the last."""
 
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):
             seen = set()
             for key_node, _ in node.value:

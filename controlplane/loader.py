@@ -21,11 +21,27 @@ from controlplane import abi
 from controlplane.bpfsource import BPF_DIR, SOURCES, _amalgamate, source_text  # noqa: F401  (re-exported)
 from controlplane.config import Node
 from controlplane.errors import CompileError, LoaderError, MapError, NotDeployed
+
 # Interfaces, routes, tc and sysctl are pyroute2's, in netlink.py; deploy and
 # the data-path watch reach them through this module, the one that attaches.
 from controlplane.netlink import (  # noqa: F401  (re-exported)
-    TC_HANDLE, TC_INGRESS_PARENT, TC_PRIO, XdpState, attach_tc, detach_tc, has_clsact, ifindex,
-    ifindexes, ifname, ip_forward, prog_name, return_filter, route_oif, route_oifs, set_ip_forward, xdp_state,
+    TC_HANDLE,
+    TC_INGRESS_PARENT,
+    TC_PRIO,
+    XdpState,
+    attach_tc,
+    detach_tc,
+    has_clsact,
+    ifindex,
+    ifindexes,
+    ifname,
+    ip_forward,
+    prog_name,
+    return_filter,
+    route_oif,
+    route_oifs,
+    set_ip_forward,
+    xdp_state,
 )
 
 # Every program of the data path and its kind (abi.py names them).

@@ -410,7 +410,7 @@ def _latency_inverse(
 
 
 def _load(
-    tr: Tracker, now_ns: int, metrics: config.MetricsScrape, any_metrics: bool
+    tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape], any_metrics: bool
 ) -> tuple[float, str, str]:
     """(factor, state, words) of one backend's load signals."""
     state = load_state(tr, now_ns, metrics)

@@ -14,7 +14,7 @@ import time
 from typing import Awaitable, Callable, Optional
 
 from controlplane.config import Backend, Config, Service
-from controlplane.discovery import Answer, Failure, Result, Source
+from controlplane.discovery import Failure, Result, Source
 from controlplane.discovery.cache import Cached, describe_change, merge, offer, with_tokens
 from controlplane.discovery.tokens import read_secret
 from controlplane.errors import EdgeError

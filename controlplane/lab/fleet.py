@@ -18,7 +18,6 @@ building and removing exactly this (through topo.py's Ns and undo list) and the 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile

@@ -13,8 +13,18 @@ import numpy as np
 
 from controlplane import abi, wire
 from controlplane.maps.records import (
-    PROBE_TEXT, PROTO_NAMES, ProbeStatus, WireStats, count_entries, from_be16, from_be32, pack_probe,
-    unpack_probe, verdicts_shown, wire_columns, wire_from_row,
+    PROBE_TEXT,
+    PROTO_NAMES,
+    ProbeStatus,
+    WireStats,
+    count_entries,
+    from_be16,
+    from_be32,
+    pack_probe,
+    unpack_probe,
+    verdicts_shown,
+    wire_columns,
+    wire_from_row,
 )
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Iterable, Mapping
 
-
 from controlplane import abi
 
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}

@@ -20,10 +20,9 @@ import pytest
 import yaml
 
 from controlplane import abi, loader, maps, wire
-from controlplane.edged import daemon as edged
-from controlplane.edged import operations
-from controlplane.errors import ConfigError, EdgeError, MapError
 from controlplane.config import parse_config
+from controlplane.edged import daemon as edged, operations
+from controlplane.errors import ConfigError, EdgeError, MapError
 from controlplane.maps import ApplyReport, ProbeStatus, WireStats
 from controlplane.signals import Sample
 

@@ -19,7 +19,6 @@ from typing import Iterator
 
 import pytest
 
-from controlplane.config import Heartbeat
 from controlplane.agent import (
     DEFAULT_INTERVAL_MS,
     DEFAULT_ROUTER_PORT,
@@ -41,6 +40,7 @@ from controlplane.agent import (
     parser,
     sleep_until,
 )
+from controlplane.config import Heartbeat
 from controlplane.lab.traffic import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,8 +12,7 @@ import urllib.request
 from contextlib import contextmanager
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane import __version__, abi

@@ -13,8 +13,7 @@ from typing import Iterator
 import pytest
 
 from controlplane.config import Probe
-from controlplane.probe import Prober, Target
-from controlplane.probe import checks
+from controlplane.probe import Prober, Target, checks
 from controlplane.probe.checks import SLOW_GRID_NS, _rtt_if_connected, look_at
 from controlplane.tests.test_prober import LOOPBACK, Recorder, closing, run, started, wait_for
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
+from controlplane.config import MetricsScrape, Probe, parse_config
 from controlplane.edged import daemon as edged
-from controlplane.config import Probe, MetricsScrape, parse_config
 from controlplane.errors import ConfigError
 from controlplane.probe import Prober, Target
 from controlplane.tests.test_prober import LOOPBACK, Recorder, closing, run, started, wait_for

@@ -6,8 +6,7 @@ Pure and unprivileged, like test_weights_policy.py, whose helpers it uses.
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from controlplane.config import Weights
 from controlplane.tests.test_weights_policy import T0, quick, service, steady

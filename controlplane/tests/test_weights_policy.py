@@ -13,8 +13,7 @@ from ipaddress import IPv4Address
 from typing import Optional
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from controlplane import weights as wp
 from controlplane.config import Backend, Health, MetricsScrape, Probe, Service, Weights

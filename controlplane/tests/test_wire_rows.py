@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from controlplane import abi, wire
 from controlplane.maps.records import WireStats
