@@ -43,6 +43,7 @@ from controlplane.netlink import (  # noqa: F401  (re-exported)
     set_ip_forward,
     xdp_state,
 )
+from controlplane.undo import Undo  # noqa: F401  (re-exported: deploy.py names loader.Undo)
 
 # Every program of the data path and its kind (abi.py names them).
 PROGRAMS = {abi.PROG_INGRESS: "xdp", abi.PROG_RETURN: "tc", abi.PROG_REPLY: "xdp",
@@ -74,30 +75,6 @@ class Params:
     @classmethod
     def of(cls, node: Node) -> "Params":
         return cls(node.maglev_m, node.max_services, node.max_backends, node.ct_size)
-
-
-class Undo:
-    """Steps that reverse what was done, run newest first by rollback()."""
-
-    def __init__(self) -> None:
-        self._steps: list[tuple[str, Callable[[], None]]] = []
-
-    def push(self, what: str, step: Callable[[], None]) -> None:
-        self._steps.append((what, step))
-
-    def rollback(self) -> list[str]:
-        """Runs every step; returns the ones that failed, as messages."""
-        failed = []
-        while self._steps:
-            what, step = self._steps.pop()
-            try:
-                step()
-            except Exception as e:  # keep undoing the rest whatever one step raised
-                failed.append(f"{what}: {e}")
-        return failed
-
-    def forget(self) -> None:
-        self._steps.clear()
 
 
 # ---------------------------------------------------------------- bpffs, pins

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 from controlplane import config
-from controlplane.signals import Load, Sample
+from controlplane.samples import Load, Sample
 
 SCALE = 10_000  # weight of the best backend of an idle service
 MAX_WEIGHT = 65535

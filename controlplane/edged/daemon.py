@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Optional
 
-from controlplane import abi, deploy, desired, loader, weights, wire
+from controlplane import abi, deploy, desired, loader, weights, wiresignals as wire
 from controlplane.edged import announce, bird, metrics, sdnotify, watch
 from controlplane.config import Config, Service
 from controlplane.edged.changes import Changes
@@ -27,7 +27,7 @@ from controlplane.edged.operations import WALK_DEADLINE_S, WALK_GRACE_S, Operati
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.fleet import member as fleet_member
 from controlplane.probe import Prober, Target
-from controlplane.signals import Load, Sample
+from controlplane.samples import Load, Sample
 
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most

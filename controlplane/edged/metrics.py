@@ -31,9 +31,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from controlplane import __version__, abi, wire
+from controlplane import __version__, abi, wiresignals
 from controlplane.errors import EdgeError
-from controlplane.signals import Sample, quantile
+from controlplane.samples import Sample, quantile
 
 # 0.1 ms (a probe on the same rack) to 1 s (far beyond any probe timeout worth having).
 RTT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -361,7 +361,7 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     return services
 
 
-_WIRE_LES = [floatToGoString(le) for le in wire.upper_bounds_s()] + ["+Inf"]
+_WIRE_LES = [floatToGoString(le) for le in wiresignals.upper_bounds_s()] + ["+Inf"]
 
 
 def _add_wire(fams: dict[str, Metric], labels: list[str], w: dict) -> None:

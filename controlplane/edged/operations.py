@@ -12,12 +12,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
-from controlplane import abi, deploy, weights, wire
+from controlplane import abi, deploy, weights, wiresignals as wire
 from controlplane.edged import announce
 from controlplane.errors import EdgeError
 from controlplane.fleet import operator as fleet_operator
 from controlplane.maps import ProbeStatus
-from controlplane.signals import quantiles
+from controlplane.samples import quantiles
 
 if TYPE_CHECKING:
     from controlplane.desired import Leaving

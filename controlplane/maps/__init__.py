@@ -20,7 +20,7 @@ import numpy as np
 from controlplane import abi, desired
 from controlplane.config import Backend, Service
 from controlplane.errors import MapError
-from controlplane.journal import Journal
+from controlplane.maps.journal import Journal
 from controlplane.maps.reader import Reader
 from controlplane.maps.records import (  # noqa: F401  (re-exported)
     _U32_MAX_VALUE,

@@ -16,7 +16,7 @@ import numpy as np
 from controlplane import abi, desired, maglev
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
-from controlplane.journal import Journal
+from controlplane.maps.journal import Journal
 from controlplane.maps.records import (
     PROTO_NAMES,
     PROTOS,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from controlplane.probe.http import Response
 from controlplane.probe.metrics import MetricsError, load_from, parse_metrics
-from controlplane.signals import Load, Sample
+from controlplane.samples import Load, Sample
 
 if TYPE_CHECKING:
     from controlplane.probe.engine import Prober, _Backend

@@ -14,7 +14,7 @@ from typing import Callable, Hashable, Iterable, Optional
 from controlplane import config
 from controlplane.probe.checks import _Check, _HttpCheck, _monotonic_ns, _TcpCheck
 from controlplane.probe.grpccheck import _GrpcCheck
-from controlplane.signals import Load, Sample, Window
+from controlplane.samples import Load, Sample, Window
 
 TICK_S = 0.002  # timer wheel resolution: probe times are rounded up to this
 RECV_SIZE = 262144  # the one receive buffer every HTTP check reads into

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import yaml
 
-from controlplane import abi, loader, maps, wire
+from controlplane import abi, loader, maps, wiresignals
 from controlplane.config import parse_config
 from controlplane.edged import daemon as edged, operations
 from controlplane.errors import ConfigError, EdgeError, MapError
 from controlplane.maps import ApplyReport, ProbeStatus, WireStats
-from controlplane.signals import Sample
+from controlplane.samples import Sample
 
 MS = 1_000_000
 
@@ -123,7 +123,7 @@ class FakeMaps:
         return {bid: self.wire.get(bid, WireStats()) for bid in bids}
 
     def wire_rows(self, bids):
-        return np.array([wire.row(self.wire.get(bid, WireStats())) for bid in bids], np.int64).reshape(-1, wire.ROW_LEN)
+        return np.array([wiresignals.row(self.wire.get(bid, WireStats())) for bid in bids], np.int64).reshape(-1, wiresignals.ROW_LEN)
 
     def leaving(self, s):
         return []

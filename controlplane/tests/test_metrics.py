@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane import __version__, abi
 from controlplane.edged import metrics
 from controlplane.errors import EdgeError
-from controlplane.signals import Sample
+from controlplane.samples import Sample
 
 SCRAPE_TIMEOUT_S = 5
 

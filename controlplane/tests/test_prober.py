@@ -23,7 +23,7 @@ import controlplane.probe
 from controlplane.config import MetricsScrape, Probe
 from controlplane.lab.inference.page import EngineStats, vllm_page
 from controlplane.probe import MetricsError, Prober, Target, load_from, parse_metrics
-from controlplane.signals import Load, Sample
+from controlplane.samples import Load, Sample
 
 LOOPBACK = "127.0.0.1"
 PROBE_DIR = os.path.dirname(controlplane.probe.__file__)

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 from controlplane import weights as wp
 from controlplane.config import Backend, Health, MetricsScrape, Probe, Service, Weights
-from controlplane.signals import Load, Sample
+from controlplane.samples import Load, Sample
 from controlplane.weights import Tracker, decide, describe, observe_load, observe_sample
 
 MS = 1_000_000  # ns
