@@ -31,7 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from controlplane import __version__, abi, wiresignals
+from controlplane import __version__, abi, limits, wiresignals
 from controlplane.errors import EdgeError
 from controlplane.samples import Sample, quantile
 
@@ -453,7 +453,7 @@ _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9][A-Za-z
 def split_listen(listen: str) -> tuple[str, int]:
     """HOST:PORT or [IPv6]:PORT -> (host, port); port 0 picks a free one."""
     m = _LISTEN.fullmatch(listen)
-    if m is None or int(m["port"]) > 65535:
+    if m is None or not limits.is_port(int(m["port"]), zero=True):
         raise EdgeError(f"metrics: {listen!r} is not HOST:PORT")
     return m["v6"] or m["host"], int(m["port"])
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from typing import Iterable, Mapping, Optional
 
+from controlplane import limits
 from controlplane.config import Service
 
 OPERATOR = "operator/"
@@ -55,8 +56,8 @@ def decode(value: bytes) -> dict:
     if not isinstance(doc, dict):
         raise ValueError("operator mark: not an object")
     weight = doc.get("weight")
-    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 65535):
-        raise ValueError(f"operator mark: weight {weight!r} is not 0..65535")
+    if weight is not None and not limits.is_weight(weight):
+        raise ValueError(f"operator mark: weight {weight!r} is not {limits.WEIGHTS}")
     return {"drain": doc.get("drain") is True, "weight": weight, "node": str(doc.get("node", "")),
             "t": float(doc.get("t", 0) or 0)}
 

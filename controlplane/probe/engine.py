@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Optional
 
-from controlplane import config
+from controlplane import config, limits
 from controlplane.probe.checks import _Check, _HttpCheck, _monotonic_ns, _TcpCheck
 from controlplane.probe.grpccheck import _GrpcCheck
 from controlplane.samples import Load, Sample, Window
@@ -34,8 +34,8 @@ class Target:
     def __post_init__(self) -> None:
         address = ipaddress.IPv4Address(str(self.address))  # never a name: no DNS on the loop
         object.__setattr__(self, "address", str(address))
-        if not 1 <= int(self.port) <= 65535:
-            raise ValueError(f"port {self.port} is out of range 1..65535")
+        if not limits.is_port(int(self.port)):
+            raise ValueError(f"port {self.port} is out of range {limits.PORTS}")
 
 
 class _Backend:

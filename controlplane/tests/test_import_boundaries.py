@@ -25,6 +25,7 @@ PURE = [
     "controlplane/discovery/cache.py",
     "controlplane/discovery/tokens.py",
     "controlplane/errors.py",
+    "controlplane/limits.py",
     "controlplane/fleet/operator.py",
     "controlplane/fleet/snapshot.py",
     "controlplane/maglev.py",
