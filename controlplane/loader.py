@@ -50,7 +50,6 @@ PROGRAMS = {abi.PROG_INGRESS: "xdp", abi.PROG_RETURN: "tc", abi.PROG_REPLY: "xdp
             abi.PROG_INGRESS_SLOW: "xdp", abi.PROG_INGRESS_SCAN: "xdp"}
 # Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
 TAILS = {abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW, abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN}
-BPF_FS_MAGIC = 0xCAFE4A11
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1

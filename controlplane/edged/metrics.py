@@ -125,7 +125,6 @@ METRICS = (
          "1 while edged finds its data path whole (XDP and return path attached, maps pinned), else 0"),
     Spec("edge_map_errors_total", "counter", "Failed reads or writes of a map by edged's loops", ("map",)),
 )
-SPECS = {spec.name: spec for spec in METRICS}
 
 
 # ---------------------------------------------------------------- what edged observes

@@ -31,19 +31,6 @@ from controlplane.maps.records import (
 class Reader:
     """Readers of health, counters, status records and the snapshot (mixed into Maps)."""
 
-    def write_probe(self, bid: int, **values) -> None:
-        """Sets fields of backend bid's edge_be_probe entry (C names of struct
-        backend_probe); strings are cut to fit, None load signals are UNKNOWN."""
-        t = self.t[abi.MAP_BE_PROBE]
-        v = t[t.Key(bid)]
-        for name, value in values.items():
-            if name in PROBE_TEXT:
-                value = value.encode()[: PROBE_TEXT[name] - 1]
-            elif value is None:
-                value = abi.UNKNOWN
-            setattr(v, name, value)
-        t[t.Key(bid)] = v
-
     def write_status(self, bid: int, status: ProbeStatus) -> None:
         """Backend bid's whole edge_be_probe record, from status."""
         t = self.t[abi.MAP_BE_PROBE]
