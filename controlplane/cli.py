@@ -29,7 +29,6 @@ def _progress(args) -> callable:
 
 def cmd_validate(args) -> int:
     from controlplane.config import load_config
-
     from controlplane.loader import mem_available
     from controlplane.maps import sizing
 
