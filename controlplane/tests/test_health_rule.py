@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 
 from controlplane import abi
 from controlplane.maps import Maps
-from controlplane.tests.test_maps_records import Array, c_struct
+from controlplane.tests.memtables import Array, c_struct
 
 INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
 

@@ -15,7 +15,7 @@ import pytest
 from controlplane.config import Probe
 from controlplane.probe import Prober, Target, checks
 from controlplane.probe.checks import SLOW_GRID_NS, _rtt_if_connected, look_at
-from controlplane.tests.test_prober import LOOPBACK, Recorder, closing, run, started, wait_for
+from controlplane.tests.proberstage import LOOPBACK, Recorder, closing, run, started, wait_for
 
 FAR_NS = 3600 * 10**9
 

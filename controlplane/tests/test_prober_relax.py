@@ -19,7 +19,7 @@ from controlplane.config import MetricsScrape, Probe, parse_config
 from controlplane.edged import daemon as edged
 from controlplane.errors import ConfigError
 from controlplane.probe import Prober, Target
-from controlplane.tests.test_prober import LOOPBACK, Recorder, closing, run, started, wait_for
+from controlplane.tests.proberstage import LOOPBACK, Recorder, closing, run, started, wait_for
 
 MS = 1_000_000
 FAR_NS = 3600 * 10**9  # relaxed for the whole test

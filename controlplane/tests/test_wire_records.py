@@ -9,8 +9,7 @@ import ctypes
 from controlplane import abi, wiresignals
 from controlplane.config import parse_config
 from controlplane.maps.records import WireStats, unpack_wire
-from controlplane.tests.memtables import MemMaps
-from controlplane.tests.test_maps_records import c_struct
+from controlplane.tests.memtables import MemMaps, c_struct
 
 WIRE = c_struct("wire_stats")
 
