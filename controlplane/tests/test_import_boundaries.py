@@ -27,6 +27,7 @@ PURE = [
     "controlplane/errors.py",
     "controlplane/limits.py",
     "controlplane/fleet/operator.py",
+    "controlplane/fleet/schema.py",
     "controlplane/fleet/snapshot.py",
     "controlplane/maglev.py",
     "controlplane/samples.py",
@@ -48,11 +49,13 @@ ASYNCIO_NETWORK = {
     "sock_connect", "sock_accept", "sock_recv", "sock_recv_into", "sock_sendall", "sock_sendto",
     "sock_recvfrom", "subprocess_exec", "subprocess_shell", "create_subprocess_exec", "create_subprocess_shell",
 }
-# The one file a pure module reads: the config, by configkit.read_config_text (os.open with
-# O_NONBLOCK, fstat, a size limit) for config.load_config.
+# The files pure modules read: the config, by configkit.read_config_text (os.open with
+# O_NONBLOCK, fstat, a size limit) for config.load_config; a service's token secret, by
+# discovery.tokens.read_secret.
 ALLOWED = {
     "controlplane/configkit.py": {"os"},
     "controlplane/config.py": {"os"},
+    "controlplane/discovery/tokens.py": {"os"},
 }
 # edgectl drill failover runs its drill in a namespace lab by design (README: drill/run).
 LAB_USERS = {"controlplane/drill/capture.py", "controlplane/drill/plan.py", "controlplane/drill/run.py"}
