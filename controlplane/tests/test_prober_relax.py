@@ -232,7 +232,7 @@ def _relaxing_daemon():
 
 
 def test_edged_relaxes_the_fresh_backends_and_puts_the_others_back_at_the_full_rate():
-    from controlplane.tests.test_edged_loop import FakeMaps
+    from controlplane.tests.edgedstage import FakeMaps
 
     async def main() -> None:
         server = await started()
@@ -261,7 +261,7 @@ def test_edged_relaxes_the_fresh_backends_and_puts_the_others_back_at_the_full_r
 
 
 def test_edgeds_status_round_relaxes_the_backends_whose_wire_signal_is_fresh():
-    from controlplane.tests.test_edged_loop import FakeMaps
+    from controlplane.tests.edgedstage import FakeMaps
 
     async def main() -> None:
         server = await started()

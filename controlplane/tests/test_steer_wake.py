@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from controlplane import weights
 from controlplane.samples import Load, Sample
-from controlplane.tests.test_edged_loop import MS, PROBED, config, daemon, handshakes, on_loop
+from controlplane.tests.edgedstage import MS, PROBED, config, daemon, handshakes, on_loop
 
 OK = Sample(t_ns=0, ok=True, rtt_s=0.001)
 FAILED = Sample(t_ns=0, ok=False, error="timeout")
