@@ -10,7 +10,7 @@ from typing import NamedTuple
 import pytest
 
 from controlplane.config import parse_config
-from controlplane.tests.test_config import DELETE, TLS, edited, error_of, valid_doc
+from controlplane.tests.configstage import DELETE, TLS, edited, error_of, valid_doc
 
 
 class Case(NamedTuple):
