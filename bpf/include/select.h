@@ -117,9 +117,10 @@ static __always_inline void scan_take(struct scan_state *st, const struct backen
  * One run looks at EDGE_SCAN_CHUNK backends and keeps what it found in the
  * per-CPU edge_scan_state; the program then tail-calls itself
  * (edge_tails[EDGE_TAIL_SCAN_MORE]) for the next chunk, with the packet as
- * it arrived. The kernel allows 33 tail calls per packet, two of them taken
- * by the fast and slow paths: 31 runs, so 1,024 backends (16 runs) fit,
- * and 4,096 would with chunks of 133 or more (docs: the path to 4,096).
+ * it arrived. The kernel allows 33 tail calls per packet: fast to slow
+ * path, slow path to the scan, then 31 more runs, 32 in all, so 1,024
+ * backends (16 runs) fit, and 4,096 would with chunks of 128 (docs: the
+ * path to 4,096; netns-tests/test_verifier_budget.py checks the count).
  *
  * verifier: before, this was two loops over all EDGE_MAX_PER_SERVICE (64)
  * backends in one program, count then pick, 554,686 instructions processed
