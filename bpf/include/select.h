@@ -129,7 +129,11 @@ static __always_inline void scan_take(struct scan_state *st, const struct backen
  * the best picks live in a map value, which the verifier does not track,
  * so the body's paths converge per iteration. bpf_loop (kernel 5.17+) would
  * need the callback's address relocated (BPF_PSEUDO_FUNC) and its BTF
- * func_info, which bcc 0.26 does not emit ("R2 type=scalar expected=func"). */
+ * func_info, which bcc 0.26 does not emit ("R2 type=scalar expected=func").
+ * The first Maglev pick written out before the walk in pick_new and the
+ * scan's one call site are on purpose: when the ingress was one program
+ * (842,952 instructions), folding either failed with E2BIG. Returning an id
+ * (not a pointer) and leaving pick_new by one exit saved ~33k. */
 static __always_inline __u32
 scan_backends(const struct service_cfg *sc, __u32 vip_id, __u32 hash, __u64 now, __u32 pick_id)
 {
