@@ -14,7 +14,7 @@ import numpy as np
 from controlplane import abi, wire
 from controlplane.maps.records import (
     PROBE_TEXT, PROTO_NAMES, ProbeStatus, WireStats, count_entries, from_be16, from_be32, pack_probe,
-    unpack_probe, verdicts_shown, wire_columns, wire_from_row,
+    shown_state, unpack_probe, verdicts_shown, wire_columns, wire_from_row,
 )
 
 
@@ -183,6 +183,7 @@ class Reader:
                 continue
             m = meta[meta.Key(bid)]
             health = self._health(b, cfgs[cfgs.Key(b.vip_id)], now)
+            probe = self.read_probe(bid)
             backends_by_vip.setdefault(b.vip_id, []).append({
                 "id": bid,
                 "name": m.name.decode(),
@@ -190,10 +191,10 @@ class Reader:
                 "port": from_be16(b.port),
                 "weight": m.weight,
                 "standby": bool(b.flags & abi.BE_F_STANDBY),
-                "state": "draining" if b.flags & abi.BE_F_DRAINING and health["usable"] else health["state"],
+                "state": shown_state(b.flags, health, probe["state"]),
                 "health": health,
                 "slots": m.slots,
-                "probe": self.read_probe(bid),
+                "probe": probe,
                 "wire": self.wire_view(bid),
                 **self._sum_percpu(abi.MAP_BE_STATS, bid),
             })
