@@ -84,12 +84,13 @@ class _Open:
                 self.finish(fd, "error:timeout")
 
 
-def generate(net: Net, rate: int, duration_s: float, kill: Callable[[], None]) -> tuple[list[Conn], int]:
-    """Connection k is started at t0 + k/rate from the client; kill() runs at t0 + KILL_AT x the
-    duration, from the same thread, after its time is taken. Returns every connection and that time."""
+def generate(net: Net, rate: int, duration_s: float, server) -> tuple[list[Conn], int, int | None]:
+    """Connection k is started at t0 + k/rate from the client; server is SIGKILLed at t0 + KILL_AT x
+    the duration, from the same thread, after its time is taken. Returns every connection, that
+    time, and when the server was seen gone (reaped, polled every loop), or None."""
     n, period = int(rate * duration_s), 1e9 / rate
     target, request = (str(net.vip), PORT), _request(net.vip, PORT)
-    kill_ns = 0
+    kill_ns, exit_ns = 0, None
     with net.client.enter(), selectors.DefaultSelector() as sel, realtime(10):
         flows = _Open(sel)
         t0 = time.monotonic_ns() + LEAD_NS
@@ -100,7 +101,9 @@ def generate(net: Net, rate: int, duration_s: float, kill: Callable[[], None]) -
                 now = time.monotonic_ns()
                 if not kill_ns and now >= kill_due:
                     kill_ns = time.monotonic_ns()
-                    kill()
+                    server.proc.kill()  # SIGKILL, by its pid
+                elif kill_ns and exit_ns is None and server.proc.poll() is not None:
+                    exit_ns = time.monotonic_ns()
                 while k < n and t0 + int(k * period) <= now:
                     flows.start(target, time.monotonic_ns())
                     k += 1
@@ -111,18 +114,12 @@ def generate(net: Net, rate: int, duration_s: float, kill: Callable[[], None]) -
         finally:
             for fd in list(flows.flows):
                 flows.finish(fd, "error:deadline")
-    return flows.done, kill_ns
+    return flows.done, kill_ns, exit_ns
 
 
 def _warm(net: Net) -> None:
     wait_until(lambda: set(backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)) == ALL,
                60.0, "flows on every backend")
-
-
-def _kill(server) -> Callable[[], None]:
-    def kill() -> None:
-        server.proc.kill()  # SIGKILL, by its pid; reaped below
-    return kill
 
 
 def run_edge(rate: int, duration_s: float, policy: str, progress: Callable[[str], None]) -> dict:
@@ -139,9 +136,9 @@ def run_edge(rate: int, duration_s: float, policy: str, progress: Callable[[str]
             progress(f"testbed {net.prefix}: edged ({policy}), passive detection plus probes")
             edged = EdgedProc.start(net.router, doc, router.iface)
             _warm(net)
-            conns, kill_ns = generate(net, rate, duration_s, _kill(servers[0]))
+            conns, kill_ns, exit_ns = generate(net, rate, duration_s, servers[0])
             servers[0].proc.wait(timeout=5.0)
-            return analyse(conns, kill_ns)
+            return analyse(conns, kill_ns, exit_ns)
     finally:
         try:
             if edged is not None:
@@ -167,11 +164,11 @@ def run_haproxy(rate: int, duration_s: float, progress: Callable[[str], None]) -
             with open(Path(tmp) / "haproxy.log", "w") as log:
                 proc = net.router.popen(["haproxy", "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
             _warm(net)
-            conns, kill_ns = generate(net, rate, duration_s, _kill(servers[0]))
+            conns, kill_ns, exit_ns = generate(net, rate, duration_s, servers[0])
             servers[0].proc.wait(timeout=5.0)
             if proc.poll() is not None:
                 raise RuntimeError(f"haproxy exited {proc.returncode}: {(Path(tmp) / 'haproxy.log').read_text()[-300:]}")
-            return analyse(conns, kill_ns)
+            return analyse(conns, kill_ns, exit_ns)
     finally:
         try:
             if proc is not None:

@@ -48,6 +48,9 @@ def test_a_run_counts_failures_by_their_start_after_the_kill():
     assert (r["first_failure_ms"], r["last_failure_ms"]) == (1.0, 1015.0)
     assert (r["late"], r["late_ms"], r["goal_met"]) == (1, [1015.0], False)
     assert r["errors"] == {"error:timeout": 1, "error:refused": 3}
+    assert r["exit_ms"] is None and r["late_after_exit"] == 1  # without an exit time: the kill's
+    exited = vs.analyse(conns, KILL, exit_ns=KILL + 1010 * MS)  # the server took 1,010 ms to die
+    assert (exited["exit_ms"], exited["late"], exited["late_after_exit"]) == (1010.0, 1, 0)
     on_time = vs.analyse(conns[:5], KILL)
     assert on_time["goal_met"] and on_time["late"] == 0 and on_time["last_failure_ms"] == 9.0
 
