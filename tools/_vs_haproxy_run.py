@@ -8,6 +8,7 @@ pid and removed when it returns or raises. The pure part is tools/_vs_haproxy.py
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import selectors
 import socket
@@ -29,6 +30,7 @@ ALL = {"b0", "b1", "b2"}
 KILL_AT = 1 / 3  # of the duration
 FLOW_TIMEOUT_S = 1.0
 LEAD_NS = 50_000_000
+REALTIME_PRIORITY: int | None = 10  # the generator's SCHED_FIFO priority (as the drill's sender); None: normal
 
 
 class _Open:
@@ -91,7 +93,8 @@ def generate(net: Net, rate: int, duration_s: float, server) -> tuple[list[Conn]
     n, period = int(rate * duration_s), 1e9 / rate
     target, request = (str(net.vip), PORT), _request(net.vip, PORT)
     kill_ns, exit_ns = 0, None
-    with net.client.enter(), selectors.DefaultSelector() as sel, realtime(10):
+    paced = realtime(REALTIME_PRIORITY) if REALTIME_PRIORITY else contextlib.nullcontext()
+    with net.client.enter(), selectors.DefaultSelector() as sel, paced:
         flows = _Open(sel)
         t0 = time.monotonic_ns() + LEAD_NS
         kill_due, k = t0 + int(duration_s * KILL_AT * 1e9), 0
