@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Callable
 
 from _vs_haproxy import PORT, Conn, analyse, edge_service, haproxy_config
-
 from controlplane.drill.run import realtime
 from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.router import Router

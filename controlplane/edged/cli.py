@@ -14,12 +14,11 @@ import sys
 from typing import Callable
 
 from controlplane import __version__, loader
-from controlplane.edged import sdnotify
 from controlplane.api import server as api_server
 from controlplane.config import Config, load_config
-from controlplane.edged import Daemon
-from controlplane.errors import CompileError, ConfigError, EdgeError, say
+from controlplane.edged import Daemon, sdnotify
 from controlplane.edged.events import PROG, Events
+from controlplane.errors import CompileError, ConfigError, EdgeError, say
 
 # Exit status when the data path cannot be compiled (kernel headers missing after a kernel
 # change): edged.service's RestartPreventExitStatus, since a restart would fail the same way.
@@ -43,7 +42,7 @@ async def serve(cfg: Config, iface: str, events: Events | None = None, config_pa
                 ready: Callable[[Daemon], None] | None = None) -> int:
     """Runs edged until SIGTERM/SIGINT, telling systemd (NOTIFY_SOCKET) how it goes."""
     daemon = Daemon(cfg, iface, events, config_path)
-    notify = daemon.notify
+    notify = daemon.state.notify
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stop)

@@ -10,7 +10,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 import _vs_haproxy as vs  # noqa: E402
-
 from controlplane.config import parse_config  # noqa: E402
 
 MS = 1_000_000

@@ -16,7 +16,7 @@ import pytest
 
 from controlplane import abi, weights
 from controlplane.config import Weights
-from controlplane.signals import Sample
+from controlplane.samples import Sample
 from controlplane.tests.test_health_rule import HARNESS, INCLUDE, BackendHealth, BackendInfo, ServiceCfg
 from controlplane.tests.test_weights_policy import MS, PROBE, T0, probes, service, steady
 from controlplane.weights import decide
