@@ -94,6 +94,7 @@ struct service_cfg {
 /* service_cfg.flags */
 #define EDGE_SVC_F_HEARTBEAT	0x1	/* backends are down without heartbeats */
 #define EDGE_SVC_F_PASSIVE	0x2	/* passive outlier detection on */
+#define EDGE_SVC_F_PROBED	0x4	/* edged probes the backends: a probation ends on a passing probe, never by a trial flow */
 
 /* Value of edge_health, indexed by health id. Written by the data path
  * (heartbeats, SYN / SYN-ACK tracking); user space reads it, and ends a
