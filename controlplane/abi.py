@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
