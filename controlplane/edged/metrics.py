@@ -38,6 +38,11 @@ from controlplane.signals import Sample, quantile
 # 0.1 ms (a probe on the same rack) to 1 s (far beyond any probe timeout worth having).
 RTT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 LOOP_TIMEOUT_S = 6.0  # LoopSource: longest a scrape waits for edged (its walks end within 5 s)
+# The endpoint is reachable by any local user: a connection that sends nothing is closed after
+# IDLE_TIMEOUT_S, and at most MAX_CONNECTIONS are served at once (each holds a thread and an
+# fd); one more is closed as soon as it is accepted. A scrape sends its request at once.
+IDLE_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 32
 
 BE = ("service", "backend")
 
@@ -459,7 +464,32 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 class _Server4(ThreadingHTTPServer):
+    """One thread per connection, at most max_connections of them (see MAX_CONNECTIONS)."""
+
     daemon_threads = True
+    max_connections = MAX_CONNECTIONS
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self.refused = 0
+        super().server_activate()
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _Server6(_Server4):
@@ -490,14 +520,16 @@ class MetricsServer:
         self.close()
 
 
-def start_http(listen: str, registry: CollectorRegistry) -> MetricsServer:
-    """Serves registry at /metrics on listen (node.metrics_listen) from a thread."""
+def start_http(listen: str, registry: CollectorRegistry, idle_timeout_s: float = IDLE_TIMEOUT_S) -> MetricsServer:
+    """Serves registry at /metrics on listen (node.metrics_listen) from a thread; a connection
+    silent for idle_timeout_s is closed, and at most MAX_CONNECTIONS are served at once."""
     host, port = split_listen(listen)
+    handler = type("EdgeMetricsHandler", (MetricsHandler.factory(registry),), {"timeout": idle_timeout_s})
     try:
         family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                    flags=socket.AI_PASSIVE)[0]
         server = _Server6 if family == socket.AF_INET6 else _Server4
-        httpd = server(addr[:2], MetricsHandler.factory(registry))
+        httpd = server(addr[:2], handler)
     except OSError as e:
         raise EdgeError(f"metrics: cannot listen on {listen}: {e.strerror or e}") from None
     # a short poll keeps close() quick
