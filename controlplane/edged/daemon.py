@@ -28,10 +28,12 @@ from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.fleet import member as fleet_member
 from controlplane.probe import Prober, Target
 from controlplane.signals import Load, Sample
+from controlplane.tasks import cancel_all
 
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
 WATCH_EVERY_S = 1.0  # how often edged checks that its data path is still attached and pinned
+TASKS_END_WITHIN_S = 0.5  # at a stop, edged's own tasks get this long to end (systemd waits 90 s; we aim at 2)
 RELAX_HOLD_NS = int(3 * STATUS_EVERY_S * 1e9)  # relaxed probes outlive a late status round, not a stuck loop
 
 
@@ -86,6 +88,7 @@ class Daemon(Changes, Operations):
         self.events = events or Events()
         self.static_cfg = cfg  # the config file's; self.cfg adds what discovery found
         self.discovery = Supervisor(self._apply_discovered, self.events.emit)
+        self._adopted: dict = {}  # at start: discovered backends kept from the pinned maps
         self._apply_lock = asyncio.Lock()  # one change of the maps at a time: reload, discovery, drain-out
         self.prober = Prober(on_sample=self._on_sample, on_load=self._on_load)
         self.observer = metrics.Observer()
@@ -127,18 +130,25 @@ class Daemon(Changes, Operations):
         self.node_drained = deploy.node_drain(self.instance) is not None
         # discovered backends are there from the first deploy (or a source's failure is on record)
         self.discovery.configure(self.static_cfg, secrets_of(self.static_cfg))
-        await self.discovery.first(DISCOVERY_START_S)
+        if self.discovery.sources:
+            self.events.emit("discovery-waiting", f"waiting up to {DISCOVERY_START_S:g} s for the first answers of "
+                                                  f"{len(self.discovery.sources)} discovery sources")
+        if not await self._unless_stopped(self.discovery.first(DISCOVERY_START_S)):
+            return  # a stop while the sources are waited for: nothing deployed, nothing to undo
         self.cfg = self.discovery.effective(self.static_cfg)
         # pyroute2's sync API runs an event loop of its own: netlink work goes to a thread
         await asyncio.to_thread(self._write_lock.acquire)
         try:
             res = await asyncio.to_thread(
-                deploy.deploy, self.cfg, self.iface, adopt_weights=True, hold=True, amend=self._keep_leaving,
+                deploy.deploy, self.cfg, self.iface, adopt_weights=True, hold=True, amend=self._amend_at_start,
                 progress=lambda line: loop.call_soon_threadsafe(self.events.emit, "progress", line),
                 lock=self._node_lock)
         finally:
             self._write_lock.release()
         self._held, self.maps, self._reply_ifindex = res.held, res.maps, res.reply_ifindex
+        if self._adopted:  # what the maps held for sources still down is their last known good set
+            self.discovery.adopt(self._adopted)
+            self.cfg = self.discovery.effective(self.static_cfg)
         self._adopt_operator_state()
         self._set_services(desired.fit(self.cfg, self.leaving)[0])
         if self.cfg.node.bgp is not None:  # announces nothing until run(): the node is not serving yet
@@ -163,6 +173,17 @@ class Daemon(Changes, Operations):
                          iface=res.iface, adopted=res.updated,
                          weights={name: dict(st.pushed or {}) for name, st in self.services.items()})
         self.discovery.start()
+
+    def _amend_at_start(self, maps, cfg: Config) -> Config:
+        """What a restarted edged programs over the data path it adopts: cfg plus, for a
+        discovery source that has not answered since the start (down, as etcd or DNS may be
+        during an outage), the discovered backends the maps hold (see Supervisor.adoptable),
+        plus what is draining out (_keep_leaving). Runs on deploy's thread: changes no state
+        of the loop's but self._adopted, which start() hands to discovery after."""
+        self._adopted = self.discovery.adoptable(maps.deployed_backends)
+        if self._adopted:
+            cfg = self.discovery.effective(self.static_cfg, self._adopted)
+        return self._keep_leaving(maps, cfg)
 
     def _keep_leaving(self, maps, cfg: Config) -> Config:
         """What a restarted edged programs: cfg plus the backends a reload before the restart
@@ -249,6 +270,20 @@ class Daemon(Changes, Operations):
     def stop(self) -> None:
         self._stopping.set()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def _unless_stopped(self, aw) -> bool:
+        """Awaits aw unless stop() comes first (aw is then cancelled); False when stopped."""
+        work = asyncio.ensure_future(aw)
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        await cancel_all([stopped] if work.done() else [work, stopped], TASKS_END_WITHIN_S)
+        if work.done() and not work.cancelled():
+            work.result()
+        return not self.stopping
+
     def healthy(self) -> bool:
         """For the systemd watchdog: no loop of ours died with an exception."""
         return self.discovery.healthy() and not any(
@@ -259,9 +294,10 @@ class Daemon(Changes, Operations):
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        left = await cancel_all(self._tasks, TASKS_END_WITHIN_S)  # whatever etcd or a source does
+        if left:
+            self.events.emit("error", f"{', '.join(t.get_name() for t in left)}: did not end within "
+                                      f"{TASKS_END_WITHIN_S:g} s of the stop; left behind")
         self._tasks.clear()
         if self.announcer is not None:  # first: the upstream moves flows away while we still forward
             try:
