@@ -123,6 +123,10 @@ METRICS = (
     Spec("edge_fleet_connected", "gauge", "1 while this node reaches the fleet's etcd; 0: it keeps its last snapshot"),
     Spec("edge_fleet_leader", "gauge", "1 while this node is the fleet's leader"),
     Spec("edge_fleet_snapshot_version", "gauge", "Version of the fleet snapshot this node applied (0: none yet)"),
+    # the BGP speaker (node.bgp, from the snapshot)
+    Spec("edge_bgp_speaker_up", "gauge", "1 while bird runs and announces what edged decided; 0: it failed "
+                                         "(everything withdrawn) and edged is restarting or retrying it"),
+    Spec("edge_bgp_speaker_restarts_total", "counter", "Times edged started bird again after it died"),
     # of the exporter itself
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
@@ -334,6 +338,10 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
         fams["edge_fleet_connected"].add_metric([], 1 if fleet["connected"] else 0)
         fams["edge_fleet_leader"].add_metric([], 1 if fleet["is_leader"] else 0)
         fams["edge_fleet_snapshot_version"].add_metric([], fleet["version"])
+    bgp = snap.get("bgp")
+    if bgp and "speaker_up" in bgp:
+        fams["edge_bgp_speaker_up"].add_metric([], 1 if bgp["speaker_up"] else 0)
+        fams["edge_bgp_speaker_restarts_total"].add_metric([], bgp["speaker_restarts"])
     services = []
     for s in snap["services"]:
         services.append(s["name"])
@@ -468,6 +476,7 @@ class _Server4(ThreadingHTTPServer):
 
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
+    request_queue_size = 64  # the listen backlog: a burst is accepted (and refused) quickly
 
     def server_activate(self) -> None:
         self._slots = threading.BoundedSemaphore(self.max_connections)
