@@ -200,10 +200,10 @@ class Operations:
         if getattr(self, "fleet", None) is not None:  # node.fleet: this node's view of its fleet
             snap["fleet"] = self.fleet.view()
         announcer = getattr(self, "announcer", None)
-        if announcer is not None and announcer.last is not None:  # node.bgp: the latest decision
-            d = announcer.last
-            snap["bgp"] = {"announced": sorted(map(str, d.announce)),
-                           "withdrawn": {str(k): v for k, v in d.withdrawn.items()}}
+        if announcer is not None and announcer.last is not None:  # node.bgp: what bird announces, and why not
+            view = announcer.view()
+            snap["bgp"] = {"announced": view["announced"], "withdrawn": view["withdrawn"],
+                           "speaker_up": not announcer.problem, "speaker_restarts": announcer.restarts}
         for svc in snap["services"]:
             st = self.services.get(svc["name"])
             svc["pushes"] = st.pushes if st else 0
