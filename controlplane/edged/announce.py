@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from typing import Callable, Iterable, Protocol
 
-from controlplane.errors import EdgeError, SpeakerError
+from controlplane.errors import SpeakerError
 
 POLL_S = 0.05  # how often the node's state is looked at; changes by edged poke() at once
 RESTART_EVERY_S = 1.0  # a speaker that died is started again at most this often
