@@ -150,3 +150,18 @@ def test_a_stop_while_starting_during_an_etcd_outage_ends_within_the_bound(net, 
         if etcd.proc is not None:
             etcd.proc.send_signal(signal.SIGCONT)
         etcd.stop()
+
+
+def test_restart_while_dns_is_down_keeps_the_discovered_backends(net, router, tmp_path):
+    name = "web.disc.test"
+    addr = [str(net.backend_addr(i)) for i in range(2)]
+    dm = Dnsmasq(net.router, tmp_path, ttl_s=1)
+    dm.set_hosts([(a, name) for a in addr], reload=False)
+    dm.start()
+    s = {"name": "web", "vip": str(net.vip), "port": PORT,
+         "discovery": {"dns": {"servers": ["127.0.0.1:53"], "name": name, "type": "A", "port": PORT,
+                               "timeout_ms": 500, "min_ttl_ms": 100, "max_ttl_ms": 2000}, "retry_ms": 200}}
+    try:
+        _restart_during_outage(net, router, tmp_path, s, dm.stop, {f"{a}-{PORT}" for a in addr})
+    finally:
+        dm.stop()
