@@ -79,6 +79,7 @@ def _restart_during_outage(net, router, tmp_path, service: dict, outage, expect:
             edged.wait_for(lambda e: e["kind"] == "discovery-failed", 20.0, "the source down", after=mark)
 
             took = _stop_timed(edged)
+            print(f"\nfigure: SIGTERM during the outage -> exited: {took * 1000:.0f} ms")
             assert took < STOP_WITHIN_S, f"edged took {took:.1f} s to stop during the outage"
 
             again = EdgedProc.start(net.router, doc, router.iface)
@@ -139,6 +140,7 @@ def test_a_stop_while_starting_during_an_etcd_outage_ends_within_the_bound(net, 
         again = EdgedProc.start(net.router, doc, router.iface, wait_deployed=False)
         again.wait_for(lambda e: e["kind"] == "discovery-waiting", 60.0, "edged waiting for its sources")
         took = _stop_timed(again)
+        print(f"\nfigure: SIGTERM while starting during the outage -> exited: {took * 1000:.0f} ms")
         assert took < STOP_WITHIN_S, f"edged took {took:.1f} s to stop while starting"
         assert again.proc.returncode == 0
         assert not any(e["kind"] == "deployed" for e in again.events)
