@@ -16,7 +16,7 @@ from typing import Callable
 from controlplane import abi, loader
 from controlplane.config import Config
 from controlplane.errors import ConfigError, EdgeError, LoaderError, MapError, NotDeployed
-from controlplane.maps import Maps
+from controlplane.maps import Maps, sizing
 from controlplane.nodelock import (  # noqa: F401  (re-exported: edged and tests use them as deploy.*)
     LOCK_DIR_ENV,
     WRITE_WAIT_S,
@@ -243,6 +243,8 @@ def _target(cfg: Config, iface: str) -> _Target:
             f"its connections reset) and deploy again"
         )
     loader.check_pin_dir(pin_dir, pin_path)
+    if not pin_path.exists() and (misfit := sizing.misfit(cfg.node, loader.mem_available())):
+        raise ConfigError(misfit)  # an update's maps are in memory already
     if current is not None and not pin_path.exists():
         raise LoaderError(f"{iface} runs {abi.PROG_INGRESS} but {pin_path} has no pins; run 'edgectl undeploy --iface {iface}' first")
     return _Target(iface, ingress, instance, pin_path, current is not None, routes, return_oifs)
