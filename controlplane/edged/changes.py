@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from controlplane import deploy, desired
+from controlplane import deploy, desired, netlink
 from controlplane.config import Config, load_config, load_config_text
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.edged import bird
@@ -29,7 +29,7 @@ class Changes:
         self.state = state
         self.steering = steering  # steers what was applied
         self.status = status  # what is draining out is in the status record at once
-        self.discovery = Supervisor(self.apply_discovered, state.events.emit)
+        self.discovery = Supervisor(self.apply_discovered, state.events.emit, is_local=netlink.local_of)
 
     async def reload(self, text: str | None = None) -> dict:
         """Validates a config and applies it as a diff: the text given (over the API), else
@@ -66,7 +66,7 @@ class Changes:
                                   f"(restart edged after 'edgectl undeploy')")
         if new.node.fleet != state.cfg.node.fleet:
             raise ConfigError("node.fleet: changed; joining, leaving or changing the fleet needs an edged restart")
-        secrets = secrets_of(new)  # an unreadable secret file refuses the reload
+        secrets = await asyncio.to_thread(secrets_of, new)  # an unreadable secret file refuses the reload
         async with state.apply_lock:
             report, leaving = await self._switch(self.discovery.effective(new))
             state.static_cfg = new

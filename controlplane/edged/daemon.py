@@ -107,7 +107,7 @@ class Daemon:
         state.node_drained = deploy.node_drain(state.instance) is not None
         # discovered backends are there from the first deploy (or a source's failure is on record)
         discovery = self.changes.discovery
-        discovery.configure(state.static_cfg, secrets_of(state.static_cfg))
+        discovery.configure(state.static_cfg, await asyncio.to_thread(secrets_of, state.static_cfg))
         if discovery.sources:
             state.events.emit("discovery-waiting", f"waiting up to {DISCOVERY_START_S:g} s for the first answers "
                                                    f"of {len(discovery.sources)} discovery sources")
@@ -161,12 +161,11 @@ class Daemon:
     def _member(self) -> fleet_member.Member:
         """node.fleet: this node's fleet member, over the state's services and signals."""
         state = self.state
-        return fleet_member.Member(
-            state.cfg.node.fleet, lambda: [st.service for st in state.services.values()],
-            self.steering.fleet_apply, state.events.emit, lambda: not state.not_serving,
-            self.operations.local_marks,
-            lambda: {n: {b: wire.summary(g) for b, g in st.wire_signals.items()} for n, st in state.services.items()},
-            self.changes.discovery.unsettled)
+        return fleet_member.Member(state.cfg.node.fleet, fleet_member.Hooks(
+            services=lambda: [st.service for st in state.services.values()], apply=self.steering.fleet_apply,
+            emit=state.events.emit, serving=lambda: not state.not_serving, local=self.operations.local_marks,
+            wire=lambda: {n: {b: wire.summary(g) for b, g in st.wire_signals.items()} for n, st in state.services.items()},
+            unsettled=self.changes.discovery.unsettled))
 
     def _amend_at_start(self, maps, cfg: Config) -> Config:
         """What a restarted edged programs over the data path it adopts: cfg plus, for a

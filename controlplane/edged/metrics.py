@@ -123,6 +123,9 @@ METRICS = (
     Spec("edge_fleet_connected", "gauge", "1 while this node reaches the fleet's etcd; 0: it keeps its last snapshot"),
     Spec("edge_fleet_leader", "gauge", "1 while this node is the fleet's leader"),
     Spec("edge_fleet_snapshot_version", "gauge", "Version of the fleet snapshot this node applied (0: none yet)"),
+    Spec("edge_fleet_faults_total", "counter", "Fleet sessions that ended in a fault (etcd lost, a call failed)"),
+    Spec("edge_fleet_refused_total", "counter",
+         "Documents read from the fleet's etcd prefix and refused (garbage, not from the leader, unsafe weights)"),
     # the BGP speaker (node.bgp, from the snapshot)
     Spec("edge_bgp_speaker_up", "gauge", "1 while bird runs and announces what edged decided; 0: it failed "
                                          "(everything withdrawn) and edged is restarting or retrying it"),
@@ -320,6 +323,13 @@ class EdgeCollector(Collector):
             self.on_error(text)
 
 
+def _add_bgp(fams: dict, bgp: dict | None) -> None:
+    """node.bgp: whether the speaker announces what edged decided, and its restarts."""
+    if bgp and "speaker_up" in bgp:
+        fams["edge_bgp_speaker_up"].add_metric([], 1 if bgp["speaker_up"] else 0)
+        fams["edge_bgp_speaker_restarts_total"].add_metric([], bgp["speaker_restarts"])
+
+
 def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     """Adds the maps' counters and edged's view; returns the service names."""
     for reason, n in snap["drops"].items():
@@ -338,10 +348,9 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
         fams["edge_fleet_connected"].add_metric([], 1 if fleet["connected"] else 0)
         fams["edge_fleet_leader"].add_metric([], 1 if fleet["is_leader"] else 0)
         fams["edge_fleet_snapshot_version"].add_metric([], fleet["version"])
-    bgp = snap.get("bgp")
-    if bgp and "speaker_up" in bgp:
-        fams["edge_bgp_speaker_up"].add_metric([], 1 if bgp["speaker_up"] else 0)
-        fams["edge_bgp_speaker_restarts_total"].add_metric([], bgp["speaker_restarts"])
+        fams["edge_fleet_faults_total"].add_metric([], fleet.get("faults", 0))
+        fams["edge_fleet_refused_total"].add_metric([], fleet.get("refused", 0))
+    _add_bgp(fams, snap.get("bgp"))
     services = []
     for s in snap["services"]:
         services.append(s["name"])
