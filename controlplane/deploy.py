@@ -1,7 +1,7 @@
 """What deploy, undeploy and status do to a node: the all-or-nothing sequence
 that wires config, loader and maps together. Each step that changes the node
 pushes its undo together with the change (a Ctrl-C waits for the pair:
-loader.uninterrupted), so a failed or interrupted deploy leaves the node as it
+interrupts.uninterrupted), so a failed or interrupted deploy leaves the node as it
 was. Undeploy finds the pins wherever a deploy put them. Holds no packet logic
 and no map layouts (maps.py), imports no bcc (loader.py), and no locks or marks
 (nodelock.py). edgectl and edged call the same functions."""
@@ -16,6 +16,7 @@ from typing import Callable
 from controlplane import abi, loader
 from controlplane.config import Config
 from controlplane.errors import ConfigError, EdgeError, LoaderError, MapError, NotDeployed
+from controlplane.interrupts import uninterrupted
 from controlplane.maps import Maps, sizing
 from controlplane.nodelock import (  # noqa: F401  (re-exported: edged and tests use them as deploy.*)
     LOCK_DIR_ENV,
@@ -29,6 +30,7 @@ from controlplane.nodelock import (  # noqa: F401  (re-exported: edged and tests
     set_undeployed,
     undeployed_at,
 )
+from controlplane.pinsearch import pin_dirs_holding
 
 Progress = Callable[[str], None]
 
@@ -204,7 +206,7 @@ def _deploy(cfg: Config, iface: str, progress: Progress, adopt_weights: bool, ho
         if not hold:
             got.maps.close()
     except BaseException as e:
-        with loader.uninterrupted():
+        with uninterrupted():
             failed = undo.rollback()
             if got is not None:
                 got.loaded.close()
@@ -252,7 +254,7 @@ def _target(cfg: Config, iface: str) -> _Target:
 
 def _load(cfg: Config, t: _Target, undo: loader.Undo, progress: Progress) -> _Loaded:
     """Compiles the data path (pinning its maps at t.pin_path) and loads its programs."""
-    with loader.uninterrupted():
+    with uninterrupted():
         make_pin_path(t.pin_path, undo)
     progress(f"compiling the data path (M={cfg.node.maglev_m}, {cfg.node.max_services} services, "
              f"{cfg.node.max_backends} backends)")
@@ -290,7 +292,7 @@ def _attach(cfg: Config, t: _Target, got: _Loaded, old_node: dict | None, undo: 
     replies = attach_replies(t.return_oifs, t.ingress, got.reply, cfg.node.xdp_mode, cfg.node.reply_xdp,
                              undo, progress)
     mode = cfg.node.xdp_mode
-    with loader.uninterrupted():
+    with uninterrupted():
         flags = loader.attach_xdp(t.iface, got.xdp, mode, replace=t.updating)
         if not t.updating:
             undo.push(f"detach XDP from {t.iface}", lambda: loader.detach_xdp(t.iface, flags))
@@ -311,7 +313,7 @@ def _forwarding(old_node: dict | None, undo: loader.Undo, progress: Progress) ->
     else:
         forward_was = loader.ip_forward()
     if loader.ip_forward() == 0:
-        with loader.uninterrupted():
+        with uninterrupted():
             loader.set_ip_forward(1)
             undo.push("restore net.ipv4.ip_forward", lambda: loader.set_ip_forward(0))
         progress("enabled net.ipv4.ip_forward (the return path is forwarded by the kernel)")
@@ -323,7 +325,7 @@ def _return_path(t: _Target, tc_fn, old_node: dict | None, undo: loader.Undo) ->
     added its clsact qdisc (kept from the first deploy). Where no longer needed, removed."""
     added = {}
     for idx in t.return_oifs:
-        with loader.uninterrupted():
+        with uninterrupted():
             added[idx] = loader.attach_tc(idx, tc_fn, undo)
     if old_node:
         for idx, was_added in zip(old_node["return_ifindex"], old_node["return_clsact_added"]):
@@ -357,7 +359,7 @@ def attach_replies(return_oifs: list[int], ingress: int, fn, xdp_mode: str, want
             progress(f"replies on {name} stay with tc: XDP program {holder} holds its hook")
             continue
         try:
-            with loader.uninterrupted():  # the program and its undo, or neither
+            with uninterrupted():  # the program and its undo, or neither
                 flags = loader.attach_xdp(name, fn, xdp_mode, replace=current is not None)
                 if current is None:
                     undo.push(f"detach XDP from {name}", lambda name=name, flags=flags: loader.detach_xdp(name, flags))
@@ -390,7 +392,7 @@ def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
     instance = loader.instance_name(iface)
     pin_dir = where_pinned(pin_dir, instance, progress)
     loader.check_bpffs(pin_dir)
-    with loader.uninterrupted(), NodeLock(instance, iface, "write", WRITE_WAIT_S):
+    with uninterrupted(), NodeLock(instance, iface, "write", WRITE_WAIT_S):
         done = _undeploy(iface, pin_dir, progress)
         running = owned(instance, iface)
         if done and running:  # before the lock goes: the watch's repair waits for it
@@ -412,7 +414,7 @@ def where_pinned(pin_dir: str, instance: str, progress: Progress = quiet) -> str
     that does; pin_dir when none does. LoaderError when several do (say which to take)."""
     if loader.instance_dir(pin_dir, instance).exists() or loader.other_abi_pins(pin_dir, instance):
         return pin_dir
-    found = [d for d in loader.pin_dirs_holding(instance) if Path(d) != Path(pin_dir)]
+    found = [d for d in pin_dirs_holding(instance) if Path(d) != Path(pin_dir)]
     if len(found) > 1:
         raise LoaderError(f"--pin-dir: {instance} is pinned under {', '.join(found)}; name one with --pin-dir")
     if found:

@@ -10,12 +10,9 @@ import contextlib
 import ctypes
 import errno
 import os
-import re
-import signal
 import stat
 import struct
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -87,25 +84,6 @@ class Undo:
         self._steps.clear()
 
 
-@contextlib.contextmanager
-def uninterrupted() -> Iterator[None]:
-    """Holds back a Ctrl-C (SIGINT) until the block is done, so a change to the node and the
-    undo step pushed for it happen together: an interrupted deploy then rolls back all it did.
-    Only on the main thread, which alone runs Python's signal handlers (edged deploys on a
-    worker thread, and its loop handles the signals)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: got.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if got:
-            signal.raise_signal(signal.SIGINT)  # the handler there before (KeyboardInterrupt) runs now
-
-
 # ---------------------------------------------------------------- bpffs, pins
 
 def _mount_fstype(path: Path) -> tuple[str, str]:
@@ -170,30 +148,6 @@ def instance_name(iface: str) -> str:
 
 def instance_dir(pin_dir: str, instance: str) -> Path:
     return Path(pin_dir) / f"v{abi.ABI_VERSION}" / instance
-
-
-def pin_dirs_holding(instance: str, max_depth: int = 4) -> list[str]:
-    """Every directory on a bpffs this process sees (at most max_depth below its mount point)
-    that holds v<N>/<instance> of any ABI: where deploys of a config with its own node.pin_dir
-    put this instance's pins."""
-    found = set()
-    for mnt in _bpffs_mounts():
-        for root, dirs, _ in os.walk(mnt):
-            if root[len(mnt):].count("/") >= max_depth:
-                dirs[:] = []
-                continue
-            if any(re.fullmatch(r"v[0-9]+", d) and os.path.isdir(os.path.join(root, d, instance)) for d in dirs):
-                found.add(root)
-    return sorted(found)
-
-
-def _bpffs_mounts() -> list[str]:
-    out = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        if fields[fields.index("-") + 1] == "bpf":
-            out.append(fields[4].replace("\\040", " "))
-    return sorted(set(out))
 
 
 def instances_here(pin_dir: str) -> list[str]:
