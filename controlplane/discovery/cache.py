@@ -177,7 +177,3 @@ def describe_change(previous: Optional[tuple[Backend, ...]], now: tuple[Backend,
     parts = [f"+{n}" for n in after if n not in before] + [f"-{n}" for n in before if n not in after]
     parts += [f"~{n}" for n in after if n in before and after[n] != before[n]]
     return ", ".join(parts) or "no change"
-
-
-def service_by_name(cfg: Config, name: str) -> Optional[Service]:
-    return next((s for s in cfg.services if s.name == name), None)
