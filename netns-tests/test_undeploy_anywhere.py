@@ -19,8 +19,7 @@ import tempfile
 import yaml
 
 from controlplane.lab.daemon import env_with_package
-
-from test_deploy import ip_forward_off, node_state
+from controlplane.lab.router import ip_forward_off, node_state
 
 
 def _pins_under(mnt) -> list[str]:
