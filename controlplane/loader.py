@@ -46,6 +46,11 @@ XDP_MODES = {"native": XDP_FLAGS_DRV_MODE, "generic": XDP_FLAGS_SKB_MODE}
 _NODE = Node()  # the defaults are declared once, in config.Node
 
 
+def half_open_size(ct_size: int) -> int:
+    """Entries of edge_half_open for a conntrack of ct_size entries: a quarter, at least 1024."""
+    return max(ct_size // 4, 1024)
+
+
 @dataclass(frozen=True)
 class Params:
     """Sizes compiled into the data path (they also size the pinned maps); defaults: config.Node's."""
@@ -54,6 +59,12 @@ class Params:
     max_services: int = _NODE.max_services
     max_backends: int = _NODE.max_backends
     ct_size: int = _NODE.ct_size
+
+    @property
+    def half_open_size(self) -> int:
+        """Entries of edge_half_open (TCP connections between SYN and the client's ACK): a quarter
+        of conntrack's, at least 1024."""
+        return half_open_size(self.ct_size)
 
     @classmethod
     def of(cls, node: Node) -> "Params":
@@ -341,6 +352,7 @@ def cflags(pin_path: Path, params: Params) -> list[str]:
         f"-DEDGE_MAX_SERVICES={params.max_services}",
         f"-DEDGE_MAX_BACKENDS={params.max_backends}",
         f"-DEDGE_CT_SIZE={params.ct_size}",
+        f"-DEDGE_HALF_OPEN_SIZE={params.half_open_size}",
     ]
 
 

@@ -271,7 +271,7 @@ def test_replayed_heartbeats_do_not_revive_a_silent_backend(net, router):
     agents = [hb.start_heartbeats(net, i, token=TOKENS[i]) for i in (1, 2)]
     sock = hb.hb_socket(net.backends[0], net.backend_addr(0))
     dst = net.topo.router_backend_addr(0).ip
-    epoch = int(time.time())
+    epoch = hb.now_epoch()
     try:
         def beat(seq: int, at_epoch: int = epoch) -> None:
             hb.send(sock, dst, seq, TOKENS[0], epoch=at_epoch)

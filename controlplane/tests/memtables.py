@@ -147,7 +147,8 @@ class MemMaps:
 
     def __init__(self, maglev_m: int, max_services: int, max_backends: int, ct_size: int = 1024):
         sizes = {"EDGE_MAGLEV_M": maglev_m, "EDGE_MAX_SERVICES": max_services,
-                 "EDGE_MAX_BACKENDS": max_backends, "EDGE_CT_SIZE": ct_size, **_defines()}
+                 "EDGE_MAX_BACKENDS": max_backends, "EDGE_CT_SIZE": ct_size,
+                 "EDGE_HALF_OPEN_SIZE": max(ct_size // 4, 1024), **_defines()}
         structs = _structs()
         self.faults = Faults()
         self.tables: dict[str, Table] = {}

@@ -83,12 +83,13 @@ def test_discovery_config_errors_name_the_field(discovery, backends, heartbeat, 
 def test_tokens_are_keyed_by_secret_and_endpoint_and_never_zero():
     t = derive_token(SECRET, "198.18.1.2", 8000)
     assert t == derive_token(SECRET, IPv4Address("198.18.1.2"), 8000)
-    assert 0 < t < 2**64
+    assert 2**64 <= t < 2**128 or 0 < t < 2**64  # 128 bits (a leading zero byte now and then)
     assert t != derive_token(SECRET, "198.18.1.2", 8001) != derive_token(SECRET, "198.18.1.3", 8000)
     assert t != derive_token(SECRET + b"x", "198.18.1.2", 8000)
-    # HMAC-SHA256(secret, "198.18.1.2:8000"), first 8 bytes big-endian: an agent in any language gets the same
+    # HMAC-SHA256(secret, label + "198.18.1.2:8000"), first 16 bytes big-endian: any language gets the same
     import hashlib, hmac
-    assert t == int.from_bytes(hmac.new(SECRET, b"198.18.1.2:8000", hashlib.sha256).digest()[:8], "big")
+    digest = hmac.new(SECRET, b"edge heartbeat key v2 198.18.1.2:8000", hashlib.sha256).digest()
+    assert t == int.from_bytes(digest[:16], "big")
 
 
 def test_a_short_or_missing_secret_file_is_an_error_naming_the_field(tmp_path):
