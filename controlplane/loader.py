@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Mapping
 
 from controlplane import abi
 from controlplane.bpfsource import BPF_DIR, SOURCES, _amalgamate, source_text  # noqa: F401  (re-exported)
-from controlplane.config import Node
+from controlplane.config import Node, half_open_size
 from controlplane.errors import CompileError, LoaderError, MapError, NotDeployed
 # Interfaces, routes, tc and sysctl are pyroute2's, in netlink.py; deploy and
 # the data-path watch reach them through this module, the one that attaches.
@@ -44,11 +44,6 @@ XDP_MODES = {"native": XDP_FLAGS_DRV_MODE, "generic": XDP_FLAGS_SKB_MODE}
 
 
 _NODE = Node()  # the defaults are declared once, in config.Node
-
-
-def half_open_size(ct_size: int) -> int:
-    """Entries of edge_half_open for a conntrack of ct_size entries: a quarter, at least 1024."""
-    return max(ct_size // 4, 1024)
 
 
 @dataclass(frozen=True)
