@@ -154,7 +154,14 @@ int edge_return(struct __sk_buff *skb)
 		if (!stateless_reply(skb, &fk, &rk, ri, tcp_flags))
 			return TC_ACT_UNSPEC;
 	} else if (fi->backend_id != ri->backend_id) {
-		return TC_ACT_UNSPEC;
+		/* The connection is another backend's (moved, or given anew
+		 * to another by a SYN sent again): this backend's late
+		 * packets, a SYN-ACK above all, must not leave with its
+		 * address, unless its SYN went to it directly. */
+		if (proto != IPPROTO_TCP || is_direct(&fk, &rk))
+			return TC_ACT_UNSPEC;
+		count_reason(EDGE_DROP_OTHER_BACKEND);
+		return TC_ACT_SHOT;
 	} else if (proto == IPPROTO_TCP) {
 		if (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_)) {
 			bpf_skb_load_bytes(skb, l4_off + 8, &ack_seq, sizeof(ack_seq));

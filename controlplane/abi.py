@@ -83,7 +83,8 @@ DROP_BAD_CSUM = 6
 DROP_UNTRACKED = 7
 DROP_REPLAYED_HB = 8
 DROP_STALE_HB = 9
-DROP_MAX = 10
+DROP_OTHER_BACKEND = 10
+DROP_MAX = 11
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -108,6 +109,7 @@ DROP_NAMES = {
     DROP_UNTRACKED: "untracked",
     DROP_REPLAYED_HB: "replayed_heartbeat",
     DROP_STALE_HB: "stale_heartbeat",
+    DROP_OTHER_BACKEND: "other_backend",
 }
 
 MAP_VIPS = "edge_vips"

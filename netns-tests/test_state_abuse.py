@@ -15,6 +15,7 @@ backend that fills conntrack with replies the stateless reverse NAT took for VIP
 from __future__ import annotations
 
 import random
+import time
 from ipaddress import IPv4Address
 
 from scapy.layers.inet import IP, TCP
@@ -133,3 +134,47 @@ def test_a_backend_cannot_fill_conntrack_through_the_reply_path(net, router):
     assert entries == 40, entries
     assert after_entries == entries, after_entries
     assert again == first
+
+
+def test_a_syn_ack_from_a_backend_the_connection_left_does_not_reveal_its_address(net, router):
+    """One SYN from CRAFTED_SRC reaches backend X (seen on the backends' links); X is drained and
+    the client sends the same SYN again, which the router now gives to another backend Y. X
+    retransmits its SYN-ACK (about 1, 3 and 7 s after the SYN): it answers a connection the
+    router's entry gives to Y, so it is no reply of this router's, and it must not leave with
+    X's address (on the code before, every such SYN-ACK went out un-NATed). Every SYN-ACK that
+    reaches the client's link has the VIP as its source; X's are dropped as other_backend."""
+    router.deploy([router.service("web")], node=NODE)
+    syn = crafter(net, router)(TCP(sport=31001, dport=PORT, flags="S", seq=515151))
+    links = [(net.backends[i], net.backend_peer_iface(i)) for i in range(3)]
+    with crafted_neighbour(net), Capture([(net.client, net.client_iface)]) as client, Capture(links) as backends:
+        send_frames(net.client, net.client_iface, [syn])
+
+        def reached() -> list[int]:
+            got = backends.take()
+            return [i for i, (_, ifname) in enumerate(links)
+                    if any(TCP in IP(f[14:]) and IP(f[14:])[TCP].sport == 31001 for f in got[ifname])]
+
+        [x] = wait_until(lambda: reached() or None, 2.0, "the SYN at a backend", observe=reached)
+        weights = [0 if i == x else 1 for i in range(3)]
+        router.deploy([router.service("web", weights=weights)], node=NODE)
+        send_frames(net.client, net.client_iface, [syn])
+        wait_until(lambda: len(reached()) == 2 or None, 2.0, "the SYN at another backend", observe=reached)
+
+        def syn_acks() -> list[tuple[str, int]]:
+            out = []
+            for frame in client.take()[net.client_iface]:
+                ip = IP(frame[14:])
+                if ip.dst == str(CRAFTED_SRC) and TCP in ip and ip[TCP].dport == 31001 and ip[TCP].flags == "SA":
+                    out.append((ip.src, ip[TCP].sport))
+            return out
+
+        before = len(syn_acks())
+        # X retransmits 1, 3, 7, 15 and 31 s after its first SYN-ACK: 16 s hold one of them
+        # wherever they start (the redeploy takes seconds); Y answers and retransmits meanwhile
+        time.sleep(16)
+        got = syn_acks()
+        dropped = router.counters()["drops"].get("other_backend", 0)
+
+    assert len(got) > before, got
+    assert dropped > 0  # X's retransmissions came, and went no further
+    assert set(got) == {(str(net.vip), PORT)}, got

@@ -358,7 +358,8 @@ struct node_info {
 #define EDGE_DROP_UNTRACKED	7	/* TCP, no SYN, no conntrack entry, and this CPU's budget of new entries spent */
 #define EDGE_DROP_REPLAYED_HB	8	/* valid heartbeat of an older epoch, or without a higher seq in the same one */
 #define EDGE_DROP_STALE_HB	9	/* heartbeat with a valid MAC whose epoch is outside EDGE_HB_WINDOW_S of the router's clock */
-#define EDGE_DROP_MAX		10
+#define EDGE_DROP_OTHER_BACKEND	10	/* TCP from a backend whose connection conntrack gives to another, not known direct: it would leave with the backend's address */
+#define EDGE_DROP_MAX		11
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
