@@ -25,7 +25,7 @@
 /* The key of edge_direct for client fk (as the ingress sees it: client ->
  * VIP) and backend endpoint bk. */
 static __always_inline struct direct_key direct_key_of(const struct flow_key *fk,
-						       const struct backend_key *bk)
+							const struct backend_key *bk)
 {
 	struct direct_key dk = {
 		.backend = bk->addr,
@@ -117,7 +117,7 @@ static __always_inline int stateless_reply(struct __sk_buff *skb, struct flow_ke
 	vip = edge_vips.lookup(&vk);
 	if (!vip || vip->id != ri->vip_id || vip->id >= EDGE_MAX_SERVICES)
 		return 0;
-	idx = ((vip->id << 1) | (vip->table & 1)) * EDGE_MAGLEV_M + hash_flow(fk) % EDGE_MAGLEV_M;
+	idx = maglev_index(maglev_base(vip), hash_flow(fk));
 	id = edge_maglev.lookup(&idx);
 	if (!id || *id != ri->backend_id)
 		return 0;
