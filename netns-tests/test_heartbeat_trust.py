@@ -14,9 +14,10 @@ from __future__ import annotations
 import time
 
 import hb
+from abuse import ALL, HEARTBEAT, TOKENS, flows, web
+
 from controlplane import abi
 from controlplane.lab.traffic import wait_until
-from test_health_abuse import ALL, HEARTBEAT, TOKENS, flows, web
 
 EPOCH_OFFSET = 12  # of the epoch in abi.HEARTBEAT: magic 4, version 2, port 2, seq 4
 

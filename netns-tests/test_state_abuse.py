@@ -18,13 +18,13 @@ import random
 import time
 from ipaddress import IPv4Address
 
+from abuse import CRAFTED_SRC, answer, crafted_neighbour, crafter, handled
+from packets import Capture, send_frames
 from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
 from controlplane.lab.router import link_mac
 from controlplane.lab.traffic import backends_seen, close_all, open_connections, wait_until
-from packets import Capture, send_frames
-from test_health_abuse import CRAFTED_SRC, answer, crafted_neighbour, crafter, handled
 
 PORT = 8000  # conftest.BACKEND_PORT
 CT_SIZE = 1024
