@@ -10,14 +10,24 @@
 
 #include <linux/types.h>
 
-#define SIP_ROTL(x, b)	(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIP_ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
 
-#define SIP_ROUND(v0, v1, v2, v3)					\
-	do {								\
-		v0 += v1; v1 = SIP_ROTL(v1, 13); v1 ^= v0; v0 = SIP_ROTL(v0, 32); \
-		v2 += v3; v3 = SIP_ROTL(v3, 16); v3 ^= v2;		\
-		v0 += v3; v3 = SIP_ROTL(v3, 21); v3 ^= v0;		\
-		v2 += v1; v1 = SIP_ROTL(v1, 17); v1 ^= v2; v2 = SIP_ROTL(v2, 32); \
+#define SIP_ROUND(v0, v1, v2, v3)      \
+	do {                           \
+		v0 += v1;              \
+		v1 = SIP_ROTL(v1, 13); \
+		v1 ^= v0;              \
+		v0 = SIP_ROTL(v0, 32); \
+		v2 += v3;              \
+		v3 = SIP_ROTL(v3, 16); \
+		v3 ^= v2;              \
+		v0 += v3;              \
+		v3 = SIP_ROTL(v3, 21); \
+		v3 ^= v0;              \
+		v2 += v1;              \
+		v1 = SIP_ROTL(v1, 17); \
+		v1 ^= v2;              \
+		v2 = SIP_ROTL(v2, 32); \
 	} while (0)
 
 /* Little-endian 64-bit word of the message, as SipHash reads it. */
@@ -38,7 +48,7 @@ static __always_inline __u64 siphash24_16(__u64 k0, __u64 k1, __u64 m0, __u64 m1
 	__u64 v1 = k1 ^ 0x646f72616e646f6dULL;
 	__u64 v2 = k0 ^ 0x6c7967656e657261ULL;
 	__u64 v3 = k1 ^ 0x7465646279746573ULL;
-	__u64 b = 16ULL << 56;	/* message length in the last block, no tail bytes */
+	__u64 b = 16ULL << 56; /* message length in the last block, no tail bytes */
 
 	v3 ^= m0;
 	SIP_ROUND(v0, v1, v2, v3);
