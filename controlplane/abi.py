@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -48,6 +48,7 @@ PROBE_F_LEAVING = 0x4
 
 SVC_F_HEARTBEAT = 0x1
 SVC_F_PASSIVE = 0x2
+SVC_F_PROBED = 0x4
 
 HB_MAGIC = 0x45444745
 HB_VERSION = 3

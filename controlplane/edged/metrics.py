@@ -75,6 +75,8 @@ METRICS = (
     Spec("edge_drops_total", "counter", "Packets the data path dropped, by reason", ("reason",)),
     Spec("edge_verdicts_total", "counter", "Packets by the data path's verdict", ("verdict",)),
     Spec("edge_backend_up", "gauge", "1 when the data path considers the backend usable for new flows", BE),
+    Spec("edge_backend_probe_down", "gauge",
+         "1 while the backend's probes keep it out of new flows (probe.fall failed in a row), any weight policy", BE),
     Spec("edge_backend_weight", "gauge", "Weight the backend's slots in the active Maglev table were built with", BE),
     Spec("edge_backend_config_weight", "gauge", "Weight the config gives the backend", BE),
     Spec("edge_backend_heartbeat_age_seconds", "gauge",
@@ -347,7 +349,9 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
             for metric, key in counters:
                 fams[metric].add_metric(labels, b[key])
             health, edged = b["health"], b.get("edged") or {}
-            fams["edge_backend_up"].add_metric(labels, 1 if health["usable"] else 0)
+            probe_down = b.get("state") == "down" and (b.get("probe") or {}).get("state") == "down"
+            fams["edge_backend_up"].add_metric(labels, 1 if health["usable"] and not probe_down else 0)
+            fams["edge_backend_probe_down"].add_metric(labels, 1 if probe_down else 0)
             fams["edge_backend_weight"].add_metric(labels, b["weight"])
             config_weight = edged.get("config_weight")
             if config_weight is None:
