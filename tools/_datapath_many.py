@@ -1,7 +1,7 @@
 """The `--backends N` part of tools/bench-datapath: the extra backends (x0, x1, ... at 198.19.x.y,
 on-link behind the bench's backend veth), the client port whose established flow (a) lands on one
 of the three main backends (the reply cases are compiled for those), the Maglev pick of a 5-tuple
-computed as the data path does, and the C text of case (k): a new flow whose Maglev pick is the
+computed as the data path does, and the C text of case (l): a new flow whose Maglev pick is the
 one dead backend. Pure (controlplane.maglev, imported when used); no root, no bcc.
 """
 
@@ -13,7 +13,7 @@ EXTRA_BLOCK = IPv4Network("198.19.0.0/16")  # clear of the bench's 198.18.x link
 PER_BLOCK = 250
 HASH_SEED = 0x9E3779B9  # bpf/include/flow.h, EDGE_HASH_SEED
 M32 = 0xFFFFFFFF
-DEAD = "x0"  # the extra backend (k) finds dead
+DEAD = "x0"  # the extra backend (l) finds dead
 IPPROTO_TCP = 6
 
 
@@ -60,7 +60,7 @@ def client_port(names: list[str], m: int, wanted: set[str], src: IPv4Address, ds
     raise ValueError(f"no client port from {first} on picks one of {sorted(wanted)}")
 
 
-# Case (k): before each repetition the Maglev slot of the new 5-tuple is made to name the dead
+# Case (l): before each repetition the Maglev slot of the new 5-tuple is made to name the dead
 # backend, and the slot the repetition before changed gets its backend back (a tail call to the
 # slow path never returns to the wrapper, so the restore waits for the next repetition; the
 # bench restores the last one). bench_dead[0]: (slot + 1) << 32 | its backend, 0: none;

@@ -59,7 +59,7 @@ def print_variant(ct_type: str, params: dict, run: dict) -> None:
     print(f"  Maglev M={params['maglev_m']}, {params['backends']} backends, health {params['health']}, {ct}")
     rows = [("case", "ns/pkt", "raw", "wrapper", "raw min..max")]
     for key in ("established", "new_flow", "failover", "pass", "reference", "floor", "floor_new", "new_flow_room",
-                "reply_xdp", "reply_xdp_floor", "reply", "reply_floor"):
+                "reply_xdp", "reply_xdp_floor", "reply", "reply_floor", "hb_mac"):
         if key not in res["cases"]:
             continue
         r = res["cases"][key]
@@ -77,7 +77,7 @@ def print_variant(ct_type: str, params: dict, run: dict) -> None:
               f"{'met' if r['met'] else 'NOT met'}{ref}")
     if "failover" in res["cases"]:
         k, b = res["cases"]["failover"]["ns_per_packet"], res["cases"]["new_flow"]["ns_per_packet"]
-        print(f"  (k)/(b) failover       {k / b if b > 0 else float('inf'):7.2f}x   (information: {checks['dead']})")
+        print(f"  (l)/(b) failover       {k / b if b > 0 else float('inf'):7.2f}x   (information: {checks['dead']})")
     print(f"  checked: (a) NATed to {checks['established_backend']} with the fib's MACs, TTL and checksums "
           f"right, no new conntrack entry;")
     print(f"  (b) {measured['new_flows']:,} new flows, one per repetition ({measured['a_repins']} re-pins "
