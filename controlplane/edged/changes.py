@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from controlplane import deploy, desired
+from controlplane import configdiff, deploy, desired
 from controlplane.edged import bird
 from controlplane.config import Config, load_config, load_config_text
 from controlplane.discovery.supervisor import secrets_of
@@ -54,21 +54,18 @@ class Changes:
             raise ConfigError("node.fleet: changed; joining, leaving or changing the fleet needs an edged restart")
         secrets = secrets_of(new)  # an unreadable secret file refuses the reload
         async with self._apply_lock:
-            report, leaving = await self._switch(self.discovery.effective(new))
+            old = self.static_cfg
+            _, leaving = await self._switch(self.discovery.effective(new))
             self.static_cfg = new
         self.discovery.configure(new, secrets)
         self.discovery.start()
-        summary = {
-            "added_services": report.added_services,
-            "removed_services": [],
-            "updated_services": report.updated_services,
-            "renamed_services": report.renamed_services,
-            "added_backends": report.added_backends,
-            "removed_backends": [],
-            "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving),
-        }
-        self.events.emit("reload", f"reloaded {source}: " + "; ".join(
-            f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in summary.items() if v) or "no change",
+        # what the operator changed in the file: the config against the config (configdiff)
+        summary = {**configdiff.diff(configdiff.shape_of_config(old), configdiff.shape_of_config(new)),
+                   "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving)}
+        said = configdiff.describe(summary)
+        if summary["draining_backends"]:
+            said.append(f"draining: {', '.join(summary['draining_backends'])}")
+        self.events.emit("reload", f"reloaded {source}: {'; '.join(said) or 'no changes'}",
                          **{k: ",".join(v) for k, v in summary.items()})
         return summary
 

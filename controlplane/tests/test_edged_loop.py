@@ -79,6 +79,8 @@ class FakeMaps:
             if s.name not in self.ids_of:
                 self.ids_of[s.name] = (len(self.ids_of), {})
                 report.added_services.append(s.name)
+            else:  # as maps.Maps.apply reports it: every service that was there already
+                report.updated_services.append(s.name)
             bids = self.ids_of[s.name][1]
             for b in s.backends:
                 if b.name not in bids:
