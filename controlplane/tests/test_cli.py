@@ -192,3 +192,13 @@ def test_zsh_completion_is_generated_from_the_same_definitions(tmp_path):
     out = edgectl("completion", "zsh", env=no_node_config(tmp_path))
     assert out.returncode == 0 and out.stdout.startswith("#compdef edgectl\n")
     assert '"drill failover|--mode") echo "heartbeat link kill"' in out.stdout
+
+
+@pytest.mark.parametrize("module, prog", [("controlplane", "edgectl"), ("controlplane.agent", "edge-heartbeat"),
+                                          ("controlplane.edged.cli", "edged")])
+def test_every_program_says_its_version(module, prog):
+    from controlplane import __version__
+
+    done = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True,
+                          timeout=20, env=no_node_config(Path("/nonexistent")), cwd=REPO)
+    assert (done.returncode, done.stdout) == (0, f"{prog} {__version__}\n"), done.stderr
