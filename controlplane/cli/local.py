@@ -122,7 +122,7 @@ def cmd_undeploy(args) -> int:
 
 
 def cmd_status(args) -> int:
-    snaps = running(args, args.iface)
+    snaps = [statusview.same_shape(snap) for snap in running(args, args.iface)]
     if args.json:
         return emit(args, snaps, "")
     if not snaps:
