@@ -30,10 +30,15 @@ def cmd_validate(args) -> int:
 
     from controlplane.config import parse_config
     from controlplane.configkit import _load_yaml, collect_errors, read_config_text
+    from controlplane.loader import mem_available
+    from controlplane.maps import sizing
 
     path = _config_file(args)
     doc = _load_yaml(read_config_text(path), path)
     errors = collect_errors(lambda: parse_config(doc, path))
+    if not errors:
+        misfit = sizing.misfit(parse_config(doc, path).node, mem_available())  # the maps must fit the host
+        errors = [misfit] if misfit else []
     if errors:
         if args.json:
             emit(args, {"config": path, "ok": False, "errors": errors}, "")
@@ -45,8 +50,11 @@ def cmd_validate(args) -> int:
         return REFUSED
     cfg = parse_config(doc, path)
     backends = sum(len(s.backends) for s in cfg.services)
-    return emit(args, {"config": path, "ok": True, "services": len(cfg.services), "backends": backends},
-                f"{path}: ok ({len(cfg.services)} services, {backends} backends)")
+    pinned = sizing.node_bytes(cfg.node)
+    return emit(args, {"config": path, "ok": True, "services": len(cfg.services), "backends": backends,
+                       "pinned_bytes": pinned},
+                f"{path}: ok ({len(cfg.services)} services, {backends} backends; "
+                f"the maps pin {sizing.describe(pinned)})")
 
 
 def running(args, iface: str | None = None) -> list[dict]:
