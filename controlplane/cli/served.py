@@ -78,6 +78,13 @@ def parse_weight(text: str | None) -> tuple[int | None, float | None]:
     return weight, None
 
 
+def share_to_weight(pct: float, scale: int) -> int:
+    """The weight that is pct percent of scale; at least 1 for any share above 0 (on a small
+    scale, such as static weights of 1, rounding would otherwise turn a share into a drain)."""
+    weight = min(WEIGHT_MAX, round(scale * pct / 100))
+    return max(weight, 1) if pct > 0 else 0
+
+
 def _scale(edged, service: str) -> int:
     """The largest weight among the service's primaries now (10,000 under latency_inverse)."""
     for s in edged.status()["services"]:
@@ -93,7 +100,7 @@ def cmd_weight(args) -> int:
     with client(args) as edged:
         scale = None if args.clear else _scale(edged, args.service)
         if pct is not None:
-            weight = round(scale * pct / 100)
+            weight = share_to_weight(pct, scale)
         scope = _scope(edged.set_weight(args.service, args.backend, weight, local=args.local), args.local)
     name = f"{args.service}/{args.backend}"
     if args.clear:

@@ -203,3 +203,15 @@ def test_every_program_says_its_version(module, prog):
     done = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True,
                           timeout=20, env=no_node_config(Path("/nonexistent")), cwd=REPO)
     assert (done.returncode, done.stdout) == (0, f"{prog} {__version__}\n"), done.stderr
+
+
+@pytest.mark.parametrize("text, scale, weight", [
+    ("50%", 10_000, 5000), ("0.04%", 10_000, 4), ("0%", 10_000, 0), ("100%", 10_000, 10_000),
+    ("50%", 1, 1),  # a share is never a drain, even where the scale cannot show it
+    ("7", 10_000, 7),
+])
+def test_weight_takes_a_share_of_the_services_scale(text, scale, weight):
+    from controlplane.cli.served import parse_weight, share_to_weight
+
+    n, pct = parse_weight(text)
+    assert (n if pct is None else share_to_weight(pct, scale)) == weight
