@@ -100,3 +100,29 @@ def router_python(router) -> list[str]:
 
     return ["env", f"PYTHONPATH={PACKAGE_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
             sys.executable, "-m", "controlplane"]
+
+
+def test_an_operator_drain_outlives_reloads_under_edged(net, router, tmp_path):
+    """A reload (static policy) wrote the configured weights and edged never pushed the drain
+    again: the drained backend took new flows until undrained."""
+    from controlplane.lab.daemon import EdgedProc
+
+    sock = str(tmp_path / "edged.sock")
+    doc = router.config([router.service("web")], node={"api_socket": sock, "metrics_listen": "127.0.0.1:9470"})
+    path = tmp_path / "edge.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with EdgedProc.start(net.router, doc, router.iface) as edged:
+        edged.wait_for(lambda e: e["kind"] == "api", 10.0, "the API to listen")
+        assert router.edgectl("drain", "web", "b1", "--socket", sock).returncode == 0
+        doc["services"][0]["backends"][0]["weight"] = 3
+        path.write_text(yaml.safe_dump(doc))
+        for _ in range(2):  # a change, then the same file again
+            done = router.edgectl("reload", "--config", path, "--socket", sock)
+            assert done.returncode == 0, done.stderr
+            (snap,) = ctl_json(router, "status", "--socket", sock)
+            assert {b["name"]: b["weight"] for b in snap["services"][0]["backends"]} == {"b0": 3, "b1": 0, "b2": 1}
+        conns = open_connections(net.client, net.vip, PORT, 12)
+        try:
+            assert "b1" not in {conn.request().backend for conn in conns}
+        finally:
+            close_all(conns)

@@ -83,6 +83,7 @@ class Changes:
         applied, leaving, dropped = desired.fit(new, desired.leaving_after(old, new, self.leaving, now))
         report = await self._apply(applied)
         self.cfg, self.leaving = new, leaving
+        self._repush_operator_marks()
         if self.announcer is not None and new.node.bgp != old.node.bgp:
             try:  # the tables are applied already: a speaker that refuses is reported, not a failed reload
                 await self.announcer.speaker.reconfigure(new.node.bgp)
@@ -94,6 +95,16 @@ class Changes:
                                         f"is taken by the new config)", service=key[0], backend=key[1],
                              why="taken")
         return report, leaving
+
+    def _repush_operator_marks(self) -> None:
+        """An apply wrote the weights its config gave: operator drains and pins are pushed
+        again at once, not at the service's next periodic step."""
+        marked = {service for service, _ in (*self.drained, *self.overrides)}
+        for name in marked & set(self.services):
+            try:
+                self.step(self.services[name], time.monotonic_ns())
+            except EdgeError as e:  # the periodic step tries again
+                self.events.emit("error", f"{name}: operator weights not pushed again yet: {e}", service=name)
 
     async def _apply(self, applied: Config):
         """Programs applied into the maps; a full deploy when it needs a new return interface.

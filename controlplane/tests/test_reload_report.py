@@ -54,3 +54,25 @@ def test_the_diff_of_a_config_against_itself_is_empty_and_describes_each_change(
     got = configdiff.diff(configdiff.shape_of_config(old), configdiff.shape_of_config(parse_config(d)))
     assert configdiff.describe(got) == ["backends added: web/b2", "backends removed: web/b1",
                                         "weights: web/b0 100 -> 5"]
+
+
+def test_an_operator_drain_and_pin_outlive_a_reload_under_the_static_policy(monkeypatch):
+    """A reload wrote the configured weights and edged, believing its pushed weights were still
+    in the table, never pushed the drain again: the drained backend got new flows."""
+    monkeypatch.setattr(edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services
+                                                                       for b in s.backends})
+
+    async def go():
+        d = daemon(config(("b0", "b1", "b2"), policy="static"))
+        d.drain("web", "b1")
+        d.set_override("web", "b2", 7)
+        assert d.maps.weights("web") == {"b0": 100, "b1": 0, "b2": 7}
+        new = doc(("b0", "b1", "b2"), policy="static")
+        new["services"][0]["backends"][0]["weight"] = 300
+        seen = []
+        for _ in range(2):  # a change, then the same file again; no step of the loop in between
+            await d.reload(yaml.safe_dump(new))
+            seen.append(d.maps.weights("web"))
+        return seen
+
+    assert asyncio.run(go()) == [{"b0": 300, "b1": 0, "b2": 7}] * 2
