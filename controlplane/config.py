@@ -15,12 +15,42 @@ from typing import Optional
 
 from controlplane.abi import MAX_PER_SERVICE
 from controlplane.configkit import (  # the checks and the machinery the schema below is made of
-    MAX_CONFIG_BYTES, MAX_MS, _abs_path, _bool, _dns_name, _etcd_prefix, _group, _ifname, _int,
-    _ipv4, _join, _kind, _list_of, _listen, _load_yaml, _longer_than_interval, _maglev_m, _ms,
-    _name, _one_of, _parse, _port, _section, _sections, _server, _string, _token, _too_big,
-    _url_path, _version, option, read_config_text,
+    MAX_CONFIG_BYTES,
+    MAX_MS,
+    _abs_path,
+    _bool,
+    _dns_name,
+    _etcd_prefix,
+    _group,
+    _ifname,
+    _int,
+    _ipv4,
+    _join,
+    _kind,
+    _list_of,
+    _listen,
+    _load_yaml,
+    _longer_than_interval,
+    _maglev_m,
+    _ms,
+    _name,
+    _one_of,
+    _parse,
+    _port,
+    _section,
+    _sections,
+    _server,
+    _string,
+    _token,
+    _too_big,
+    _url_path,
+    _version,
+    _weight,
+    option,
+    read_config_text,
 )
 from controlplane.errors import ConfigError
+from controlplane.limits import WEIGHT_MAX
 
 
 @dataclass(frozen=True)
@@ -140,8 +170,8 @@ class Weights:
         _one_of("static", "latency_inverse"),
         "static",
     )
-    floor: int = option("no computed weight goes below this", _int(1, 65535), 1)
-    max_ratio: int = option("largest weight / smallest weight", _int(1, 65535), 20)
+    floor: int = option("no computed weight goes below this", _int(1, WEIGHT_MAX), 1)
+    max_ratio: int = option("largest weight / smallest weight", _int(1, WEIGHT_MAX), 20)
     hysteresis_pct: int = option("changes smaller than this are not applied", _int(0, 100), 10)
     smoothing: str = option(
         "RTT smoothing: peak_ewma (a slower sample counts at once, a faster one decays in) or ewma",
@@ -177,7 +207,7 @@ class Backend:
     name: str = option("unique in its service; shown in status and metrics", _name)
     address: IPv4Address = option("IPv4 address of the backend", _ipv4("backends"))
     port: int = option("port the backend serves the service on", _port)
-    weight: int = option("relative share of new flows; 0 drains (no new flows)", _int(0, 65535), 1)
+    weight: int = option("relative share of new flows; 0 drains (no new flows)", _weight, 1)
     standby: bool = option("gets new flows only while no primary is usable", _bool, False)
     token: Optional[int] = option(
         "64-bit value the backend's heartbeats carry, e.g. '0x5eed0001'", _token, None
@@ -215,6 +245,14 @@ class Etcd:
         "etcd client endpoints as IPv4:PORT, tried in turn", _list_of(_server, empty=False))
     prefix: str = option("key prefix; each key under it holds one backend as JSON", _etcd_prefix)
     timeout_ms: int = option("a read or connect not answered this long fails", _ms, 2000)
+    user: Optional[str] = option("etcd user (etcd auth on); its role needs read on prefix only", _name, None)
+    password_file: Optional[str] = option("file holding user's password (a regular file of 16..4096 bytes, "
+                                          "read at every connect)", _abs_path, None)
+
+    def _validate(self, path: str) -> None:
+        if (self.user is None) != (self.password_file is None):
+            raise ConfigError(f"{path}.{'password_file' if self.user else 'user'}: required with "
+                              f"{'user' if self.user else 'password_file'}")
 
 
 @dataclass(frozen=True)
@@ -225,6 +263,9 @@ class Discovery:
     etcd: Optional[Etcd] = option("watch backends in etcd (one of dns, etcd)", _section(Etcd), None)
     allow_empty: bool = option("an empty answer empties the set; false: it counts as a failure", _bool, False)
     retry_ms: int = option("after a failure, ask again this soon", _ms, 1000)
+    max_backends: int = option(
+        "most backends one answer may hold (etcd keys under the prefix, SRV records); a larger answer is "
+        "refused as a failure before anything in it is parsed or resolved", _int(1, 65536), 256)
     token_secret_file: Optional[str] = option(
         "file with the service's secret; heartbeat tokens are HMAC-SHA256(secret, 'ADDR:PORT') cut to 64 "
         "bits (edge-heartbeat --token-secret-file computes the same)", _abs_path, None)
@@ -365,8 +406,15 @@ class Fleet:
     stale_ms: int = option("the leader ignores a report older than this", _ms, 5000)
     timeout_ms: int = option("an etcd call not answered this long fails", _ms, 2000)
     retry_ms: int = option("after a failure, etcd is tried again (next endpoint) this long after", _ms, 500)
+    user: Optional[str] = option("etcd user of this node (etcd auth on); its role lets it write its own "
+                                 "report only (nodes/NAME), see the security docs", _name, None)
+    password_file: Optional[str] = option("file holding user's password (a regular file of 16..4096 bytes, "
+                                          "read at every connect)", _abs_path, None)
 
     def _validate(self, path: str) -> None:
+        if (self.user is None) != (self.password_file is None):
+            raise ConfigError(f"{path}.{'password_file' if self.user else 'user'}: required with "
+                              f"{'user' if self.user else 'password_file'}")
         if self.stale_ms <= self.report_ms:
             raise ConfigError(f"{path}.stale_ms: {self.stale_ms} must be greater than report_ms ({self.report_ms})")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from controlplane import __version__
+from controlplane import __version__, limits
 from controlplane.cli import conntrack, exits, extra, local, served
 from controlplane.cli.nodeconf import DEFAULT_CONFIG, ENV_API_SOCKET, ENV_CONFIG, ENV_PIN_DIR
 from controlplane.cli.output import PROG
@@ -153,7 +153,7 @@ def _served_commands(sub) -> None:
                 "weight among the service's backends now (50% = half the best's share of new flows); N pins "
                 "N on that scale (0 stops new flows). The answer shows the pin as a share of the scale. In a "
                 "fleet (node.fleet) every node does so, unless --local.")
-    s.add_argument("weight", metavar="N|P%", nargs="?", help="the weight, 0..65535, or P%% of the best backend's")
+    s.add_argument("weight", metavar="N|P%", nargs="?", help=f"the weight, {limits.WEIGHTS}, or P%% of the best backend's")
     s.add_argument("--clear", action="store_true", help="remove the pinned weight")
     s = _served(sub, "reload", served.cmd_reload, "make edged read its config again, or apply FILE",
                 "Ask edged to read its config file again (or to apply FILE, which edgectl checks, reads and "

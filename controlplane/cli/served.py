@@ -8,13 +8,13 @@ import json
 import signal
 import time
 
-from controlplane import configdiff
+from controlplane import configdiff, limits
 from controlplane.cli import nodeconf
 from controlplane.cli.exits import UsageError
 from controlplane.cli.output import emit
 from controlplane.errors import EdgeError
 
-WEIGHT_MAX = 65535
+WEIGHT_MAX = limits.WEIGHT_MAX
 
 
 def client(args):
@@ -72,9 +72,9 @@ def parse_weight(text: str | None) -> tuple[int | None, float | None]:
             return None, pct
         weight = int(text)
     except ValueError:
-        raise UsageError(f"weight: {text!r} is not N (0..{WEIGHT_MAX}) or a share P% (0..100)") from None
-    if not 0 <= weight <= WEIGHT_MAX:
-        raise UsageError(f"weight: {weight} is out of range 0..{WEIGHT_MAX}")
+        raise UsageError(f"weight: {text!r} is not N ({limits.WEIGHTS}) or a share P% (0..100)") from None
+    if not limits.is_weight(weight):
+        raise UsageError(f"weight: {weight} is out of range {limits.WEIGHTS}")
     return weight, None
 
 

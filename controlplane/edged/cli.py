@@ -15,12 +15,11 @@ import traceback
 from typing import Callable
 
 from controlplane import __version__, loader
-from controlplane.edged import sdnotify
 from controlplane.api import server as api_server
 from controlplane.config import Config, load_config
-from controlplane.edged import Daemon
-from controlplane.errors import CompileError, ConfigError, EdgeError
+from controlplane.edged import Daemon, sdnotify
 from controlplane.edged.events import LEVELS, PROG, Events
+from controlplane.errors import CompileError, ConfigError, EdgeError
 
 # Exit statuses a restart cannot fix, edged.service's RestartPreventExitStatus: the data path
 # cannot be compiled (kernel headers missing after a kernel change), and the config is invalid
@@ -46,7 +45,7 @@ async def serve(cfg: Config, iface: str, events: Events | None = None, config_pa
                 ready: Callable[[Daemon], None] | None = None) -> int:
     """Runs edged until SIGTERM/SIGINT, telling systemd (NOTIFY_SOCKET) how it goes."""
     daemon = Daemon(cfg, iface, events, config_path)
-    notify = daemon.notify
+    notify = daemon.state.notify
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stop)

@@ -25,7 +25,7 @@ def test_a_second_edged_meets_the_lock_before_the_metrics_port(tmp_path, monkeyp
         "name": "chat", "vip": "198.18.255.1", "port": 8000,
         "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000}]}]})
     second = Daemon(cfg, "eth-test", Events())
-    first = deploy.NodeLock(second.instance, "eth-test")  # the first edged's
+    first = deploy.NodeLock(second.state.instance, "eth-test")  # the first edged's
     first.acquire()
     try:
         with pytest.raises(LoaderError, match=r"^eth-test: another writer holds this router"):

@@ -11,7 +11,7 @@ import yaml
 
 from controlplane import configdiff
 from controlplane.config import parse_config
-from controlplane.tests.test_edged_loop import config, daemon, doc, edged
+from controlplane.tests.edgedstage import config, daemon, doc, edged
 
 
 def reloaded(new_doc: dict, monkeypatch) -> dict:
@@ -64,15 +64,15 @@ def test_an_operator_drain_and_pin_outlive_a_reload_under_the_static_policy(monk
 
     async def go():
         d = daemon(config(("b0", "b1", "b2"), policy="static"))
-        d.drain("web", "b1")
-        d.set_override("web", "b2", 7)
-        assert d.maps.weights("web") == {"b0": 100, "b1": 0, "b2": 7}
+        d.operations.drain("web", "b1")
+        d.operations.set_override("web", "b2", 7)
+        assert d.state.maps.weights("web") == {"b0": 100, "b1": 0, "b2": 7}
         new = doc(("b0", "b1", "b2"), policy="static")
         new["services"][0]["backends"][0]["weight"] = 300
         seen = []
         for _ in range(2):  # a change, then the same file again; no step of the loop in between
             await d.reload(yaml.safe_dump(new))
-            seen.append(d.maps.weights("web"))
+            seen.append(d.state.maps.weights("web"))
         return seen
 
     assert asyncio.run(go()) == [{"b0": 300, "b1": 0, "b2": 7}] * 2
