@@ -335,6 +335,14 @@ class EdgeCollector(Collector):
             self.on_error(text)
 
 
+def _add_conntrack(fams: dict[str, Metric], snap: dict) -> None:
+    """How full conntrack is: its entries (when counted) and its capacity."""
+    if snap.get("conntrack_entries") is not None:
+        fams["edge_conntrack_entries"].add_metric([], snap["conntrack_entries"])
+    if snap.get("node", {}).get("ct_size"):
+        fams["edge_conntrack_capacity"].add_metric([], snap["node"]["ct_size"])
+
+
 def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     """Adds the maps' counters and edged's view; returns the service names."""
     for reason, n in snap["drops"].items():
@@ -348,10 +356,7 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
               ("edge_backend_queue_running", "running"), ("edge_backend_kv_cache_usage_ratio", "kv_usage"),
               ("edge_backend_hung", "hung"), ("edge_backend_probe_interval_seconds", "probe_interval_s"),
               ("edge_backend_probe_relaxed", "probe_relaxed"))
-    if snap.get("conntrack_entries") is not None:
-        fams["edge_conntrack_entries"].add_metric([], snap["conntrack_entries"])
-    if snap.get("node", {}).get("ct_size"):
-        fams["edge_conntrack_capacity"].add_metric([], snap["node"]["ct_size"])
+    _add_conntrack(fams, snap)
     fleet = snap.get("fleet")
     if fleet:
         fams["edge_fleet_connected"].add_metric([], 1 if fleet["connected"] else 0)

@@ -27,7 +27,6 @@ from controlplane.maps.records import (
     wire_from_row,
 )
 
-
 CT_FLAG_NAMES = {abi.CT_F_SYN: "syn", abi.CT_F_SYN_PENDING: "syn_pending", abi.CT_F_OPEN: "open",
                  abi.CT_F_HS_WAIT: "hs_wait", abi.CT_F_REQ_WAIT: "req_wait", abi.CT_F_RESP_WAIT: "resp_wait"}
 
