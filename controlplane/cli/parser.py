@@ -91,7 +91,10 @@ def _local_commands(sub) -> None:
 
     s = sub.add_parser("undeploy", parents=[_globals()], help="detach the data path and remove its pins",
                        description="Detach XDP from IFACE and the return path from the backend-facing "
-                                   "interfaces, and unpin the maps. Says so and exits 0 if nothing is deployed.")
+                                   "interfaces, and unpin the maps. The pins are looked for in the pin dir "
+                                   "(--pin-dir, else the node's config) and, when not there, on every bpffs "
+                                   "(a config may set its own node.pin_dir). Fails naming what it could not "
+                                   "remove. Says so and exits 0 if nothing is deployed.")
     s.add_argument("--iface", help="interface given to deploy (default node.iface)")
     _node_config(s)
     _pin_dir(s)
