@@ -58,6 +58,14 @@ def cmd_drill_failover(args) -> int:
     return emit(args, report, drill.format_table(report))
 
 
+def cmd_heartbeat_key(args) -> int:
+    from controlplane.config import load_config
+    from controlplane.discovery.tokens import heartbeat_key
+
+    key = f"{heartbeat_key(load_config(nodeconf.config_path(args.config, required=True)), args.service, args.backend):#034x}"
+    return emit(args, {"service": args.service, "backend": args.backend, "key": key}, key)
+
+
 def cmd_completion(args) -> int:
     from controlplane.cli import complete
     from controlplane.cli.parser import build_parser

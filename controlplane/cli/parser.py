@@ -217,6 +217,17 @@ def _fleet_and_drill(sub) -> None:
                    help="draw the timeline (which backend got each flow) to OUT.png; needs matplotlib")
     d.set_defaults(func=extra.cmd_drill_failover)
 
+    s = sub.add_parser("heartbeat-key", parents=[_globals()],
+                       help="print one backend's heartbeat key, for its agent's --token-file",
+                       description="Print the heartbeat key of one backend of a service: its token in the "
+                                   "config, or for a discovered backend the key derived from the service's "
+                                   "discovery.token_secret_file. Give each agent only its own key.")
+    _node_config(s, "the config naming the service")
+    s.add_argument("--service", required=True, metavar="NAME")
+    s.add_argument("--backend", required=True, metavar="ADDR:PORT",
+                   help="the backend's address and service port (a discovered one need not be in the config)")
+    s.set_defaults(func=extra.cmd_heartbeat_key)
+
     s = sub.add_parser("completion", parents=[_globals(json=False)], help="print a shell completion script",
                        description="Print the completion script for SHELL, generated from edgectl's own "
                                    "definitions. bash: edgectl completion bash > /etc/bash_completion.d/edgectl; "
