@@ -54,10 +54,13 @@ ROUTER = IPv4Address("198.18.0.1")
 VIP, HB_VIP = IPv4Address("198.18.255.1"), IPv4Address("198.18.255.2")
 B0, D0 = (IPv4Address("198.18.1.2"), 8000), (IPv4Address("198.18.1.3"), 5353)
 H0, H1 = (IPv4Address("198.18.1.4"), 8000), (IPv4Address("198.18.1.5"), 8000)
+PAS_VIP = IPv4Address("198.18.255.3")
+P0, P1 = (IPv4Address("198.18.1.6"), 8000), (IPv4Address("198.18.1.7"), 8000)
 HB_PORT, HB_TIMEOUT_MS = 7946, 300
 TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002}
 
-# web: plain TCP NAT to one backend; dns: UDP; hb: two backends judged by heartbeats.
+# web: plain TCP NAT to one backend; dns: UDP; hb: two backends judged by heartbeats; pas: two
+# backends under passive detection (three failures in a row eject).
 CONFIG = {
     "version": 1,
     "node": {"maglev_m": PARAMS.maglev_m, "max_services": PARAMS.max_services,
@@ -71,6 +74,9 @@ CONFIG = {
          "health": {"heartbeat": {"port": HB_PORT, "timeout_ms": HB_TIMEOUT_MS, "interval_ms": 100}},
          "backends": [{"name": n, "address": str(a), "port": p, "token": hex(TOKENS[n])}
                       for n, (a, p) in (("h0", H0), ("h1", H1))]},
+        {"name": "pas", "vip": str(PAS_VIP), "port": 80, "protocol": "tcp",
+         "health": {"passive": {"consecutive": 3, "syn_timeout_ms": 200, "ejection_ms": 1000}},
+         "backends": [{"name": n, "address": str(a), "port": p} for n, (a, p) in (("p0", P0), ("p1", P1))]},
     ],
 }
 
@@ -210,7 +216,7 @@ class World:
         self.t = self.loaded.tables()
         self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
         self.cfg = parse_config(CONFIG, "test_verdicts")
-        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1)})
+        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1)})
         self.maps.write_node(maglev_m=PARAMS.maglev_m, max_services=PARAMS.max_services,
                              max_backends=PARAMS.max_backends, ct_size=PARAMS.ct_size,
                              ingress_ifindex=CLIENT_IF, xdp_flags=0, ip_forward_was=None,
@@ -219,6 +225,7 @@ class World:
         backends = self.t[abi.MAP_BACKENDS]
         self._backends = {bid: backends[backends.Key(bid)] for _, ids in self.ids.values() for bid in ids.values()}
         self._backends = {bid: type(v).from_buffer_copy(v) for bid, v in self._backends.items()}
+        self._hb = [(type(k).from_buffer_copy(k), type(v).from_buffer_copy(v)) for k, v in self.t[abi.MAP_HB].items()]
 
     def close(self) -> None:
         if self.maps is not None:
@@ -246,13 +253,17 @@ class World:
         backends = self.t[abi.MAP_BACKENDS]
         for bid, v in self._backends.items():
             backends[backends.Key(bid)] = v
+        for k, v in self._hb:
+            self.t[abi.MAP_HB][k] = v
         for name in ("h0", "h1"):
             self.set_health(name, last_seen_ns=time.monotonic_ns(), rise_count=100)
+        for name in ("p0", "p1"):
+            self.set_health(name)
         self.percpu(abi.MAP_CT_BUDGET, 0, window_ns=0, used=0)
         for bid in self._backends:
             self.percpu(abi.MAP_NEXTHOP, bid, expires=HOP_EXPIRES, ifindex=BACKEND_IF,
                         smac=HOP_SMAC, dmac=HOP_DMAC)
-        for vip in (VIP, HB_VIP):
+        for vip in (VIP, HB_VIP, PAS_VIP):
             self.reply_hop(CLIENT, vip, CLIENT_IF)
 
     def percpu(self, name: str, index: int, **fields) -> None:
@@ -279,6 +290,14 @@ class World:
         for field, value in fields.items():
             setattr(v, field, value)
         t[t.Key(hid)] = v
+
+    def hb_interface(self, backend: str, ifindex: int) -> None:
+        """backend's heartbeats are registered as arriving on ifindex (edge_hb)."""
+        t = self.t[abi.MAP_HB]
+        for k, v in list(t.items()):
+            if v.health_id == self._backends[self.bid(backend)].health_id:
+                v.ifindex = ifindex
+                t[k] = v
 
     def health(self, backend: str):
         t = self.t[abi.MAP_HEALTH]
