@@ -63,25 +63,52 @@ TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002}
 # backends under passive detection (three failures in a row eject).
 CONFIG = {
     "version": 1,
-    "node": {"maglev_m": PARAMS.maglev_m, "max_services": PARAMS.max_services,
-             "max_backends": PARAMS.max_backends, "ct_size": PARAMS.ct_size},
+    "node": {
+        "maglev_m": PARAMS.maglev_m,
+        "max_services": PARAMS.max_services,
+        "max_backends": PARAMS.max_backends,
+        "ct_size": PARAMS.ct_size,
+    },
     "services": [
-        {"name": "web", "vip": str(VIP), "port": 80, "protocol": "tcp",
-         "backends": [{"name": "b0", "address": str(B0[0]), "port": B0[1]}]},
-        {"name": "dns", "vip": str(VIP), "port": 53, "protocol": "udp",
-         "backends": [{"name": "d0", "address": str(D0[0]), "port": D0[1]}]},
-        {"name": "hb", "vip": str(HB_VIP), "port": 80, "protocol": "tcp",
-         "health": {"heartbeat": {"port": HB_PORT, "timeout_ms": HB_TIMEOUT_MS, "interval_ms": 100}},
-         "backends": [{"name": n, "address": str(a), "port": p, "token": hex(TOKENS[n])}
-                      for n, (a, p) in (("h0", H0), ("h1", H1))]},
-        {"name": "pas", "vip": str(PAS_VIP), "port": 80, "protocol": "tcp",
-         "health": {"passive": {"consecutive": 3, "syn_timeout_ms": 200, "ejection_ms": 1000}},
-         "backends": [{"name": n, "address": str(a), "port": p} for n, (a, p) in (("p0", P0), ("p1", P1))]},
+        {
+            "name": "web",
+            "vip": str(VIP),
+            "port": 80,
+            "protocol": "tcp",
+            "backends": [{"name": "b0", "address": str(B0[0]), "port": B0[1]}],
+        },
+        {
+            "name": "dns",
+            "vip": str(VIP),
+            "port": 53,
+            "protocol": "udp",
+            "backends": [{"name": "d0", "address": str(D0[0]), "port": D0[1]}],
+        },
+        {
+            "name": "hb",
+            "vip": str(HB_VIP),
+            "port": 80,
+            "protocol": "tcp",
+            "health": {"heartbeat": {"port": HB_PORT, "timeout_ms": HB_TIMEOUT_MS, "interval_ms": 100}},
+            "backends": [
+                {"name": n, "address": str(a), "port": p, "token": hex(TOKENS[n])}
+                for n, (a, p) in (("h0", H0), ("h1", H1))
+            ],
+        },
+        {
+            "name": "pas",
+            "vip": str(PAS_VIP),
+            "port": 80,
+            "protocol": "tcp",
+            "health": {"passive": {"consecutive": 3, "syn_timeout_ms": 200, "ejection_ms": 1000}},
+            "backends": [{"name": n, "address": str(a), "port": p} for n, (a, p) in (("p0", P0), ("p1", P1))],
+        },
     ],
 }
 
 
 # ---------------------------------------------------------------- checksums, frames
+
 
 def inet_sum(data: bytes) -> int:
     """The Internet checksum (RFC 1071) of data: 0 when data holds a right one."""
@@ -111,19 +138,33 @@ class Parsed:
     def ends(self, f: bytes) -> tuple[tuple[str, int], tuple[str, int]]:
         """((source address, port), (destination address, port))."""
         ip, l4 = self.l3, self.l4(f)
-        src, dst = str(IPv4Address(f[ip + 12:ip + 16])), str(IPv4Address(f[ip + 16:ip + 20]))
+        src, dst = str(IPv4Address(f[ip + 12 : ip + 16])), str(IPv4Address(f[ip + 16 : ip + 20]))
         sport, dport = struct.unpack_from("!HH", f, l4)
         return (src, sport), (dst, dport)
 
     def ttl(self, f: bytes) -> int:
         return f[self.l3 + 8]
 
+    def fields(self, f: bytes) -> dict:
+        """What a rewrite may change, for a readable failure: MACs, ends, TTL, both checksums."""
+        l4 = self.l4(f)
+        csum_off = l4 + (16 if self.proto(f) == 6 else 6)
+        return {
+            "dmac": f[0:6].hex(":"),
+            "smac": f[6:12].hex(":"),
+            "ends": self.ends(f),
+            "ttl": self.ttl(f),
+            "ip_csum": f[self.l3 + 10 : self.l3 + 12].hex(),
+            "l4_csum": f[csum_off : csum_off + 2].hex(),
+            "length": len(f),
+        }
+
     def checksums_ok(self, f: bytes) -> bool:
         """IPv4 header and L4 checksums verify (a UDP checksum of 0 is "none")."""
         ip, l4 = self.l3, self.l4(f)
         tot_len = struct.unpack_from("!H", f, ip + 2)[0]
-        seg = f[l4:ip + tot_len]
-        pseudo = f[ip + 12:ip + 20] + struct.pack("!BBH", 0, self.proto(f), len(seg))
+        seg = f[l4 : ip + tot_len]
+        pseudo = f[ip + 12 : ip + 20] + struct.pack("!BBH", 0, self.proto(f), len(seg))
         if self.proto(f) == 17 and struct.unpack_from("!H", f, l4 + 6)[0] == 0:
             return inet_sum(f[ip:l4]) == 0
         return inet_sum(f[ip:l4]) == 0 and inet_sum(pseudo + seg) == 0
@@ -133,32 +174,54 @@ def parsed(f: bytes) -> Parsed:
     return Parsed(18 if f[12:14] == b"\x81\x00" else 14)
 
 
-def tcp(src, dst, flags="A", *, sport=CLIENT_PORT, dport=80, seq=1000, ack=0, vlan=False, ttl=64,
-        payload=b"", ip_flags=0, **ip) -> bytes:
+def tcp(
+    src,
+    dst,
+    flags="A",
+    *,
+    sport=CLIENT_PORT,
+    dport=80,
+    seq=1000,
+    ack=0,
+    vlan=False,
+    ttl=64,
+    payload=b"",
+    ip_flags=0,
+    **ip,
+) -> bytes:
     """An Ethernet/IPv4/TCP frame with right checksums (scapy's); ip: more IP() fields."""
     l2 = Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
     l2 = l2 / Dot1Q(vlan=7) if vlan else l2
     ack = ack or (1 if "A" in flags else 0)
-    return bytes(l2 / IP(src=str(src), dst=str(dst), ttl=ttl, flags=ip_flags, **ip)
-                 / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack, window=64240) / payload)
+    return bytes(
+        l2
+        / IP(src=str(src), dst=str(dst), ttl=ttl, flags=ip_flags, **ip)
+        / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack, window=64240)
+        / payload
+    )
 
 
 def udp(src, dst, *, sport=CLIENT_PORT, dport=53, payload=b"q" * 8, ttl=64, zero_csum=False) -> bytes:
-    frame = bytes(Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IP(src=str(src), dst=str(dst), ttl=ttl)
-                  / UDP(sport=sport, dport=dport) / payload)
+    frame = bytes(
+        Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
+        / IP(src=str(src), dst=str(dst), ttl=ttl)
+        / UDP(sport=sport, dport=dport)
+        / payload
+    )
     return frame[:40] + b"\0\0" + frame[42:] if zero_csum else frame
 
 
 def heartbeat(backend: str, *, seq=1, token=None, epoch=None, src=None) -> bytes:
     """A heartbeat of backend (h0, h1) from its address to the router's heartbeat port."""
     addr, port = {"h0": H0, "h1": H1}[backend]
-    payload = abi.heartbeat(port, seq, TOKENS[backend] if token is None else token,
-                            int(time.time()) if epoch is None else epoch)
+    payload = abi.heartbeat(
+        port, seq, TOKENS[backend] if token is None else token, int(time.time()) if epoch is None else epoch
+    )
     return udp(src or addr, ROUTER, sport=40001, dport=HB_PORT, payload=payload)
 
 
 def set_bytes(f: bytes, off: int, value: bytes) -> bytes:
-    return f[:off] + value + f[off + len(value):]
+    return f[:off] + value + f[off + len(value) :]
 
 
 def broken_ip_csum(f: bytes) -> bytes:
@@ -170,6 +233,7 @@ def broken_tcp_csum(f: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------- the flow hash (flow.h)
+
 
 def hash_mix(h: int) -> int:
     """flow.h's hash_mix (MurmurHash3's finaliser) on 32 bits."""
@@ -187,6 +251,7 @@ def as_loaded(addr: IPv4Address) -> int:
 
 def hash_flow(src: IPv4Address, dst: IPv4Address, sport: int, dport: int, proto: int) -> int:
     """flow.h's hash_flow of a client 5-tuple (ports as loaded: network order read as u16)."""
+
     def port(p: int) -> int:
         return int.from_bytes(p.to_bytes(2, "big"), "little")
 
@@ -199,6 +264,7 @@ def hash_flow(src: IPv4Address, dst: IPv4Address, sport: int, dport: int, proto:
 
 # ---------------------------------------------------------------- the world
 
+
 class World:
     """The compiled data path, its programs and maps, and the state every row starts from."""
 
@@ -210,17 +276,25 @@ class World:
         self.maps: Maps | None = None
         text = f"#define EDGE_NEXTHOP_TTL_JIFFIES {HOP_TTL_JIFFIES}ULL\n" + loader.source_text()
         self.loaded = loader.compile_datapath(self.pin_path, PARAMS, text=text)
-        self.fds = {name: self.loaded.load(name, kind).fd
-                    for name, kind in ((abi.PROG_INGRESS, "xdp"), (abi.PROG_RETURN, "tc"),
-                                       (abi.PROG_REPLY, "xdp"))}
+        self.fds = {
+            name: self.loaded.load(name, kind).fd
+            for name, kind in ((abi.PROG_INGRESS, "xdp"), (abi.PROG_RETURN, "tc"), (abi.PROG_REPLY, "xdp"))
+        }
         self.t = self.loaded.tables()
         self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
         self.cfg = parse_config(CONFIG, "test_verdicts")
         self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1)})
-        self.maps.write_node(maglev_m=PARAMS.maglev_m, max_services=PARAMS.max_services,
-                             max_backends=PARAMS.max_backends, ct_size=PARAMS.ct_size,
-                             ingress_ifindex=CLIENT_IF, xdp_flags=0, ip_forward_was=None,
-                             return_ifindex=[BACKEND_IF], return_clsact_added=[False])
+        self.maps.write_node(
+            maglev_m=PARAMS.maglev_m,
+            max_services=PARAMS.max_services,
+            max_backends=PARAMS.max_backends,
+            ct_size=PARAMS.ct_size,
+            ingress_ifindex=CLIENT_IF,
+            xdp_flags=0,
+            ip_forward_was=None,
+            return_ifindex=[BACKEND_IF],
+            return_clsact_added=[False],
+        )
         self.ids = {s.name: self.maps.ids(s.name) for s in self.cfg.services}
         backends = self.t[abi.MAP_BACKENDS]
         self._backends = {bid: backends[backends.Key(bid)] for _, ids in self.ids.values() for bid in ids.values()}
@@ -261,8 +335,7 @@ class World:
             self.set_health(name)
         self.percpu(abi.MAP_CT_BUDGET, 0, window_ns=0, used=0)
         for bid in self._backends:
-            self.percpu(abi.MAP_NEXTHOP, bid, expires=HOP_EXPIRES, ifindex=BACKEND_IF,
-                        smac=HOP_SMAC, dmac=HOP_DMAC)
+            self.percpu(abi.MAP_NEXTHOP, bid, expires=HOP_EXPIRES, ifindex=BACKEND_IF, smac=HOP_SMAC, dmac=HOP_DMAC)
         for vip in (VIP, HB_VIP, PAS_VIP):
             self.reply_hop(CLIENT, vip, CLIENT_IF)
 
@@ -278,8 +351,17 @@ class World:
     def reply_hop(self, client: IPv4Address, vip: IPv4Address, ifindex: int) -> None:
         """The cached hop of replies from vip to client (nat.h, reply_hop_at: its slot)."""
         slot = hash_mix(as_loaded(client) ^ as_loaded(vip)) & (abi.REPLY_HOP_SLOTS - 1)
-        self.percpu(abi.MAP_REPLY_HOP, slot, expires=HOP_EXPIRES, client=as_loaded(client),
-                    vip=as_loaded(vip), ifindex=ifindex, smac=REPLY_SMAC, dmac=REPLY_DMAC, mtu=MTU)
+        self.percpu(
+            abi.MAP_REPLY_HOP,
+            slot,
+            expires=HOP_EXPIRES,
+            client=as_loaded(client),
+            vip=as_loaded(vip),
+            ifindex=ifindex,
+            smac=REPLY_SMAC,
+            dmac=REPLY_DMAC,
+            mtu=MTU,
+        )
 
     # ------------------------------------------------------------ set-ups the rows name
 
@@ -303,8 +385,9 @@ class World:
         t = self.t[abi.MAP_HEALTH]
         return t[t.Key(self._backends[self.bid(backend)].health_id)]
 
-    def connect(self, backend: str, *, client=CLIENT, sport=CLIENT_PORT, vip=VIP, dport=80, proto=6,
-                flags=0, syn_seq=0) -> None:
+    def connect(
+        self, backend: str, *, client=CLIENT, sport=CLIENT_PORT, vip=VIP, dport=80, proto=6, flags=0, syn_seq=0
+    ) -> None:
         """A conntrack entry: client:sport -> vip:dport pinned to backend."""
         t, bid = self.t[abi.MAP_CT], self.bid(backend)
         k = t.Key()
@@ -327,8 +410,7 @@ class World:
     def spend_budget(self) -> None:
         """This second's conntrack budget for TCP packets other than SYNs is used up (flow.h; its
         window starts now on CLOCK_MONOTONIC, which the coarse clock it is compared with trails)."""
-        self.percpu(abi.MAP_CT_BUDGET, 0, window_ns=time.monotonic_ns(),
-                    used=1 << 20)
+        self.percpu(abi.MAP_CT_BUDGET, 0, window_ns=time.monotonic_ns(), used=1 << 20)
 
     def set_flags(self, backend: str, flags: int) -> None:
         t, bid = self.t[abi.MAP_BACKENDS], self.bid(backend)
@@ -336,24 +418,27 @@ class World:
         v.flags = flags
         t[t.Key(bid)] = v
 
-    def port_picking(self, service: str, backend: str, *, vip: IPv4Address, dport: int = 80,
-                     client: IPv4Address = CLIENT) -> int:
+    def port_picking(
+        self, service: str, backend: str, *, vip: IPv4Address, dport: int = 80, client: IPv4Address = CLIENT
+    ) -> int:
         """A client port whose TCP flow's first Maglev pick (flow.h, select.h) is backend."""
         t = self.t[abi.MAP_VIPS]
         k = t.Key()
         k.addr, k.port, k.proto = be32(vip), be16(dport), 6
         table = self.maps.read_table(self.vid(service), t[k].table)
         want = self.bid(backend)
-        return next(p for p in range(CLIENT_PORT, CLIENT_PORT + 1000)
-                    if table[hash_flow(client, vip, p, dport, 6) % PARAMS.maglev_m] == want)
+        return next(
+            p
+            for p in range(CLIENT_PORT, CLIENT_PORT + 1000)
+            if table[hash_flow(client, vip, p, dport, 6) % PARAMS.maglev_m] == want
+        )
 
     # ------------------------------------------------------------ running
 
     def counters(self) -> dict[str, int]:
         """Every verdict and drop counter, summed over CPUs, by abi.py's names (drops as drop:NAME)."""
         out = {}
-        for table, names, prefix in ((abi.MAP_VERDICTS, abi.CNT_NAMES, ""),
-                                     (abi.MAP_DROPS, abi.DROP_NAMES, "drop:")):
+        for table, names, prefix in ((abi.MAP_VERDICTS, abi.CNT_NAMES, ""), (abi.MAP_DROPS, abi.DROP_NAMES, "drop:")):
             t = self.t[table]
             for i, name in names.items():
                 out[prefix + name] = sum(t[t.Key(i)])
@@ -393,6 +478,7 @@ SetUp = Callable[[World], None]
 
 # ---------------------------------------------------------------- expected frames
 
+
 def rewritten(frame: bytes, *, src=None, dst=None, hop: tuple[bytes, bytes] | None = None) -> bytes:
     """frame with its source and/or destination (address, port) replaced and, when hop (destination
     MAC, source MAC) is given, those MACs and the TTL one lower; both checksums computed anew here
@@ -402,18 +488,18 @@ def rewritten(frame: bytes, *, src=None, dst=None, hop: tuple[bytes, bytes] | No
     ip, l4 = p.l3, p.l4(frame)
     for ends, a_off, p_off in ((src, 12, 0), (dst, 16, 2)):
         if ends is not None:
-            f[ip + a_off:ip + a_off + 4] = IPv4Address(ends[0]).packed
-            f[l4 + p_off:l4 + p_off + 2] = struct.pack("!H", ends[1])
+            f[ip + a_off : ip + a_off + 4] = IPv4Address(ends[0]).packed
+            f[l4 + p_off : l4 + p_off + 2] = struct.pack("!H", ends[1])
     if hop is not None:
         f[0:6], f[6:12] = hop
         f[ip + 8] -= 1
-    f[ip + 10:ip + 12] = b"\0\0"
-    f[ip + 10:ip + 12] = struct.pack("!H", inet_sum(bytes(f[ip:l4])))
+    f[ip + 10 : ip + 12] = b"\0\0"
+    f[ip + 10 : ip + 12] = struct.pack("!H", inet_sum(bytes(f[ip:l4])))
     csum_off = l4 + (16 if p.proto(frame) == 6 else 6)
-    if p.proto(frame) == 17 and frame[csum_off:csum_off + 2] == b"\0\0":
+    if p.proto(frame) == 17 and frame[csum_off : csum_off + 2] == b"\0\0":
         return bytes(f)
-    f[csum_off:csum_off + 2] = b"\0\0"
-    seg = bytes(f[l4:ip + struct.unpack_from("!H", f, ip + 2)[0]])
-    c = inet_sum(bytes(f[ip + 12:ip + 20]) + struct.pack("!BBH", 0, p.proto(frame), len(seg)) + seg)
-    f[csum_off:csum_off + 2] = struct.pack("!H", c or (0xFFFF if p.proto(frame) == 17 else 0))
+    f[csum_off : csum_off + 2] = b"\0\0"
+    seg = bytes(f[l4 : ip + struct.unpack_from("!H", f, ip + 2)[0]])
+    c = inet_sum(bytes(f[ip + 12 : ip + 20]) + struct.pack("!BBH", 0, p.proto(frame), len(seg)) + seg)
+    f[csum_off : csum_off + 2] = struct.pack("!H", c or (0xFFFF if p.proto(frame) == 17 else 0))
     return bytes(f)
