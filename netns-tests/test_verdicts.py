@@ -43,6 +43,9 @@ from verdicts import (  # netns-tests/verdicts.py: the harness
     REPLY_SMAC,
     ROUTER,
     ROUTER_MAC,
+    S0,
+    S1,
+    SBY_VIP,
     TC_ACT_OK,
     TC_ACT_REDIRECT,
     TC_ACT_SHOT,
@@ -365,6 +368,15 @@ ROWS = [
     row("passive: unanswered SYNs eject the pick, the flow fails over", ING,
         to_pick_of("p0", service="pas", vip=PAS_VIP), XDP_REDIRECT, dnat(P1), {"redirect": 1, "ejection": 1},
         failing("p0", syns=3), after=[health_says("p0", "ejected", lambda h: h.ejected_until_ns > 0)]),
+    row("primary down: the standby takes the new flow", ING, tcp(CLIENT, SBY_VIP, "S"), XDP_REDIRECT, dnat(S1),
+        {"redirect": 1}, flags("s0", abi.BE_F_VALID), after=[pinned_to("s1", vip=SBY_VIP)]),
+    row("primary up: the standby takes nothing", ING, tcp(CLIENT, SBY_VIP, "S"), XDP_REDIRECT, dnat(S0),
+        {"redirect": 1}),
+    row("existing_flows keep: an established flow stays on its down backend", ING, tcp(CLIENT, SBY_VIP, "A"),
+        XDP_REDIRECT, dnat(S0), {"redirect": 1}, connected("s0", vip=SBY_VIP), flags("s0", abi.BE_F_VALID)),
+    row("existing_flows keep: a SYN reusing the tuple is a new flow", ING, tcp(CLIENT, SBY_VIP, "S"),
+        XDP_REDIRECT, dnat(S1), {"redirect": 1}, connected("s0", vip=SBY_VIP), flags("s0", abi.BE_F_VALID),
+        after=[pinned_to("s1", vip=SBY_VIP)]),
     row("established flow on a dead backend moves", ING, HB_ACK, XDP_REDIRECT, dnat(H1), {"redirect": 1},
         connected("h0", vip=HB_VIP), silent("h0"), after=[pinned_to("h1", vip=HB_VIP)]),
     # -- return path (tc, backend side): heartbeats ---------------------------------------------
@@ -453,6 +465,7 @@ ROWS = [
 def world() -> Iterator[World]:
     w = World()
     try:
+        w.build()
         yield w
     finally:
         w.close()

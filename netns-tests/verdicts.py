@@ -33,7 +33,7 @@ XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = 1, 2, 3, 4
 TC_ACT_UNSPEC, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0xFFFFFFFF, 0, 2, 7  # retval is a u32
 
 BPFFS = Path("/sys/fs/bpf")
-PARAMS = loader.Params(maglev_m=1009, max_services=4, max_backends=16, ct_size=1024)
+PARAMS = loader.Params(maglev_m=1009, max_services=8, max_backends=16, ct_size=1024)
 HOP_TTL_JIFFIES = 1 << 41  # -DEDGE_NEXTHOP_TTL_JIFFIES: see the module's docstring
 HOP_EXPIRES = 1 << 40  # jiffies64 starts near 2^32 and grows by HZ a second: fresh for decades
 
@@ -56,11 +56,14 @@ B0, D0 = (IPv4Address("198.18.1.2"), 8000), (IPv4Address("198.18.1.3"), 5353)
 H0, H1 = (IPv4Address("198.18.1.4"), 8000), (IPv4Address("198.18.1.5"), 8000)
 PAS_VIP = IPv4Address("198.18.255.3")
 P0, P1 = (IPv4Address("198.18.1.6"), 8000), (IPv4Address("198.18.1.7"), 8000)
+SBY_VIP = IPv4Address("198.18.255.4")
+S0, S1 = (IPv4Address("198.18.1.8"), 8000), (IPv4Address("198.18.1.9"), 8000)
 HB_PORT, HB_TIMEOUT_MS = 7946, 300
 TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002}
 
 # web: plain TCP NAT to one backend; dns: UDP; hb: two backends judged by heartbeats; pas: two
-# backends under passive detection (three failures in a row eject).
+# backends under passive detection (three failures in a row eject); sby: a primary and a standby,
+# whose flows stay on their backend when it becomes unusable (existing_flows: keep).
 CONFIG = {
     "version": 1,
     "node": {
@@ -93,6 +96,17 @@ CONFIG = {
             "backends": [
                 {"name": n, "address": str(a), "port": p, "token": hex(TOKENS[n])}
                 for n, (a, p) in (("h0", H0), ("h1", H1))
+            ],
+        },
+        {
+            "name": "sby",
+            "vip": str(SBY_VIP),
+            "port": 80,
+            "protocol": "tcp",
+            "existing_flows": "keep",
+            "backends": [
+                {"name": "s0", "address": str(S0[0]), "port": S0[1]},
+                {"name": "s1", "address": str(S1[0]), "port": S1[1], "standby": True},
             ],
         },
         {
@@ -274,6 +288,10 @@ class World:
         self.pin_path.mkdir()
         self.loaded = None
         self.maps: Maps | None = None
+
+    def build(self) -> None:
+        """Compiles and loads the programs, writes the services and the node record (close()
+        undoes whatever of it was done)."""
         text = f"#define EDGE_NEXTHOP_TTL_JIFFIES {HOP_TTL_JIFFIES}ULL\n" + loader.source_text()
         self.loaded = loader.compile_datapath(self.pin_path, PARAMS, text=text)
         self.fds = {
@@ -283,7 +301,7 @@ class World:
         self.t = self.loaded.tables()
         self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
         self.cfg = parse_config(CONFIG, "test_verdicts")
-        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1)})
+        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1)})
         self.maps.write_node(
             maglev_m=PARAMS.maglev_m,
             max_services=PARAMS.max_services,
