@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import pytest
+from conftest import require_privileges
 from scapy.layers.inet import ICMP, IP, TCP, IPOption_NOP
 from scapy.layers.l2 import ARP, Ether
 from verdicts import (  # netns-tests/verdicts.py: the harness
@@ -463,6 +464,7 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
+    require_privileges()  # module scope: before the autouse gate, which is per test
     w = World()
     try:
         w.build()
