@@ -154,6 +154,21 @@ def pinned_to(backend: str | None, **flow) -> tuple[str, Callable[[World], bool]
     )
 
 
+def half_open_to(backend: str | None, **flow) -> tuple[str, Callable[[World], bool]]:
+    return (
+        f"the half-open table pins the flow to {backend}",
+        lambda w: w.connection(half_open=True, **flow) == (None if backend is None else w.bid(backend)),
+    )
+
+
+def known_direct(backend: str) -> tuple[str, Callable[[World], bool]]:
+    return (f"the client's connection to {backend} is known direct", lambda w: w.is_direct(backend))
+
+
+def half_open(backend: str, **kw) -> Callable[[World], None]:
+    return lambda w: w.half_open(backend, **kw)
+
+
 def stamped(backend: str, seq: int) -> tuple[str, Callable[[World], bool]]:
     return (f"{backend}'s health took heartbeat {seq}", lambda w: w.health(backend).hb_seq == seq)
 
@@ -325,8 +340,16 @@ ROWS = [
     row("heartbeat from an unregistered address", ING, heartbeat("h0", src=CLIENT), XDP_DROP, None,
         drop("spoofed_heartbeat")),
     # -- ingress: forward NAT -----------------------------------------------------------------
-    row("new TCP flow: DNAT, redirect", ING, tcp(CLIENT, VIP, "S"), XDP_REDIRECT, dnat(B0), {"redirect": 1},
-        after=[pinned_to("b0")]),
+    row("new TCP flow: DNAT, redirect, half-open", ING, tcp(CLIENT, VIP, "S"), XDP_REDIRECT, dnat(B0),
+        {"redirect": 1}, after=[half_open_to("b0"), pinned_to(None)]),
+    row("ACK of the backend's SYN-ACK: the half-open flow moves into conntrack", ING,
+        tcp(CLIENT, VIP, "A", seq=1001, ack=5001), XDP_REDIRECT, dnat(B0), {"redirect": 1},
+        half_open("b0", answered_seq=5000), after=[pinned_to("b0"), half_open_to(None)]),
+    row("ACK not acknowledging the SYN-ACK: the half-open flow stays half-open", ING,
+        tcp(CLIENT, VIP, "A", seq=1001, ack=7777), XDP_REDIRECT, dnat(B0), {"redirect": 1},
+        half_open("b0", answered_seq=5000), after=[half_open_to("b0")]),
+    row("SYN to a backend's own address: passes, known direct", ING, tcp(CLIENT, B0[0], "S", dport=B0[1]),
+        XDP_PASS, SAME, {"pass": 1}, after=[known_direct("b0")]),
     row("established TCP flow: DNAT, redirect", ING, tcp(CLIENT, VIP, "A", payload=b"GET /"), XDP_REDIRECT,
         dnat(B0), {"redirect": 1}, connected("b0")),
     row("established flow, backend draining: kept", ING, tcp(CLIENT, VIP, "A"), XDP_REDIRECT, dnat(B0),
@@ -370,7 +393,7 @@ ROWS = [
         to_pick_of("p0", service="pas", vip=PAS_VIP), XDP_REDIRECT, dnat(P1), {"redirect": 1, "ejection": 1},
         failing("p0", syns=3), after=[health_says("p0", "ejected", lambda h: h.ejected_until_ns > 0)]),
     row("primary down: the standby takes the new flow", ING, tcp(CLIENT, SBY_VIP, "S"), XDP_REDIRECT, dnat(S1),
-        {"redirect": 1}, flags("s0", abi.BE_F_VALID), after=[pinned_to("s1", vip=SBY_VIP)]),
+        {"redirect": 1}, flags("s0", abi.BE_F_VALID), after=[half_open_to("s1", vip=SBY_VIP)]),
     row("primary up: the standby takes nothing", ING, tcp(CLIENT, SBY_VIP, "S"), XDP_REDIRECT, dnat(S0),
         {"redirect": 1}),
     row("existing_flows keep: an established flow stays on its down backend", ING, tcp(CLIENT, SBY_VIP, "A"),
@@ -389,8 +412,11 @@ ROWS = [
         drop("spoofed_heartbeat")),
     row("heartbeat replayed (same seq)", RET, heartbeat("h0", seq=5, epoch=EPOCH), TC_ACT_SHOT, None,
         drop("replayed_heartbeat"), heard("h0", seq=5)),
-    row("heartbeat of epoch 0", RET, heartbeat("h0", seq=9, epoch=0), TC_ACT_SHOT, None,
-        drop("replayed_heartbeat")),
+    row("heartbeat of epoch 0: outside the window", RET, heartbeat("h0", seq=9, epoch=0), TC_ACT_SHOT, None,
+        drop("stale_heartbeat")),
+    row("heartbeat from beyond the window ahead", RET,
+        heartbeat("h0", seq=9, epoch=EPOCH + 10 * abi.HB_WINDOW_S), TC_ACT_SHOT, None, drop("stale_heartbeat"),
+        after=[stamped("h0", 0)]),
     row("heartbeat of an older epoch", RET, heartbeat("h0", seq=9, epoch=EPOCH - 1), TC_ACT_SHOT, None,
         drop("replayed_heartbeat"), heard("h0", seq=5)),
     # -- return path: reverse NAT -----------------------------------------------------------------
@@ -402,9 +428,19 @@ ROWS = [
         {"return_nat": 1, "return_redirect": 1}, connected("b0", flags=abi.CT_F_SYN, syn_seq=1000)),
     row("stateless reverse NAT: no entry, the Maglev slot names it", RET, reply(B0), TC_ACT_REDIRECT,
         snat(VIP, 80), {"return_nat": 1, "return_redirect": 1, "return_stateless": 1}),
-    row("reply of a backend the flow is not pinned to: untouched", RET, reply(H0), TC_ACT_UNSPEC, SAME, {},
-        connected("h1", vip=HB_VIP)),
-    row("SYN-ACK without an entry: direct, untouched", RET, reply(B0, "SA", ack=1001), TC_ACT_UNSPEC, SAME, {}),
+    row("TCP of a backend the flow is not pinned to: dropped", RET, reply(H0), TC_ACT_SHOT, None,
+        drop("other_backend"), connected("h1", vip=HB_VIP)),
+    row("TCP of a backend the flow is not pinned to, directly connected: untouched", RET, reply(H0),
+        TC_ACT_UNSPEC, SAME, {}, connected("h1", vip=HB_VIP), lambda w: w.direct("h0")),
+    row("SYN-ACK of a half-open flow: reverse NAT, its sequence noted", RET, reply(B0, "SA", seq=5000, ack=1001),
+        TC_ACT_REDIRECT, snat(VIP, 80), {"return_nat": 1, "return_redirect": 1}, half_open("b0"),
+        after=[half_open_to("b0"), ("the SYN-ACK's sequence + 1 noted", lambda w: w.answered() == 5001)]),
+    row("SYN-ACK without an entry, the slot names it: reverse NAT (never the backend's address)", RET,
+        reply(B0, "SA", ack=1001), TC_ACT_REDIRECT, snat(VIP, 80),
+        {"return_nat": 1, "return_redirect": 1, "return_stateless": 1}),
+    row("SYN-ACK of a direct connection: untouched", RET, reply(B0, "SA", ack=1001), TC_ACT_UNSPEC, SAME, {},
+        lambda w: w.direct("b0")),
+    row("SYN from a backend: direct, untouched", RET, reply(B0, "S"), TC_ACT_UNSPEC, SAME, {}),
     row("passive: a third RST answering a SYN ejects", RET, reply(P0, "RA", ack=1001), TC_ACT_REDIRECT,
         snat(PAS_VIP, 80), {"return_nat": 1, "return_redirect": 1, "ejection": 1}, pas_flow("p0"),
         failing("p0", rsts=2), after=[health_says("p0", "ejected", lambda h: h.ejected_until_ns > 0)]),

@@ -340,7 +340,7 @@ class World:
     def reset(self) -> None:
         """No connections, every heartbeat backend alive and risen, budgets unspent, backends as
         configured, next hops and reply hops cached."""
-        for name in (abi.MAP_CT, abi.MAP_DIRECT):
+        for name in (abi.MAP_CT, abi.MAP_HALF_OPEN, abi.MAP_DIRECT):
             self.t[name].clear()
         backends = self.t[abi.MAP_BACKENDS]
         for bid, v in self._backends.items():
@@ -415,15 +415,61 @@ class World:
         v.syn_seq = struct.unpack("=I", struct.pack("!I", syn_seq))[0]  # network order, as the SYN carried it
         t[k] = v
 
-    def connection(self, *, client=CLIENT, sport=CLIENT_PORT, vip=VIP, dport=80, proto=6) -> int | None:
-        """The backend id conntrack pins this connection to, or None."""
-        t = self.t[abi.MAP_CT]
+    def _flow_key(self, t, client, sport, vip, dport, proto):
         k = t.Key()
         k.src, k.dst, k.sport, k.dport, k.proto = be32(client), be32(vip), be16(sport), be16(dport), proto
+        return k
+
+    def connection(self, *, client=CLIENT, sport=CLIENT_PORT, vip=VIP, dport=80, proto=6, half_open=False):
+        """The backend id conntrack (half_open: the half-open table) pins this connection to, or None."""
+        t = self.t[abi.MAP_HALF_OPEN if half_open else abi.MAP_CT]
         try:
-            return t[k].backend_id
+            v = t[self._flow_key(t, client, sport, vip, dport, proto)]
         except KeyError:
             return None
+        return v.ct.backend_id if half_open else v.backend_id
+
+    def half_open(
+        self, backend: str, *, answered_seq: int | None = None, client=CLIENT, sport=CLIENT_PORT, vip=VIP, dport=80
+    ) -> None:
+        """A half-open TCP connection pinned to backend whose SYN (seq 1000) went through the VIP;
+        answered_seq: the backend's SYN-ACK with that sequence number was seen."""
+        t, bid = self.t[abi.MAP_HALF_OPEN], self.bid(backend)
+        v = t.Leaf()
+        v.ct.backend_id, v.ct.vip_id, v.ct.flags = bid, self._backends[bid].vip_id, abi.CT_F_SYN
+        v.ct.syn_seq = struct.unpack("=I", struct.pack("!I", 1000))[0]
+        if answered_seq is not None:
+            v.ack_seq = struct.unpack("=I", struct.pack("!I", answered_seq + 1))[0]
+            v.flags = abi.HO_F_ANSWERED
+        t[self._flow_key(t, client, sport, vip, dport, 6)] = v
+
+    def answered(self, *, client=CLIENT, sport=CLIENT_PORT, vip=VIP, dport=80) -> int | None:
+        """The sequence number + 1 of the SYN-ACK the half-open connection saw, or None."""
+        t = self.t[abi.MAP_HALF_OPEN]
+        try:
+            v = t[self._flow_key(t, client, sport, vip, dport, 6)]
+        except KeyError:
+            return None
+        return struct.unpack("!I", struct.pack("=I", v.ack_seq))[0] if v.flags & abi.HO_F_ANSWERED else None
+
+    def direct(self, backend: str, *, client=CLIENT, sport=CLIENT_PORT) -> None:
+        """client:sport's connection to backend's own address is a direct one (edge_direct)."""
+        t = self.t[abi.MAP_DIRECT]
+        addr, port = next((b.address, b.port) for s in self.cfg.services for b in s.backends if b.name == backend)
+        k = t.Key()
+        k.backend, k.client, k.backend_port, k.client_port = be32(addr), be32(client), be16(port), be16(sport)
+        t[k] = t.Leaf(1)
+
+    def is_direct(self, backend: str, *, client=CLIENT, sport=CLIENT_PORT) -> bool:
+        t = self.t[abi.MAP_DIRECT]
+        addr, port = next((b.address, b.port) for s in self.cfg.services for b in s.backends if b.name == backend)
+        k = t.Key()
+        k.backend, k.client, k.backend_port, k.client_port = be32(addr), be32(client), be16(port), be16(sport)
+        try:
+            t[k]
+        except KeyError:
+            return False
+        return True
 
     def spend_budget(self) -> None:
         """This second's conntrack budget for TCP packets other than SYNs is used up (flow.h; its
