@@ -80,7 +80,7 @@ VERDICTS = {
     },
 }
 VERDICTS[REP] = VERDICTS[ING]
-EPOCH = int(time.time())  # the heartbeats' agent run
+EPOCH = int(time.clock_gettime(time.CLOCK_TAI))  # the heartbeats' second (abi.heartbeat: the sender's CLOCK_TAI)
 SAME = "unchanged"  # the frame leaves as it came
 TO_BACKEND = (HOP_DMAC, HOP_SMAC)  # the MACs of the cached next hop towards the backends
 TO_CLIENT = (REPLY_DMAC, REPLY_SMAC)  # the MACs of the cached reply hop
@@ -438,6 +438,12 @@ ROWS = [
     row("SYN-ACK without an entry, the slot names it: reverse NAT (never the backend's address)", RET,
         reply(B0, "SA", ack=1001), TC_ACT_REDIRECT, snat(VIP, 80),
         {"return_nat": 1, "return_redirect": 1, "return_stateless": 1}),
+    row("SYN-ACK not answering the VIP's SYN: reverse NAT all the same", RET, reply(B0, "SA", ack=2_000_000),
+        TC_ACT_REDIRECT, snat(VIP, 80), {"return_nat": 1, "return_redirect": 1},
+        connected("b0", flags=abi.CT_F_SYN, syn_seq=1000), after=[pinned_to("b0")]),
+    row("SYN-ACK of a direct connection on a VIP flow's port: untouched, the entry goes", RET,
+        reply(B0, "SA", ack=2_000_000), TC_ACT_UNSPEC, SAME, {}, connected("b0", flags=abi.CT_F_SYN, syn_seq=1000),
+        lambda w: w.direct("b0"), after=[pinned_to(None)]),
     row("SYN-ACK of a direct connection: untouched", RET, reply(B0, "SA", ack=1001), TC_ACT_UNSPEC, SAME, {},
         lambda w: w.direct("b0")),
     row("SYN from a backend: direct, untouched", RET, reply(B0, "S"), TC_ACT_UNSPEC, SAME, {}),

@@ -229,7 +229,10 @@ def heartbeat(backend: str, *, seq=1, token=None, epoch=None, src=None) -> bytes
     """A heartbeat of backend (h0, h1) from its address to the router's heartbeat port."""
     addr, port = {"h0": H0, "h1": H1}[backend]
     payload = abi.heartbeat(
-        port, seq, TOKENS[backend] if token is None else token, int(time.time()) if epoch is None else epoch
+        port,
+        seq,
+        TOKENS[backend] if token is None else token,
+        int(time.clock_gettime(time.CLOCK_TAI)) if epoch is None else epoch,
     )
     return udp(src or addr, ROUTER, sport=40001, dport=HB_PORT, payload=payload)
 
