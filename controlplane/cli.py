@@ -30,9 +30,15 @@ def _progress(args) -> callable:
 def cmd_validate(args) -> int:
     from controlplane.config import load_config
 
+    from controlplane.loader import mem_available
+    from controlplane.maps import sizing
+
     cfg = load_config(args.config)
+    if misfit := sizing.misfit(cfg.node, mem_available()):
+        raise EdgeError(misfit)
     backends = sum(len(s.backends) for s in cfg.services)
-    print(f"{args.config}: ok ({len(cfg.services)} services, {backends} backends)")
+    print(f"{args.config}: ok ({len(cfg.services)} services, {backends} backends; "
+          f"the maps pin {sizing.describe(sizing.node_bytes(cfg.node))})")
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 from controlplane import abi, loader
 from controlplane.config import Config
 from controlplane.errors import ConfigError, EdgeError, LoaderError, MapError, NotDeployed
-from controlplane.maps import Maps
+from controlplane.maps import Maps, sizing
 
 Progress = Callable[[str], None]
 
@@ -316,6 +316,8 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
             f"its connections reset) and deploy again"
         )
     loader.check_pin_dir(pin_dir, pin_path)
+    if not pin_path.exists() and (misfit := sizing.misfit(cfg.node, loader.mem_available())):
+        raise ConfigError(misfit)  # an update's maps are in memory already
     if updating and not pin_path.exists():
         raise LoaderError(f"{iface} runs {abi.PROG_INGRESS} but {pin_path} has no pins; run 'edgectl undeploy --iface {iface}' first")
 

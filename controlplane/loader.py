@@ -445,6 +445,53 @@ def compile_datapath(pin_path: Path, params: Params, debug: bool = False, text: 
     return loaded
 
 
+def mem_available() -> int | None:
+    """Bytes this process may still take for maps: MemAvailable of /proc/meminfo, or less where
+    its memory cgroup's limit leaves less (the kernel charges map memory to the cgroup of the
+    process that creates the map). None where neither can be read."""
+    found = [x for x in (_meminfo_available(), _cgroup_headroom()) if x is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_headroom() -> int | None:
+    """limit - usage of this process's memory cgroup (v1 or v2); None when unlimited or unknown."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):  # v1
+            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            return _headroom(base / "memory.limit_in_bytes", base / "memory.usage_in_bytes")
+    for hierarchy, _, path in lines:
+        if hierarchy == "0":  # v2
+            base = Path("/sys/fs/cgroup") / path.lstrip("/")
+            return _headroom(base / "memory.max", base / "memory.current")
+    return None
+
+
+def _headroom(limit_file: Path, usage_file: Path) -> int | None:
+    try:
+        limit, usage = limit_file.read_text().strip(), usage_file.read_text().strip()
+        if limit == "max" or int(limit) >= 1 << 62:
+            return None
+        return max(0, int(limit) - int(usage))
+    except (OSError, ValueError):
+        return None
+
+
 def maps_text() -> str:
     """The map declarations alone: what opening pins needs, at a third of the compile time."""
     return "#include <uapi/linux/bpf.h>\n" + _amalgamate(BPF_DIR / "include" / "maps.h", set())
@@ -452,13 +499,14 @@ def maps_text() -> str:
 
 def open_pinned(pin_path: Path, params: Params | None = None) -> Loaded:
     """Re-opens the maps of a deployed instance; never creates a pin. Compiles only the
-    map declarations (no programs: Loaded.load() is not for these)."""
+    map declarations (no programs: Loaded.load() is not for these), sized as the pins are
+    unless params says otherwise."""
     missing = [name for name in abi.MAP_NAMES if not (pin_path / name).exists()]
     if missing:
         if len(missing) == len(abi.MAP_NAMES):
             raise NotDeployed(f"nothing pinned at {pin_path}")
         raise LoaderError(f"{pin_path}: incomplete pins, missing {', '.join(missing)} (undeploy and deploy again)")
-    return compile_datapath(pin_path, params or Params(), text=maps_text())
+    return compile_datapath(pin_path, params or pinned_params(pin_path), text=maps_text())
 
 
 # ---------------------------------------------------------------- test run
@@ -492,7 +540,6 @@ class TestRun:
 def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, ctx: bytes | None = None,
                   flags: int = 0, batch_size: int = 0) -> TestRun:
     """Runs a loaded program on data through BPF_PROG_TEST_RUN."""
-    libc = ctypes.CDLL(None, use_errno=True)
     data_in = ctypes.create_string_buffer(data, len(data))
     live = bool(flags & BPF_F_TEST_XDP_LIVE_FRAMES)
     data_out = ctypes.create_string_buffer(len(data) + 256)
@@ -503,12 +550,7 @@ def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, ctx: bytes | None 
         repeat=repeat, flags=flags, batch_size=batch_size,
         ctx_size_in=len(ctx) if ctx else 0, ctx_in=ctypes.addressof(ctx_in) if ctx_in else 0,
     )
-    nr = _SYS_BPF.get(os.uname().machine)
-    if nr is None:
-        raise LoaderError(f"BPF_PROG_TEST_RUN: unknown syscall number on {os.uname().machine}")
-    if libc.syscall(nr, _BPF_PROG_TEST_RUN, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
-        err = ctypes.get_errno()
-        raise LoaderError(f"BPF_PROG_TEST_RUN: {os.strerror(err)}")
+    _sys_bpf(_BPF_PROG_TEST_RUN, ctypes.byref(attr), ctypes.sizeof(attr), "BPF_PROG_TEST_RUN")
     return TestRun(attr.retval, attr.duration, data_out.raw[: attr.data_size_out])
 
 
@@ -520,14 +562,8 @@ def hold_prog(prog_id: int, name: str):
     stays loaded, and attach_xdp/attach_tc take it, until the caller closes its .fd."""
     from bcc import BPF
 
-    libc = ctypes.CDLL(None, use_errno=True)
     attr = ctypes.create_string_buffer(struct.pack("=IIII", prog_id, 0, 0, 0))
-    nr = _SYS_BPF.get(os.uname().machine)
-    if nr is None:
-        raise LoaderError(f"BPF_PROG_GET_FD_BY_ID: unknown syscall number on {os.uname().machine}")
-    fd = libc.syscall(nr, _BPF_PROG_GET_FD_BY_ID, attr, 16)
-    if fd < 0:
-        raise LoaderError(f"BPF_PROG_GET_FD_BY_ID {prog_id}: {os.strerror(ctypes.get_errno())}")
+    fd = _sys_bpf(_BPF_PROG_GET_FD_BY_ID, attr, 16, f"BPF_PROG_GET_FD_BY_ID {prog_id}")
     return BPF.Function(None, name, fd)
 
 
@@ -538,15 +574,52 @@ _PROG_INFO_VERIFIED_INSNS = 216  # offset of verified_insns (kernel 5.16+; 0 bef
 
 def verified_insns(prog_fd: int) -> int:
     """Instructions the verifier processed to load the program (its budget is 1,000,000)."""
-    libc = ctypes.CDLL(None, use_errno=True)
     info = ctypes.create_string_buffer(_PROG_INFO_SIZE)
     attr = ctypes.create_string_buffer(struct.pack("=IIQ", prog_fd, _PROG_INFO_SIZE, ctypes.addressof(info)))
+    _sys_bpf(_BPF_OBJ_GET_INFO_BY_FD, attr, 16, "BPF_OBJ_GET_INFO_BY_FD")  # attr: the info member of bpf_attr
+    return struct.unpack_from("=I", info.raw, _PROG_INFO_VERIFIED_INSNS)[0]
+
+
+_BPF_OBJ_GET = 7
+_MAP_INFO_SIZE = 24  # struct bpf_map_info up to map_flags: type, id, key_size, value_size, max_entries, flags
+
+
+def pinned_max_entries(path: Path) -> int:
+    """max_entries of the map pinned at path, as the kernel holds it."""
+    name = ctypes.create_string_buffer(os.fsencode(path))
+    attr = ctypes.create_string_buffer(struct.pack("=QII", ctypes.addressof(name), 0, 0))
+    fd = _sys_bpf(_BPF_OBJ_GET, attr, 16, f"BPF_OBJ_GET {path}")
+    try:
+        info = ctypes.create_string_buffer(_MAP_INFO_SIZE)
+        attr = ctypes.create_string_buffer(struct.pack("=IIQ", fd, _MAP_INFO_SIZE, ctypes.addressof(info)))
+        _sys_bpf(_BPF_OBJ_GET_INFO_BY_FD, attr, 16, f"BPF_OBJ_GET_INFO_BY_FD {path}")
+        return struct.unpack_from("=I", info.raw, 16)[0]
+    finally:
+        os.close(fd)
+
+
+def pinned_params(pin_path: Path) -> Params:
+    """The sizes a deployed instance was compiled with, read from its pinned maps (so a reader
+    never opens them with other sizes than the deploy's node section gave)."""
+    services = pinned_max_entries(pin_path / abi.MAP_SVC_CFG)
+    return Params(
+        maglev_m=pinned_max_entries(pin_path / abi.MAP_MAGLEV) // (2 * services),
+        max_services=services,
+        max_backends=pinned_max_entries(pin_path / abi.MAP_BACKENDS),
+        ct_size=pinned_max_entries(pin_path / abi.MAP_CT),
+    )
+
+
+def _sys_bpf(cmd: int, attr, size: int, what: str) -> int:
+    """The bpf(2) system call; its non-negative result, or LoaderError naming what failed."""
     nr = _SYS_BPF.get(os.uname().machine)
     if nr is None:
-        raise LoaderError(f"BPF_OBJ_GET_INFO_BY_FD: unknown syscall number on {os.uname().machine}")
-    if libc.syscall(nr, _BPF_OBJ_GET_INFO_BY_FD, attr, 16) != 0:  # attr: the info member of bpf_attr
-        raise LoaderError(f"BPF_OBJ_GET_INFO_BY_FD: {os.strerror(ctypes.get_errno())}")
-    return struct.unpack_from("=I", info.raw, _PROG_INFO_VERIFIED_INSNS)[0]
+        raise LoaderError(f"{what}: unknown syscall number on {os.uname().machine}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    done = libc.syscall(nr, cmd, attr, size)
+    if done < 0:
+        raise LoaderError(f"{what}: {os.strerror(ctypes.get_errno())}")
+    return done
 
 
 # ---------------------------------------------------------------- XDP attach (bcc)
