@@ -10,14 +10,14 @@ from pathlib import Path
 SOURCES = ("edge_xdp.c", "edge_tc.c", "edge_reply.c")
 
 
-def _bpf_dir(package: Path = Path(__file__).resolve().parent) -> Path:
+def _bpf_dir(package: Path) -> Path:
     """Where bpf/ is: package data of an installed wheel (controlplane/bpf/, setup.py puts it
     there), else the checkout's top-level bpf/ beside the package (a checkout, an editable install)."""
     shipped = package / "bpf"
     return shipped if (shipped / SOURCES[0]).is_file() else package.parent / "bpf"
 
 
-BPF_DIR = _bpf_dir()
+BPF_DIR = _bpf_dir(Path(__file__).resolve().parent)
 _INCLUDE = re.compile(r'^#include\s+"([^"]+)"\s*$', re.M)
 
 
