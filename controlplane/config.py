@@ -215,6 +215,14 @@ class Etcd:
         "etcd client endpoints as IPv4:PORT, tried in turn", _list_of(_server, empty=False))
     prefix: str = option("key prefix; each key under it holds one backend as JSON", _etcd_prefix)
     timeout_ms: int = option("a read or connect not answered this long fails", _ms, 2000)
+    user: Optional[str] = option("etcd user (etcd auth on); its role needs read on prefix only", _name, None)
+    password_file: Optional[str] = option("file holding user's password (a regular file of 16..4096 bytes, "
+                                          "read at every connect)", _abs_path, None)
+
+    def _validate(self, path: str) -> None:
+        if (self.user is None) != (self.password_file is None):
+            raise ConfigError(f"{path}.{'password_file' if self.user else 'user'}: required with "
+                              f"{'user' if self.user else 'password_file'}")
 
 
 @dataclass(frozen=True)
@@ -225,6 +233,9 @@ class Discovery:
     etcd: Optional[Etcd] = option("watch backends in etcd (one of dns, etcd)", _section(Etcd), None)
     allow_empty: bool = option("an empty answer empties the set; false: it counts as a failure", _bool, False)
     retry_ms: int = option("after a failure, ask again this soon", _ms, 1000)
+    max_backends: int = option(
+        "most backends one answer may hold (etcd keys under the prefix, SRV records); a larger answer is "
+        "refused as a failure before anything in it is parsed or resolved", _int(1, 65536), 256)
     token_secret_file: Optional[str] = option(
         "file with the service's secret; heartbeat tokens are HMAC-SHA256(secret, 'ADDR:PORT') cut to 64 "
         "bits (edge-heartbeat --token-secret-file computes the same)", _abs_path, None)
@@ -365,8 +376,15 @@ class Fleet:
     stale_ms: int = option("the leader ignores a report older than this", _ms, 5000)
     timeout_ms: int = option("an etcd call not answered this long fails", _ms, 2000)
     retry_ms: int = option("after a failure, etcd is tried again (next endpoint) this long after", _ms, 500)
+    user: Optional[str] = option("etcd user of this node (etcd auth on); its role lets it write its own "
+                                 "report only (nodes/NAME), see the security docs", _name, None)
+    password_file: Optional[str] = option("file holding user's password (a regular file of 16..4096 bytes, "
+                                          "read at every connect)", _abs_path, None)
 
     def _validate(self, path: str) -> None:
+        if (self.user is None) != (self.password_file is None):
+            raise ConfigError(f"{path}.{'password_file' if self.user else 'user'}: required with "
+                              f"{'user' if self.user else 'password_file'}")
         if self.stale_ms <= self.report_ms:
             raise ConfigError(f"{path}.stale_ms: {self.stale_ms} must be greater than report_ms ({self.report_ms})")
 

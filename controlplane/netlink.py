@@ -79,6 +79,25 @@ def route_oifs(addresses: Iterable[str]) -> dict[str, int | None]:
     return out
 
 
+def local_of(addresses: Iterable[str]) -> set[str]:
+    """Those of addresses that this namespace routes as local (its own addresses, routes of
+    type local), over one netlink socket; an unroutable address is not local."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    out = set()
+    with _ipr() as ipr:
+        for address in set(addresses):
+            try:
+                routes = ipr.route("get", dst=address)
+            except NetlinkError as e:
+                if e.code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
+                    continue
+                raise
+            if any(r.get_attr("RTA_TYPE", r["type"]) == 2 for r in routes):  # RTN_LOCAL
+                out.add(address)
+    return out
+
+
 def _oif(routes) -> int | None:
     for route in routes:
         if route.get_attr("RTA_TYPE", route["type"]) not in (1, 2):  # unicast, local

@@ -59,6 +59,7 @@ class Daemon:
     """What the API server needs of edged for a health check: its event hub."""
 
     config_path = None
+    not_serving = ""
 
     def __init__(self):
         self.events = Events()

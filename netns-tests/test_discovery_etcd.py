@@ -56,6 +56,17 @@ def test_etcd_prefix_is_watched_and_survives_garbage_and_an_etcd_restart(net, ro
         etcd.delete(f"{PREFIX}junk")
         edged.wait_for(lambda e: e["kind"] == "discovery-recovered", 10.0, "garbage gone", after=mark)
 
+        # an address no backend may have: the router's own, a VIP, link-local, 100.64/10; each is
+        # refused (the set stays), and the source answers again once the key is gone
+        for bad in (str(net.topo.router_backend_addr(0).ip), str(net.vip), "169.254.1.1", "100.64.0.1"):
+            mark = len(edged.events)
+            etcd.put(f"{PREFIX}bad", {"address": bad, "port": PORT})
+            failed = edged.wait_for(lambda e: e["kind"] == "discovery-failed", 10.0, f"{bad} refused", after=mark)
+            assert "answer rejected" in failed["error"] and bad in failed["error"], failed["text"]
+            etcd.delete(f"{PREFIX}bad")
+            edged.wait_for(lambda e: e["kind"] == "discovery-recovered", 10.0, f"{bad} gone", after=mark)
+        assert set(backends_seen(net.client, net.vip, PORT, 300)) == {"b0", "b1", "b2"}
+
         # a removed key drains its backend
         mark = len(edged.events)
         etcd.delete(f"{PREFIX}b1")

@@ -10,6 +10,8 @@ reaches; the upstream routes the VIP to one router at a time).
   snapshot where it owns no slot, with the same table, and `edgectl fleet status` shows the
   mark; undrain gives it back everywhere. A drain with --local acts on that node only, and its
   status and `edgectl fleet status` say its table differs;
+- garbage under the prefix (wrong types, nesting too deep) as snapshot, reports and a mark:
+  every edged refuses it and runs on with one leader, and the fleet works once it is gone;
 - the leader's edged is killed (SIGKILL, by pid): another node leads within the lease TTL,
   `edgectl fleet status` shows it, the killed node's data path still forwards, and the new
   leader's snapshots reach the survivors;
@@ -77,6 +79,39 @@ def test_a_local_drain_acts_on_one_node_and_says_its_table_differs(fleet):
     out = fleet.edgectl(2, "undrain", "web", "b0", "--local")
     assert out.returncode == 0, out.stderr
     assert fleet.backends(2)["b0"]["slots"] > 0
+
+
+GARBAGE = (("snapshot", '{"version":[],"services":{}}'),
+           ("nodes/evil", '{"node":"evil","t":[],"version":1,"serving":true,"services":{}}'),
+           ("operator/web/b0", "[" * 100000), ("nodes/deep", "[" * 50000 + "]" * 50000))
+
+
+def test_garbage_in_etcd_stops_no_edged_and_the_fleet_works_once_it_is_gone(fleet):
+    """Well-formed JSON of the wrong types and nesting too deep, as snapshot, reports and an
+    operator mark: every edged refuses them and keeps running, one leader stays, and once the
+    keys are gone a weight change reaches every node with the same table."""
+    marks = fleet.marks()
+    prefix = fleet.config(0)["node"]["fleet"].get("prefix", "/edge/fleet/")
+    for key, value in GARBAGE:
+        fleet.etcd.put(prefix + key, value)
+    for i in range(3):  # the snapshot reaches every node: each refuses it, and runs on
+        fleet.edgeds[i].wait_for(lambda e: e["kind"] == "fleet-refused" and e["key"] == prefix + "snapshot", 15.0,
+                                 f"r{i} to refuse the snapshot", after=marks[i])
+    leader = fleet.leader()
+    for key, _ in GARBAGE[1:]:  # the leader reads every report and mark: it refuses each
+        fleet.edgeds[leader].wait_for(lambda e, k=prefix + key: e["kind"] == "fleet-refused" and e["key"] == k, 15.0,
+                                      f"the leader to refuse {key}", after=marks[leader])
+    views = []
+    for i in range(3):
+        with Client(fleet.config(i)["node"]["api_socket"]) as c:
+            views.append(c.status()["fleet"])
+    assert fleet.alive() == [0, 1, 2]
+    assert all(v["connected"] for v in views) and sum(v["is_leader"] for v in views) == 1, views
+    for key, _ in GARBAGE[1:]:
+        fleet.etcd.delete(prefix + key)
+    figures = fleet.weight_change(1)
+    assert figures["nodes"] == 3 and figures["same_table"] and figures["same_table_after_return"], figures
+    assert fleet.leader() == leader
 
 
 def test_the_leader_is_killed_and_another_takes_over(fleet, record_property):

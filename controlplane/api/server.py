@@ -9,9 +9,7 @@ says SERVING from start() until stop(). In edged, on its asyncio loop:
     ...
     await handle.stop(grace_s=1.0)
 
-daemon is duck-typed: cfg, events (subscribe/unsubscribe/recent), snapshot(),
-async operate(kind, service, backend, weight=None, local=False) -> scope,
-async reload(text=None), config_path, async drain_node(); see edged.Daemon.
+daemon is an Edged (below): the part of edged.Daemon the API calls, and all of it.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ import socket
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -35,6 +33,9 @@ from controlplane import __version__
 from controlplane.api import convert, edge_pb2, edge_pb2_grpc
 from controlplane.config import MAX_CONFIG_BYTES
 from controlplane.errors import ConfigError, EdgeError
+
+if TYPE_CHECKING:  # a type only: the API server runs without loading edged's daemon
+    from controlplane.edged.events import Events
 
 SERVICE_NAME = "edge.v1.Edge"  # the name grpc.health.v1 reports it under
 SOCKET_MODE = 0o660
@@ -73,10 +74,27 @@ def _required(value: str, name: str) -> str:
     return value
 
 
+class Edged(Protocol):
+    """What the API calls on edged (edged.Daemon); a test may serve any object that has it."""
+
+    events: Events  # subscribe/unsubscribe/recent for WatchEvents, emit for internal errors
+    config_path: Optional[str]  # the file edged was started with: the only one a reload reads
+    not_serving: str  # why the data path is not whole, '' while it is
+
+    def snapshot(self, count_conntrack: bool = False) -> Awaitable[dict] | dict: ...
+
+    def operate(self, kind: str, service: str, backend: str, weight: Optional[int] = None,
+                local: bool = False) -> Awaitable[str]: ...
+
+    def reload(self, text: Optional[str] = None) -> Awaitable[dict]: ...
+
+    def drain_node(self, drained: bool = True) -> Awaitable[dict]: ...
+
+
 class EdgeServicer(edge_pb2_grpc.EdgeServicer):
     """edge.v1.Edge on top of a daemon."""
 
-    def __init__(self, daemon: Any):
+    def __init__(self, daemon: Edged):
         self.daemon = daemon
         self._watchers: set[asyncio.Queue] = set()
 
@@ -88,21 +106,14 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
             code, details = status_of(e)
             if code == grpc.StatusCode.INTERNAL:
                 log.error("%s: %s", method, details, exc_info=True)
-                emit = getattr(self.daemon.events, "emit", None)
-                if emit is not None:
-                    emit("error", f"api: {method}: {details}", method=method)
+                self.daemon.events.emit("error", f"api: {method}: {details}", method=method)
         await context.abort(code, details)
 
     async def GetStatus(self, request, context):
         async def work():
-            if request.count_conntrack:
-                if "count_conntrack" not in inspect.signature(self.daemon.snapshot).parameters:
-                    raise EdgeError("this edged cannot count conntrack entries")
-                snap = await _maybe_await(self.daemon.snapshot(count_conntrack=True))
-            else:
-                snap = await _maybe_await(self.daemon.snapshot())
+            snap = await _maybe_await(self.daemon.snapshot(count_conntrack=request.count_conntrack))
             return convert.status_to_proto(snap, {"version": __version__, "pid": os.getpid(), "t": time.time(),
-                                                  "not_serving": getattr(self.daemon, "not_serving", "")})
+                                                  "not_serving": self.daemon.not_serving})
 
         return await self._answer(context, "GetStatus", work)
 
@@ -142,7 +153,7 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
                 summary = await self.daemon.reload(request.config_text)
             else:
                 # Older clients name a file; edged reads no file a client names but its own.
-                own = getattr(self.daemon, "config_path", None)
+                own = self.daemon.config_path
                 if request.HasField("config_path") and request.config_path != own:
                     raise ConfigError(f"config_path: edged reloads only the file it was started with "
                                       f"({own or 'none'}); send the config's text instead")
@@ -310,7 +321,7 @@ class ApiServer:
                 pass
 
 
-async def start(daemon: Any, node: Any, *, unix: bool = True) -> ApiServer:
+async def start(daemon: Edged, node: Any, *, unix: bool = True) -> ApiServer:
     """Serves edge.v1.Edge and grpc.health.v1 for daemon, as node (config.Node) says.
 
     unix: listen on node.api_socket (tests may serve TCP alone). Raises EdgeError

@@ -10,6 +10,7 @@ is valid (names, endpoints, sizes), so a bad answer can never reach the maps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from ipaddress import IPv4Address, IPv4Network
 from typing import Optional
 
 from controlplane.config import Backend, Config, Service
@@ -61,6 +62,25 @@ class Verdict:
     failed: bool = False
     event: Optional[tuple[str, str]] = None  # (kind, text)
     previous: Optional[tuple[Backend, ...]] = field(default=None, compare=False)
+
+
+NOT_BACKENDS = ((IPv4Network("169.254.0.0/16"), "link-local"),
+                (IPv4Network("100.64.0.0/10"), "in 100.64.0.0/10 (shared address space)"),
+                (IPv4Network("0.0.0.0/8"), "in 0.0.0.0/8"), (IPv4Network("255.255.255.255/32"), "broadcast"))
+
+
+def not_a_backend(address: IPv4Address, vips) -> Optional[str]:
+    """Why a discovered address may not be a backend (a source must not point the data path at
+    the router itself, a VIP or a special range), or None. The router's own addresses are
+    checked beside this, against its routes (Supervisor's is_local)."""
+    if address in vips:
+        return f"{address} is a VIP"
+    return next((f"{address} is {what}" for net, what in NOT_BACKENDS if address in net), None)
+
+
+def screen(backends, vips) -> Optional[str]:
+    """The first discovered backend whose address not_a_backend refuses, as 'NAME: why'."""
+    return next((f"{b.name}: {why}" for b in backends if (why := not_a_backend(b.address, vips))), None)
 
 
 def with_tokens(c: Cached, backends: tuple[Backend, ...]) -> tuple[Backend, ...]:

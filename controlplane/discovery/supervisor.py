@@ -15,11 +15,12 @@ from typing import Awaitable, Callable, Optional
 
 from controlplane.config import Backend, Config, Service
 from controlplane.discovery import Answer, Failure, Result, Source
-from controlplane.discovery.cache import Cached, describe_change, merge, offer, with_tokens
+from controlplane.discovery.cache import Cached, describe_change, merge, offer, screen, with_tokens
 from controlplane.discovery.tokens import read_secret
 from controlplane.errors import EdgeError
 
 Emit = Callable[..., object]  # edged's Events.emit(kind, text, **fields)
+RESTART_S, RESTART_MAX_S = 1.0, 30.0  # a source that raised starts over after this, doubled each time
 
 
 def make_source(s: Service) -> Source:
@@ -32,7 +33,8 @@ def make_source(s: Service) -> Source:
 
 
 def secrets_of(cfg: Config) -> dict[str, Optional[bytes]]:
-    """Service name -> its token secret; ConfigError naming the field when a file cannot be read."""
+    """Service name -> its token secret; ConfigError naming the field when a file cannot be read.
+    Reads files (regular ones only, tokens.read_secret): edged calls it off its loop."""
     out = {}
     for i, s in enumerate(cfg.services):
         if s.discovery is not None:
@@ -45,9 +47,13 @@ class Supervisor:
     """Every discovery source of one edged, their caches, and the hook into edged's apply."""
 
     def __init__(self, apply: Callable[[], Awaitable[None]], emit: Emit,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 is_local: Optional[Callable[[list[str]], set[str]]] = None):
+        """is_local(addresses): those this node routes as local (its own addresses, routes of
+        type local), run in a worker thread; None: not checked (no router here)."""
         self.apply = apply  # programs merge(static config, found()) into the maps; raises EdgeError
         self.emit = emit
+        self.is_local = is_local
         self.clock = clock
         self.cfg: Optional[Config] = None
         self.caches: dict[str, Cached] = {}
@@ -88,7 +94,7 @@ class Supervisor:
         what edged deploys with, so a restart does not begin with an empty set."""
         async def one(name: str) -> None:
             result = await _first_result(self.sources[name])
-            self._offer(name, result)
+            self._offer(name, await self._screen(result))
 
         names = [n for n, c in self.caches.items() if c.backends is None and n not in self._tasks]
         tasks = [asyncio.ensure_future(one(n)) for n in names]
@@ -98,7 +104,7 @@ class Supervisor:
         for t in late:
             t.cancel()
         await asyncio.gather(*late, return_exceptions=True)
-        for name, t in zip(names, tasks):
+        for name, t in zip(names, tasks, strict=True):
             if t in late:
                 self._offer(name, Failure(f"no answer in {timeout_s:.1f} s at start"))
 
@@ -140,6 +146,25 @@ class Supervisor:
             merge(self.cfg, {**self.found(), name: with_tokens(self.caches[name], backends)})
         return check
 
+    async def _screen(self, result: Result) -> Result:
+        """result, or a Failure when an answer names an address no backend may have: a VIP, a
+        special range (cache.not_a_backend), or one this node routes as local."""
+        if not isinstance(result, Answer) or not result.backends or self.cfg is None:
+            return result
+        why = screen(result.backends, {s.vip for s in self.cfg.services})
+        if why is None and self.is_local is not None:
+            why = await self._local(result.backends)
+        return result if why is None else Failure(f"answer rejected: {why}")
+
+    async def _local(self, backends) -> Optional[str]:
+        """'NAME: why' of the first backend whose address this node routes as local, or None."""
+        try:
+            local = await asyncio.to_thread(self.is_local, sorted({str(b.address) for b in backends}))
+        except Exception as e:  # noqa: BLE001 -- netlink failed: nothing is known, nothing is taken
+            return f"not checked against this node's routes ({type(e).__name__}: {e})"
+        return next((f"{b.name}: {b.address} is this node's own (a route of type local)"
+                     for b in backends if str(b.address) in local), None)
+
     def _offer(self, name: str, result: Result):
         c = self.caches[name]
         verdict = offer(c, result, self.clock(), self._fits(name))
@@ -153,22 +178,34 @@ class Supervisor:
             if self.sources.get(name) is not source:
                 return  # replaced by a reload
             c = self.caches[name]
-            verdict = self._offer(name, result)
+            verdict = self._offer(name, await self._screen(result))
             if not verdict.changed:
                 return
             text = describe_change(verdict.previous, c.backends)
             t0 = time.perf_counter()
             try:
                 await self.apply()
-            except EdgeError as e:
+            except Exception as e:  # noqa: BLE001 -- EdgeError, or anything else: the maps did not take it
                 c.backends = verdict.previous
-                self._offer(name, Failure(f"cannot apply ({text}): {e}"))
+                why = str(e) if isinstance(e, EdgeError) else f"{type(e).__name__}: {e}"
+                self._offer(name, Failure(f"cannot apply ({text}): {why}"))
                 return
             self.emit("discovery", f"{name}: {source.kind} discovery: {text}; now {len(c.backends)} backends "
                                    f"({(time.perf_counter() - t0) * 1000:.1f} ms to the maps)",
                       service=name, source=source.kind, change=text, backends=[b.name for b in c.backends])
 
-        await source.run(report)
+        delay = RESTART_S
+        while True:  # a source never ends; if one raises all the same, it is a failure and it starts over
+            try:
+                await source.run(report)
+                why = "the source ended"
+            except Exception as e:  # noqa: BLE001 -- counted and retried, never the end of discovery
+                why = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+            if self.sources.get(name) is not source:
+                return
+            self._offer(name, Failure(f"{source.kind} source failed ({why}); started again in {delay:.1f} s"))
+            await asyncio.sleep(delay)
+            delay = min(RESTART_MAX_S, delay * 2)
 
 
 async def _first_result(source: Source) -> Result:

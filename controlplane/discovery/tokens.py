@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import stat
 from ipaddress import IPv4Address
 
 from controlplane.errors import ConfigError
 
 MIN_SECRET_BYTES = 16
+MAX_SECRET_BYTES = 4096
 
 
 def derive_token(secret: bytes, address: IPv4Address | str, port: int) -> int:
@@ -23,14 +26,26 @@ def derive_token(secret: bytes, address: IPv4Address | str, port: int) -> int:
 
 
 def read_secret(path: str, where: str) -> bytes:
-    """The secret in the file at path (surrounding whitespace stripped); where names the config field."""
+    """The secret in the file at path (surrounding whitespace stripped); where names the config
+    field. Only a regular file of at most MAX_SECRET_BYTES is read: it is opened without
+    blocking (a FIFO or device never blocks the caller) and refused unless it is one."""
     try:
-        with open(path, "rb") as f:
-            secret = f.read(4097).strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError(f"{where}: cannot read {path}: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{where}: {path} is not a regular file")
+        if st.st_size > MAX_SECRET_BYTES:
+            raise ConfigError(f"{where}: {path} is larger than {MAX_SECRET_BYTES} bytes")
+        secret = os.read(fd, MAX_SECRET_BYTES + 1).strip()
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read {path}: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
     if len(secret) < MIN_SECRET_BYTES:
         raise ConfigError(f"{where}: {path} holds {len(secret)} bytes; a secret needs at least {MIN_SECRET_BYTES}")
-    if len(secret) > 4096:
-        raise ConfigError(f"{where}: {path} is larger than 4096 bytes")
+    if len(secret) > MAX_SECRET_BYTES:
+        raise ConfigError(f"{where}: {path} is larger than {MAX_SECRET_BYTES} bytes")
     return secret

@@ -43,7 +43,7 @@ async def serve(cfg: Config, iface: str, events: Events | None = None, config_pa
                 ready: Callable[[Daemon], None] | None = None) -> int:
     """Runs edged until SIGTERM/SIGINT, telling systemd (NOTIFY_SOCKET) how it goes."""
     daemon = Daemon(cfg, iface, events, config_path)
-    notify = daemon.notify
+    notify = daemon.state.notify
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stop)

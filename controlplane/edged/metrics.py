@@ -118,6 +118,9 @@ METRICS = (
     Spec("edge_fleet_connected", "gauge", "1 while this node reaches the fleet's etcd; 0: it keeps its last snapshot"),
     Spec("edge_fleet_leader", "gauge", "1 while this node is the fleet's leader"),
     Spec("edge_fleet_snapshot_version", "gauge", "Version of the fleet snapshot this node applied (0: none yet)"),
+    Spec("edge_fleet_faults_total", "counter", "Fleet sessions that ended in a fault (etcd lost, a call failed)"),
+    Spec("edge_fleet_refused_total", "counter",
+         "Documents read from the fleet's etcd prefix and refused (garbage, not from the leader, unsafe weights)"),
     # of the exporter itself
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
@@ -329,6 +332,8 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
         fams["edge_fleet_connected"].add_metric([], 1 if fleet["connected"] else 0)
         fams["edge_fleet_leader"].add_metric([], 1 if fleet["is_leader"] else 0)
         fams["edge_fleet_snapshot_version"].add_metric([], fleet["version"])
+        fams["edge_fleet_faults_total"].add_metric([], fleet.get("faults", 0))
+        fams["edge_fleet_refused_total"].add_metric([], fleet.get("refused", 0))
     services = []
     for s in snap["services"]:
         services.append(s["name"])

@@ -21,10 +21,10 @@ the leader deletes it, a mark only waits (of_service leaves it out).
 
 from __future__ import annotations
 
-import json
 from typing import Iterable, Mapping, Optional
 
 from controlplane.config import Service
+from controlplane.fleet import schema
 
 OPERATOR = "operator/"
 KINDS = ("drain", "undrain", "weight")
@@ -47,18 +47,9 @@ def split_key(prefix: str, k: bytes) -> Optional[tuple[str, str]]:
 
 
 def decode(value: bytes) -> dict:
-    """A mark as stored; ValueError when it is none (garbage counts as no mark)."""
-    try:
-        doc = json.loads(value)
-    except (UnicodeDecodeError, ValueError):
-        raise ValueError("operator mark: not JSON") from None
-    if not isinstance(doc, dict):
-        raise ValueError("operator mark: not an object")
-    weight = doc.get("weight")
-    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 65535):
-        raise ValueError(f"operator mark: weight {weight!r} is not 0..65535")
-    return {"drain": doc.get("drain") is True, "weight": weight, "node": str(doc.get("node", "")),
-            "t": float(doc.get("t", 0) or 0)}
+    """A mark as stored (schema.mark: every field checked); ValueError when it is none (garbage
+    counts as no mark)."""
+    return schema.mark(value, "operator mark")
 
 
 def change(before: Optional[Mapping], kind: str, weight: Optional[int], node: str, t: float) -> Optional[dict]:

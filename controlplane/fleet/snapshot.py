@@ -8,7 +8,9 @@ Keys under node.fleet.prefix:
                   (weights as that node's weights.decide() computes them from its own probes;
                   wire: what its data path saw of real traffic over weights.wire.window_ms,
                   for operators only, the leader does not combine it)
-  snapshot        the leader's snapshot: {"version", "leader", "t", "services": {service:
+  snapshot        the leader's snapshot: {"version", "leader", "lease" (the leader key's lease
+                  id: nodes apply only a snapshot whose leader and lease are the leader key's
+                  now, refused()), "t", "services": {service:
                   {"digest", "backends": [[name, address, port], ...], "weights": {backend: w}}}}
                   with operator marks (operator.py) also "operator": {backend: mark} and
                   "computed": the weights before the marks were folded in
@@ -33,6 +35,7 @@ from typing import Iterable, Mapping, Optional
 from controlplane import weights as policy
 from controlplane.config import Service
 from controlplane.fleet import operator as op
+from controlplane.fleet import schema
 
 LEADER, NODES, SNAPSHOT = "leader", "nodes/", "snapshot"
 
@@ -49,11 +52,9 @@ def encode(doc: Mapping) -> bytes:
 
 
 def decode(value: bytes, what: str) -> dict:
-    """A report or snapshot; ValueError naming what when it is not one."""
-    try:
-        doc = json.loads(value)
-    except (UnicodeDecodeError, ValueError):
-        raise ValueError(f"{what}: not JSON") from None
+    """A report or snapshot, its shape only roughly known (schema.report and schema.snapshot
+    check every field); ValueError naming what when it is not one."""
+    doc = schema.load(value, what)
     if not isinstance(doc, dict) or not isinstance(doc.get("services"), dict):
         raise ValueError(f"{what}: not a fleet document (no services)")
     return doc
@@ -157,26 +158,73 @@ class Apply:
     weights: dict[str, dict[str, int]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     operator: dict[str, dict[str, dict]] = field(default_factory=dict)  # the marks folded in, per service
+    refused: dict[str, str] = field(default_factory=dict)  # services whose weights are unsafe: the last ones stay
+
+
+def refused(snap: Mapping, holder: Optional[str], lease: int, mod_revision: int) -> Optional[str]:
+    """Why a (schema-checked) snapshot must not be applied, or None: it must come from the
+    current holder of the leader key (holder, on lease: the key's value and lease now), and its
+    version may not exceed the etcd revision it was written at (every version the leaders
+    published took one revision at least, so a larger one was made up: it would freeze the fleet)."""
+    if holder is None:
+        return f"from {snap['leader']!r}, but no node holds the leader key"
+    if snap["leader"] != holder or snap.get("lease", 0) != lease:
+        return f"from {snap['leader']!r} (lease {snap.get('lease', 0):x}), not from the leader {holder!r} (lease {lease:x})"
+    if snap["version"] > mod_revision:
+        return f"version {snap['version']} is past etcd's revision {mod_revision}: a jump no leader made"
+    return None
+
+
+def _all_zero_unasked(s: Service, weights: Mapping[str, int], marks: Mapping[str, Mapping]) -> bool:
+    """Every weight 0 while some backend is neither configured at 0 nor drained (or set to 0) by
+    an operator: no leader computes that (the policy fails open), so it is refused."""
+    if any(weights.values()):
+        return False
+    asked = {n for n, m in marks.items() if m.get("drain") or m.get("weight") == 0}
+    return any(b.weight > 0 and b.name not in asked for b in s.backends)
+
+
+def _is_weight(w) -> bool:
+    return isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= schema.MAX_WEIGHT
+
+
+def _take(s: Service, theirs: Mapping) -> tuple[Optional[dict], Optional[dict], str, bool]:
+    """(weights, marks, '', False) of one service's part of a snapshot, or (None, None, why not,
+    unsafe): unsafe weights are refused (the last ones stay), another config's are skipped."""
+    if theirs.get("digest") != digest(s):
+        return None, None, "this node's config of it differs from the leader's", False
+    weights = dict(theirs["weights"])
+    if set(weights) != {b.name for b in s.backends}:
+        return None, None, "its backends differ from this node's", False
+    if not all(_is_weight(w) for w in weights.values()):
+        return None, None, "a weight is out of 0..65535", True
+    marks = op.of_service(s, {s.name: theirs.get("operator") or {}})
+    if _all_zero_unasked(s, weights, marks):
+        return None, None, "every weight is 0 and no operator drained them", True
+    return weights, marks, "", False
 
 
 def to_apply(snap: Mapping, services: Iterable[Service], applied: int) -> Optional[Apply]:
-    """None when snap is not newer than the version applied; else what to take from it."""
+    """None when snap is not newer than the version applied; else what to take from it (a
+    service whose part is not usable is skipped, saying why)."""
     version = int(snap.get("version", 0))
     if version <= applied:
         return None
-    take, skipped, marks = {}, {}, {}
+    take, skipped, marks, refused = {}, {}, {}, {}
     shared = snap.get("services", {})
     for s in services:
         theirs = shared.get(s.name)
         if theirs is None:
             skipped[s.name] = "not in the snapshot"
-        elif theirs.get("digest") != digest(s):
-            skipped[s.name] = "this node's config of it differs from the leader's"
-        else:
-            take[s.name] = {k: int(v) for k, v in theirs["weights"].items()}
-            if theirs.get("operator"):
-                marks[s.name] = op.of_service(s, {s.name: theirs["operator"]})
-    return Apply(version, take, skipped, marks)
+            continue
+        weights, folded, why, unsafe = _take(s, theirs)
+        if weights is None:
+            (refused if unsafe else skipped)[s.name] = why
+            continue
+        take[s.name] = weights
+        if folded:
+            marks[s.name] = folded
+    return Apply(version, take, skipped, marks, refused)
 
 
 def status_rows(leader: str, snap: Optional[Mapping], reports: Iterable[Mapping], now: float) -> list[dict]:

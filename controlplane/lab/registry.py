@@ -16,8 +16,9 @@ import signal
 import socket
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from controlplane.lab.topo import Ns, stop_process
 
@@ -101,6 +102,7 @@ class Etcd:
         self.client_port, self.peer_port = client_port, peer_port
         self.proc: Optional[subprocess.Popen] = None
         self.log = workdir / "etcd.log"
+        self.token = ""  # with auth on: root's, for put and delete
 
     def start(self, timeout_s: float = 20.0) -> "Etcd":
         c, p = f"http://{self.host}:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
@@ -130,8 +132,11 @@ class Etcd:
                     conn.close()
                     conn = None
             if conn is not None:
+                headers = {"Content-Type": "application/json"}
+                if self.token:
+                    headers["Authorization"] = self.token
                 try:
-                    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+                    conn.request("POST", path, json.dumps(body), headers)
                     resp = conn.getresponse()
                     data = resp.read()
                     if resp.status == 200:
@@ -141,6 +146,26 @@ class Etcd:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"etcd {path} failed")
             time.sleep(0.1)  # etcd still electing itself leader
+
+    def grant(self, user: str, password: str, perms: Sequence[tuple[str, str, bool]]) -> None:
+        """A user with a role of its own (named after it) holding perms: (permission READ, WRITE
+        or READWRITE, key, whether key is a prefix)."""
+        self._call("/v3/auth/role/add", {"name": user})
+        for perm, key, prefix in perms:
+            grant = {"permType": perm, "key": _b64(key)}
+            if prefix:
+                grant["range_end"] = _b64(key[:-1] + chr(ord(key[-1]) + 1))
+            self._call("/v3/auth/role/grant", {"name": user, "perm": grant})
+        self._call("/v3/auth/user/add", {"name": user, "password": password})
+        self._call("/v3/auth/user/grant", {"user": user, "role": user})
+
+    def enable_auth(self, root_password: str) -> None:
+        """Turns etcd's auth on (root with the root role first, as etcd requires); put and delete
+        then act as root."""
+        self._call("/v3/auth/user/add", {"name": "root", "password": root_password})
+        self._call("/v3/auth/user/grant", {"user": "root", "role": "root"})
+        self._call("/v3/auth/enable", {})
+        self.token = self._call("/v3/auth/authenticate", {"name": "root", "password": root_password})["token"]
 
     def put(self, key: str, value: str | bytes | dict) -> None:
         if isinstance(value, dict):
@@ -154,6 +179,29 @@ class Etcd:
         """Every key under prefix, in one revision."""
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
         self._call("/v3/kv/deleterange", {"key": _b64(prefix), "range_end": _b64(end)})
+
+
+class Loopback:
+    """The test process's own namespace, for a daemon on its loopback that code in the test
+    process talks to directly (an Etcd(Loopback(), ..., free_port(), free_port())): the rules
+    allow loopback peers, and gRPC's threads cannot be moved into another namespace."""
+
+    name = role = "loopback"
+
+    def popen(self, argv: Sequence[str], **kw) -> subprocess.Popen:
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        return subprocess.Popen(list(map(str, argv)), **kw)
+
+    @contextmanager
+    def enter(self) -> Iterator["Loopback"]:
+        yield self
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _b64(text: str | bytes) -> str:

@@ -166,6 +166,7 @@ class FakeDaemon:
         self.calls.append(("set_override", service, backend, weight))
 
     config_path = "/etc/edge/edge.yaml"  # the file edged was started with
+    not_serving = ""  # the data path is whole
 
     async def drain_node(self, drained: bool = True) -> dict:
         self.calls.append(("drain_node", drained))

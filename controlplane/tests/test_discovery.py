@@ -66,7 +66,7 @@ def test_a_service_with_discovery_needs_no_static_backends():
     ({"etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": "a"}}, None, False,
      "services[0].discovery.etcd.prefix: expected a key prefix like '/edge/services/chat/', got 'a'"),
     ({**DNS, "bogus": 1}, None, False,
-     "services[0].discovery.bogus: unknown key (allowed: dns, etcd, allow_empty, retry_ms, token_secret_file)"),
+     "services[0].discovery.bogus: unknown key (allowed: dns, etcd, allow_empty, retry_ms, max_backends, token_secret_file)"),
     (DNS, None, True, "services[0].discovery.token_secret_file: required when services[0].health.heartbeat is set "
                       "(discovered backends get their tokens from it)"),
     (None, None, False, "services[0].backends: none given (set backends, or discovery to find them at run time)"),
@@ -101,6 +101,38 @@ def test_a_short_or_missing_secret_file_is_an_error_naming_the_field(tmp_path):
     good = tmp_path / "good"
     good.write_bytes(SECRET + b"\n")
     assert read_secret(str(good), "f") == SECRET
+
+
+def test_a_secret_file_that_is_no_regular_file_is_refused_without_blocking(tmp_path):
+    """A FIFO (nobody writing) blocked the reader, and so edged's loop, for good; /dev/zero is
+    endless. Both are refused at once, naming the field."""
+    import os
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big"
+    big.write_bytes(b"s" * 5000)
+    got: dict = {}
+
+    def read_all() -> None:
+        for name, path in (("fifo", str(fifo)), ("zero", "/dev/zero"), ("big", str(big))):
+            try:
+                read_secret(path, "services[0].discovery.token_secret_file")
+            except ConfigError as e:
+                got[name] = str(e)
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    reader.join(5.0)
+    if reader.is_alive():  # the old code blocks in open(): a writer end lets it go, then fail
+        with open(fifo, "wb"):
+            pass
+        reader.join(5.0)
+        raise AssertionError("read_secret blocked on a FIFO")
+    assert got["fifo"].endswith("fifo is not a regular file"), got
+    assert got["zero"].endswith("/dev/zero is not a regular file"), got
+    assert got["big"].endswith("is larger than 4096 bytes"), got
 
 
 # ---- last known good
@@ -261,3 +293,15 @@ def test_dns_ttl_is_clamped():
     d = config({"dns": {"name": "x.test.", "servers": ["127.0.0.1"], "min_ttl_ms": 500, "max_ttl_ms": 10000}})
     src = DnsSource(d.services[0].discovery)
     assert (src.next_in_s(0), src.next_in_s(3), src.next_in_s(3600), src.next_in_s(None)) == (0.5, 3, 10, 10)
+
+
+def test_no_discovered_address_may_be_a_vip_link_local_or_shared_space():
+    from ipaddress import IPv4Address as A
+
+    from controlplane.discovery.cache import not_a_backend
+
+    vips = {A("198.18.255.1")}
+    assert not_a_backend(A("198.18.255.1"), vips) == "198.18.255.1 is a VIP"
+    assert not_a_backend(A("169.254.1.1"), vips) == "169.254.1.1 is link-local"
+    assert "100.64.0.0/10" in not_a_backend(A("100.127.255.254"), vips)
+    assert not_a_backend(A("198.18.1.2"), vips) is None

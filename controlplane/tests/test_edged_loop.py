@@ -21,7 +21,7 @@ import yaml
 
 from controlplane import abi, loader, maps, wire
 from controlplane.edged import daemon as edged
-from controlplane.edged import operations
+from controlplane.edged import status
 from controlplane.errors import ConfigError, EdgeError, MapError
 from controlplane.config import parse_config
 from controlplane.maps import ApplyReport, ProbeStatus, WireStats
@@ -153,14 +153,14 @@ def daemon(cfg=None) -> edged.Daemon:
     on a running loop (the prober's)."""
     cfg = cfg or config()
     d = edged.Daemon(cfg, "edge-t0", edged.Events())
-    d._targets = lambda cfg: []  # nothing is probed: the tests hand edged its samples
-    d.maps = FakeMaps(cfg)
-    d._set_services(cfg)
+    d.steering.targets = lambda cfg: []  # nothing is probed: the tests hand edged its samples
+    d.state.maps = FakeMaps(cfg)
+    d.steering.set_services(cfg)
     return d
 
 
 def sample(d: edged.Daemon, backend: str, rtt_s: float, t_ns: int) -> None:
-    d._on_sample(("web", backend), Sample(t_ns=t_ns, ok=True, rtt_s=rtt_s))
+    d.steering.on_sample(("web", backend), Sample(t_ns=t_ns, ok=True, rtt_s=rtt_s))
 
 
 def kinds(d: edged.Daemon, kind: str) -> list[dict]:
@@ -182,7 +182,7 @@ def probed(rtts: dict[str, float], t_ns: int, n: int = 3, d: edged.Daemon | None
 def steered(rtts: dict[str, float], t_ns: int = 10**12) -> edged.Daemon:
     """probed(), then one step: the policy's weights are in the table."""
     d = probed(rtts, t_ns)
-    d.step(d.services["web"], t_ns)
+    d.steering.step(d.state.services["web"], t_ns)
     return d
 
 
@@ -198,34 +198,34 @@ def on_loop(test):
 
 def handshakes(d: edged.Daemon, backend: str, n: int, bucket: int) -> None:
     """n more handshakes of backend in the data path's histogram, in bucket (2^bucket us)."""
-    _, bids = d.maps.ids("web")
-    w = d.maps.wire.get(bids[backend], WireStats())
+    _, bids = d.state.maps.ids("web")
+    w = d.state.maps.wire.get(bids[backend], WireStats())
     hs = list(w.handshake)
     hs[bucket] += n
-    d.maps.wire[bids[backend]] = WireStats(handshake=tuple(hs), opened=w.opened + n)
+    d.state.maps.wire[bids[backend]] = WireStats(handshake=tuple(hs), opened=w.opened + n)
 
 
 def test_fresh_wire_signals_steer_between_probes_and_stale_ones_give_the_rtt_back():
     def test():
         t = 10**12
         d = probed({"b0": 0.0001, "b1": 0.0001, "b2": 0.0001}, t)
-        st = d.services["web"]
-        d.step(st, t)
-        even = d.maps.weights("web")
-        assert len(set(even.values())) == 1 and d.wire_fresh == set()
+        st = d.state.services["web"]
+        d.steering.step(st, t)
+        even = d.state.maps.weights("web")
+        assert len(set(even.values())) == 1 and d.state.wire_fresh == set()
         for name in ("b0", "b2"):
             handshakes(d, name, 10, 6)  # ~100 us
         handshakes(d, "b1", 10, 14)  # ~25 ms: its path got slow, no probe has seen it yet
-        d.step(st, t + 300 * MS)
-        assert d.wire_fresh == {("web", "b0"), ("web", "b1"), ("web", "b2")}
-        moved = d.maps.weights("web")
+        d.steering.step(st, t + 300 * MS)
+        assert d.state.wire_fresh == {("web", "b0"), ("web", "b1"), ("web", "b2")}
+        moved = d.state.maps.weights("web")
         assert moved["b1"] < moved["b0"] / 10 and moved["b0"] == moved["b2"]
         # no more traffic: once the window (2 s) holds none, the signals are stale and the probes' RTT counts
-        d.step(st, t + 2600 * MS)
-        d.step(st, t + 2900 * MS)
-        assert d.wire_fresh == set()
+        d.steering.step(st, t + 2600 * MS)
+        d.steering.step(st, t + 2900 * MS)
+        assert d.state.wire_fresh == set()
         assert all(tr.wire_rtt_s is None for tr in st.trackers.values())
-        assert len(set(d.maps.weights("web").values())) == 1
+        assert len(set(d.state.maps.weights("web").values())) == 1
     on_loop(test)
 
 
@@ -234,12 +234,12 @@ def test_a_step_pushes_the_policys_weights_and_not_the_noise_within_the_hysteres
     def test():
         t = 10**12
         d = probed({"b0": 0.010, "b1": 0.020, "b2": 0.040}, t)
-        st = d.services["web"]
-        assert d.step(st, t) is True
-        first = d.maps.weights("web")
+        st = d.state.services["web"]
+        assert d.steering.step(st, t) is True
+        first = d.state.maps.weights("web")
         assert first["b0"] > first["b1"] > first["b2"] and st.pushed == first
         probed({"b0": 0.0101, "b1": 0.0199, "b2": 0.0401}, t + 300 * MS, d=d)  # 1 % noise
-        assert d.step(st, t + 300 * MS) is False and d.maps.weights("web") == first
+        assert d.steering.step(st, t + 300 * MS) is False and d.state.maps.weights("web") == first
         pushes = kinds(d, "weights")
         assert len(pushes) == 1 and pushes[0]["weights"] == first
     on_loop(test)
@@ -249,14 +249,14 @@ def test_a_drain_forces_0_until_undrained_and_shows_in_the_status_record():
     def test():
         t = 10**12
         d = steered({"b0": 0.010, "b1": 0.010, "b2": 0.010}, t)
-        d.drain("web", "b1")
-        assert d.maps.weights("web")["b1"] == 0
-        _, bids = d.maps.ids("web")
-        assert d.maps.read_status(bids["b1"]).drained and d.maps.read_status(bids["b1"]).state == "drained"
-        assert d.backend_view("web", "b1", t)["state"] == "drained"
-        d.undrain("web", "b1")
-        assert d.maps.weights("web")["b1"] == d.maps.weights("web")["b0"] > 0
-        assert not d.maps.read_status(bids["b1"]).drained
+        d.operations.drain("web", "b1")
+        assert d.state.maps.weights("web")["b1"] == 0
+        _, bids = d.state.maps.ids("web")
+        assert d.state.maps.read_status(bids["b1"]).drained and d.state.maps.read_status(bids["b1"]).state == "drained"
+        assert d.status.backend_view("web", "b1", t)["state"] == "drained"
+        d.operations.undrain("web", "b1")
+        assert d.state.maps.weights("web")["b1"] == d.state.maps.weights("web")["b0"] > 0
+        assert not d.state.maps.read_status(bids["b1"]).drained
         assert [e["kind"] for e in d.events.recent if e["kind"] in ("drain", "undrain")] == ["drain", "undrain"]
     on_loop(test)
 
@@ -265,33 +265,33 @@ def test_an_override_beats_the_policy_until_cleared():
     def test():
         t = 10**12
         d = steered({"b0": 0.010, "b1": 0.030}, t)
-        d.set_override("web", "b1", 77)
-        _, bids = d.maps.ids("web")
-        assert d.maps.weights("web")["b1"] == 77 and d.maps.read_status(bids["b1"]).override == 77
+        d.operations.set_override("web", "b1", 77)
+        _, bids = d.state.maps.ids("web")
+        assert d.state.maps.weights("web")["b1"] == 77 and d.state.maps.read_status(bids["b1"]).override == 77
         probed({"b0": 0.030, "b1": 0.010}, t + 10**9, n=5, d=d)  # the policy now prefers b1
-        d.step(d.services["web"], t + 10**9)
-        assert d.maps.weights("web")["b1"] == 77
-        d.set_override("web", "b1", None)
-        assert d.maps.weights("web")["b1"] > d.maps.weights("web")["b0"]
-        assert d.maps.read_status(bids["b1"]).override is None
+        d.steering.step(d.state.services["web"], t + 10**9)
+        assert d.state.maps.weights("web")["b1"] == 77
+        d.operations.set_override("web", "b1", None)
+        assert d.state.maps.weights("web")["b1"] > d.state.maps.weights("web")["b0"]
+        assert d.state.maps.read_status(bids["b1"]).override is None
         with pytest.raises(ValueError, match="^weight: 70000 is out of range"):
-            d.set_override("web", "b1", 70000)
+            d.operations.set_override("web", "b1", 70000)
         with pytest.raises(LookupError, match="no backend 'b9'"):
-            d.drain("web", "b9")
+            d.operations.drain("web", "b9")
     on_loop(test)
 
 
 def test_a_drain_the_maps_refuse_is_an_error_and_leaves_nothing_behind():
     def test():
         d = steered({"b0": 0.010, "b1": 0.010})
-        before = d.maps.weights("web")
-        d.maps.refusing = loader.Table(abi.MAP_VIPS, RefusingTable("Argument list too long"))
+        before = d.state.maps.weights("web")
+        d.state.maps.refusing = loader.Table(abi.MAP_VIPS, RefusingTable("Argument list too long"))
         with pytest.raises(MapError, match="^edge_vips: update"):
-            d.drain("web", "b1")
-        assert not d.drained and not kinds(d, "drain")
-        d.maps.refusing = None
-        d.step(d.services["web"], 10**12)  # the steer loop's next step does not drain b1
-        assert d.maps.weights("web") == before
+            d.operations.drain("web", "b1")
+        assert not d.state.drained and not kinds(d, "drain")
+        d.state.maps.refusing = None
+        d.steering.step(d.state.services["web"], 10**12)  # the steer loop's next step does not drain b1
+        assert d.state.maps.weights("web") == before
     on_loop(test)
 
 
@@ -299,16 +299,16 @@ def test_a_restarted_edged_keeps_the_drains_and_overrides_it_finds_in_the_maps()
     def test():
         t = 10**12
         d = steered({"b0": 0.010, "b1": 0.010, "b2": 0.010}, t)
-        d.drain("web", "b1")
-        d.set_override("web", "b2", 5)
-        again = edged.Daemon(d.cfg, "edge-t0", edged.Events())
-        again._targets = lambda cfg: []
-        again.maps = d.maps  # what a restart finds pinned
+        d.operations.drain("web", "b1")
+        d.operations.set_override("web", "b2", 5)
+        again = edged.Daemon(d.state.cfg, "edge-t0", edged.Events())
+        again.steering.targets = lambda cfg: []
+        again.state.maps = d.state.maps  # what a restart finds pinned
         again._adopt_operator_state()
-        again._set_services(d.cfg)
-        assert again.drained == {("web", "b1")} and again.overrides == {("web", "b2"): 5}
-        again.step(again.services["web"], t)  # no probe data yet: nothing forced moves
-        assert {n: w for n, w in d.maps.weights("web").items() if n != "b0"} == {"b1": 0, "b2": 5}
+        again.steering.set_services(d.state.cfg)
+        assert again.state.drained == {("web", "b1")} and again.state.overrides == {("web", "b2"): 5}
+        again.steering.step(again.state.services["web"], t)  # no probe data yet: nothing forced moves
+        assert {n: w for n, w in d.state.maps.weights("web").items() if n != "b0"} == {"b1": 0, "b2": 5}
     on_loop(test)
 
 
@@ -316,9 +316,9 @@ def test_the_status_record_carries_what_edged_measured():
     def test():
         t = 10**12
         d = steered({"b0": 0.010, "b1": 0.020}, t)
-        d._write_status(t)
-        _, bids = d.maps.ids("web")
-        p = d.maps.read_status(bids["b0"])
+        d.status.write_status(t)
+        _, bids = d.state.maps.ids("web")
+        p = d.state.maps.read_status(bids["b0"])
         assert p.updated_ns == t and p.config_weight == 100 and p.state == "up"
         assert p.rtt_smoothed_s == pytest.approx(0.010)
         assert not p.drained and p.override is None and p.leave_until_s is None
@@ -334,19 +334,19 @@ def test_reload_adds_a_backend_and_drains_a_removed_one_at_weight_0(monkeypatch)
 
     async def go():
         d = daemon(config(("b0", "b1", "b2")))
-        d.step(d.services["web"], time.monotonic_ns())
+        d.steering.step(d.state.services["web"], time.monotonic_ns())
         new = doc(("b0", "b1", "b3"))
         new["services"][0]["backends"][2]["address"] = "198.18.9.2"  # on b2's endpoint, b3 would be b2 renamed
         summary = await d.reload(yaml.safe_dump(new))  # the API's config text
-        d.step(d.services["web"], time.monotonic_ns())
+        d.steering.step(d.state.services["web"], time.monotonic_ns())
         return d, summary
 
     d, summary = asyncio.run(go())
     assert summary["added_backends"] == ["web/b3"] and summary["draining_backends"] == ["web/b2"]
-    assert d.maps.weights("web")["b2"] == 0 and d.maps.weights("web")["b3"] > 0  # b2 keeps its connections
-    _, bids = d.maps.ids("web")
-    assert d.maps.read_status(bids["b2"]).leave_until_s is not None  # a restart keeps draining it
-    assert d.backend_view("web", "b2", time.monotonic_ns())["state"] == "leaving"
+    assert d.state.maps.weights("web")["b2"] == 0 and d.state.maps.weights("web")["b3"] > 0  # b2 keeps its connections
+    _, bids = d.state.maps.ids("web")
+    assert d.state.maps.read_status(bids["b2"]).leave_until_s is not None  # a restart keeps draining it
+    assert d.status.backend_view("web", "b2", time.monotonic_ns())["state"] == "leaving"
 
 
 def test_a_bad_reload_changes_nothing(monkeypatch):
@@ -357,14 +357,14 @@ def test_a_bad_reload_changes_nothing(monkeypatch):
 
     async def go():
         d = daemon(config(("b0", "b1", "b2")))
-        d.step(d.services["web"], time.monotonic_ns())
-        before = (d.maps.weights("web"), dict(d.maps.ids_of), d.cfg)
+        d.steering.step(d.state.services["web"], time.monotonic_ns())
+        before = (d.state.maps.weights("web"), dict(d.state.maps.ids_of), d.state.cfg)
         with pytest.raises(ConfigError, match=r"weight"):
             await d.reload(yaml.safe_dump(bad))
         return d, before
 
     d, before = asyncio.run(go())
-    assert (d.maps.weights("web"), dict(d.maps.ids_of), d.cfg) == before
+    assert (d.state.maps.weights("web"), dict(d.state.maps.ids_of), d.state.cfg) == before
     assert kinds(d, "reload-rejected")
 
 
@@ -401,21 +401,21 @@ def test_a_failed_map_write_does_not_kill_the_steer_task():
 
     async def go():
         d = daemon()
-        d.maps.refusing = loader.Table(abi.MAP_VIPS, RefusingTable("Argument list too long"))
+        d.state.maps.refusing = loader.Table(abi.MAP_VIPS, RefusingTable("Argument list too long"))
         task = asyncio.create_task(d.run())
-        d.overrides[("web", "b0")] = 5  # a push is due at once
+        d.state.overrides[("web", "b0")] = 5  # a push is due at once
 
         async def until(cond):
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and not cond() and d.healthy():
                 await asyncio.sleep(0.01)
 
-        await until(lambda: d.observer.read().map_errors.get(abi.MAP_VIPS, 0) >= 2)
-        failed = d.observer.read().map_errors.get(abi.MAP_VIPS, 0)
-        d.maps.refusing = None
-        await until(lambda: d.maps.writes > 0)
-        healthy, writes = d.healthy(), d.maps.writes
-        dead = [f"{t.get_name()}: {t.exception()!r}" for t in d._tasks if t.done() and not t.cancelled()]
+        await until(lambda: d.state.observer.read().map_errors.get(abi.MAP_VIPS, 0) >= 2)
+        failed = d.state.observer.read().map_errors.get(abi.MAP_VIPS, 0)
+        d.state.maps.refusing = None
+        await until(lambda: d.state.maps.writes > 0)
+        healthy, writes = d.healthy(), d.state.maps.writes
+        dead = [f"{t.get_name()}: {t.exception()!r}" for t in d.state.tasks if t.done() and not t.cancelled()]
         d.stop()
         await task
         await d.close()
@@ -439,7 +439,7 @@ def test_the_loop_keeps_deciding_while_a_status_walk_is_slow(monkeypatch):
 
     async def go():
         d = daemon()
-        gate = d.maps.walk_gate = threading.Event()
+        gate = d.state.maps.walk_gate = threading.Event()
         ticks = 0
 
         async def ticker():
@@ -463,23 +463,23 @@ def test_the_loop_keeps_deciding_while_a_status_walk_is_slow(monkeypatch):
     assert ticks >= 20  # the loop ran while the walk was in progress
     assert [b["name"] for b in snap["services"][0]["backends"]] == ["b0", "b1", "b2"]
     assert snap["services"][0]["backends"][0]["edged"]["config_weight"] == 100  # edged's view on top
-    assert d.maps.walk_deadlines[-1] is not None  # the walk was given a deadline
+    assert d.state.maps.walk_deadlines[-1] is not None  # the walk was given a deadline
 
 
 def test_a_walk_that_outlives_its_grace_is_an_error_and_the_loop_goes_on(monkeypatch):
     monkeypatch.setattr(edged.deploy, "describe", lambda maps, instance, pin_path, count=False, deadline_ns=None:
                         maps.snapshot(count, deadline_ns))
-    monkeypatch.setattr(operations, "WALK_DEADLINE_S", 0.01)
-    monkeypatch.setattr(operations, "WALK_GRACE_S", 0.01)
+    monkeypatch.setattr(status, "WALK_DEADLINE_S", 0.01)
+    monkeypatch.setattr(status, "WALK_GRACE_S", 0.01)
 
     async def go():
         d = daemon()
-        gate = d.maps.walk_gate = threading.Event()  # a walk that ignores its deadline
+        gate = d.state.maps.walk_gate = threading.Event()  # a walk that ignores its deadline
         try:
             with pytest.raises(EdgeError, match=r"^status: walking the maps took over"):
                 await d.snapshot(count_conntrack=True)
-            d.step(d.services["web"], time.monotonic_ns())  # the loop is free to steer
-            assert d.maps.writes == 1
+            d.steering.step(d.state.services["web"], time.monotonic_ns())  # the loop is free to steer
+            assert d.state.maps.writes == 1
         finally:
             gate.set()
         await d.close()  # waits for the walk before closing the maps

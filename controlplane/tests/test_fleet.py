@@ -111,14 +111,14 @@ def test_the_nodes_fleet_view_survives_the_api_and_reads_as_one_line():
 
 def test_a_node_steers_by_the_snapshot_with_its_operator_weights_on_top():
     from controlplane import weights as policy
-    from controlplane.fleet.member import Member
+    from controlplane.fleet.member import Hooks, Member
 
     c = parse_config({"version": 1, "node": {"fleet": {"etcd": ["127.0.0.1:2379"], "name": "n1"}}, "services": [{
             "name": "chat", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": "latency_inverse"},
             "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000},
                          {"name": "b", "address": "198.18.1.3", "port": 8000}]}]})
     s = c.services[0]
-    m = Member(c.node.fleet, lambda: c.services, lambda got: {}, lambda *a, **k: None)
+    m = Member(c.node.fleet, Hooks(lambda: c.services, lambda got: {}, lambda *a, **k: None))
     own = policy.Decision(weights={"a": 10000, "b": 9000}, computed={"a": 10000, "b": 9000},
                           states={"a": "up", "b": "up"}, reasons={}, push=True)
     # no snapshot yet: the node's own decision, recorded for its report

@@ -1,7 +1,7 @@
 """Fleet-wide operator actions without etcd: the marks an action leaves, the leader folding them
 into snapshots (drain -> 0, override -> its weight, a new version for every change, the policy's
 weights back after undrain), nodes taking them, what status shows, and what edged's API records
-or refuses (Operations.operate)."""
+or refuses (Operations.operate, driven alone over a State on in-memory maps)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,15 @@ from controlplane.fleet import operator as op
 from controlplane.fleet import snapshot as fs
 
 
-def cfg():
-    return parse_config({"version": 1, "services": [{
+def cfg_doc():
+    return {"version": 1, "services": [{
         "name": "chat", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": "latency_inverse"},
         "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000},
-                     {"name": "b", "address": "198.18.1.3", "port": 8000}]}]})
+                     {"name": "b", "address": "198.18.1.3", "port": 8000}]}]}
+
+
+def cfg():
+    return parse_config(cfg_doc())
 
 
 def rep(node, a, b, t=100.0):
@@ -141,17 +145,26 @@ class _Etcd:
         return before, after
 
 
-def _edged():
-    from controlplane.edged.events import Events
+def _operations(c):
+    """edged's Operations alone, over a State whose maps are the in-memory model of the pinned
+    maps (memtables) with c applied, its fleet member _Etcd, and a drain of chat/a set on this
+    node only (--local). Call on a running loop (the steering's prober lives on one)."""
     from controlplane.edged.operations import Operations
+    from controlplane.edged.state import State
+    from controlplane.edged.status import Status
+    from controlplane.edged.steer import Steering
+    from controlplane.tests.memtables import MemMaps
 
-    class Edged(Operations):
-        def __init__(self):
-            self.services = {"chat": type("Steered", (), {"trackers": {"a": None, "b": None}})()}
-            self.drained, self.overrides = {("chat", "a")}, {}
-            self.fleet, self.events = _Etcd(), Events()
-
-    return Edged()
+    mem = MemMaps(c.node.maglev_m, c.node.max_services, c.node.max_backends)
+    state = State.new(c, "edge-t0")
+    state.maps = mem.maps()
+    state.maps.apply(c)
+    state.fleet = _Etcd()
+    steering = Steering(state)
+    steering.targets = lambda cfg: []  # nothing is probed
+    steering.set_services(c)
+    state.drained.add(("chat", "a"))
+    return Operations(state, steering, Status(state, steering.prober)), mem
 
 
 def test_edged_records_fleet_marks_and_refuses_what_it_cannot():
@@ -159,22 +172,35 @@ def test_edged_records_fleet_marks_and_refuses_what_it_cannot():
 
     from controlplane.errors import EdgeError
 
-    d = _edged()
-    run = asyncio.run
-    assert run(d.operate("drain", "chat", "b")) == "fleet"
-    assert d.fleet.marks[("chat", "b")]["drain"] is True
-    assert run(d.operate("weight", "chat", "b", 7)) == "fleet"
-    with pytest.raises(LookupError):  # no such backend here: nothing is recorded
-        run(d.operate("drain", "chat", "zz"))
-    assert ("chat", "zz") not in d.fleet.marks
-    d.fleet.marks[("chat", "zz")] = op.change(None, "drain", None, "r2", 1.0)  # from a node that has zz
-    assert run(d.operate("undrain", "chat", "zz")) == "fleet"  # removable from here all the same
-    assert ("chat", "zz") not in d.fleet.marks
-    with pytest.raises(LookupError):
-        run(d.operate("undrain", "chat", "zz"))
-    with pytest.raises(EdgeError, match="drained on this node only: edgectl undrain --local"):
-        run(d.operate("undrain", "chat", "a"))  # a is drained with --local, not fleet-wide
-    d.fleet.down = True
-    with pytest.raises(EdgeError, match="nothing recorded"):
-        run(d.operate("undrain", "chat", "b"))
-    assert d.fleet.marks[("chat", "b")] == {"drain": True, "weight": 7, "node": "r1", "t": 1.0}
+    async def main():
+        c = parse_config({**cfg_doc(), "node": {"maglev_m": 1009, "max_services": 4, "max_backends": 8}})
+        ops, mem = _operations(c)
+        fleet, before = ops.state.fleet, ops.state.maps.weights("chat")
+        try:
+            await scenario(ops, fleet)
+            return before, ops.state.maps.weights("chat")
+        finally:
+            await ops.steering.prober.close()
+            mem.close()
+
+    async def scenario(d, fleet):
+        assert await d.operate("drain", "chat", "b") == "fleet"
+        assert fleet.marks[("chat", "b")]["drain"] is True
+        assert await d.operate("weight", "chat", "b", 7) == "fleet"
+        with pytest.raises(LookupError):  # no such backend here: nothing is recorded
+            await d.operate("drain", "chat", "zz")
+        assert ("chat", "zz") not in fleet.marks
+        fleet.marks[("chat", "zz")] = op.change(None, "drain", None, "r2", 1.0)  # from a node that has zz
+        assert await d.operate("undrain", "chat", "zz") == "fleet"  # removable from here all the same
+        assert ("chat", "zz") not in fleet.marks
+        with pytest.raises(LookupError):
+            await d.operate("undrain", "chat", "zz")
+        with pytest.raises(EdgeError, match="drained on this node only: edgectl undrain --local"):
+            await d.operate("undrain", "chat", "a")  # a is drained with --local, not fleet-wide
+        fleet.down = True
+        with pytest.raises(EdgeError, match="nothing recorded"):
+            await d.operate("undrain", "chat", "b")
+        assert fleet.marks[("chat", "b")] == {"drain": True, "weight": 7, "node": "r1", "t": 1.0}
+
+    before, after = asyncio.run(main())
+    assert after == before  # fleet-wide marks reach this node's table through a snapshot, not at once

@@ -555,12 +555,14 @@ def test_fleet_gauges_only_with_a_fleet():
         fams = scrape(server)
     assert samples(fams, "edge_fleet_connected") == {}
     snap = realistic_snapshot()
-    snap["fleet"] = {"connected": False, "is_leader": False, "version": 7}
+    snap["fleet"] = {"connected": False, "is_leader": False, "version": 7, "faults": 3, "refused": 2}
     with endpoint(Source(snap)) as server:
         fams = scrape(server)
     assert value(fams, "edge_fleet_connected") == 0
     assert value(fams, "edge_fleet_leader") == 0
     assert value(fams, "edge_fleet_snapshot_version") == 7
+    assert value(fams, "edge_fleet_faults_total") == 3
+    assert value(fams, "edge_fleet_refused_total") == 2
 
 
 def test_wire_signals_are_histograms_in_seconds_from_the_log2_buckets_and_a_gauge():

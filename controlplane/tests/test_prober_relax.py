@@ -238,19 +238,19 @@ def test_edged_relaxes_the_fresh_backends_and_puts_the_others_back_at_the_full_r
         server = await started()
         cfg, d = _relaxing_daemon()
         # the config's backends on 127.0.0.1 (test traffic stays on loopback)
-        d.prober.set_targets([Target(t.key, LOOPBACK, server.port, t.probe) for t in d._targets(cfg)])
-        d.maps = FakeMaps(cfg)
-        d._set_services(cfg)
-        d.pace_probes({("web", "b0")}, time.monotonic_ns())
-        await wait_for(lambda: d.prober.relaxed(("web", "b0")), 3, "b0 relaxed")
-        b1_relaxed = d.prober.relaxed(("web", "b1"))
+        d.steering.prober.set_targets([Target(t.key, LOOPBACK, server.port, t.probe) for t in d.steering.targets(cfg)])
+        d.state.maps = FakeMaps(cfg)
+        d.steering.set_services(cfg)
+        d.steering.pace_probes({("web", "b0")}, time.monotonic_ns())
+        await wait_for(lambda: d.steering.prober.relaxed(("web", "b0")), 3, "b0 relaxed")
+        b1_relaxed = d.steering.prober.relaxed(("web", "b1"))
         now = time.monotonic_ns()
-        shown = {b: {k: d.backend_view("web", b, now)[k] for k in ("probe_relaxed", "probe_interval_s")}
+        shown = {b: {k: d.status.backend_view("web", b, now)[k] for k in ("probe_relaxed", "probe_interval_s")}
                  for b in ("b0", "b1")}  # what status, the API and the metrics show
-        d.pace_probes(set(), time.monotonic_ns())  # b0's wire signals went stale
-        b0_after = d.prober.relaxed(("web", "b0"))
-        shown_after = d.backend_view("web", "b0", time.monotonic_ns())["probe_interval_s"]
-        await closing(d.prober, server)
+        d.steering.pace_probes(set(), time.monotonic_ns())  # b0's wire signals went stale
+        b0_after = d.steering.prober.relaxed(("web", "b0"))
+        shown_after = d.status.backend_view("web", "b0", time.monotonic_ns())["probe_interval_s"]
+        await closing(d.steering.prober, server)
 
         assert not b1_relaxed and not b0_after
         assert shown == {"b0": {"probe_relaxed": True, "probe_interval_s": 0.4},
@@ -266,18 +266,18 @@ def test_edgeds_status_round_relaxes_the_backends_whose_wire_signal_is_fresh():
     async def main() -> None:
         server = await started()
         cfg, d = _relaxing_daemon()
-        d.maps = FakeMaps(cfg)
-        d._set_services(cfg)
-        d.prober.set_targets([Target(t.key, LOOPBACK, server.port, t.probe) for t in d._targets(cfg)])
-        d.wire_fresh = {("web", "b0")}  # what a step found fresh
+        d.state.maps = FakeMaps(cfg)
+        d.steering.set_services(cfg)
+        d.steering.prober.set_targets([Target(t.key, LOOPBACK, server.port, t.probe) for t in d.steering.targets(cfg)])
+        d.state.wire_fresh = {("web", "b0")}  # what a step found fresh
         loop = asyncio.create_task(d._status_loop())
         try:
-            await wait_for(lambda: d.prober.relaxed(("web", "b0")), 3, "b0 relaxed")
-            b1_relaxed = d.prober.relaxed(("web", "b1"))
+            await wait_for(lambda: d.steering.prober.relaxed(("web", "b0")), 3, "b0 relaxed")
+            b1_relaxed = d.steering.prober.relaxed(("web", "b1"))
         finally:
             loop.cancel()
             await asyncio.gather(loop, return_exceptions=True)
-            await closing(d.prober, server)
+            await closing(d.steering.prober, server)
 
         assert not b1_relaxed
 

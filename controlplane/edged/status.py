@@ -1,0 +1,180 @@
+"""What edged shows: the status views (snapshot for `edgectl status` and the metrics,
+backend_view, node_state for the BGP announcement) and the edge_be_probe record written
+once a second, which a restarted edged and `edgectl status` without edged read back.
+Reads the State and the prober's windows; changes nothing but the status record. Walks
+of the maps run on a worker thread within a deadline, never on edged's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from controlplane import abi, deploy, desired, weights, wire
+from controlplane.edged import announce
+from controlplane.edged.state import State
+from controlplane.errors import EdgeError
+from controlplane.maps import ProbeStatus
+from controlplane.probe import Prober
+from controlplane.signals import quantiles
+
+STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
+# A status walk stops counting conntrack here and reports it unknown. A full table of the
+# default ct_size (262144) counts in about 0.9 s on a 2-core test VM; 3 s leaves a busy node room.
+WALK_DEADLINE_S = 3.0
+WALK_GRACE_S = 2.0  # past the deadline, a caller stops waiting for a walk that has not ended
+# Walks of the maps for status and metrics run here, never on the loop: counting conntrack
+# is O(ct_size) (seconds when full), the rest O(max_backends). One at a time.
+_walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
+
+
+def _leave_until_s(gone: desired.Leaving | None) -> int | None:
+    """edge_be_probe's leave_until_s: None when not leaving, UNKNOWN when until its connections end."""
+    if gone is None:
+        return None
+    return abi.UNKNOWN if gone.deadline_ns is None else gone.deadline_ns // 1_000_000_000
+
+
+class Status:
+    """edged's views of itself, over the State and the prober's windows."""
+
+    def __init__(self, state: State, prober: Prober):
+        self.state = state
+        self.prober = prober
+
+    def node_state(self) -> announce.NodeState:
+        """What announce.decide() judges: data path open, serving (the watch finds the data path
+        whole, edged is not stopping), drain-node, usable backends (the data path takes new
+        flows to them and probes do not say down)."""
+        state = self.state
+        services = []
+        for name, st in state.services.items():
+            usable = 0
+            if state.maps is not None:
+                try:
+                    usable = sum(ok and not (b in st.trackers and st.trackers[b].down)
+                                 for b, ok in state.maps.usable(name).items())
+                except EdgeError:
+                    usable = 0
+            services.append(announce.ServiceState(name, st.service.vip, usable))
+        return announce.NodeState(attached=state.maps is not None, serving=not state.stopping.is_set(),
+                                  drained=state.node_drained, services=tuple(services),
+                                  problem=state.not_serving)
+
+    async def snapshot(self, discovered: Callable[[], dict], count_conntrack: bool = False) -> dict:
+        """This instance as `edgectl status --json` shows it, plus edged's view per backend and
+        discovered() (discovery's view per service, asked once the walk is done). The maps are
+        walked on a worker thread within WALK_DEADLINE_S: a conntrack count cut by the deadline
+        is None (conntrack_partial: entries counted before it)."""
+        state = self.state
+        if state.maps is None:
+            raise EdgeError("edged has no data path open (starting or stopping)")
+        snap = await self._walk(count_conntrack)
+        now = time.monotonic_ns()
+        found = discovered()
+        if state.fleet is not None:  # node.fleet: this node's view of its fleet
+            snap["fleet"] = state.fleet.view()
+        if state.announcer is not None and state.announcer.last is not None:  # node.bgp: the latest decision
+            d = state.announcer.last
+            snap["bgp"] = {"announced": sorted(map(str, d.announce)),
+                           "withdrawn": {str(k): v for k, v in d.withdrawn.items()}}
+        for svc in snap["services"]:
+            st = state.services.get(svc["name"])
+            svc["pushes"] = st.pushes if st else 0
+            if svc["name"] in found:
+                svc["discovery"] = found[svc["name"]]
+            for b in svc["backends"]:
+                if st and b["name"] in st.trackers:
+                    b["edged"] = self.backend_view(svc["name"], b["name"], now)
+        return snap
+
+    async def _walk(self, count_conntrack: bool) -> dict:
+        """deploy.describe on the walker thread (State.walks holds it while it runs)."""
+        state = self.state
+        deadline_ns = time.monotonic_ns() + int(WALK_DEADLINE_S * 1e9)
+        walk = asyncio.wrap_future(_walker.submit(deploy.describe, state.maps, state.instance, state.pin_path,
+                                                  count_conntrack, deadline_ns))
+        state.walks.add(walk)
+        walk.add_done_callback(state.walks.discard)
+        try:
+            return await asyncio.wait_for(asyncio.shield(walk), WALK_DEADLINE_S + WALK_GRACE_S)
+        except asyncio.TimeoutError:
+            raise EdgeError(f"status: walking the maps took over {WALK_DEADLINE_S + WALK_GRACE_S:g}s; "
+                            f"try again") from None
+
+    async def wait_walks(self) -> None:
+        """Until the walks in progress end (at most their deadline and grace): a walk must not
+        read maps being closed."""
+        if self.state.walks:
+            await asyncio.wait(set(self.state.walks), timeout=WALK_DEADLINE_S + WALK_GRACE_S)
+
+    def backend_view(self, name: str, backend: str, now_ns: int, full: bool = True) -> dict:
+        """What edged knows of one backend: window, smoothing, load, state. full=False leaves
+        out what the edge_be_probe record does not hold (rtt_window, config_weight, wire)."""
+        state = self.state
+        st = state.services[name]
+        health = st.service.health
+        view = weights.describe(st.trackers[backend], now_ns, health.metrics if health else None)
+        window = self.prober.window((name, backend))  # the one window of recent probes
+        rtts = window.rtts() if window else []
+        p50, p99 = quantiles(rtts, 0.50, 0.99)  # as window.p50() and p99(), from one sorted copy
+        ok, failed = state.observer.probes(name, backend)
+        probe = health.probe if health else None
+        relaxed = self.prober.relaxed((name, backend)) if probe is not None else None  # adaptive probing
+        view.update({
+            # engines export gauges as floats; requests are counted in whole numbers
+            "waiting": None if view.get("waiting") is None else int(view["waiting"]),
+            "running": None if view.get("running") is None else int(view["running"]),
+            "rtt_p50_s": p50,
+            "rtt_p99_s": p99,
+            **({"rtt_window": rtts} if full else {}),
+            "probes_ok": ok,
+            "probes_failed": failed,
+            "weight": (st.pushed or {}).get(backend),
+            **({"config_weight": next(b.weight for b in st.service.backends if b.name == backend)} if full else {}),
+            "state": st.states.get(backend, "static" if not st.computed else ""),
+            "reason": st.reasons.get(backend, ""),
+            "drained": (name, backend) in state.drained,
+            "override": state.overrides.get((name, backend)),
+            "leaving": (name, backend) in state.leaving,
+            "probe_relaxed": relaxed,
+            "probe_interval_s": None if probe is None else
+            (max(probe.relaxed_ms, probe.interval_ms) if relaxed else probe.interval_ms) / 1000,
+        })
+        if full:
+            view["wire"] = wire.summary(st.wire_signals.get(backend))  # over weights.wire.window_ms
+        self._explain(view, name, backend)
+        return view
+
+    def _explain(self, view: dict, name: str, backend: str) -> None:
+        """The operator's and the fleet's marks in view: their state and reason win the policy's."""
+        fleet = self.state.fleet
+        mark = (fleet.marks.get(name) or {}).get(backend) if fleet is not None and name in fleet.shared else None
+        if mark is not None:  # fleet-wide, from the applied snapshot
+            view["fleet_drained"], view["fleet_override"] = bool(mark.get("drain")), mark.get("weight")
+        if view["leaving"]:
+            view["state"], view["reason"] = "leaving", "removed by reload; draining its connections"
+        elif view["drained"]:
+            view["state"], view["reason"] = "drained", "drained by the operator" + (
+                " on this node only (the fleet's table differs)" if fleet is not None else "")
+        elif view.get("fleet_drained"):
+            view["state"], view["reason"] = "drained", "drained fleet-wide by the operator"
+
+    def write_status(self, now_ns: int) -> None:
+        """Every backend's edge_be_probe record: what edged measured and the operator's marks."""
+        state = self.state
+        for name, st in state.services.items():
+            _, bids = state.maps.ids(name)
+            for b in st.service.backends:
+                v = self.backend_view(name, b.name, now_ns, full=False)
+                gone = state.leaving.get((name, b.name))
+                state.maps.write_status(bids[b.name], ProbeStatus(
+                    updated_ns=now_ns, config_weight=b.weight,
+                    rtt_p50_s=v["rtt_p50_s"], rtt_p99_s=v["rtt_p99_s"], rtt_smoothed_s=v.get("rtt_smoothed_s"),
+                    waiting=v.get("waiting"), running=v.get("running"), kv_usage=v.get("kv_usage"),
+                    probes_ok=v["probes_ok"], probes_failed=v["probes_failed"],
+                    state=v["state"], reason=v["reason"], drained=v["drained"], override=v["override"],
+                    leave_until_s=_leave_until_s(gone),
+                ))
