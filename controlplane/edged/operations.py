@@ -15,8 +15,7 @@ from controlplane.edged.state import State, Steered
 from controlplane.edged.status import Status
 from controlplane.edged.steer import Steering
 from controlplane.errors import EdgeError
-from controlplane.fleet import member as fleet_member
-from controlplane.fleet import operator as fleet_operator
+from controlplane.fleet import member as fleet_member, operator as fleet_operator
 
 
 class Operations:

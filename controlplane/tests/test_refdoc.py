@@ -4,15 +4,18 @@ definitions (controlplane/refdoc.py makes them; `python -m controlplane.refdoc -
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import typing
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from controlplane import refdoc
-from controlplane.tests.test_edge_yaml import declared_keys
-from controlplane.tests.test_metrics import Source, endpoint
+from controlplane.config import Config
+from controlplane.edged import metrics
+from controlplane.tests.snapshotstage import realistic_snapshot
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -22,6 +25,27 @@ def test_the_generated_part_of_each_page_is_what_the_code_gives(name):
     page, _ = refdoc.PARTS[name]
     text = (DOCS / page).read_text()
     assert refdoc.render(name, text) == text, f"docs/{page} is stale: run python -m controlplane.refdoc --write"
+
+
+def declared_keys(cls: type = Config, prefix: str = "") -> set[str]:
+    """Every key path config.py declares (dataclasses.fields from Config down), e.g. services[].health.probe.kind."""
+    keys = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        keys.add(prefix + f.name)
+        hint = hints[f.name]
+        inner = [a for a in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(a)]
+        if inner:
+            is_list = typing.get_origin(hint) is tuple
+            keys |= declared_keys(inner[0], f"{prefix}{f.name}[]." if is_list else f"{prefix}{f.name}.")
+    return keys
+
+
+class Source:
+    """A data path's snapshot as maps.snapshot() gives it: two services, every health state."""
+
+    def snapshot(self) -> dict:
+        return realistic_snapshot()
 
 
 def _documented_keys() -> set[str]:
@@ -43,9 +67,13 @@ def test_the_configuration_reference_has_every_key_of_the_schema_and_no_other():
 
 
 def test_the_metrics_page_lists_exactly_what_the_exporter_serves():
-    with endpoint(Source(), serving=lambda: True) as server:
+    collector = metrics.EdgeCollector(Source(), iface="eth1", serving=lambda: True)
+    server = metrics.start_http("127.0.0.1:0", metrics.make_registry(collector, process=False))
+    try:
         with urllib.request.urlopen(f"http://{server.address}/metrics", timeout=5) as r:
             text = r.read().decode()
+    finally:
+        server.close()
     served = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE edge_")}
     page = (DOCS / "metrics.md").read_text()
     documented = set(re.findall(r"^\| `(edge_[a-z_]+)` \|", page, re.M))
