@@ -82,10 +82,10 @@ def test_the_metrics_page_lists_exactly_what_the_exporter_serves():
 
 
 def test_render_replaces_only_between_the_markers_and_refuses_a_page_without_them():
-    page = ("before\n<!-- BEGIN GENERATED: metrics (x) -->\nold\n<!-- END GENERATED: metrics -->\nafter\n")
+    page = "before\n<!-- BEGIN GENERATED: metrics (x) -->\nSTALE-TEXT\n<!-- END GENERATED: metrics -->\nafter\n"
     out = refdoc.render("metrics", page)
     assert out.startswith("before\n<!-- BEGIN GENERATED: metrics (x) -->\n\n| metric |")
-    assert out.endswith("\n<!-- END GENERATED: metrics -->\nafter\n") and "old" not in out
+    assert out.endswith("\n<!-- END GENERATED: metrics -->\nafter\n") and "STALE-TEXT" not in out
     with pytest.raises(ValueError, match="no BEGIN/END GENERATED: metrics markers"):
         refdoc.render("metrics", "nothing here\n")
 
