@@ -6,7 +6,7 @@ Maglev tables into the pinned maps and reads them back for status. Field
 names are the C names of bpf/include/abi.h through bcc's generated types.
 Applying a config is a transaction: ids planned by desired.py, writes ordered
 so that no packet sees a half-made state, every write journaled and undone if
-a later one fails (README, design notes)."""
+a later one fails (docs/design-decisions.md)."""
 
 from __future__ import annotations
 
