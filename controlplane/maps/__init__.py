@@ -59,6 +59,11 @@ class Maps(Writer, Reader):
         self._mm: mmap.mmap | None = None
         self._ids: dict[str, tuple[int, dict[str, int]]] | None = None  # set by apply(), else read once
         self._journal: Journal | None = None  # while apply() runs
+        # what apply() wrote last (config, heartbeat interfaces; plan), and the services whose
+        # tables set_weights wrote since: the weights-only apply starts from these (changed.py)
+        self._last: tuple | None = None
+        self._last_plan: desired.Plan | None = None
+        self._dirty: set[str] = set()
 
     @classmethod
     def sized_by_node(cls, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int) -> "Maps":
@@ -219,6 +224,7 @@ class Maps(Writer, Reader):
         half and flips to it. Established flows keep their backends: conntrack
         names backends, not slots. Returns the slots each backend got."""
         vid, bids = self.ids(s.name)
+        self._dirty.add(s.name)  # the next apply rewrites it, whatever its config
         backends = tuple(replace(b, weight=int(weights.get(b.name, b.weight))) for b in s.backends)
         s = replace(s, backends=backends)
         ids = [bids[b.name] for b in backends]
