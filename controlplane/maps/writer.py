@@ -16,8 +16,9 @@ import numpy as np
 from controlplane import abi, desired, maglev
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
-from controlplane.maps.changed import changed_services
+from controlplane.maps.changed import changed_services, member_plan
 from controlplane.maps.journal import Journal
+from controlplane.maps.quick import Quick
 from controlplane.maps.records import (
     PROTO_NAMES,
     PROTOS,
@@ -43,7 +44,7 @@ class ApplyReport:
     renamed_services: list[str] = field(default_factory=list)
 
 
-class Writer:
+class Writer(Quick):
     """The apply transaction and the writers it orders (mixed into Maps)."""
 
     def _zero_stats(self, name: str, index: int) -> None:
@@ -62,6 +63,8 @@ class Writer:
         changed are written: cost follows the change, not the node's size."""
         oifs = dict(oifs or {})
         quick = changed_services(self._last, cfg, oifs, self._dirty)
+        members = None if quick is not None else member_plan(self._last, self._last_plan, cfg, oifs, self._dirty,
+                                                              self.max_backends)
         saved_t, saved_ids = self.t, self._ids
         journal = Journal(saved_t, after_undo={abi.MAP_RNAT: self.rnat_changed})  # putting back is a change too
         self.t, self._journal = journal.tables, journal
@@ -70,6 +73,11 @@ class Writer:
                 p = self._last_plan
                 self._write_changed(quick, p)
                 report = ApplyReport(updated_services=[s.name for s in cfg.services])
+            elif members is not None and self._write_members(cfg, *members):
+                p = members[1]
+                report = ApplyReport(updated_services=[s.name for s in cfg.services],
+                                     added_backends=[f"{s}/{b}" for s, b in p.new_backends],
+                                     removed_backends=sorted(name for _, name in p.removed_backends))
             else:
                 p, report = self._plan_and_write(cfg, oifs)
         except Exception as e:  # bcc raises bare Exception
@@ -104,19 +112,6 @@ class Writer:
             p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
         self._write(cfg, p, oifs)
         return p, report
-
-    def _write_changed(self, services: list[Service], p: desired.Plan) -> None:
-        """The weights-only apply (changed.py): for each service, its backends' records and
-        configured weights, then its list and table in the inactive half and the flip, the
-        order step 4 of _write gives them. Ids, endpoints, VIPs and heartbeats stay."""
-        vips = self.t[abi.MAP_VIPS]
-        for s in services:
-            vid = p.svc_ids[s.name]
-            for b in s.backends:
-                self._write_backend(p.be_ids[(s.name, b.name)], vid, b, p.health_ids[(b.address, b.port)])
-            self._write_config_weights((s,), p)
-            k = self._vip_key(s)
-            self._flip(s, vid, p, {vid: (k, vips[k])})
 
     def _write(self, cfg: Config, p: desired.Plan, oifs: Mapping[IPv4Address, int]) -> None:
         """Writes cfg with plan p's ids, in an order that never shows a packet a half state."""

@@ -22,8 +22,9 @@ def be(name, last, weight=1, **kw):
     return {"name": name, "address": f"198.18.1.{last}", "port": 8000, "weight": weight, **kw}
 
 
-def svc(name, vip_last, *backends):
-    return {"name": name, "vip": f"198.19.0.{vip_last}", "port": 80, "backends": list(backends)}
+def svc(name, vip_last, *backends, protocol="tcp"):
+    return {"name": name, "vip": f"198.19.0.{vip_last}", "port": 80, "protocol": protocol,
+            "backends": list(backends)}
 
 
 def config(*services):
@@ -129,3 +130,69 @@ def test_only_weights_and_standby_take_the_short_way():
     assert changed_services(last, added, {}, set()) is None
     assert changed_services(last, replace(cfg, node=replace(cfg.node, ct_size=2048)), {}, set()) is None
     assert changed_services(last, cfg, {cfg.services[0].backends[0].address: 3}, set()) is None
+
+
+def with_extra(n, extra_last=None, drop_b1=False):
+    """services(n) with, in the first, a backend b2 at 198.18.1.<extra_last> and/or without b1."""
+    out = []
+    for i in range(n):
+        bes = [be("b0", 10 + 2 * i)] + ([] if drop_b1 and i == 0 else [be("b1", 11 + 2 * i)])
+        if i == 0 and extra_last is not None:
+            bes.append(be("b2", extra_last))
+        out.append(svc(f"s{i}", i + 1, *bes))
+    return config(*out)
+
+
+def writes_for(n: int, first, then) -> int:
+    mem = MemMaps(M, 8, 16)
+    try:
+        maps = mem.maps()
+        maps.apply(first)
+        target, seen = vip_keys(then), []
+        mem.faults.on_write = lambda: seen.extend(half_states(mem, target))
+        mem.faults.writes = 0
+        maps.apply(then)
+        assert seen == []
+        assert canonical(mem) == fresh(then)
+        return mem.faults.writes
+    finally:
+        mem.close()
+
+
+def test_one_backend_added_or_removed_writes_as_much_whatever_the_node_holds():
+    # failed before: the full apply rewrote every service
+    assert writes_for(7, with_extra(7), with_extra(7, 40)) == writes_for(1, with_extra(1), with_extra(1, 40))
+    assert writes_for(7, with_extra(7, 40), with_extra(7)) == writes_for(1, with_extra(1, 40), with_extra(1))
+    assert writes_for(5, with_extra(5), with_extra(5, drop_b1=True)) == writes_for(
+        1, with_extra(1), with_extra(1, drop_b1=True))
+
+
+def test_members_that_change_owner_or_collide_still_end_as_a_fresh_deploy():
+    writes_for(3, with_extra(3, 40), with_extra(3, 11, drop_b1=True))  # b2 takes b1's endpoint: a rename
+    writes_for(3, with_extra(3, drop_b1=True), with_extra(3, 11, drop_b1=True))
+
+
+def test_a_failing_members_apply_changes_nothing():
+    for k in range(1, 12):
+        mem = MemMaps(M, 8, 16)
+        try:
+            maps = mem.maps()
+            maps.apply(with_extra(3, 40))
+            before = mem.image()
+            mem.faults.writes, mem.faults.fail_at = 0, k
+            try:
+                maps.apply(with_extra(3, 41, drop_b1=True))
+            except MapError:
+                assert mem.image() == before
+            mem.faults.fail_at = None
+            maps.apply(with_extra(3, 41, drop_b1=True))
+            assert canonical(mem) == fresh(with_extra(3, 41, drop_b1=True))
+        finally:
+            mem.close()
+
+
+def test_an_endpoint_another_protocol_shares_keeps_its_health_when_one_service_drops_it():
+    both = config(svc("t", 1, be("b0", 10), be("b1", 11)), svc("u", 1, be("b0", 10), protocol="udp"))
+    one = config(svc("t", 1, be("b1", 11)), svc("u", 1, be("b0", 10), protocol="udp"))
+    writes_for(2, both, one)
+    writes_for(2, one, both)
