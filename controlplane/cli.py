@@ -41,6 +41,14 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_heartbeat_key(args) -> int:
+    from controlplane.config import load_config
+    from controlplane.discovery.tokens import heartbeat_key
+
+    print(f"{heartbeat_key(load_config(args.config), args.service, args.backend):#034x}")
+    return 0
+
+
 def cmd_deploy(args) -> int:
     from controlplane import deploy
     from controlplane.config import load_config
@@ -420,6 +428,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     _api_args(s)
     s.set_defaults(func=cmd_events)
+
+    s = sub.add_parser("heartbeat-key", help="print one backend's heartbeat key, for its agent's --token-file",
+                       description="Print the heartbeat key of one backend of a service: its token in the "
+                                   "config, or for a discovered backend the key derived from the service's "
+                                   "discovery.token_secret_file. Give each agent only its own key.")
+    s.add_argument("--config", required=True, metavar="FILE")
+    s.add_argument("--service", required=True, metavar="NAME")
+    s.add_argument("--backend", required=True, metavar="ADDR:PORT",
+                   help="the backend's address and service port (a discovered one need not be in the config)")
+    s.set_defaults(func=cmd_heartbeat_key)
 
     s = sub.add_parser("validate", help="check a config file without touching the kernel",
                        description="Parse and validate FILE; errors name the field, e.g. "

@@ -25,7 +25,7 @@ Check = Callable[[Any, str], Any]
 
 MAX_MS = 3_600_000  # upper bound of every *_ms value: one hour
 MAX_CONFIG_BYTES = 1 << 20  # a config file or text larger than this is refused unread
-TOKEN_MAX = 2**64 - 1
+TOKEN_MAX = 2**128 - 1  # a heartbeat key: 128 bits (64-bit tokens of older configs stay valid)
 
 
 def option(help: str, check: Check, default: Any = MISSING, required: bool | None = None) -> Any:
@@ -238,9 +238,9 @@ def _token(value: Any, path: str) -> int:
     else:
         raise ConfigError(f"{path}: expected an integer or a string like '0x5eed0001', got {_show(value)}")
     if not 0 <= number <= TOKEN_MAX:
-        raise ConfigError(f"{path}: {_show(value)} is out of range 0..2**64-1")
+        raise ConfigError(f"{path}: {_show(value)} is out of range 0..2**128-1")
     if number == 0:
-        raise ConfigError(f"{path}: 0 is not a token (it is what an unset field holds); use a random 64-bit value")
+        raise ConfigError(f"{path}: 0 is not a token (it is what an unset field holds); use a random 128-bit value")
     return number
 
 

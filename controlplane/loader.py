@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Mapping
 
 from controlplane import abi
 from controlplane.bpfsource import BPF_DIR, SOURCES, _amalgamate, source_text  # noqa: F401  (re-exported)
-from controlplane.config import Node
+from controlplane.config import Node, half_open_size
 from controlplane.errors import CompileError, LoaderError, MapError, NotDeployed
 
 # Interfaces, routes, tc and sysctl are pyroute2's, in netlink.py; deploy and
@@ -70,6 +70,12 @@ class Params:
     max_services: int = _NODE.max_services
     max_backends: int = _NODE.max_backends
     ct_size: int = _NODE.ct_size
+
+    @property
+    def half_open_size(self) -> int:
+        """Entries of edge_half_open (TCP connections between SYN and the client's ACK): a quarter
+        of conntrack's, at least 1024."""
+        return half_open_size(self.ct_size)
 
     @classmethod
     def of(cls, node: Node) -> "Params":
@@ -333,6 +339,7 @@ def cflags(pin_path: Path, params: Params) -> list[str]:
         f"-DEDGE_MAX_SERVICES={params.max_services}",
         f"-DEDGE_MAX_BACKENDS={params.max_backends}",
         f"-DEDGE_CT_SIZE={params.ct_size}",
+        f"-DEDGE_HALF_OPEN_SIZE={params.half_open_size}",
     ]
 
 

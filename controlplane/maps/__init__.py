@@ -44,6 +44,12 @@ from controlplane.maps.records import (  # noqa: F401  (re-exported)
 from controlplane.maps.writer import ApplyReport, Writer  # noqa: F401  (re-exported)
 
 
+def token_of_key(key) -> int | None:
+    """The config token whose key (abi.hb_key) edge_hb holds as (k0, k1); None for no key."""
+    raw = int(key[0]).to_bytes(8, "little") + int(key[1]).to_bytes(8, "little")
+    return int.from_bytes(raw, "big") or None
+
+
 class Maps(Writer, Reader):
     """Typed access to one instance's maps (the handles loader returns)."""
 
@@ -314,7 +320,7 @@ class Maps(Writer, Reader):
                 k = hb.Key()
                 k.addr, k.port, k.hb_port = b.addr, b.port, hb_port
                 try:
-                    token = hb[k].token
+                    token = token_of_key(hb[k].key)
                 except KeyError:
                     token = None
             backend = Backend(name=name, address=from_be32(b.addr), port=from_be16(b.port), weight=0,

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from controlplane import abi, desired, maglev
+from controlplane import abi, desired, maglev, siphash
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
 from controlplane.maps.changed import changed_services, member_plan
@@ -380,7 +380,7 @@ class Writer(Quick):
                 if v is None:
                     v = hb.Leaf()
                     v.timeout_ns = timeout_ns
-                v.token = b.token or 0
+                v.key[0], v.key[1] = siphash.key_words(abi.hb_key(b.token or 0))
                 v.health_id = health_ids[(b.address, b.port)]
                 v.ifindex = oifs.get(b.address, 0)
                 v.timeout_ns = min(v.timeout_ns, timeout_ns)  # shared by services: the strictest
