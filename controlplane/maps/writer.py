@@ -82,7 +82,7 @@ class Writer(Quick):
                 p, report = self._plan_and_write(cfg, oifs)
         except Exception as e:  # bcc raises bare Exception
             failed = journal.rollback()
-            self._ids, self._last = saved_ids, None
+            self._ids, self._last, self._steered = saved_ids, None, {}
             what = str(e).splitlines()[0] if str(e) else type(e).__name__
             if not isinstance(e, MapError):
                 what = f"{journal.table}: {what}; the maps were restored"
@@ -93,7 +93,7 @@ class Writer(Quick):
             self.t, self._journal = saved_t, None
             journal.forget()  # its views of the mmap must not outlive it (close() refuses)
         self._ids = p.ids(cfg)
-        self._last, self._last_plan, self._dirty = (cfg, oifs), p, set()
+        self._last, self._last_plan, self._dirty, self._steered = (cfg, oifs), p, set(), {}
         return report
 
     def _plan_and_write(self, cfg: Config, oifs: Mapping[IPv4Address, int]) -> tuple[desired.Plan, ApplyReport]:

@@ -196,3 +196,29 @@ def test_an_endpoint_another_protocol_shares_keeps_its_health_when_one_service_d
     one = config(svc("t", 1, be("b1", 11)), svc("u", 1, be("b0", 10), protocol="udp"))
     writes_for(2, both, one)
     writes_for(2, one, both)
+
+
+def test_weights_known_from_the_last_apply_and_set_weights_are_what_the_maps_hold():
+    mem = MemMaps(M, 8, 16)
+    try:
+        maps = mem.maps()
+
+        def agrees():
+            for s in ("s0", "s1"):
+                assert maps.weights(s) == mem.maps().weights(s)  # a new Maps reads them from the maps
+
+        maps.apply(services(2, weight_of_first=3))
+        agrees()
+        maps.set_weights(services(2).services[1], {"b0": 7})
+        agrees()
+        mem.faults.writes, mem.faults.fail_at = 0, 2
+        with pytest.raises(MapError):
+            maps.apply(services(2, weight_of_first=5))
+        mem.faults.fail_at = None
+        agrees()
+        maps.apply(services(2, weight_of_first=5))
+        agrees()
+        with pytest.raises(MapError):
+            maps.weights("s9")
+    finally:
+        mem.close()
