@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Mapping
 from controlplane import abi
 from controlplane.bpfsource import BPF_DIR, SOURCES, _amalgamate, source_text  # noqa: F401  (re-exported)
 from controlplane.config import Node, half_open_size
-from controlplane.errors import CompileError, LoaderError, MapError, NotDeployed
+from controlplane.errors import CompileError, LoaderError, MapError, NoBpffs, NotDeployed
 
 # Interfaces, routes, tc and sysctl are pyroute2's, in netlink.py; deploy and
 # the data-path watch reach them through this module, the one that attaches.
@@ -101,7 +101,7 @@ def check_bpffs(pin_dir: str) -> None:
     """Raises LoaderError unless pin_dir lies on a bpffs this process sees."""
     mnt, fstype = _mount_fstype(Path(pin_dir).resolve())
     if fstype != "bpf":
-        raise LoaderError(
+        raise NoBpffs(
             f"{pin_dir} is not on a bpffs here ({mnt} is {fstype}); under 'ip netns exec', "
             f"which remounts /sys, use 'nsenter --net=/run/netns/NAME' instead, "
             f"or mount one: mount -t bpf bpf /sys/fs/bpf"

@@ -13,7 +13,7 @@ from ipaddress import IPv4Address
 from typing import Optional
 from urllib.parse import urlsplit
 
-from controlplane import limits
+from controlplane import __version__, limits
 
 PROG = "edge-heartbeat"
 DEFAULT_ROUTER_PORT = 7946  # config.Heartbeat.port's default; test_heartbeat compares them
@@ -219,6 +219,7 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Send the edge router UDP heartbeats for one backend while "
                 "its inference server's health check passes, and none while it fails. Exits 0 on "
                 "SIGTERM or SIGINT.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--router", required=True, metavar="ADDR[:PORT]",
                    help=f"the router's address on this backend's link, and the service's "
                         f"health.heartbeat.port (default {DEFAULT_ROUTER_PORT})")
