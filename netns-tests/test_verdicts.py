@@ -80,7 +80,10 @@ VERDICTS = {
     },
 }
 VERDICTS[REP] = VERDICTS[ING]
-EPOCH = int(time.clock_gettime(time.CLOCK_TAI))  # the heartbeats' second (abi.heartbeat: the sender's CLOCK_TAI)
+
+def hb_at(backend: str, *, seq: int, ahead: int = 0) -> Callable[[World], bytes]:
+    """backend's heartbeat seq, its epoch ahead seconds from the row's (World.epoch)."""
+    return lambda w: heartbeat(backend, seq=seq, epoch=w.epoch + ahead)
 SAME = "unchanged"  # the frame leaves as it came
 TO_BACKEND = (HOP_DMAC, HOP_SMAC)  # the MACs of the cached next hop towards the backends
 TO_CLIENT = (REPLY_DMAC, REPLY_SMAC)  # the MACs of the cached reply hop
@@ -136,9 +139,10 @@ def failing(backend: str, *, syns: int = 0, rsts: int = 0) -> Callable[[World], 
     return lambda w: w.set_health(backend, syn_outstanding=syns, first_syn_ns=1 if syns else 0, rst_count=rsts)
 
 
-def heard(backend: str, *, seq: int, epoch: int = EPOCH) -> Callable[[World], None]:
-    """backend's last heartbeat taken had seq in epoch."""
-    return lambda w: w.set_health(backend, last_seen_ns=time.monotonic_ns(), rise_count=100, hb_seq=seq, hb_epoch=epoch)
+def heard(backend: str, *, seq: int) -> Callable[[World], None]:
+    """backend's last heartbeat taken had seq in the row's epoch."""
+    return lambda w: w.set_health(backend, last_seen_ns=time.monotonic_ns(), rise_count=100, hb_seq=seq,
+                                  hb_epoch=w.epoch)
 
 
 UP = abi.BE_F_VALID | abi.BE_F_UP
@@ -407,20 +411,20 @@ ROWS = [
     row("established flow on a dead backend moves", ING, HB_ACK, XDP_REDIRECT, dnat(H1), {"redirect": 1},
         connected("h0", vip=HB_VIP), silent("h0"), after=[pinned_to("h1", vip=HB_VIP)]),
     # -- return path (tc, backend side): heartbeats ---------------------------------------------
-    row("heartbeat consumed", RET, heartbeat("h0", seq=7, epoch=EPOCH), TC_ACT_SHOT, None, {"heartbeat": 1},
+    row("heartbeat consumed", RET, hb_at("h0", seq=7), TC_ACT_SHOT, None, {"heartbeat": 1},
         after=[stamped("h0", 7)]),
     row("heartbeat with a wrong token", RET, heartbeat("h0", token=0xBAD), TC_ACT_SHOT, None,
         drop("spoofed_heartbeat"), after=[stamped("h0", 0)]),
     row("heartbeat from another address", RET, heartbeat("h0", src=CLIENT), TC_ACT_SHOT, None,
         drop("spoofed_heartbeat")),
-    row("heartbeat replayed (same seq)", RET, heartbeat("h0", seq=5, epoch=EPOCH), TC_ACT_SHOT, None,
+    row("heartbeat replayed (same seq)", RET, hb_at("h0", seq=5), TC_ACT_SHOT, None,
         drop("replayed_heartbeat"), heard("h0", seq=5)),
     row("heartbeat of epoch 0: outside the window", RET, heartbeat("h0", seq=9, epoch=0), TC_ACT_SHOT, None,
         drop("stale_heartbeat")),
     row("heartbeat from beyond the window ahead", RET,
-        heartbeat("h0", seq=9, epoch=EPOCH + 10 * abi.HB_WINDOW_S), TC_ACT_SHOT, None, drop("stale_heartbeat"),
+        hb_at("h0", seq=9, ahead=10 * abi.HB_WINDOW_S), TC_ACT_SHOT, None, drop("stale_heartbeat"),
         after=[stamped("h0", 0)]),
-    row("heartbeat of an older epoch", RET, heartbeat("h0", seq=9, epoch=EPOCH - 1), TC_ACT_SHOT, None,
+    row("heartbeat of an older epoch", RET, hb_at("h0", seq=9, ahead=-1), TC_ACT_SHOT, None,
         drop("replayed_heartbeat"), heard("h0", seq=5)),
     # -- return path: reverse NAT -----------------------------------------------------------------
     row("reply: reverse NAT, redirect (also with the VIP on lo)", RET, reply(B0), TC_ACT_REDIRECT, snat(VIP, 80),

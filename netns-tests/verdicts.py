@@ -343,6 +343,9 @@ class World:
     def reset(self) -> None:
         """No connections, every heartbeat backend alive and risen, budgets unspent, backends as
         configured, next hops and reply hops cached."""
+        # the heartbeats' second for this row (abi.heartbeat: the sender's CLOCK_TAI): taken per
+        # row, so the window check sees a current epoch however late in a long run the row runs
+        self.epoch = int(time.clock_gettime(time.CLOCK_TAI))
         for name in (abi.MAP_CT, abi.MAP_HALF_OPEN, abi.MAP_DIRECT):
             self.t[name].clear()
         backends = self.t[abi.MAP_BACKENDS]
