@@ -116,10 +116,10 @@ def test_jsq_models_a_hang_and_a_throttle_as_the_simulator_does():
     assert (o.ttft_s, o.mean_tpot_s()) == pytest.approx((0.1, 0.03))  # ttft untouched, tokens 3x
 
 
-def test_jsq_keeps_a_fleet_at_80_percent_within_the_slo():
-    p = wl.plan(short=True)
-    outs = jsq.simulate(wl.schedule(0.8, p, seed=1), wl.FLEET, p.faults)
+def test_jsq_keeps_a_fleet_at_half_load_within_the_slo_through_the_faults():
+    p = wl.plan()
+    outs = jsq.simulate(wl.schedule(0.5, p, seed=1), wl.FLEET, p.faults)
     nominal = {f"b{i}": c.tpot_ms / 1000 for i, c in enumerate(wl.FLEET)}
-    r = acc.row("jsq", 0.8, "new", outs, nominal, None)
+    r = acc.row("jsq", 0.5, "new", outs, nominal, None)
     assert r.failed == 0 and r.ttft_p50 < 2 * wl.FAST.ttft_ms / 1000
-    assert r.goodput > 0.7  # the throttled server's requests miss the tpot SLO, as they should
+    assert r.goodput > 0.85  # the throttled and the hung server's requests miss, as they should

@@ -18,13 +18,13 @@ import asyncio
 import json
 import re
 import time
-from typing import Callable, Optional
+from typing import Callable, Sequence
 
 from controlplane.lab.serving.accounting import Outcome
 from controlplane.lab.serving.workload import Req
 
 POOL_IDLE = 20  # httpx's max_keepalive_connections
-DEADLINE_S = 30.0  # a request not done by then failed (the client gave up)
+DEADLINE_S = 20.0  # a request not done by then failed (the client gave up)
 WORD = "tok "
 _BACKEND = re.compile(rb'"backend":"([^"]+)"')
 
@@ -124,12 +124,12 @@ class Client:
         except (OSError, Failed, ValueError) as e:
             return Outcome(r.i, None, None, 0, None, str(e) or type(e).__name__)
 
-    async def run(self, reqs: list[Req], at: Optional[dict[float, Callable[[], object]]] = None) -> list[Outcome]:
-        """Send every request at its time from now (open loop); at: time -> a blocking call to make
-        then in a thread (the faults). Returns the outcomes in the schedule's order."""
+    async def run(self, reqs: list[Req], at: Sequence[tuple[float, Callable[[], object]]] = ()) -> list[Outcome]:
+        """Send every request at its time from now (open loop); at: (time, a blocking call to make
+        then in a thread: the faults). Returns the outcomes in the schedule's order."""
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        side = [asyncio.create_task(self._later(t0 + t, fn)) for t, fn in sorted((at or {}).items())]
+        side = [asyncio.create_task(self._later(t0 + t, fn)) for t, fn in at]
         tasks = []
         for r in reqs:
             delay = t0 + r.t_s - loop.time()

@@ -103,15 +103,15 @@ class Plan:
 
 
 def plan(short: bool = False) -> Plan:
-    """The run's timeline. Full: 40 s; b1 throttled (tpot x3) 8..28 s, b2 hung 14..24 s, a burst
-    at twice the rate 30..33 s. Short: 8 s with the same events, compressed."""
+    """The run's timeline. Full: 32 s; b1 throttled (tpot x3) 6..26 s, b2 hung 10..20 s, a burst
+    at twice the rate 27..30 s. Short: 6 s with the same events, compressed."""
     if short:
-        return Plan(8.0, Phase(6.0, 7.0, 2.0), (
-            Fault(1, 1.5, 4.0, {"tpot_factor": 3.0}, {"tpot_factor": 1.0}),
-            Fault(2, 3.0, 2.0, {"hang": True}, {"hang": False})))
-    return Plan(40.0, Phase(30.0, 33.0, 2.0), (
-        Fault(1, 8.0, 20.0, {"tpot_factor": 3.0}, {"tpot_factor": 1.0}),
-        Fault(2, 14.0, 10.0, {"hang": True}, {"hang": False})))
+        return Plan(6.0, Phase(4.5, 5.5, 2.0), (
+            Fault(1, 1.0, 3.0, {"tpot_factor": 3.0}, {"tpot_factor": 1.0}),
+            Fault(2, 2.0, 1.5, {"hang": True}, {"hang": False})))
+    return Plan(32.0, Phase(27.0, 30.0, 2.0), (
+        Fault(1, 6.0, 20.0, {"tpot_factor": 3.0}, {"tpot_factor": 1.0}),
+        Fault(2, 10.0, 10.0, {"hang": True}, {"hang": False})))
 
 
 @dataclass(frozen=True)
