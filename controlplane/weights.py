@@ -25,7 +25,8 @@ RTT_MIN_S = 1e-6  # an RTT of 0 would be an infinite weight
 KV_KNEE = 0.8  # KV-cache use below this costs nothing
 KV_MIN = 0.1  # KV factor at a full cache
 NEUTRAL_LOAD = 0.5  # unknown load: as loaded as one queued request per running one
-NOISE_K = 4.0  # RTTs within NOISE_K x the service's median jitter of its median RTT weigh as equal
+NOISE_K = 4.0  # RTTs within NOISE_K x the service's median jitter of the fastest weigh as the fastest
+RTT_DEADBAND = 0.4  # ... and so do RTTs (plus rtt_offset) within 40 % of the fastest's
 JITTER_DECAYS = 4  # the jitter average's time constant, in weights.decay_ms
 
 _NS_PER_MS = 1_000_000
@@ -285,10 +286,11 @@ def decide(
                 instead, so the data path hands new flows to the standby.
                 When it ends (progress moves, or no work outstanding) slow start follows.
       noise     jitter_b = |x - rtt_b| averaged like the RTT with tau = JITTER_DECAYS x decay_ms (before
-                x moves rtt_b). band = NOISE_K x the median jitter of the computed backends; an RTT
-                within band of the median RTT of the computed backends counts as that median, so
-                identical backends whose probes wobble weigh exactly alike (no pushes), while an
-                RTT further off than the noise counts as itself (order by RTT is kept).
+                x moves rtt_b). band = max(NOISE_K x the median jitter of the computed backends,
+                RTT_DEADBAND x (fastest RTT + rtt_offset)); an RTT within band above the fastest
+                RTT of the computed backends counts as the fastest, so identical backends whose
+                probes wobble weigh exactly alike (no pushes), while an RTT further off than the
+                noise (a 2x slower backend) counts as itself (order by RTT is kept).
       latency   lat_b = base_b / max(rtt_b + rtt_offset, 1 us)   (rtt_offset = weights.rtt_offset_ms:
                 differences far below it are probe noise, not a reason to move flows)
                 raw_b = SCALE * lat_b / max(lat_c over computed backends c) * load_b
@@ -386,11 +388,13 @@ def _latency_inverse(
     rtts = {b.name: rtt_input(trs[b.name], kind) for b in computed}
     known = [r for r in rtts.values() if r is not None]
     fill_s = statistics.median(known) if known else 1.0
-    band_s = NOISE_K * statistics.median([trs[b.name].jitter_s for b in computed]) if computed else 0.0
+    best_s = min(known, default=fill_s)
+    band_s = max(NOISE_K * statistics.median([trs[b.name].jitter_s for b in computed]) if computed else 0.0,
+                 RTT_DEADBAND * (best_s + w.rtt_offset_ms / 1000))
     lat = {}
     for b in computed:
         rtt = rtts[b.name]
-        rtt = fill_s if rtt is None or abs(rtt - fill_s) <= band_s else rtt
+        rtt = fill_s if rtt is None else best_s if rtt - best_s <= band_s else rtt
         lat[b.name] = b.weight / max(rtt + w.rtt_offset_ms / 1000, RTT_MIN_S)
     best = max(lat.values(), default=1.0)
 
@@ -401,8 +405,8 @@ def _latency_inverse(
         source = "wire rtt" if tr.wire_rtt_s is not None and rtt == tr.wire_rtt_s else "rtt"
         words = [f"{source} {rtt * 1000:.2f} ms" if rtt is not None else (
             f"no probe data: median rtt {fill_s * 1000:.2f} ms" if known else "no probe data")]
-        if rtt is not None and rtt != fill_s and abs(rtt - fill_s) <= band_s:
-            words[0] += f" (within noise of the median {fill_s * 1000:.2f} ms)"
+        if rtt is not None and rtt != best_s and rtt - best_s <= band_s:
+            words[0] += f" (within noise of the fastest, {best_s * 1000:.2f} ms)"
         state = "fail-open" if tr.down else "up"
         if tr.down:
             words.insert(0, "every backend fails its probes: failing open")
