@@ -24,7 +24,8 @@ MAX_WEIGHT = 65535
 RTT_MIN_S = 1e-6  # an RTT of 0 would be an infinite weight
 KV_KNEE = 0.8  # KV-cache use below this costs nothing
 KV_MIN = 0.1  # KV factor at a full cache
-NEUTRAL_LOAD = 0.5  # unknown load: as loaded as one queued request per running one
+NEUTRAL_LOAD = 0.5  # unknown load: between idle (1) and a full engine (1/16)
+QUEUE_POWER = 4  # the queue factor: 1 / (1 + outstanding / slots)^QUEUE_POWER
 NOISE_K = 4.0  # RTTs within NOISE_K x the service's median jitter of the fastest weigh as the fastest
 RTT_DEADBAND = 0.4  # ... and so do RTTs (plus rtt_offset) within 40 % of the fastest's
 JITTER_DECAYS = 4  # the jitter average's time constant, in weights.decay_ms
@@ -46,6 +47,7 @@ class Tracker:
     down: bool = False  # probe.fall failures seen, probe.rise successes not yet
     last_error: Optional[str] = None  # of the newest failed probe
     load: Optional[Load] = None  # newest good scrape
+    peak_running: float = 0.0  # the most requests ever seen running at once: the engine's slots, learned
     scrape_failures: int = 0  # failed scrapes since the newest good one
     scrape_error: Optional[str] = None
     stall_since_ns: Optional[int] = None  # first scrape of the current stretch of work without progress
@@ -148,6 +150,7 @@ def observe_load(tr: Tracker, l: Load, w: config.Weights) -> None:
     if tr.hung and not hung:
         tr.ramp_since_ns = l.t_ns
     tr.hung, tr.load = hung, l
+    tr.peak_running = max(tr.peak_running, l.running or 0.0)
     tr.scrape_failures, tr.scrape_error = 0, None
 
 
@@ -170,11 +173,14 @@ def is_hung(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape]) -
     return tr.hung and load_state(tr, now_ns, metrics) == "fresh"
 
 
-def load_factor(l: Load) -> float:
-    """queue * kv factor of one good scrape: 1 idle, towards 0 saturated."""
+def load_factor(l: Load, slots: float = 0.0) -> float:
+    """queue * kv factor of one good scrape: 1 idle, towards 0 saturated. slots: the engine's
+    learned capacity (Tracker.peak_running); the queue factor is 1 / (1 + outstanding / slots)^4,
+    so a full engine weighs 1/16 of an idle one and one with a backlog of its size 1/81: new
+    flows go where slots are free, as join-the-shortest-queue would send them."""
     waiting = max(0.0, l.waiting or 0.0)
     running = max(0.0, l.running or 0.0)
-    queue = 1.0 / (1.0 + waiting / max(running, 1.0))
+    queue = 1.0 / (1.0 + (waiting + running) / max(slots, running, 1.0)) ** QUEUE_POWER
     kv = 1.0
     if l.kv_usage is not None and l.kv_usage > KV_KNEE:
         over = (min(l.kv_usage, 1.0) - KV_KNEE) / (1.0 - KV_KNEE)
@@ -210,7 +216,7 @@ def describe(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape] =
         "running": None if l is None else l.running,
         "kv_usage": None if l is None else l.kv_usage,
         "progress": None if l is None else l.progress,
-        "load_factor": load_factor(l) if state == "fresh" and l is not None else None,
+        "load_factor": load_factor(l, tr.peak_running) if state == "fresh" and l is not None else None,
         "scrape_failures": tr.scrape_failures,
         "scrape_error": tr.scrape_error,
         "hung": is_hung(tr, now_ns, metrics),
@@ -299,7 +305,9 @@ def decide(
                 normalised away, so a backend's weight moves with its own load only.
       load      load_b = 1 when load_aware is off or health.metrics is unset. Otherwise,
                 from the newest good scrape while it is younger than metrics.stale_ms:
-                  queue = 1 / (1 + waiting / max(running, 1))
+                  queue = 1 / (1 + (waiting + running) / slots)^QUEUE_POWER (4), slots = the
+                          most requests the backend was ever seen running (at least running, 1):
+                          an idle engine 1, a full one 1/16, a backlog of its size 1/81
                   kv    = 1 below KV_KNEE, falling linearly to KV_MIN at kv_usage 1.0
                   load  = queue * kv          (1 idle, -> 0 saturated; a signal the
                                                backend doesn't export counts as no pressure)
@@ -447,7 +455,7 @@ def _load(
         words = f"{_num(l.waiting)} waiting, {_num(l.running)} running"
         if l.kv_usage is not None:
             words += f", kv {l.kv_usage:.0%}"
-        factor = load_factor(l)
+        factor = load_factor(l, tr.peak_running)
         return factor, "up", f"{words}: load x{factor:.2f}"
     if state == "stale":
         assert tr.load is not None
