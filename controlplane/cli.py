@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-from controlplane import __version__, statusview
+from controlplane import __version__, limits, statusview
 from controlplane.errors import EdgeError, NotRunning, say
 
 PROG = "edgectl"
@@ -29,7 +29,6 @@ def _progress(args) -> callable:
 
 def cmd_validate(args) -> int:
     from controlplane.config import load_config
-
     from controlplane.loader import mem_available
     from controlplane.maps import sizing
 
@@ -160,9 +159,9 @@ def cmd_drain_node(args) -> int:
 
 def cmd_weight(args) -> int:
     if (args.weight is None) == (not args.clear):
-        raise EdgeError("weight: give either N (0..65535) or --clear")
-    if args.weight is not None and not 0 <= args.weight <= 65535:
-        raise EdgeError(f"weight: {args.weight} is out of range 0..65535")
+        raise EdgeError(f"weight: give either N ({limits.WEIGHTS}) or --clear")
+    if args.weight is not None and not limits.is_weight(args.weight):
+        raise EdgeError(f"weight: {args.weight} is out of range {limits.WEIGHTS}")
     with _client(args) as edged:
         scope = _scope(edged.set_weight(args.service, args.backend, args.weight, local=args.local), args.local)
     if args.clear:
@@ -391,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "In a fleet (node.fleet) every node does so, unless --local.")
     _backend_args(s)
     _local_arg(s)
-    s.add_argument("weight", metavar="N", type=int, nargs="?", help="the weight, 0..65535")
+    s.add_argument("weight", metavar="N", type=int, nargs="?", help=f"the weight, {limits.WEIGHTS}")
     s.add_argument("--clear", action="store_true", help="remove the pinned weight")
     _api_args(s)
     s.set_defaults(func=cmd_weight)

@@ -15,12 +15,42 @@ from typing import Optional
 
 from controlplane.abi import MAX_PER_SERVICE
 from controlplane.configkit import (  # the checks and the machinery the schema below is made of
-    MAX_CONFIG_BYTES, MAX_MS, _abs_path, _bool, _dns_name, _etcd_prefix, _group, _ifname, _int,
-    _ipv4, _join, _kind, _list_of, _listen, _load_yaml, _longer_than_interval, _maglev_m, _ms,
-    _name, _one_of, _parse, _port, _section, _sections, _server, _string, _token, _too_big,
-    _url_path, _version, option, read_config_text,
+    MAX_CONFIG_BYTES,
+    MAX_MS,
+    _abs_path,
+    _bool,
+    _dns_name,
+    _etcd_prefix,
+    _group,
+    _ifname,
+    _int,
+    _ipv4,
+    _join,
+    _kind,
+    _list_of,
+    _listen,
+    _load_yaml,
+    _longer_than_interval,
+    _maglev_m,
+    _ms,
+    _name,
+    _one_of,
+    _parse,
+    _port,
+    _section,
+    _sections,
+    _server,
+    _string,
+    _token,
+    _too_big,
+    _url_path,
+    _version,
+    _weight,
+    option,
+    read_config_text,
 )
 from controlplane.errors import ConfigError
+from controlplane.limits import WEIGHT_MAX
 
 
 @dataclass(frozen=True)
@@ -140,8 +170,8 @@ class Weights:
         _one_of("static", "latency_inverse"),
         "static",
     )
-    floor: int = option("no computed weight goes below this", _int(1, 65535), 1)
-    max_ratio: int = option("largest weight / smallest weight", _int(1, 65535), 20)
+    floor: int = option("no computed weight goes below this", _int(1, WEIGHT_MAX), 1)
+    max_ratio: int = option("largest weight / smallest weight", _int(1, WEIGHT_MAX), 20)
     hysteresis_pct: int = option("changes smaller than this are not applied", _int(0, 100), 10)
     smoothing: str = option(
         "RTT smoothing: peak_ewma (a slower sample counts at once, a faster one decays in) or ewma",
@@ -177,7 +207,7 @@ class Backend:
     name: str = option("unique in its service; shown in status and metrics", _name)
     address: IPv4Address = option("IPv4 address of the backend", _ipv4("backends"))
     port: int = option("port the backend serves the service on", _port)
-    weight: int = option("relative share of new flows; 0 drains (no new flows)", _int(0, 65535), 1)
+    weight: int = option("relative share of new flows; 0 drains (no new flows)", _weight, 1)
     standby: bool = option("gets new flows only while no primary is usable", _bool, False)
     token: Optional[int] = option(
         "64-bit value the backend's heartbeats carry, e.g. '0x5eed0001'", _token, None

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import yaml
 
+from controlplane import limits
 from controlplane.errors import ConfigError
 from controlplane.maglev import is_prime
 
@@ -98,7 +99,20 @@ def _int(lo: int, hi: int, what: str | None = None) -> Check:
     return check
 
 
-_port = _int(1, 65535, "a port")
+def _port(value: Any, path: str) -> int:
+    number = _integer(value, path)
+    if not limits.is_port(number):
+        raise ConfigError(f"{path}: {_show(number)} is not a port")
+    return number
+
+
+def _weight(value: Any, path: str) -> int:
+    number = _integer(value, path)
+    if not limits.is_weight(number):
+        raise ConfigError(f"{path}: {_show(number)} is out of range {limits.WEIGHTS}")
+    return number
+
+
 _ms = _int(1, MAX_MS)
 
 
@@ -163,8 +177,8 @@ def _ifname(value: Any, path: str) -> str:
 def _listen(value: Any, path: str) -> str:
     text = _string(value, path)
     match = _LISTEN.fullmatch(text)
-    ok = match is not None and 1 <= int(match["port"]) <= 65535
-    if ok and match["v6"]:
+    ok = match is not None and limits.is_port(int(match["port"]))
+    if ok and match is not None and match["v6"]:
         try:
             ipaddress.IPv6Address(match["v6"])
         except ValueError:
@@ -292,9 +306,9 @@ def _sections(cls: type, empty: bool = False) -> Check:
     return check
 
 
-def _longer_than_interval(section: object, path: str, key: str) -> None:
+def _longer_than_interval(section: Any, path: str, key: str) -> None:
     """ConfigError unless section.<key> exceeds section.interval_ms."""
-    value, interval = getattr(section, key), getattr(section, "interval_ms")
+    value, interval = getattr(section, key), section.interval_ms
     if value <= interval:
         raise ConfigError(f"{path}.{key}: {value} must be greater than interval_ms ({interval})")
 
@@ -317,7 +331,7 @@ def _server(value: Any, path: str) -> tuple[str, int]:
         number = int(port) if port else 53
     except ValueError:
         raise ConfigError(f"{path}: expected IPv4[:PORT] (e.g. 127.0.0.1:53), got {_show(text)}") from None
-    if not 1 <= number <= 65535:
+    if not limits.is_port(number):
         raise ConfigError(f"{path}: {number} is not a port")
     return (str(address), number)
 
@@ -346,7 +360,7 @@ def _etcd_prefix(value: Any, path: str) -> str:
 class _Loader(yaml.SafeLoader):
     """SafeLoader that rejects a key given twice in one mapping instead of keeping the last."""
 
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):
             seen = set()
             for key_node, _ in node.value:

@@ -75,6 +75,17 @@ class _Ids:
 
 def plan(deployed: Deployed, cfg: Config, max_services: int, max_backends: int) -> Plan:
     """The ids cfg gets when applied over deployed; MapError (one line) if it cannot fit."""
+    n_backends = _check_fits(cfg, max_services, max_backends)
+    svc = _service_ids(deployed, cfg, max_services)
+    be = _backend_ids(deployed, cfg, svc, max_backends, n_backends)
+    health = _health_ids(deployed, cfg, max_backends)
+    return Plan(svc.ids, be.ids, health.ids, svc.new, be.new, be.moved, health.new,
+                svc.removed, be.removed, svc.renamed,
+                recycled=svc.recycled or be.recycled or health.recycled)
+
+
+def _check_fits(cfg: Config, max_services: int, max_backends: int) -> int:
+    """The number of cfg's backends; MapError if cfg has more services or backends than the maps hold."""
     if len(cfg.services) > max_services:
         raise MapError(f"services: {len(cfg.services)} needed, the maps hold {max_services} "
                        f"(node.max_services); nothing was changed")
@@ -85,7 +96,23 @@ def plan(deployed: Deployed, cfg: Config, max_services: int, max_backends: int) 
     for s in cfg.services:
         if len(s.backends) > MAX_PER_SERVICE:
             raise MapError(f"{s.name}: {len(s.backends)} backends, at most {MAX_PER_SERVICE} in one service")
+    return n_backends
 
+
+@dataclass
+class _Part:
+    """One part of a Plan (services, backends or health entries): ids, what is new, removed, moved."""
+
+    ids: dict
+    new: list
+    recycled: bool
+    removed: dict = field(default_factory=dict)
+    renamed: dict[str, str] = field(default_factory=dict)
+    moved: list[int] = field(default_factory=list)
+
+
+def _service_ids(deployed: Deployed, cfg: Config, max_services: int) -> _Part:
+    """VIP ids: kept by name, then by VIP (a rename), then new ones."""
     names = {s.name for s in cfg.services}
     by_vip = {key: name for name, (_, key) in deployed.services.items() if key is not None}
     svc_ids: dict[str, int] = {}
@@ -99,47 +126,63 @@ def plan(deployed: Deployed, cfg: Config, max_services: int, max_backends: int) 
             svc_ids[s.name] = deployed.services[old][0]
             renamed[old] = s.name
     kept_vids = set(svc_ids.values())
-    removed_services = {n: vid for n, (vid, _) in deployed.services.items() if vid not in kept_vids}
-    ids = _Ids(kept_vids, set(removed_services.values()), max_services, "services")
+    removed = {n: vid for n, (vid, _) in deployed.services.items() if vid not in kept_vids}
+    ids = _Ids(kept_vids, set(removed.values()), max_services, "services")
     new_services = []
     for s in cfg.services:
         if s.name not in svc_ids:
             svc_ids[s.name] = ids.take(len(cfg.services))
             new_services.append(s.name)
+    return _Part(svc_ids, new_services, ids.recycled, removed, renamed)
 
+
+def _kept_backend_ids(s: Service, old: Mapping[str, tuple[int, Endpoint]],
+                      be_ids: dict[tuple[str, str], int], moved: list[int]) -> None:
+    """Into be_ids, the ids service s's backends keep from old: by name, then by endpoint (a rename
+    keeps the endpoint under a name the service no longer has). A kept id whose endpoint changed
+    goes into moved."""
+    wanted = {b.name for b in s.backends}
+    for b in s.backends:
+        if b.name in old:
+            bid, ep = old[b.name]
+            be_ids[(s.name, b.name)] = bid
+            if ep != (b.address, b.port):
+                moved.append(bid)
+    taken = set()
+    for b in s.backends:
+        if (s.name, b.name) in be_ids:
+            continue
+        for name, (bid, ep) in sorted(old.items()):
+            if name not in wanted and ep == (b.address, b.port) and bid not in taken:
+                be_ids[(s.name, b.name)] = bid
+                taken.add(bid)
+                break
+
+
+def _backend_ids(deployed: Deployed, cfg: Config, svc: _Part, max_backends: int, n_backends: int) -> _Part:
+    """Backend ids: kept within a kept service (by name, then endpoint), then new ones."""
     by_vid: dict[int, dict[str, tuple[int, Endpoint]]] = {}
     for (vid, name), held in deployed.backends.items():
         by_vid.setdefault(vid, {})[name] = held
     be_ids: dict[tuple[str, str], int] = {}
-    moved = []
+    moved: list[int] = []
     for s in cfg.services:
-        old = {} if s.name in new_services else by_vid.get(svc_ids[s.name], {})
-        wanted = {b.name for b in s.backends}
-        for b in s.backends:
-            if b.name in old:
-                bid, ep = old[b.name]
-                be_ids[(s.name, b.name)] = bid
-                if ep != (b.address, b.port):
-                    moved.append(bid)
-        taken = set()
-        for b in s.backends:  # renamed: same endpoint, a name the service no longer has
-            if (s.name, b.name) in be_ids:
-                continue
-            for name, (bid, ep) in sorted(old.items()):
-                if name not in wanted and ep == (b.address, b.port) and bid not in taken:
-                    be_ids[(s.name, b.name)] = bid
-                    taken.add(bid)
-                    break
+        old = {} if s.name in svc.new else by_vid.get(svc.ids[s.name], {})
+        _kept_backend_ids(s, old, be_ids, moved)
     kept_bids = set(be_ids.values())
-    removed_backends = {key: bid for key, (bid, _) in deployed.backends.items() if bid not in kept_bids}
-    bids = _Ids(kept_bids, set(removed_backends.values()), max_backends, "backends")
+    removed = {key: bid for key, (bid, _) in deployed.backends.items() if bid not in kept_bids}
+    bids = _Ids(kept_bids, set(removed.values()), max_backends, "backends")
     new_backends = []
     for s in cfg.services:
         for b in s.backends:
             if (s.name, b.name) not in be_ids:
                 be_ids[(s.name, b.name)] = bids.take(n_backends)
                 new_backends.append((s.name, b.name))
+    return _Part(be_ids, new_backends, bids.recycled, removed, moved=moved)
 
+
+def _health_ids(deployed: Deployed, cfg: Config, max_backends: int) -> _Part:
+    """Health ids, one per endpoint (address, port): kept while the endpoint stays, then new ones."""
     endpoints = sorted({(b.address, b.port) for s in cfg.services for b in s.backends})
     health_ids = {ep: deployed.health[ep] for ep in endpoints if ep in deployed.health}
     gone = {h for ep, h in deployed.health.items() if ep not in health_ids}
@@ -149,9 +192,7 @@ def plan(deployed: Deployed, cfg: Config, max_services: int, max_backends: int) 
         if ep not in health_ids:
             health_ids[ep] = hids.take(len(endpoints))
             new_health.append(health_ids[ep])
-    return Plan(svc_ids, be_ids, health_ids, new_services, new_backends, moved, new_health,
-                removed_services, removed_backends, renamed,
-                recycled=ids.recycled or bids.recycled or hids.recycled)
+    return _Part(health_ids, new_health, hids.recycled)
 
 
 def kept_part(deployed: Deployed, cfg: Config, p: Plan) -> Config:
@@ -226,8 +267,8 @@ def leaving_after(old: Config, new: Config, leaving: Mapping[tuple[str, str], Le
             if key not in out:
                 out[key] = Leaving(kept or s, b, deadline(s, now_ns), whole_service=kept is None)
     for key in list(out):  # back in the config under its name
-        s = new_by_name.get(key[0])
-        if s is not None and any(b.name == key[1] for b in s.backends):
+        back = new_by_name.get(key[0])
+        if back is not None and any(b.name == key[1] for b in back.backends):
             del out[key]
     return out
 

@@ -21,19 +21,35 @@ from controlplane import abi
 from controlplane.bpfsource import BPF_DIR, SOURCES, _amalgamate, source_text  # noqa: F401  (re-exported)
 from controlplane.config import Node
 from controlplane.errors import CompileError, LoaderError, MapError, NotDeployed
+
 # Interfaces, routes, tc and sysctl are pyroute2's, in netlink.py; deploy and
 # the data-path watch reach them through this module, the one that attaches.
 from controlplane.netlink import (  # noqa: F401  (re-exported)
-    TC_HANDLE, TC_INGRESS_PARENT, TC_PRIO, XdpState, attach_tc, detach_tc, has_clsact, ifindex,
-    ifindexes, ifname, ip_forward, prog_name, return_filter, route_oif, route_oifs, set_ip_forward, xdp_state,
+    TC_HANDLE,
+    TC_INGRESS_PARENT,
+    TC_PRIO,
+    XdpState,
+    attach_tc,
+    detach_tc,
+    has_clsact,
+    ifindex,
+    ifindexes,
+    ifname,
+    ip_forward,
+    prog_name,
+    return_filter,
+    route_oif,
+    route_oifs,
+    set_ip_forward,
+    xdp_state,
 )
+from controlplane.undo import Undo  # noqa: F401  (re-exported: deploy.py names loader.Undo)
 
 # Every program of the data path and its kind (abi.py names them).
 PROGRAMS = {abi.PROG_INGRESS: "xdp", abi.PROG_RETURN: "tc", abi.PROG_REPLY: "xdp",
             abi.PROG_INGRESS_SLOW: "xdp", abi.PROG_INGRESS_SCAN: "xdp"}
 # Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
 TAILS = {abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW, abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN}
-BPF_FS_MAGIC = 0xCAFE4A11
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1
@@ -58,30 +74,6 @@ class Params:
     @classmethod
     def of(cls, node: Node) -> "Params":
         return cls(node.maglev_m, node.max_services, node.max_backends, node.ct_size)
-
-
-class Undo:
-    """Steps that reverse what was done, run newest first by rollback()."""
-
-    def __init__(self) -> None:
-        self._steps: list[tuple[str, Callable[[], None]]] = []
-
-    def push(self, what: str, step: Callable[[], None]) -> None:
-        self._steps.append((what, step))
-
-    def rollback(self) -> list[str]:
-        """Runs every step; returns the ones that failed, as messages."""
-        failed = []
-        while self._steps:
-            what, step = self._steps.pop()
-            try:
-                step()
-            except Exception as e:  # keep undoing the rest whatever one step raised
-                failed.append(f"{what}: {e}")
-        return failed
-
-    def forget(self) -> None:
-        self._steps.clear()
 
 
 # ---------------------------------------------------------------- bpffs, pins

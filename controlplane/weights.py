@@ -16,11 +16,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
-from controlplane import config
-from controlplane.signals import Load, Sample
+from controlplane import config, limits
+from controlplane.samples import Load, Sample
 
 SCALE = 10_000  # weight of the best backend of an idle service
-MAX_WEIGHT = 65535
+MAX_WEIGHT = limits.WEIGHT_MAX
 RTT_MIN_S = 1e-6  # an RTT of 0 would be an infinite weight
 KV_KNEE = 0.8  # KV-cache use below this costs nothing
 KV_MIN = 0.1  # KV factor at a full cache
@@ -445,7 +445,7 @@ def _latency_inverse(
 
 
 def _load(
-    tr: Tracker, now_ns: int, metrics: config.MetricsScrape, any_metrics: bool
+    tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape], any_metrics: bool
 ) -> tuple[float, str, str]:
     """(factor, state, words) of one backend's load signals."""
     state = load_state(tr, now_ns, metrics)

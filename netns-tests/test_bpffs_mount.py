@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 
 def in_private_mounts(script: str) -> subprocess.CompletedProcess:

@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 
 from controlplane import abi
-from controlplane.edged import cli as edged_module
 from controlplane.api.client import Client
+from controlplane.edged import cli as edged_module
 from controlplane.lab import heartbeats as hb
 from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.traffic import http_get, udp_answers

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from controlplane import abi
 from controlplane.lab.daemon import EdgedProc
-from controlplane.lab.traffic import backends_seen, close_all, http_get, open_connections
+from controlplane.lab.traffic import backends_seen, close_all, http_get, open_connections, wait_until
 
 PORT = 8000
+ROUNDS = 10  # requests on every kept-alive connection in each phase of the kill -9 test (a round ~0.1 s)
 
 
 def doc(router, tmp_path: Path, backends=(0, 1, 2), policy: str = "latency_inverse", **service_extra) -> dict:
@@ -52,7 +53,17 @@ class Traffic(threading.Thread):
                 self.new_flows[http_get(self.net.client, self.net.vip, PORT, timeout_s=1.0).backend] += 1
             except OSError as e:
                 self.errors.append(f"new flow: {e}")
-            time.sleep(0.01)
+            self.stop_flag.wait(0.01)  # pace: leave the CPUs to the router between rounds
+
+    def progress(self) -> tuple[int, int]:
+        """(rounds every connection answered, the fewest of any; new flows answered)."""
+        return min(len(a) for a in self.answers), sum(self.new_flows.values())
+
+    def went_on(self, since: tuple[int, int], rounds: int) -> bool:
+        """Every connection answered `rounds` more rounds since `since` (a progress()), and new
+        flows were answered meanwhile."""
+        now = self.progress()
+        return now[0] >= since[0] + rounds and now[1] > since[1]
 
 
 def test_kill_9_and_restart_loses_nothing_and_moves_nothing(net, router, tmp_path):
@@ -65,12 +76,15 @@ def test_kill_9_and_restart_loses_nothing_and_moves_nothing(net, router, tmp_pat
         pushed = first.wait_for(lambda e: e["kind"] == "weights", 20.0, "a first computed weight push")
         before_weights = pushed["weights"]
         conns = open_connections(net.client, net.vip, PORT, 40)
-        traffic = Traffic(net, conns, seconds=30.0)
+        traffic = Traffic(net, conns, seconds=90.0)  # ended by stop_flag below; the bound if not
         traffic.start()
-        time.sleep(1.0)
+        wait_until(lambda: traffic.went_on((0, 0), ROUNDS), 20.0, "traffic under the first edged",
+                   observe=traffic.progress)
         os.kill(first.proc.pid, signal.SIGKILL)
         assert first.proc.wait(timeout=10) == -signal.SIGKILL
-        time.sleep(1.0)  # the data path forwards alone
+        at_kill = traffic.progress()
+        wait_until(lambda: traffic.went_on(at_kill, ROUNDS), 20.0, "traffic with no edged (the data path alone)",
+                   observe=traffic.progress)
         # a push may have landed between the wait above and the kill: the table holds the last one
         last = first.latest_weights("web")
     finally:
@@ -81,7 +95,9 @@ def test_kill_9_and_restart_loses_nothing_and_moves_nothing(net, router, tmp_pat
             second.wait_for(lambda e: e["kind"] == "deployed", 5.0, "deployed")
         assert deployed["adopted"] is True
         assert deployed["weights"]["web"] == last, (before_weights, last, deployed["weights"])
-        time.sleep(2.0)
+        at_adopt = traffic.progress()
+        wait_until(lambda: traffic.went_on(at_adopt, ROUNDS), 20.0, "traffic under the restarted edged",
+                   observe=traffic.progress)
         traffic.stop_flag.set()
         traffic.join(timeout=10)
         drops = router.counters()["drops"]

@@ -26,9 +26,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import hb
 import pytest
 
-import hb
 from controlplane.lab.router import Router
 from controlplane.lab.topo import Net, Ns
 from controlplane.lab.traffic import Conn, backends_seen, close_all, connect, open_connections, wait_until
@@ -292,7 +292,7 @@ def test_spoofed_heartbeats_do_not_revive_a_dead_backend(shared_net, shared):
             for k in range(PER_SPOOF):
                 hb.send(sock, router_addr_on(case.to), SPOOF_SEQ + k, case.token)
         want = before["drops"]["spoofed_heartbeat"] + PER_SPOOF
-        wait_until(lambda: spoofed() >= want, 2.0, f"{case.description}: {want} spoofed", observe=spoofed)
+        wait_until(lambda want=want: spoofed() >= want, 2.0, f"{case.description}: {want} spoofed", observe=spoofed)
         after = router.counters()
 
         assert after["drops"]["spoofed_heartbeat"] == want, case.description

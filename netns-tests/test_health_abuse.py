@@ -28,14 +28,14 @@ from contextlib import contextmanager
 from ipaddress import IPv4Address
 from typing import Callable, Iterator
 
+import hb
+from packets import Capture, send_frames
 from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
-import hb
 from controlplane.lab.router import Router, link_mac
 from controlplane.lab.topo import Net
 from controlplane.lab.traffic import backends_seen, close_all, open_connections, wait_until
-from packets import Capture, send_frames
 
 PORT = 8000  # conftest.BACKEND_PORT
 CRAFTED_SRC = IPv4Address("198.18.0.77")  # in the client's subnet, used by no socket

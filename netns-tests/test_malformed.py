@@ -35,6 +35,7 @@ from ipaddress import IPv4Address
 from typing import Callable
 
 import pytest
+from packets import Capture, send_frames
 from scapy.layers.inet import IP, TCP, UDP, IPOption_RR
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
@@ -42,7 +43,6 @@ from scapy.utils import checksum
 
 from controlplane.lab.router import Router, link_mac
 from controlplane.lab.traffic import http_get, wait_until
-from packets import Capture, send_frames
 
 PORT = 8000  # conftest.BACKEND_PORT; the VIP serves web (tcp) and dns (udp) on it
 COPIES = 5  # each crafted frame is sent this many times

@@ -16,9 +16,9 @@ import errno
 import socket
 
 import pytest
+from packets import Capture, ping, udp_query
 
 from controlplane.lab.traffic import Conn, http_get, wait_until
-from packets import Capture, ping, udp_query
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
 OTHER_PORT = 9000  # on the VIP address, but no service

@@ -17,8 +17,8 @@ from collections import Counter
 from typing import Iterator
 
 import pytest
-
 from conftest import require_privileges, undeployed_after
+
 from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.inference import degrade_from
 from controlplane.lab.topo import Net, Topo

@@ -19,6 +19,7 @@ import sys
 from collections import Counter
 
 import pytest
+from packets import ping, udp_query
 from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
@@ -29,7 +30,6 @@ from controlplane.lab.traffic import (
     http_get,
     open_connections,
 )
-from packets import ping, udp_query
 
 PORT = 8000  # conftest.BACKEND_PORT
 
@@ -235,7 +235,7 @@ def test_close_removes_everything_when_the_test_body_raises():
             net.build()
             net.start_backends(port=PORT)
             assert http_get(net.client, net.backend_addr(1), PORT).backend == "b1"
-            1 / 0
+            raise ZeroDivisionError("the test body fails")
 
     assert leftovers(net.prefix) == []
     assert all(s.proc.returncode is not None for s in net.servers)

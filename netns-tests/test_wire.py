@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import pytest
+from conftest import require_privileges, undeployed_after
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import require_privileges, undeployed_after
 from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.topo import Net, Topo
 from controlplane.lab.traffic import close_all, connect, open_connections, wait_until

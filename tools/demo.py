@@ -29,8 +29,8 @@ from controlplane import drill  # noqa: E402
 from controlplane.config import parse_config  # noqa: E402
 from controlplane.errors import EdgeError  # noqa: E402
 from controlplane.lab.daemon import EdgedProc  # noqa: E402
-from controlplane.lab.router import EdgectlError, Router  # noqa: E402
 from controlplane.lab.inference import degrade_from  # noqa: E402
+from controlplane.lab.router import EdgectlError, Router  # noqa: E402
 from controlplane.lab.topo import Net, Topo  # noqa: E402
 from controlplane.lab.traffic import backends_seen, close_all, http_get, open_connections  # noqa: E402
 
@@ -372,7 +372,7 @@ def failover_drill(rate: int, duration_s: float) -> None:
     try:
         report = drill.failover(cfg, plan, progress=lambda line: say(f"    {line}"))
     except EdgeError as e:
-        raise SystemExit(f"demo: failover drill: {e}")
+        raise SystemExit(f"demo: failover drill: {e}") from e
     for line in drill.format_table(report).splitlines():
         say("    " + line)
 
@@ -413,7 +413,7 @@ def main() -> int:
                     say(f"demo: undeploy failed: {done.stderr.strip()}")
             section("undeployed; removing the namespaces")
     except (DemoError, EdgectlError, TimeoutError) as e:
-        raise SystemExit(f"demo: {e} (everything it started is removed again)")
+        raise SystemExit(f"demo: {e} (everything it started is removed again)") from e
     except KeyboardInterrupt:
         say("\ndemo: interrupted; everything it started is removed again")
         return 130

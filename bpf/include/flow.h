@@ -45,6 +45,23 @@ static __always_inline __u32 hash_flow(const struct flow_key *k)
 	return hash_mix(h ^ k->proto);
 }
 
+/* Index into edge_maglev of the first slot of vip's active table (maps.h:
+ * [(vip id * 2 + half) * M + slot]). The caller checks vip->id is below
+ * EDGE_MAX_SERVICES. */
+static __always_inline __u32 maglev_base(const struct vip_info *vip)
+{
+	return ((vip->id << 1) | (vip->table & 1)) * EDGE_MAGLEV_M;
+}
+
+/* Index into edge_maglev of slot hash % M of the table starting at base
+ * (maglev_base). verifier: the base is a value, so a walk over several
+ * slots reads the VIP's map value once (reading it per slot in the slow
+ * path's walk cost ~12.6k instructions processed). */
+static __always_inline __u32 maglev_index(__u32 base, __u32 hash)
+{
+	return base + hash % EDGE_MAGLEV_M;
+}
+
 #ifndef EDGE_CT_MISS_PER_S
 #define EDGE_CT_MISS_PER_S	64	/* entries per CPU and second TCP packets other than SYNs may create */
 #endif

@@ -143,15 +143,14 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 	 const struct pkt *pkt, __u64 now, __u32 *bid, int *failover,
 	 const int stage)
 {
-	__u32 hash = hash_flow(&pkt->flow), slot, i, base, idx, *id, pick_id, found;
+	__u32 hash = hash_flow(&pkt->flow), i, base, idx, *id, pick_id, found;
 	struct backend_info *be;
 
 	*failover = 0;
 	if (vip->id >= EDGE_MAX_SERVICES)
 		return NULL;
-	base = ((vip->id << 1) | (vip->table & 1)) * EDGE_MAGLEV_M;
-	slot = hash % EDGE_MAGLEV_M;
-	idx = base + slot;
+	base = maglev_base(vip);
+	idx = maglev_index(base, hash);
 	id = edge_maglev.lookup(&idx);
 	/* An empty table (every primary drains) goes straight to the scan.
 	 * verifier: the scan has one call site and the first pick stays out
@@ -177,8 +176,7 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 		 * Not in panic mode (panic_below set): there the scan decides on
 		 * the first pick, so a usable backend's share stays its own. */
 		for (i = 0; i < EDGE_MAX_WALK && !sc->panic_below; i++) {
-			slot = hash_mix(hash + i + 1) % EDGE_MAGLEV_M;
-			idx = base + slot;
+			idx = maglev_index(base, hash_mix(hash + i + 1));
 			id = edge_maglev.lookup(&idx);
 			if (!id)
 				break;

@@ -20,9 +20,10 @@
 #define TCP_FLAG_RST_	0x04
 #define TCP_FLAG_ACK_	0x10
 
-/* The connection of client fk (as the ingress sees it) to backend endpoint
- * bk answered a SYN that did not come through the VIP: a direct one. */
-static __always_inline void note_direct(const struct flow_key *fk, const struct backend_key *bk)
+/* The edge_direct key of the connection of client fk (as the ingress sees
+ * it) to backend endpoint bk. */
+static __always_inline struct direct_key direct_key_of(const struct flow_key *fk,
+							const struct backend_key *bk)
 {
 	struct direct_key dk = {
 		.backend = bk->addr,
@@ -30,6 +31,15 @@ static __always_inline void note_direct(const struct flow_key *fk, const struct 
 		.backend_port = bk->port,
 		.client_port = fk->sport,
 	};
+
+	return dk;
+}
+
+/* The connection of client fk (as the ingress sees it) to backend endpoint
+ * bk answered a SYN that did not come through the VIP: a direct one. */
+static __always_inline void note_direct(const struct flow_key *fk, const struct backend_key *bk)
+{
+	struct direct_key dk = direct_key_of(fk, bk);
 	__u32 one = 1;
 
 	edge_direct.update(&dk, &one);
@@ -49,12 +59,7 @@ static __always_inline void note_direct(const struct flow_key *fk, const struct 
 static __always_inline int stateless_reply(struct flow_key *fk, const struct backend_key *bk,
 					   const struct rnat_info *ri, __u8 tcp_flags)
 {
-	struct direct_key dk = {
-		.backend = bk->addr,
-		.client = fk->src,
-		.backend_port = bk->port,
-		.client_port = fk->sport,
-	};
+	struct direct_key dk = direct_key_of(fk, bk);
 	struct vip_key vk = {
 		.addr = ri->vip_addr,
 		.port = ri->vip_port,
@@ -78,7 +83,7 @@ static __always_inline int stateless_reply(struct flow_key *fk, const struct bac
 	vip = edge_vips.lookup(&vk);
 	if (!vip || vip->id != ri->vip_id || vip->id >= EDGE_MAX_SERVICES)
 		return 0;
-	idx = ((vip->id << 1) | (vip->table & 1)) * EDGE_MAGLEV_M + hash_flow(fk) % EDGE_MAGLEV_M;
+	idx = maglev_index(maglev_base(vip), hash_flow(fk));
 	id = edge_maglev.lookup(&idx);
 	if (!id || *id != ri->backend_id)
 		return 0;

@@ -8,7 +8,7 @@
  * nothing pending costs one flag test per packet each way. Entries are
  * shared by CPUs without locks: two packets of one connection racing on two
  * CPUs can lose a sample, never make a wrong one. Owns no policy: user space
- * (controlplane/wire.py) turns the counts into quantiles and freshness. */
+ * (controlplane/wiresignals.py) turns the counts into quantiles and freshness. */
 #ifndef EDGE_WIRE_H
 #define EDGE_WIRE_H
 

@@ -31,8 +31,8 @@ from controlplane.agent.options import (
     parse_ms,
     parse_router,
     parse_token,
-    read_token_file,
     parser,
+    read_token_file,
 )
 from controlplane.agent.schedule import MAX_NAP_S, StopFlag, Ticker, sleep_until
 from controlplane.agent.sender import SendStats, main, run, send_loop

@@ -13,6 +13,8 @@ from ipaddress import IPv4Address
 from typing import Optional
 from urllib.parse import urlsplit
 
+from controlplane import limits
+
 PROG = "edge-heartbeat"
 DEFAULT_ROUTER_PORT = 7946  # config.Heartbeat.port's default; test_heartbeat compares them
 DEFAULT_INTERVAL_MS = 100.0  # config.Heartbeat.interval_ms's default
@@ -36,8 +38,8 @@ def parse_ipv4(text: str, what: str) -> IPv4Address:
 
 
 def parse_port(text: str, what: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise UsageError(f"{what}: {text!r} is not a port (1..65535)")
+    if not text.isdigit() or not limits.is_port(int(text)):
+        raise UsageError(f"{what}: {text!r} is not a port ({limits.PORTS})")
     return int(text)
 
 

@@ -29,7 +29,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from controlplane import __version__
+from controlplane import __version__, limits
 from controlplane.api import convert, edge_pb2, edge_pb2_grpc
 from controlplane.config import MAX_CONFIG_BYTES
 from controlplane.errors import ConfigError, EdgeError
@@ -39,7 +39,6 @@ if TYPE_CHECKING:  # a type only: the API server runs without loading edged's da
 
 SERVICE_NAME = "edge.v1.Edge"  # the name grpc.health.v1 reports it under
 SOCKET_MODE = 0o660
-WEIGHT_MAX = 65535
 WATCH_QUEUE = 1024  # events a slow watcher may fall behind by before it loses some
 
 log = logging.getLogger("edged.api")
@@ -137,8 +136,8 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
     async def SetWeight(self, request, context):
         async def work():
             weight = request.weight if request.HasField("weight") else None
-            if weight is not None and not 0 <= weight <= WEIGHT_MAX:
-                raise ConfigError(f"weight: {weight} is out of range 0..{WEIGHT_MAX}")
+            if weight is not None and not limits.is_weight(weight):
+                raise ConfigError(f"weight: {weight} is out of range {limits.WEIGHTS}")
             return edge_pb2.SetWeightResponse(scope=await self._operate("weight", request, weight))
 
         return await self._answer(context, "SetWeight", work)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network
 from typing import Optional
 
-from controlplane.config import Backend, Config, Service
+from controlplane.config import Backend, Config
 from controlplane.discovery import Answer, Failure, Result
 from controlplane.discovery.tokens import derive_token
 from controlplane.errors import ConfigError
@@ -153,7 +153,3 @@ def describe_change(previous: Optional[tuple[Backend, ...]], now: tuple[Backend,
     parts = [f"+{n}" for n in after if n not in before] + [f"-{n}" for n in before if n not in after]
     parts += [f"~{n}" for n in after if n in before and after[n] != before[n]]
     return ", ".join(parts) or "no change"
-
-
-def service_by_name(cfg: Config, name: str) -> Optional[Service]:
-    return next((s for s in cfg.services if s.name == name), None)

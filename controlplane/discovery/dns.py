@@ -24,6 +24,7 @@ import dns.resolver
 from controlplane.config import Backend, Discovery, Dns, parse_backend
 from controlplane.discovery import Answer, Failure, Report, endpoint_name
 from controlplane.errors import ConfigError
+from controlplane.limits import WEIGHT_MAX
 
 MAX_QUERIES = 16  # A lookups of SRV targets in flight at once (each holds a socket; edged has 1,024 fds)
 
@@ -130,7 +131,7 @@ class DnsSource:
 def _backend(address: str, port: int, weight: int, standby: bool, where: str) -> Backend:
     """A record's endpoint as a Backend; ConfigError (garbage) if the address is no backend's."""
     return parse_backend({"name": endpoint_name(address, port), "address": address, "port": port,
-                          "weight": min(weight, 65535), "standby": standby}, where)
+                          "weight": min(weight, WEIGHT_MAX), "standby": standby}, where)
 
 
 def _servfail(e: Exception) -> str:

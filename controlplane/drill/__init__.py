@@ -9,8 +9,18 @@ process), analysis (pure), run (the testbed and the traffic), report (table, JSO
 from controlplane.drill.analysis import LATE_MARGIN_MS, Flow, HealthSeen, analyse, down_windows
 from controlplane.drill.frames import build_frames, csum_replace16
 from controlplane.drill.plan import (
-    DEFAULT_DURATION_S, DEFAULT_RATE, FIRST_SPORT, MAX_FLOWS, MAX_RATE, MODES, DrillError, Plan, check_plan,
-    pick_service, testbed_document, testbed_topo,
+    DEFAULT_DURATION_S,
+    DEFAULT_RATE,
+    FIRST_SPORT,
+    MAX_FLOWS,
+    MAX_RATE,
+    MODES,
+    DrillError,
+    Plan,
+    check_plan,
+    pick_service,
+    testbed_document,
+    testbed_topo,
 )
 from controlplane.drill.report import T0_LABELS, build_report, format_table, require_matplotlib, write_json, write_plot
 from controlplane.drill.run import failover

@@ -53,6 +53,30 @@ class HealthSeen:
     takes_new: tuple[bool, ...] = ()  # per backend: weight > 0
 
 
+def _spacing_ns(before: list[Flow], dead_before: list[Flow], n_backends: int) -> float:
+    """How often the dead backend took a flow before t0: measured on its own flows, else
+    estimated from all flows (an even share), else 1 ms."""
+    if len(dead_before) >= 2:
+        return (dead_before[-1].sent_ns - dead_before[0].sent_ns) / (len(dead_before) - 1)
+    if len(before) >= 2:
+        return (before[-1].sent_ns - before[0].sent_ns) / (len(before) - 1) * n_backends
+    return 1e6
+
+
+def _dead_run(flows: list[Flow], dead: int, t0_ns: int, last_ns: float, gap_ns: float) -> list[Flow]:
+    """The flows from t0 on that reached the dead backend or were lost, until a gap longer than
+    gap_ns (counted from last_ns, the last flow it got before t0, at first)."""
+    run: list[Flow] = []
+    for f in flows:
+        if f.sent_ns < t0_ns or not (f.backend == dead or f.backend is None):
+            continue
+        if f.sent_ns - last_ns > gap_ns:
+            break
+        run.append(f)
+        last_ns = f.sent_ns
+    return run
+
+
 def analyse(flows: list[Flow], names: list[str], dead: int, mode: str, t0_ns: int,
             late_from_ns: int | None, health: HealthSeen) -> dict:
     """The drill's findings from per-flow observations.
@@ -81,12 +105,7 @@ def analyse(flows: list[Flow], names: list[str], dead: int, mode: str, t0_ns: in
     """
     before = [f for f in flows if f.sent_ns < t0_ns]
     dead_before = [f for f in before if f.backend == dead]
-    if len(dead_before) >= 2:
-        spacing_ns = (dead_before[-1].sent_ns - dead_before[0].sent_ns) / (len(dead_before) - 1)
-    elif len(before) >= 2:
-        spacing_ns = (before[-1].sent_ns - before[0].sent_ns) / (len(before) - 1) * len(names)
-    else:
-        spacing_ns = 1e6
+    spacing_ns = _spacing_ns(before, dead_before, len(names))
     latencies = sorted(f.arrived_ns - f.sent_ns for f in flows if f.arrived_ns is not None)
     latency_ns = statistics.median(latencies) if latencies else 0
 
@@ -98,15 +117,7 @@ def analyse(flows: list[Flow], names: list[str], dead: int, mode: str, t0_ns: in
     # were lost, until a gap longer than max(RUN_GAP_SPACINGS spacings, RUN_GAP_MIN_MS).
     gap_ns = max(RUN_GAP_SPACINGS * spacing_ns, RUN_GAP_MIN_MS * 1e6)
     anchor = dead_before[-1] if dead_before else None
-    run: list[Flow] = []
-    last_ns = anchor.sent_ns if anchor else t0_ns
-    for f in flows:
-        if f.sent_ns < t0_ns or not (f.backend == dead or f.backend is None):
-            continue
-        if f.sent_ns - last_ns > gap_ns:
-            break
-        run.append(f)
-        last_ns = f.sent_ns
+    run = _dead_run(flows, dead, t0_ns, anchor.sent_ns if anchor else t0_ns, gap_ns)
     in_run = {f.sport for f in run}
     end_ns = flows[-1].sent_ns if flows else t0_ns
     last = run[-1] if run else anchor

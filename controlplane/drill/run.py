@@ -21,7 +21,15 @@ from controlplane.deploy import Progress, quiet
 from controlplane.drill.capture import PROTO, Capture
 from controlplane.drill.frames import build_frames
 from controlplane.drill.plan import (
-    GRACE_S, LEAD_S, RT_PRIORITY, SILENCE_AT, UP_TIMEOUT_S, DrillError, Plan, check_plan, testbed_document,
+    GRACE_S,
+    LEAD_S,
+    RT_PRIORITY,
+    SILENCE_AT,
+    UP_TIMEOUT_S,
+    DrillError,
+    Plan,
+    check_plan,
+    testbed_document,
     testbed_topo,
 )
 from controlplane.drill.report import build_report

@@ -14,12 +14,11 @@ import sys
 from typing import Callable
 
 from controlplane import __version__, loader
-from controlplane.edged import sdnotify
 from controlplane.api import server as api_server
 from controlplane.config import Config, load_config
-from controlplane.edged import Daemon
-from controlplane.errors import CompileError, ConfigError, EdgeError, say
+from controlplane.edged import Daemon, sdnotify
 from controlplane.edged.events import PROG, Events
+from controlplane.errors import CompileError, ConfigError, EdgeError, say
 
 # Exit status when the data path cannot be compiled (kernel headers missing after a kernel
 # change): edged.service's RestartPreventExitStatus, since a restart would fail the same way.

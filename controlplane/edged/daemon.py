@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable
 
-from controlplane import abi, deploy, desired, wire
+from controlplane import abi, deploy, desired, wiresignals
 from controlplane.config import Config
 from controlplane.discovery.supervisor import secrets_of
 from controlplane.edged import announce, bird, metrics, watch
@@ -154,7 +154,7 @@ class Daemon:
         return fleet_member.Member(state.cfg.node.fleet, fleet_member.Hooks(
             services=lambda: [st.service for st in state.services.values()], apply=self.steering.fleet_apply,
             emit=state.events.emit, serving=lambda: not state.not_serving, local=self.operations.local_marks,
-            wire=lambda: {n: {b: wire.summary(g) for b, g in st.wire_signals.items()} for n, st in state.services.items()},
+            wire=lambda: {n: {b: wiresignals.summary(g) for b, g in st.wire_signals.items()} for n, st in state.services.items()},
             unsettled=self.changes.discovery.unsettled))
 
     def _keep_leaving(self, maps, cfg: Config) -> Config:

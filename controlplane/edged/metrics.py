@@ -31,9 +31,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from controlplane import __version__, abi, wire
+from controlplane import __version__, abi, limits, wiresignals
 from controlplane.errors import EdgeError
-from controlplane.signals import Sample, quantile
+from controlplane.samples import Sample, quantile
 
 # 0.1 ms (a probe on the same rack) to 1 s (far beyond any probe timeout worth having).
 RTT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -128,7 +128,6 @@ METRICS = (
          "1 while edged finds its data path whole (XDP and return path attached, maps pinned), else 0"),
     Spec("edge_map_errors_total", "counter", "Failed reads or writes of a map by edged's loops", ("map",)),
 )
-SPECS = {spec.name: spec for spec in METRICS}
 
 
 # ---------------------------------------------------------------- what edged observes
@@ -366,7 +365,7 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     return services
 
 
-_WIRE_LES = [floatToGoString(le) for le in wire.upper_bounds_s()] + ["+Inf"]
+_WIRE_LES = [floatToGoString(le) for le in wiresignals.upper_bounds_s()] + ["+Inf"]
 
 
 def _add_wire(fams: dict[str, Metric], labels: list[str], w: dict) -> None:
@@ -458,7 +457,7 @@ _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9][A-Za-z
 def split_listen(listen: str) -> tuple[str, int]:
     """HOST:PORT or [IPv6]:PORT -> (host, port); port 0 picks a free one."""
     m = _LISTEN.fullmatch(listen)
-    if m is None or int(m["port"]) > 65535:
+    if m is None or not limits.is_port(int(m["port"]), zero=True):
         raise EdgeError(f"metrics: {listen!r} is not HOST:PORT")
     return m["v6"] or m["host"], int(m["port"])
 

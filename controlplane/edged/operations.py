@@ -10,13 +10,12 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from controlplane import deploy
+from controlplane import deploy, limits
 from controlplane.edged.state import State, Steered
 from controlplane.edged.status import Status
 from controlplane.edged.steer import Steering
 from controlplane.errors import EdgeError
-from controlplane.fleet import member as fleet_member
-from controlplane.fleet import operator as fleet_operator
+from controlplane.fleet import member as fleet_member, operator as fleet_operator
 
 
 class Operations:
@@ -75,8 +74,8 @@ class Operations:
             if not removing:
                 raise
             unknown = e
-        if weight is not None and not 0 <= int(weight) <= 65535:
-            raise ValueError(f"weight: {weight} is out of range 0..65535")
+        if weight is not None and not limits.is_weight(int(weight)):
+            raise ValueError(f"weight: {weight} is out of range {limits.WEIGHTS}")
         try:
             before, after = await fleet.operate(service, backend, kind, weight)
         except ConnectionError as e:
@@ -134,8 +133,8 @@ class Operations:
             self._operator(service, backend, "override", "weight override cleared",
                            lambda: self.state.overrides.pop((service, backend), None), weight=None)
             return
-        if not 0 <= int(weight) <= 65535:
-            raise ValueError(f"weight: {weight} is out of range 0..65535")
+        if not limits.is_weight(int(weight)):
+            raise ValueError(f"weight: {weight} is out of range {limits.WEIGHTS}")
         self._operator(service, backend, "override", f"weight overridden to {int(weight)}",
                        lambda: self.state.overrides.__setitem__((service, backend), int(weight)),
                        weight=int(weight))

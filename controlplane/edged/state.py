@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from controlplane import deploy, desired, loader, weights, wire
+from controlplane import deploy, desired, loader, weights, wiresignals
 from controlplane.config import Config, Service
 from controlplane.edged import announce, metrics, sdnotify
 from controlplane.edged.events import Events
@@ -36,13 +36,13 @@ class Steered:
     pushes: int = 0
     passed: set[str] = field(default_factory=set)  # backends whose probe passed since the last step
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # new signals since the last decision
-    wire: Optional[wire.Windows] = None  # the data path's wire signals over weights.wire.window_ms
+    wire: Optional[wiresignals.Windows] = None  # the data path's wire signals over weights.wire.window_ms
     wire_read_ns: int = 0
     wire_fresh: set[str] = field(default_factory=set)  # backends whose wire signal was fresh at the last step
     wire_applied: bool = False  # the trackers' wire_rtt_s and wire_fresh follow wire_signals
 
     @property
-    def wire_signals(self) -> dict[str, wire.Signal]:
+    def wire_signals(self) -> dict[str, wiresignals.Signal]:
         """Backend name -> its wire signal as of the last read (worked out when first asked)."""
         return self.wire.signals() if self.wire is not None else {}
 

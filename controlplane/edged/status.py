@@ -12,13 +12,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from controlplane import abi, deploy, desired, weights, wire
+from controlplane import abi, deploy, desired, weights, wiresignals
 from controlplane.edged import announce
 from controlplane.edged.state import State
 from controlplane.errors import EdgeError
 from controlplane.maps import ProbeStatus
 from controlplane.probe import Prober
-from controlplane.signals import quantiles
+from controlplane.samples import quantiles
 
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
 # A status walk stops counting conntrack here and reports it unknown. A full table of the
@@ -144,7 +144,7 @@ class Status:
             (max(probe.relaxed_ms, probe.interval_ms) if relaxed else probe.interval_ms) / 1000,
         })
         if full:
-            view["wire"] = wire.summary(st.wire_signals.get(backend))  # over weights.wire.window_ms
+            view["wire"] = wiresignals.summary(st.wire_signals.get(backend))  # over weights.wire.window_ms
         self._explain(view, name, backend)
         return view
 

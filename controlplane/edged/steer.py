@@ -10,13 +10,13 @@ import asyncio
 import time
 from typing import Collection
 
-from controlplane import weights, wire
+from controlplane import weights, wiresignals
 from controlplane.config import Config, Service
 from controlplane.edged.state import State, Steered
 from controlplane.edged.status import STATUS_EVERY_S
 from controlplane.errors import EdgeError
 from controlplane.probe import Prober, Target
-from controlplane.signals import Load, Sample
+from controlplane.samples import Load, Sample
 
 RELAX_HOLD_NS = int(3 * STATUS_EVERY_S * 1e9)  # relaxed probes outlive a late status round, not a stuck loop
 
@@ -213,7 +213,7 @@ class Steering:
             st.wire = None
         elif st.wire is None or now_ns - st.wire_read_ns >= cfg.interval_ms * 1_000_000:
             st.wire_read_ns = now_ns
-            st.wire = st.wire or wire.Windows(cfg.window_ms * 1_000_000, cfg.min_samples)
+            st.wire = st.wire or wiresignals.Windows(cfg.window_ms * 1_000_000, cfg.min_samples)
             st.wire.reconfigure(cfg.window_ms * 1_000_000, cfg.min_samples)
             _, bids = state.maps.ids(s.name)
             names = [b.name for b in s.backends if b.name in bids]

@@ -25,6 +25,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from controlplane import abi, deploy, loader
 from controlplane.errors import LoaderError
 from controlplane.maps import Maps
+from controlplane.undo import Undo
 
 
 def _ifindex(iface: str) -> int | None:
@@ -144,7 +145,7 @@ def _repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir:
     if whole and lacking and reply_xdp != "off":
         said: list[str] = []
         got = deploy.attach_replies(lacking, maps.node()["ingress_ifindex"], held.load(abi.PROG_REPLY, "xdp"),
-                                    xdp_mode, reply_xdp, loader.Undo(), said.append)
+                                    xdp_mode, reply_xdp, Undo(), said.append)
         done += [line for line in said if "stay with tc" in line]
         if got:
             done.append(f"attached the reply fast path on {', '.join(map(loader.ifname, got))} again")
@@ -175,7 +176,7 @@ def _reattach_return(held: loader.Loaded, maps: Maps, backends: tuple[str, ...],
     if len(kept) + len(fresh) > abi.MAX_RETURN_IFACES:
         raise LoaderError(f"backends sit behind {len(kept) + len(fresh)} interfaces; at most "
                           f"{abi.MAX_RETURN_IFACES}")
-    undo = loader.Undo()
+    undo = Undo()
     try:
         fn = held.load(abi.PROG_RETURN, "tc")
         added = [loader.attach_tc(idx, fn, undo) for idx in fresh]

@@ -39,12 +39,9 @@ from aetcd import utils
 
 from controlplane import weights as policy
 from controlplane.config import Fleet, Service
-from controlplane.discovery.etcd import client as etcd_client
-from controlplane.discovery.etcd import close_quietly
+from controlplane.discovery.etcd import client as etcd_client, close_quietly
 from controlplane.discovery.tokens import read_secret
-from controlplane.fleet import operator as op
-from controlplane.fleet import schema
-from controlplane.fleet import snapshot as fs
+from controlplane.fleet import operator as op, schema, snapshot as fs
 
 FAULTS = (asyncio.TimeoutError, aetcd.ClientError, grpc.RpcError, OSError, ConnectionError, ValueError)
 BACKOFF_MAX_S = 10.0  # a session that fails before it connects waits twice as long each time, up to this

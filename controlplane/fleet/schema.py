@@ -17,9 +17,11 @@ import json
 import math
 from typing import Any, Callable, Mapping
 
+from controlplane import limits
+
 MAX_DOC_BYTES = 1 << 20  # a report or snapshot of 1,024 backends with wire signals is ~200 KiB
 MAX_NAME = 253
-MAX_WEIGHT = 65535
+MAX_WEIGHT = limits.WEIGHT_MAX
 MAX_VERSION = (1 << 63) - 1  # etcd's revisions are int64: a version is never above its revision
 
 
@@ -127,7 +129,7 @@ def _backends(doc: Any, where: str) -> list:
         at = f"{where}[{i}]"
         if not isinstance(b, list) or len(b) != 3:
             raise ValueError(f"{at}: {_show(b)} is not [name, address, port]")
-        out.append([text(b[0], at), text(b[1], at), integer(b[2], at, 0, 65535)])
+        out.append([text(b[0], at), text(b[1], at), integer(b[2], at, 0, limits.PORT_MAX)])
     return out
 
 

@@ -32,10 +32,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
-from controlplane import weights as policy
+from controlplane import limits, weights as policy
 from controlplane.config import Service
-from controlplane.fleet import operator as op
-from controlplane.fleet import schema
+from controlplane.fleet import operator as op, schema
 
 LEADER, NODES, SNAPSHOT = "leader", "nodes/", "snapshot"
 
@@ -184,10 +183,6 @@ def _all_zero_unasked(s: Service, weights: Mapping[str, int], marks: Mapping[str
     return any(b.weight > 0 and b.name not in asked for b in s.backends)
 
 
-def _is_weight(w) -> bool:
-    return isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= schema.MAX_WEIGHT
-
-
 def _take(s: Service, theirs: Mapping) -> tuple[Optional[dict], Optional[dict], str, bool]:
     """(weights, marks, '', False) of one service's part of a snapshot, or (None, None, why not,
     unsafe): unsafe weights are refused (the last ones stay), another config's are skipped."""
@@ -196,8 +191,8 @@ def _take(s: Service, theirs: Mapping) -> tuple[Optional[dict], Optional[dict], 
     weights = dict(theirs["weights"])
     if set(weights) != {b.name for b in s.backends}:
         return None, None, "its backends differ from this node's", False
-    if not all(_is_weight(w) for w in weights.values()):
-        return None, None, "a weight is out of 0..65535", True
+    if not all(limits.is_weight(w) for w in weights.values()):
+        return None, None, f"a weight is out of {limits.WEIGHTS}", True
     marks = op.of_service(s, {s.name: theirs.get("operator") or {}})
     if _all_zero_unasked(s, weights, marks):
         return None, None, "every weight is 0 and no operator drained them", True

@@ -16,6 +16,8 @@ import json
 import signal
 import sys
 
+from controlplane import limits
+
 MAX_HEADER_BYTES = 16384
 BACKLOG = 4096
 
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", required=True, metavar="ADDR:PORT", help="port 0 picks a free one")
     args = parser.parse_args(argv)
     host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    if not sep or not port.isdigit() or not limits.is_port(int(port), zero=True):
         parser.error(f"--listen: {args.listen!r} is not ADDR:PORT")
     try:
         asyncio.run(serve(args.name, host, int(port)))

@@ -18,7 +18,6 @@ building and removing exactly this (through topo.py's Ns and undo list) and the 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -253,9 +252,6 @@ class FleetNet:
         wait_until(lambda: self.upstream.run(["birdc", "-s", str(sock), "show", "status"],
                                              check=False).returncode == 0, 10.0, "the upstream's bird to answer")
         return self.upstream_bird
-
-    def birdc_upstream(self, *command: str) -> str:
-        return self.upstream.run(["birdc", "-s", str(self.tmp / "upstream.ctl"), *command]).stdout
 
     def edged_config(self, i: int, services: list[dict], bfd_interval_ms: int = 50, bfd: bool = True) -> dict:
         """edged's config for router i: node.bgp towards the upstream, files in the temp dir."""

@@ -188,6 +188,38 @@ def _error_key(err: int) -> str:
     return "error:" + names.get(err, errno.errorcode.get(err, str(err)).lower())
 
 
+def _flow_step(sel: selectors.BaseSelector, sock: socket.socket, buf: bytearray, events: int,
+               request: bytes) -> str | None:
+    """One ready event of one backends_seen flow: None while it goes on, else the key it ends
+    under (a backend's name or "error:<reason>"). Connected: sends the request; readable:
+    reads into buf until a whole response is there."""
+    if events & selectors.EVENT_WRITE:
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            return _error_key(err)
+        try:
+            sock.send(request)  # a few dozen bytes into an empty send buffer
+        except OSError as e:
+            return _error_key(e.errno or 0)
+        sel.modify(sock, selectors.EVENT_READ)
+        return None
+    try:
+        chunk = sock.recv(MAX_RESPONSE_BYTES)
+    except OSError as e:
+        return _error_key(e.errno or 0)
+    if not chunk:
+        return "error:closed"
+    buf += chunk
+    try:
+        got = _take_response(buf)
+    except ValueError:
+        return "error:bad-reply"
+    if got is None:
+        return None
+    backend = _reply(*got, "").backend
+    return backend if backend is not None else "error:bad-reply"
+
+
 def backends_seen(ns: Ns, addr: Addr, port: int, n_flows: int, concurrency: int = 64,
                   flow_timeout_s: float = 2.0, deadline_s: float | None = None) -> Counter:
     """Counter of backend names over n_flows new connections (one GET each) from ns to addr:port.
@@ -229,37 +261,10 @@ def backends_seen(ns: Ns, addr: Addr, port: int, n_flows: int, concurrency: int 
                     flows[sock.fileno()] = (sock, bytearray(), now)
                     sel.register(sock, selectors.EVENT_WRITE)
                 for key, events in sel.select(timeout=min(0.05, max(0.0, deadline - now))):
-                    fd = key.fd
-                    sock, buf, _ = flows[fd]
-                    if events & selectors.EVENT_WRITE:
-                        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                        if err:
-                            finish(fd, _error_key(err))
-                            continue
-                        try:
-                            sock.send(request)  # a few dozen bytes into an empty send buffer
-                        except OSError as e:
-                            finish(fd, _error_key(e.errno or 0))
-                            continue
-                        sel.modify(sock, selectors.EVENT_READ)
-                        continue
-                    try:
-                        chunk = sock.recv(MAX_RESPONSE_BYTES)
-                    except OSError as e:
-                        finish(fd, _error_key(e.errno or 0))
-                        continue
-                    if not chunk:
-                        finish(fd, "error:closed")
-                        continue
-                    buf += chunk
-                    try:
-                        got = _take_response(buf)
-                    except ValueError:
-                        finish(fd, "error:bad-reply")
-                        continue
-                    if got is not None:
-                        backend = _reply(*got, "").backend
-                        finish(fd, backend if backend is not None else "error:bad-reply")
+                    sock, buf, _ = flows[key.fd]
+                    end = _flow_step(sel, sock, buf, events, request)
+                    if end is not None:
+                        finish(key.fd, end)
                 now = time.monotonic()
                 for fd, (_, _, t0) in list(flows.items()):
                     if now - t0 > flow_timeout_s:

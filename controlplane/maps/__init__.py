@@ -18,13 +18,28 @@ from typing import Mapping
 import numpy as np
 
 from controlplane import abi, desired
-from controlplane.journal import Journal
 from controlplane.config import Backend, Service
 from controlplane.errors import MapError
+from controlplane.maps.journal import Journal
 from controlplane.maps.reader import Reader
 from controlplane.maps.records import (  # noqa: F401  (re-exported)
-    MAGLEV_STRIDE, PROBE_TEXT, PROTOS, PROTO_NAMES, ProbeStatus, WireStats, _U32_MAX_VALUE, _name_bytes,
-    be16, be32, count_entries, counts_from_dump, from_be16, from_be32, next_rnat_gen, pack_probe, unpack_probe,
+    _U32_MAX_VALUE,
+    MAGLEV_STRIDE,
+    PROBE_TEXT,
+    PROTO_NAMES,
+    PROTOS,
+    ProbeStatus,
+    WireStats,
+    _name_bytes,
+    be16,
+    be32,
+    count_entries,
+    counts_from_dump,
+    from_be16,
+    from_be32,
+    next_rnat_gen,
+    pack_probe,
+    unpack_probe,
 )
 from controlplane.maps.writer import ApplyReport, Writer  # noqa: F401  (re-exported)
 

@@ -11,28 +11,25 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from controlplane import abi, wire
+from controlplane import abi, wiresignals
 from controlplane.maps.records import (
-    PROBE_TEXT, PROTO_NAMES, ProbeStatus, WireStats, count_entries, from_be16, from_be32, pack_probe,
-    unpack_probe, verdicts_shown, wire_columns, wire_from_row,
+    PROBE_TEXT,
+    PROTO_NAMES,
+    ProbeStatus,
+    WireStats,
+    count_entries,
+    from_be16,
+    from_be32,
+    pack_probe,
+    unpack_probe,
+    verdicts_shown,
+    wire_columns,
+    wire_from_row,
 )
 
 
 class Reader:
     """Readers of health, counters, status records and the snapshot (mixed into Maps)."""
-
-    def write_probe(self, bid: int, **values) -> None:
-        """Sets fields of backend bid's edge_be_probe entry (C names of struct
-        backend_probe); strings are cut to fit, None load signals are UNKNOWN."""
-        t = self.t[abi.MAP_BE_PROBE]
-        v = t[t.Key(bid)]
-        for name, value in values.items():
-            if name in PROBE_TEXT:
-                value = value.encode()[: PROBE_TEXT[name] - 1]
-            elif value is None:
-                value = abi.UNKNOWN
-            setattr(v, name, value)
-        t[t.Key(bid)] = v
 
     def write_status(self, bid: int, status: ProbeStatus) -> None:
         """Backend bid's whole edge_be_probe record, from status."""
@@ -117,11 +114,11 @@ class Reader:
 
     def wire_rows(self, bids: Sequence[int]) -> np.ndarray:
         """The wire signals of backends bids, summed over CPUs (cumulative), as rows of int64
-        (controlplane.wire.row), one a backend in the order of bids."""
+        (controlplane.wiresignals.row), one a backend in the order of bids."""
         t = self.t[abi.MAP_WIRE]
         words = ctypes.sizeof(t.sLeaf) // 8  # all u64: abi.h asserts the size, a test the fields
         if not bids:
-            return np.zeros((0, wire.ROW_LEN), np.int64)
+            return np.zeros((0, wiresignals.ROW_LEN), np.int64)
         raw = np.empty((len(bids), ctypes.sizeof(t.Leaf) // 8), np.uint64)  # every CPU's record
         at, stride = raw.ctypes.data, raw.strides[0]
         key, lookup = t.Key, t.lookup_into
@@ -138,7 +135,7 @@ class Reader:
             "handshake_buckets": list(w.handshake), "first_byte_buckets": list(w.first_byte),
             "handshake_sum_s": w.handshake_ns / 1e9, "first_byte_sum_s": w.first_byte_ns / 1e9,
             "handshakes": sum(w.handshake), "first_bytes": sum(w.first_byte),
-            "handshake_p50_s": wire.quantile(w.handshake, 0.5), "first_byte_p50_s": wire.quantile(w.first_byte, 0.5),
+            "handshake_p50_s": wiresignals.quantile(w.handshake, 0.5), "first_byte_p50_s": wiresignals.quantile(w.first_byte, 0.5),
             "opened": w.opened, "closed": w.closed, "active": w.active,
         }
 

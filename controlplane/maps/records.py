@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Iterable, Mapping
 
-
 from controlplane import abi
 
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
@@ -152,7 +151,7 @@ _NO_BUCKETS = (0,) * abi.WIRE_BUCKETS
 class WireStats:
     """One backend's edge_wire record: cumulative counts since the map was made (summed over
     CPUs by the reader). Histogram bucket i counts samples of [2^i, 2^(i+1)) microseconds
-    (bucket 0 from 0, the last one open-ended); controlplane/wire.py makes windows of them."""
+    (bucket 0 from 0, the last one open-ended); controlplane/wiresignals.py makes windows of them."""
 
     handshake: tuple[int, ...] = _NO_BUCKETS  # SYN forwarded -> SYN-ACK seen
     first_byte: tuple[int, ...] = _NO_BUCKETS  # first request payload -> first reply payload
@@ -187,7 +186,7 @@ def unpack_wire(v) -> WireStats:
 
 
 def wire_columns(leaf) -> list[int]:
-    """Where each column of a wire row (controlplane.wire.row) is among the u64 words of one
+    """Where each column of a wire row (controlplane.wiresignals.row) is among the u64 words of one
     CPU's struct wire_stats; leaf: its ctypes type (bcc's sLeaf)."""
     def word(name: str) -> int:
         return getattr(leaf, name).offset // 8
@@ -197,7 +196,7 @@ def wire_columns(leaf) -> list[int]:
 
 
 def wire_from_row(r) -> WireStats:
-    """A wire row (controlplane.wire.row) as a WireStats."""
+    """A wire row (controlplane.wiresignals.row) as a WireStats."""
     values = [int(x) for x in r]
     b = abi.WIRE_BUCKETS
     return WireStats(handshake=tuple(values[:b]), first_byte=tuple(values[b:2 * b]), handshake_ns=values[2 * b],

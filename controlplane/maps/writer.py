@@ -9,16 +9,24 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from controlplane import abi, desired, maglev
-from controlplane.journal import Journal
-from controlplane.config import Config, Service
+from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
+from controlplane.maps.journal import Journal
 from controlplane.maps.records import (
-    PROTOS, PROTO_NAMES, _name_bytes, be16, be32, from_be16, from_be32, next_rnat_gen, vip_filter_words,
+    PROTO_NAMES,
+    PROTOS,
+    _name_bytes,
+    be16,
+    be32,
+    from_be16,
+    from_be32,
+    next_rnat_gen,
+    vip_filter_words,
 )
 
 
@@ -87,6 +95,45 @@ class Writer:
         old_vips = self._vip_keys_in_maps()
         old_bes = self._deployed().backends
         # 0. new ids start clean; a backend that moved loses its cached next hop
+        self._clean_new_ids(p)
+        # 1. a removed service's VIP stops answering first: its address or backends may be
+        #    someone else's below
+        for vid in p.removed_services.values():
+            if vid in old_vips:
+                self._delete_vip(old_vips.pop(vid)[0])
+        waits, old_owners = self._claims(cfg, p, old_bes)
+        # 2. addresses, names, backends, heartbeats and new endpoints' reverse NAT, before
+        #    any table names them
+        self._write_vip_addrs(cfg)
+        self._write_reverse_nat(cfg, p, only_new=True)
+        for s in cfg.services:
+            vid = p.svc_ids[s.name]
+            self._write_service_meta(vid, s.name)
+            for b in s.backends:
+                if not waits(s, b):
+                    self._write_backend(p.be_ids[(s.name, b.name)], vid, b, p.health_ids[(b.address, b.port)])
+        self._write_heartbeats(cfg, p.health_ids, oifs)
+        # 3. services naming a backend on a claimed endpoint stop naming it
+        self._unname_claimed(cfg, p, old_vips, old_bes, old_owners, waits)
+        # 4. reverse NAT changes owner, the waiting backends are written, then every service's
+        #    list and table, and the flip
+        self._write_reverse_nat(cfg, p)
+        for s in cfg.services:
+            for b in s.backends:
+                if waits(s, b):
+                    self._write_backend(p.be_ids[(s.name, b.name)], p.svc_ids[s.name], b,
+                                        p.health_ids[(b.address, b.port)])
+        self._write_config_weights(cfg, p)
+        want_keys = {bytes(self._vip_key(s)) for s in cfg.services}
+        self._make_room(abi.MAP_VIPS, want_keys)
+        for s in cfg.services:
+            self._flip(s, p.svc_ids[s.name], p, old_vips)
+        # 5. what the config no longer has, now that nothing names it
+        self._drop_removed(cfg, p)
+
+    def _clean_new_ids(self, p: desired.Plan) -> None:
+        """Step 0 of _write: zeroed stats for new ids, no cached next hop for new or moved
+        backends, unknown load for new backends, a down health entry for new endpoints."""
         for name in p.new_services:
             self._zero_stats(abi.MAP_VIP_STATS, p.svc_ids[name])
         for key in p.new_backends:
@@ -103,14 +150,11 @@ class Writer:
             t = self.t[abi.MAP_HEALTH]
             t[t.Key(hid)] = t.Leaf()  # down until it proves itself
 
-        # 1. a removed service's VIP stops answering first: its address or backends may be
-        #    someone else's below
-        for name, vid in p.removed_services.items():
-            if vid in old_vips:
-                self._delete_vip(old_vips.pop(vid)[0])
-
-        # An endpoint whose replies change owner (another backend id) is "claimed": the
-        # backends on either side of it wait until the tables stop naming them (3.)
+    def _claims(self, cfg: Config, p: desired.Plan, old_bes: Mapping) -> tuple[Callable[[Service, Backend], bool],
+                                                                               set[int]]:
+        """(waits, old owners). An endpoint whose replies change owner (another backend id) is
+        "claimed": the backends on either side of it wait (waits(s, b) is true) until the tables
+        stop naming them (step 3 of _write); the old owners are the backend ids it leaves."""
         rnat_t = self.t[abi.MAP_RNAT]
         rnat = {(k.addr, k.port, k.proto): v.backend_id for k, v in rnat_t.items()}
         old_ep = {bid: (be32(ep[0]), be16(ep[1])) for bid, ep in old_bes.values()}
@@ -126,19 +170,12 @@ class Writer:
             bid = p.be_ids[(s.name, b.name)]
             return ep_of(s, b) in claimed or (bid in old_ep and (*old_ep[bid], PROTOS[s.protocol]) in claimed)
 
-        # 2. addresses, names, backends, heartbeats and new endpoints' reverse NAT, before
-        #    any table names them
-        self._write_vip_addrs(cfg)
-        self._write_reverse_nat(cfg, p, only_new=True)
-        for s in cfg.services:
-            vid = p.svc_ids[s.name]
-            self._write_service_meta(vid, s.name)
-            for b in s.backends:
-                if not waits(s, b):
-                    self._write_backend(p.be_ids[(s.name, b.name)], vid, b, p.health_ids[(b.address, b.port)])
-        self._write_heartbeats(cfg, p.health_ids, oifs)
+        return waits, old_owners
 
-        # 3. services naming a backend on a claimed endpoint stop naming it
+    def _unname_claimed(self, cfg: Config, p: desired.Plan, old_vips: dict, old_bes: Mapping,
+                        old_owners: set[int], waits: Callable[[Service, Backend], bool]) -> None:
+        """Step 3 of _write: each service naming a backend on a claimed endpoint flips, on the VIP
+        it has now, to its list without the backends that wait."""
         for s in cfg.services:
             vid = p.svc_ids[s.name]
             names_old_owner = any(bid in old_owners for (v, _), (bid, _) in old_bes.items() if v == vid)
@@ -151,29 +188,20 @@ class Writer:
                               backends=tuple(b for b in s.backends if not waits(s, b)))
             self._flip(interim, vid, p, old_vips)
 
-        # 4. reverse NAT changes owner, the waiting backends are written, then every service's
-        #    list and table, and the flip
-        self._write_reverse_nat(cfg, p)
+    def _write_config_weights(self, cfg: Config, p: desired.Plan) -> None:
+        """Each backend's configured weight into its probe record, where it changed."""
+        probe = self.t[abi.MAP_BE_PROBE]
         for s in cfg.services:
-            for b in s.backends:
-                if waits(s, b):
-                    self._write_backend(p.be_ids[(s.name, b.name)], p.svc_ids[s.name], b,
-                                        p.health_ids[(b.address, b.port)])
-        for s in cfg.services:
-            probe = self.t[abi.MAP_BE_PROBE]
             for b in s.backends:
                 bid = p.be_ids[(s.name, b.name)]
                 v = probe[probe.Key(bid)]
                 if v.config_weight != b.weight:
                     v.config_weight = b.weight
                     probe[probe.Key(bid)] = v
-        want_keys = {bytes(self._vip_key(s)) for s in cfg.services}
-        self._make_room(abi.MAP_VIPS, want_keys)
-        for s in cfg.services:
-            self._flip(s, p.svc_ids[s.name], p, old_vips)
 
-        # 5. what the config no longer has, now that nothing names it
-        for name, vid in p.removed_services.items():
+    def _drop_removed(self, cfg: Config, p: desired.Plan) -> None:
+        """Step 5 of _write: what the config no longer has, now that nothing names it."""
+        for vid in p.removed_services.values():
             self._write_service_meta(vid, None)
             t = self.t[abi.MAP_SVC_CFG]
             t[t.Key(vid)] = t.Leaf()

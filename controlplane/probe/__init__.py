@@ -18,7 +18,7 @@ _EXPORTS = {
     "METRICS_RESPONSE_MAX": "checks", "PROBE_RESPONSE_MAX": "checks", "USER_AGENT": "checks",
     "RECV_SIZE": "engine", "TICK_S": "engine", "Prober": "engine", "Target": "engine",
     "SIGNALS": "metrics", "MetricsError": "metrics", "load_from": "metrics", "parse_metrics": "metrics",
-    "Load": "signals", "Sample": "signals", "Window": "signals",
+    "Load": "samples", "Sample": "samples", "Window": "samples",
 }
 __all__ = [
     "Load", "METRICS_RESPONSE_MAX", "MetricsError", "PROBE_RESPONSE_MAX", "Prober", "RECV_SIZE",
@@ -29,14 +29,14 @@ if TYPE_CHECKING:
     from controlplane.probe.checks import METRICS_RESPONSE_MAX, PROBE_RESPONSE_MAX, USER_AGENT
     from controlplane.probe.engine import RECV_SIZE, TICK_S, Prober, Target
     from controlplane.probe.metrics import SIGNALS, MetricsError, load_from, parse_metrics
-    from controlplane.signals import Load, Sample, Window
+    from controlplane.samples import Load, Sample, Window
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    package = "controlplane" if module == "signals" else __name__
+    package = "controlplane" if module == "samples" else __name__
     value = getattr(importlib.import_module(f"{package}.{module}"), name)
     globals()[name] = value
     return value

@@ -6,6 +6,7 @@ gRPC kind lives in probe.grpccheck."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import random
@@ -13,14 +14,14 @@ import select
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Hashable, Optional, Protocol
 
 from controlplane.probe.http import Response
 from controlplane.probe.metrics import MetricsError, load_from, parse_metrics
-from controlplane.signals import Load, Sample
+from controlplane.samples import Load, Sample
 
 if TYPE_CHECKING:
-    from controlplane.probe.engine import Prober, _Backend
+    from controlplane.probe.engine import _Backend
 
 PROBE_RESPONSE_MAX = 65536  # a health answer longer than this is a failure ("too large")
 METRICS_RESPONSE_MAX = 8 << 20  # likewise a metrics page
@@ -101,6 +102,40 @@ def _rtt_if_connected(info: bytes) -> Optional[int]:
     return None
 
 
+# ---------------------------------------------------------------- what a check asks of its prober
+
+
+class Host(Protocol):
+    """All a check may ask of the prober running it (engine.Prober implements it): the timer
+    wheel, the relaxed state of its target, epoll, the shared receive buffer and the loop."""
+
+    recv_view: memoryview  # one buffer for every check's reads
+
+    def at(self, t_ns: int, check: _Check) -> None:
+        """Call check.tick() at the first tick at or after t_ns (monotonic)."""
+
+    def relaxed_until(self, key: Hashable) -> int:
+        """Until when (monotonic ns) the target key is relaxed; 0: not relaxed."""
+
+    def watch(self, fd: int, on_event: Callable[[int], None]) -> None:
+        """Call on_event(events) for fd's epoll events."""
+
+    def register(self, fd: int, events: int) -> None:
+        """Arm fd in epoll for the first time."""
+
+    def modify(self, fd: int, events: int) -> None:
+        """Arm fd again."""
+
+    def drop(self, fd: int, sock: socket.socket) -> None:
+        """Forget fd and close sock (after the event batch being dispatched, if any)."""
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task:
+        """The coroutine as a task on the prober's loop."""
+
+    def report(self, message: str, e: BaseException) -> None:
+        """A bug in a check: reported; probing goes on."""
+
+
 # ---------------------------------------------------------------- the kinds
 
 
@@ -110,7 +145,7 @@ class _Check:
     A probe given adapt() starts every relaxed interval instead while the prober has its
     target relaxed (Prober.relax) and its last `rise` rounds passed; a failure ends that."""
 
-    def __init__(self, prober: "Prober", backend: "_Backend", interval_ms: int, timeout_ms: int):
+    def __init__(self, prober: Host, backend: "_Backend", interval_ms: int, timeout_ms: int):
         self.prober = prober
         self.backend = backend
         self.addr = (backend.target.address, backend.target.port)
@@ -128,7 +163,7 @@ class _Check:
         self.look_ns = 0  # when this round's result is to be looked at on the grid; 0: not
         self.deadline_ns = 0  # this round's timeout (on the grid for a relaxed round)
         self.next_ns = _monotonic_ns() + int(random.random() * self.interval_ns)
-        prober._at(self.next_ns, self)
+        prober.at(self.next_ns, self)
 
     def adapt(self, interval_ms: int, rise: int) -> None:
         """Let this probe slow down to interval_ms while its target is relaxed and its last
@@ -165,7 +200,7 @@ class _Check:
             deadline_ns = -(-deadline_ns // SLOW_GRID_NS) * SLOW_GRID_NS
         self.deadline_ns = deadline_ns
         step = self.interval_ns
-        if self.relaxed_ns > step and self.passes >= self.rise and self.prober._relaxed.get(self.backend.key, 0) > now:
+        if self.relaxed_ns > step and self.passes >= self.rise and self.prober.relaxed_until(self.backend.key) > now:
             if not self.slow:  # targets relaxed together start their slow rounds spread out
                 self.slow = True
                 step += int(random.random() * (self.relaxed_ns - step))
@@ -179,7 +214,7 @@ class _Check:
         if self.slow:
             next_ns = -(-next_ns // SLOW_GRID_NS) * SLOW_GRID_NS
         self.next_ns = next_ns
-        self.prober._at(next_ns, self)
+        self.prober.at(next_ns, self)
         try:
             self.begin()
         except OSError as e:  # no socket to be had (EMFILE, ENOBUFS): a failed probe too
@@ -190,7 +225,7 @@ class _Check:
         # The deadline's call, for a round still going that no look will settle first: a round
         # that ended within begin() needs none, and a look that finds it unsettled places it.
         if self.busy and not self.look_ns:
-            self.prober._at(deadline_ns, self)
+            self.prober.at(deadline_ns, self)
 
     def _look(self) -> None:
         try:
@@ -208,7 +243,7 @@ class _Check:
             self.fail("timeout")
 
     def _fault(self, e: Exception) -> None:
-        self.prober._report(f"prober: {type(self).__name__} of {self.backend.target.key!r} failed", e)
+        self.prober.report(f"prober: {type(self).__name__} of {self.backend.target.key!r} failed", e)
         try:
             self.abort()
         except Exception:
@@ -238,7 +273,7 @@ class _Check:
             return
         self.slow = False
         self.next_ns = max(self.started_ns + self.interval_ns, _monotonic_ns())
-        self.prober._at(self.next_ns, self)
+        self.prober.at(self.next_ns, self)
 
     def begin(self) -> None:
         raise NotImplementedError
@@ -288,7 +323,7 @@ class _TcpCheck(_Check):
             sock = self.sock = _new_socket()
             self.fd = sock.fileno()
             self.armed_once = False
-            self.prober._watch(self.fd, self.on_event)
+            self.prober.watch(self.fd, self.on_event)
         self.t0 = _monotonic_ns()
         err = sock.connect_ex(self.addr)
         if err != errno.EINPROGRESS:
@@ -297,16 +332,16 @@ class _TcpCheck(_Check):
         look_ns = look_at(_monotonic_ns())
         if look_ns < self.deadline_ns:
             self.look_ns = look_ns
-            self.prober._at(look_ns, self)
+            self.prober.at(look_ns, self)
         elif not self.slow_round:  # a timeout shorter than the grid's step: epoll until it
             self._arm()
         # else the deadline's call looks
 
     def _arm(self) -> None:
         if self.armed_once:
-            self.prober._ep.modify(self.fd, _EPOLLOUT | _ONESHOT)
+            self.prober.modify(self.fd, _EPOLLOUT | _ONESHOT)
         else:
-            self.prober._ep.register(self.fd, _EPOLLOUT | _ONESHOT)
+            self.prober.register(self.fd, _EPOLLOUT | _ONESHOT)
             self.armed_once = True
 
     def on_event(self, events: int) -> None:
@@ -317,7 +352,7 @@ class _TcpCheck(_Check):
         if self.sock is not None:
             self._connected(0)
             if self.busy:  # still connecting: now on epoll, and the deadline's call decides
-                self.prober._at(self.deadline_ns, self)
+                self.prober.at(self.deadline_ns, self)
 
     def last_look(self) -> None:
         if self.sock is not None:
@@ -350,7 +385,7 @@ class _TcpCheck(_Check):
 
     def close(self) -> None:
         if self.sock is not None:
-            self.prober._drop(self.fd, self.sock)
+            self.prober.drop(self.fd, self.sock)
             self.sock = None
             self.fd = -1
 
@@ -359,7 +394,7 @@ class _HttpCheck(_Check):
     """GET path over a kept-alive connection: a health probe (2xx is ok) or, with scrape,
     a metrics scrape that ends in a Load."""
 
-    def __init__(self, prober: "Prober", backend: "_Backend", interval_ms: int, timeout_ms: int,
+    def __init__(self, prober: Host, backend: "_Backend", interval_ms: int, timeout_ms: int,
                  path: str, scrape: bool):
         target = backend.target
         self.request = (f"GET {path} HTTP/1.1\r\nHost: {target.address}:{target.port}\r\n"
@@ -397,13 +432,13 @@ class _HttpCheck(_Check):
                 self.stamps = True
             except OSError:
                 self.stamps = False
-        self.prober._watch(self.fd, self.on_event)
+        self.prober.watch(self.fd, self.on_event)
         err = sock.connect_ex(self.addr)
         if err not in (0, errno.EINPROGRESS):
             self._lost(_errno_word(err))
             return
         self.connecting = True
-        self.prober._ep.register(self.fd, _EPOLLOUT)
+        self.prober.register(self.fd, _EPOLLOUT)
 
     def on_event(self, events: int) -> None:
         if self.connecting:
@@ -412,7 +447,7 @@ class _HttpCheck(_Check):
                 self._lost(_errno_word(err) if err else "closed")
                 return
             self.connecting = False
-            self.prober._ep.modify(self.fd, _EPOLLIN)
+            self.prober.modify(self.fd, _EPOLLIN)
             if self.busy:
                 self._send()
             return
@@ -432,7 +467,7 @@ class _HttpCheck(_Check):
             self._lost("send blocked")
 
     def _read(self) -> None:
-        view = self.prober._rview  # one buffer for all reads: recv(n) would malloc n bytes each time
+        view = self.prober.recv_view  # one buffer for all reads: recv(n) would malloc n bytes each time
         try:
             if self.stamps:
                 size, ancillary, _, _ = self.sock.recvmsg_into((view,), _TS_ANCILLARY)
@@ -540,7 +575,7 @@ class _HttpCheck(_Check):
 
     def close(self) -> None:
         if self.sock is not None:
-            self.prober._drop(self.fd, self.sock)
+            self.prober.drop(self.fd, self.sock)
             self.sock = None
             self.fd = -1
             self.connecting = False

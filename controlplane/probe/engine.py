@@ -11,10 +11,10 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Optional
 
-from controlplane import config
+from controlplane import config, limits
 from controlplane.probe.checks import _Check, _HttpCheck, _monotonic_ns, _TcpCheck
 from controlplane.probe.grpccheck import _GrpcCheck
-from controlplane.signals import Load, Sample, Window
+from controlplane.samples import Load, Sample, Window
 
 TICK_S = 0.002  # timer wheel resolution: probe times are rounded up to this
 RECV_SIZE = 262144  # the one receive buffer every HTTP check reads into
@@ -34,8 +34,8 @@ class Target:
     def __post_init__(self) -> None:
         address = ipaddress.IPv4Address(str(self.address))  # never a name: no DNS on the loop
         object.__setattr__(self, "address", str(address))
-        if not 1 <= int(self.port) <= 65535:
-            raise ValueError(f"port {self.port} is out of range 1..65535")
+        if not limits.is_port(int(self.port)):
+            raise ValueError(f"port {self.port} is out of range {limits.PORTS}")
 
 
 class _Backend:
@@ -72,7 +72,7 @@ class _Backend:
             try:
                 callback(self.key, sample)
             except Exception as e:
-                self.prober._report("prober: on_sample failed", e)
+                self.prober.report("prober: on_sample failed", e)
 
     def load(self, load: Load) -> None:
         self.last_load = load
@@ -81,7 +81,7 @@ class _Backend:
             try:
                 callback(self.key, load)
             except Exception as e:
-                self.prober._report("prober: on_load failed", e)
+                self.prober.report("prober: on_load failed", e)
 
     def hurry(self) -> None:
         for check in self.checks:
@@ -157,7 +157,7 @@ class Prober:
         self._slots: dict[int, list[_Check]] = {}  # tick number -> the checks to call then
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._handlers: dict[int, Callable[[int], None]] = {}  # fd -> on_event of the check owning it
-        self._rview = memoryview(bytearray(RECV_SIZE))
+        self.recv_view = memoryview(bytearray(RECV_SIZE))  # every check reads into it (checks.Host)
         self._dead: list[socket.socket] = []  # closed while an event batch is dispatched
         self._in_batch = False
         self._closing: set[asyncio.Task] = set()
@@ -245,7 +245,51 @@ class Prober:
         while self._closing:
             await asyncio.gather(*list(self._closing), return_exceptions=True)
 
-    # -- for the checks
+    # -- for the checks: checks.Host, all a check may ask of the prober running it
+
+    def at(self, t_ns: int, check: _Check) -> None:
+        """Call check.tick() at the first tick at or after t_ns (monotonic)."""
+        tick = -(-t_ns // self._tick_ns)
+        checks = self._slots.get(tick)
+        if checks is None:
+            checks = self._slots[tick] = []
+            delay_s = (tick * self._tick_ns - _monotonic_ns()) / 1e9
+            self._timers[tick] = self._loop.call_later(delay_s if delay_s > 0 else 0, self._fire, tick)
+        checks.append(check)
+
+    def relaxed_until(self, key: Hashable) -> int:
+        """Until when (monotonic ns) key is relaxed (Prober.relax); 0: not relaxed."""
+        return self._relaxed.get(key, 0)
+
+    def watch(self, fd: int, on_event: Callable[[int], None]) -> None:
+        """Call on_event(events) for fd's epoll events (armed by register and modify)."""
+        self._handlers[fd] = on_event
+
+    def register(self, fd: int, events: int) -> None:
+        self._ep.register(fd, events)
+
+    def modify(self, fd: int, events: int) -> None:
+        self._ep.modify(fd, events)
+
+    def drop(self, fd: int, sock: socket.socket) -> None:
+        """Forget and close sock. Inside an event batch the close waits for the batch's end,
+        so that no new socket reuses the number while events for the old one are pending."""
+        self._handlers.pop(fd, None)
+        if self._in_batch:
+            self._dead.append(sock)
+        else:
+            sock.close()
+
+    def spawn(self, coroutine) -> asyncio.Task:
+        """coroutine as a task on the prober's loop (a grpc check's call)."""
+        return self._loop.create_task(coroutine)
+
+    def report(self, message: str, e: BaseException) -> None:
+        """A bug in a check or a callback: to the loop's exception handler; probing goes on."""
+        if self._loop is not None:
+            self._loop.call_exception_handler({"message": message, "exception": e})
+
+    # -- the wheel and epoll
 
     def _bind(self) -> None:
         loop = asyncio.get_running_loop()
@@ -256,16 +300,6 @@ class Prober:
         elif loop is not self._loop:
             raise RuntimeError("prober used from another event loop")
 
-    def _at(self, t_ns: int, check: _Check) -> None:
-        """Call check.tick() at the first tick at or after t_ns (monotonic)."""
-        tick = -(-t_ns // self._tick_ns)
-        checks = self._slots.get(tick)
-        if checks is None:
-            checks = self._slots[tick] = []
-            delay_s = (tick * self._tick_ns - _monotonic_ns()) / 1e9
-            self._timers[tick] = self._loop.call_later(delay_s if delay_s > 0 else 0, self._fire, tick)
-        checks.append(check)
-
     def _fire(self, tick: int) -> None:
         self._timers.pop(tick, None)
         due_ns = tick * self._tick_ns
@@ -273,7 +307,7 @@ class Prober:
             try:
                 check.tick(due_ns)
             except Exception as e:  # the tick's other probes still run
-                self._report("prober: a scheduled call failed", e)
+                self.report("prober: a scheduled call failed", e)
 
     def _on_epoll(self) -> None:
         handlers = self._handlers
@@ -292,23 +326,7 @@ class Prober:
             for sock in dead:
                 sock.close()
 
-    def _watch(self, fd: int, on_event: Callable[[int], None]) -> None:
-        self._handlers[fd] = on_event
-
-    def _drop(self, fd: int, sock: socket.socket) -> None:
-        """Forget and close sock. Inside an event batch the close waits for the batch's end,
-        so that no new socket reuses the number while events for the old one are pending."""
-        self._handlers.pop(fd, None)
-        if self._in_batch:
-            self._dead.append(sock)
-        else:
-            sock.close()
-
     def _later(self, coroutine) -> None:
         task = self._loop.create_task(coroutine)
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
-
-    def _report(self, message: str, e: BaseException) -> None:
-        if self._loop is not None:
-            self._loop.call_exception_handler({"message": message, "exception": e})

@@ -8,16 +8,16 @@ import asyncio
 from typing import TYPE_CHECKING, Optional
 
 from controlplane import config
-from controlplane.probe.checks import _Check, _monotonic_ns
+from controlplane.probe.checks import Host, _Check, _monotonic_ns
 
 if TYPE_CHECKING:
-    from controlplane.probe.engine import Prober, _Backend
+    from controlplane.probe.engine import _Backend
 
 
 class _GrpcCheck(_Check):
     """grpc.health.v1.Health/Check over one channel per target; ok iff SERVING."""
 
-    def __init__(self, prober: "Prober", backend: "_Backend", probe: config.Probe):
+    def __init__(self, prober: Host, backend: "_Backend", probe: config.Probe):
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -35,7 +35,7 @@ class _GrpcCheck(_Check):
         super().__init__(prober, backend, probe.interval_ms, probe.timeout_ms)
 
     def begin(self) -> None:
-        self.task = self.prober._loop.create_task(self._call(self.round))
+        self.task = self.prober.spawn(self._call(self.round))
 
     async def _call(self, round_: int) -> None:
         t0 = _monotonic_ns()

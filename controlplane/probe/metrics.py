@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from controlplane.signals import Load
+from controlplane.samples import Load
 
 # signal -> metric names, most preferred first; counters without their _total suffix
 SIGNALS: dict[str, tuple[str, ...]] = {

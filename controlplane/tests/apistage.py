@@ -17,14 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-
 from controlplane import abi
 from controlplane.api import server
 from controlplane.api.client import Client
 from controlplane.config import parse_config
 from controlplane.edged import Events
 from controlplane.errors import ConfigError
-
 
 REPO = Path(__file__).resolve().parents[2]
 CALL_TIMEOUT_S = 5.0

@@ -1,6 +1,6 @@
 """Fixtures shared by several test modules: the API tests' (test_api*.py, over apistage.py) an
 asyncio loop in a thread (lt), a short socket directory (sockdir) and the stand-in daemon served
-on a unix socket (edged); the heartbeat agent tests' health endpoint (server, test_heartbeat*.py).
+on a unix socket (edged); the heartbeat agent tests' health endpoint (server, heartbeatstage.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from controlplane.config import Node
 from controlplane.tests.apistage import LoopThread, Served, serving
-from controlplane.tests.test_heartbeat import HealthServer
+from controlplane.tests.heartbeatstage import HealthServer
 
 
 @pytest.fixture

@@ -4,7 +4,8 @@ delete, keys, items, getvalue and sLeaf for per-CPU arrays, len = max_entries
 for arrays), built from bpf/include/abi.h and maps.h so no layout is written
 twice, and a memfd for the mmap'd Maglev array. Hash maps refuse a new key
 when full, as the kernel does (E2BIG). `fail_at` makes the n-th write raise,
-and `on_write` sees the maps after every write (for invariants)."""
+and `on_write` sees the maps after every write (for invariants). c_struct and Array give
+the record tests one abi.h struct and a bare array map."""
 
 from __future__ import annotations
 
@@ -50,6 +51,32 @@ def _structs() -> dict[str, type]:
 def _ctype(decl: str, structs: dict) -> type:
     decl = decl.strip()
     return structs[decl.split()[1]] if decl.startswith("struct ") else SCALARS[decl]
+
+
+def c_struct(name: str) -> type:
+    """struct name of abi.h as ctypes, as bcc builds it from the same header."""
+    return _structs()[name]
+
+
+class Array:
+    """A bcc array map's Python face, in memory: Key, Leaf, item get and set."""
+
+    Key = ct.c_uint32
+
+    def __init__(self, leaf: type, n: int) -> None:
+        self.Leaf = leaf
+        self.values = [leaf() for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, key):
+        v = self.Leaf()
+        ct.memmove(ct.addressof(v), ct.addressof(self.values[key.value]), ct.sizeof(v))
+        return v
+
+    def __setitem__(self, key, value) -> None:
+        self.values[key.value] = value
 
 
 class Faults:

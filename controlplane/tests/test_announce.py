@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 import pytest
 
+from controlplane.config import parse_config
 from controlplane.edged import bird
 from controlplane.edged.announce import Announcer, Decision, NodeState, ServiceState, decide, describe_change
-from controlplane.config import parse_config
 from controlplane.errors import ConfigError, SpeakerError
 
 VIP1, VIP2 = IPv4Address("198.18.255.1"), IPv4Address("198.18.255.2")

@@ -27,7 +27,6 @@ from controlplane.config import Node
 from controlplane.errors import ApiError, ConfigError, EdgeError, NotDeployed
 from controlplane.tests.apistage import CALL_TIMEOUT_S, SNAP, FakeDaemon, edgectl, serving, wait_until
 
-
 # ---------------------------------------------------------------- conversion
 
 

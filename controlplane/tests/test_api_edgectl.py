@@ -114,7 +114,7 @@ def test_edgectl_events_ends_quietly_on_ctrl_c_in_the_middle_of_a_fast_stream(ed
         proc = _start_edgectl("events", "--socket", edged.path)
         stop = threading.Event()
 
-        def pump():
+        def pump(stop=stop):
             for n in range(20000):  # bounded: stops by itself
                 if stop.is_set():
                     return

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import pytest
 
-from controlplane.tests.test_config import DELETE, TLS, edited, error_of, valid_doc
+from controlplane.tests.configstage import DELETE, TLS, edited, error_of, valid_doc
 
 
 class Case(NamedTuple):

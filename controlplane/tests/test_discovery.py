@@ -5,7 +5,6 @@ The sources against real dnsmasq and etcd are in netns-tests/test_discovery_*.py
 
 from __future__ import annotations
 
-import asyncio
 from ipaddress import IPv4Address
 
 import pytest
@@ -87,7 +86,8 @@ def test_tokens_are_keyed_by_secret_and_endpoint_and_never_zero():
     assert t != derive_token(SECRET, "198.18.1.2", 8001) != derive_token(SECRET, "198.18.1.3", 8000)
     assert t != derive_token(SECRET + b"x", "198.18.1.2", 8000)
     # HMAC-SHA256(secret, "198.18.1.2:8000"), first 8 bytes big-endian: an agent in any language gets the same
-    import hashlib, hmac
+    import hashlib
+    import hmac
     assert t == int.from_bytes(hmac.new(SECRET, b"198.18.1.2:8000", hashlib.sha256).digest()[:8], "big")
 
 

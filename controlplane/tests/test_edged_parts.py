@@ -13,7 +13,7 @@ from controlplane.edged.operations import Operations
 from controlplane.edged.state import State
 from controlplane.edged.status import Status
 from controlplane.edged.steer import Steering
-from controlplane.signals import Sample
+from controlplane.samples import Sample
 from controlplane.tests.memtables import MemMaps
 
 MS = 1_000_000

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.config import parse_config
-from controlplane.fleet import operator as op
-from controlplane.fleet import snapshot as fs
+from controlplane.fleet import operator as op, snapshot as fs
 
 
 def cfg_doc():

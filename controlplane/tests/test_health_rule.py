@@ -16,12 +16,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from controlplane import abi
 from controlplane.maps import Maps
-from controlplane.tests.test_maps_records import Array, c_struct
+from controlplane.tests.memtables import Array, c_struct
 
 INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
 

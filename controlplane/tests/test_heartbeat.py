@@ -8,18 +8,13 @@ stopped by the test, and every wait polls a condition with a bound.
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
 import tomllib
-from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from controlplane.config import Heartbeat
 from controlplane.agent import (
     DEFAULT_INTERVAL_MS,
     DEFAULT_ROUTER_PORT,
@@ -41,13 +36,11 @@ from controlplane.agent import (
     parser,
     sleep_until,
 )
+from controlplane.config import Heartbeat
 from controlplane.lab.traffic import wait_until
+from controlplane.tests.heartbeatstage import LOOPBACK, REPO, HealthServer, free_port, token_file, token_files_in
 
-REPO = Path(__file__).resolve().parents[2]
-LOOPBACK = "127.0.0.1"
 MS = 1_000_000
-TOKEN = 0x5EED0001
-SERVICE_PORT = 8000
 
 
 # ------------------------------------------------------------ pure: deadlines
@@ -140,26 +133,9 @@ def test_bad_tokens_are_refused(text, message):
         parse_token(text)
 
 
-TOKEN_FILES: dict[int, str] = {}
-
-
-def token_files_in(directory: Path) -> Iterator[None]:
-    """Files holding the tokens the tests pass with --token-file (token_file(t)), while in use."""
-    for token in (1, 7, TOKEN):
-        path = directory / f"{token:#x}"
-        path.write_text(f"{token:#x}\n")
-        TOKEN_FILES[token] = str(path)
-    yield
-    TOKEN_FILES.clear()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def token_files(tmp_path_factory) -> Iterator[None]:
     yield from token_files_in(tmp_path_factory.mktemp("tokens"))
-
-
-def token_file(token: int) -> str:
-    return TOKEN_FILES[token]
 
 
 def test_the_token_comes_from_a_file_never_from_the_command_line(tmp_path):
@@ -249,93 +225,7 @@ def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert err.count("\n") == 1 and err.startswith(f"edge-heartbeat: {message}"), err
 
 
-# ------------------------------------------------------------ a real health endpoint
-
-
-class HealthServer:
-    """An HTTP/1.1 server on 127.0.0.1 whose answer can be flipped; counts what it served.
-
-    mode: "length" (Content-Length, head and body written apart, as http.server does),
-    "chunked", or "close" (no length: the body ends when the server closes).
-    """
-
-    def __init__(self, mode: str = "length"):
-        self.status = 200
-        self.mode = mode
-        self.answers: Counter = Counter()
-        self.connections: list[socket.socket] = []
-        self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def setup(self) -> None:
-                super().setup()
-                with server.lock:
-                    server.connections.append(self.connection)
-
-            def do_GET(self) -> None:
-                status, body = server.status, b'{"ready": true}'
-                with server.lock:
-                    server.answers[status] += 1
-                self.send_response(status)
-                if server.mode == "chunked":
-                    self.send_header("Transfer-Encoding", "chunked")
-                    self.end_headers()
-                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
-                elif server.mode == "close":
-                    self.send_header("Connection", "close")
-                    self.end_headers()
-                    self.wfile.write(body)
-                    self.close_connection = True
-                else:
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request, client_address) -> None:
-                if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away
-                    super().handle_error(request, client_address)
-
-        self.httpd = Server((LOOPBACK, 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.url = f"http://{LOOPBACK}:{self.port}/v2/health/ready"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05})
-        self.thread.start()
-        self.alive = True
-
-    def count(self, status: int) -> int:
-        with self.lock:
-            return self.answers[status]
-
-    def kill(self) -> None:
-        """Like a crashed server: the port closes and the kernel ends every connection."""
-        if not self.alive:
-            return
-        self.alive = False
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
-        with self.lock:
-            for conn in self.connections:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (bound once, released)."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+# ------------------------------------------------------------ a real health endpoint (heartbeatstage.HealthServer)
 
 
 def test_http_check_keeps_one_connection_and_follows_the_status(server):

@@ -1,7 +1,7 @@
 """edge-heartbeat as a process (python -m controlplane.agent) sending real UDP to a receiver on
 127.0.0.1: it sends only while its check passes, stops while its checker hangs, exits 1 when the
 checker dies, refuses a source address it does not have, and numbers its heartbeats across
-restarts. The tokens and helpers are test_heartbeat.py's, the health endpoint (server) conftest.py's.
+restarts. The tokens and helpers are heartbeatstage.py's, the health endpoint (server) conftest.py's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 from controlplane import abi
 from controlplane.agent import wire
 from controlplane.lab.traffic import wait_until
-from controlplane.tests.test_heartbeat import LOOPBACK, REPO, SERVICE_PORT, TOKEN, token_file, token_files_in
+from controlplane.tests.heartbeatstage import LOOPBACK, REPO, SERVICE_PORT, TOKEN, token_file, token_files_in
 
 
 @pytest.fixture(scope="module", autouse=True)

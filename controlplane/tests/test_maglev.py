@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from controlplane import maglev
 from controlplane.maglev import build_table, is_prime

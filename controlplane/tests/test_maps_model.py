@@ -8,8 +8,7 @@ copies edge_reply keeps of edge_rnat entries are never used past a change (RnatC
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from controlplane.config import parse_config

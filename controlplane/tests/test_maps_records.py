@@ -13,52 +13,14 @@ import re
 import sys
 from pathlib import Path
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from controlplane import abi
 from controlplane.maps import PROBE_TEXT, Maps, ProbeStatus, counts_from_dump, pack_probe, unpack_probe
+from controlplane.tests.memtables import Array, c_struct
 
 ABI_H = Path(__file__).resolve().parents[2] / "bpf" / "include" / "abi.h"
-C_TYPES = {"__u64": ctypes.c_uint64, "__u32": ctypes.c_uint32, "__u16": ctypes.c_uint16, "__u8": ctypes.c_uint8,
-           "__be32": ctypes.c_uint32, "__be16": ctypes.c_uint16, "char": ctypes.c_char}
-
-
-def c_struct(name: str) -> type[ctypes.Structure]:
-    """struct name of abi.h as ctypes (scalar fields and arrays of them; an array's size
-    is a number or an EDGE_ constant of abi.py)."""
-    text = ABI_H.read_text()
-    body = re.search(rf"struct {name} \{{(.*?)\n\}};", text, re.S).group(1)
-    fields = []
-    for ctype, field, n in re.findall(r"^\s*(__u\d+|__be\d+|char)\s+(\w+)(?:\[(\w+)\])?;", body, re.M):
-        base = C_TYPES[ctype]
-        size = int(n) if n.isdigit() else getattr(abi, n.removeprefix("EDGE_")) if n else 0
-        fields.append((field, base * size if n else base))
-    return type(name, (ctypes.Structure,), {"_fields_": fields})
-
-
 PROBE = c_struct("backend_probe")
-
-
-class Array:
-    """A bcc array map's Python face, in memory: Key, Leaf, item get and set."""
-
-    Key = ctypes.c_uint32
-
-    def __init__(self, leaf: type, n: int) -> None:
-        self.Leaf = leaf
-        self.values = [leaf() for _ in range(n)]
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def __getitem__(self, key):
-        v = self.Leaf()
-        ctypes.memmove(ctypes.addressof(v), ctypes.addressof(self.values[key.value]), ctypes.sizeof(v))
-        return v
-
-    def __setitem__(self, key, value) -> None:
-        self.values[key.value] = value
 
 
 def test_the_struct_read_from_abi_h_has_the_size_abi_h_asserts():

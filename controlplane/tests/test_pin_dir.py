@@ -63,7 +63,7 @@ def test_a_parent_made_by_another_instance_meanwhile_is_no_error(tmp_path, monke
     from pathlib import Path
 
     from controlplane.deploy import make_pin_path
-    from controlplane.loader import Undo
+    from controlplane.undo import Undo
 
     pin_dir, pin_path = layout(tmp_path)
     other = pin_dir / "v3" / "eth1-1"
@@ -80,7 +80,7 @@ def test_a_parent_made_by_another_instance_meanwhile_is_no_error(tmp_path, monke
 
 def test_undo_removes_the_parents_it_made_while_empty(tmp_path):
     from controlplane.deploy import make_pin_path
-    from controlplane.loader import Undo
+    from controlplane.undo import Undo
 
     pin_dir, pin_path = layout(tmp_path)
     undo = Undo()

@@ -100,4 +100,4 @@ def test_the_package_names_load_their_modules():
     assert probe.Prober is Prober and set(probe.__all__) <= set(dir(probe))
     assert all(getattr(probe, name) is not None for name in probe.__all__)
     with pytest.raises(AttributeError):
-        probe.no_such_name
+        _ = probe.no_such_name

@@ -13,10 +13,9 @@ from typing import Iterator
 import pytest
 
 from controlplane.config import Probe
-from controlplane.probe import Prober, Target
-from controlplane.probe import checks
+from controlplane.probe import Prober, Target, checks
 from controlplane.probe.checks import SLOW_GRID_NS, _rtt_if_connected, look_at
-from controlplane.tests.test_prober import LOOPBACK, Recorder, closing, run, started, wait_for
+from controlplane.tests.proberstage import LOOPBACK, Recorder, closing, run, started, wait_for
 
 FAR_NS = 3600 * 10**9
 
@@ -127,29 +126,35 @@ def test_a_relaxed_round_to_a_server_that_accepts_and_resets_passes_and_a_refuse
 
 
 class WheelStub:
-    """What a check asks of its Prober, recorded: the wheel's calls (_at) and epoll arms."""
+    """What a check asks of its Prober (checks.Host), recorded: the wheel's calls (at) and epoll arms."""
 
     def __init__(self) -> None:
         self.calls: list[int] = []
         self.arms = 0
-        self._relaxed: dict = {}
-        self._ep = self
+        self.relaxed: dict = {}
+        self.recv_view = memoryview(bytearray(4096))
 
-    def _at(self, t_ns: int, check) -> None:
+    def at(self, t_ns: int, check) -> None:
         self.calls.append(t_ns)
+
+    def relaxed_until(self, key) -> int:
+        return self.relaxed.get(key, 0)
 
     def register(self, fd: int, events: int) -> None:
         self.arms += 1
 
     modify = register
 
-    def _watch(self, fd, on_event) -> None:
+    def watch(self, fd, on_event) -> None:
         pass
 
-    def _drop(self, fd, sock) -> None:
+    def drop(self, fd, sock) -> None:
         sock.close()
 
-    def _report(self, message, e) -> None:
+    def spawn(self, coroutine):
+        raise AssertionError("a tcp check starts no task")
+
+    def report(self, message, e) -> None:
         raise AssertionError(message) from e
 
 
@@ -196,7 +201,7 @@ def relaxed_round(port: int) -> tuple[WheelStub, BackendStub, checks._TcpCheck]:
     check = checks._TcpCheck(wheel, backend, 50, 50)
     check.adapt(500, 1)
     check.passes, check.slow = 1, True
-    wheel._relaxed["b"] = time.monotonic_ns() + FAR_NS
+    wheel.relaxed["b"] = time.monotonic_ns() + FAR_NS
     wheel.calls.clear()
     check.tick(check.next_ns)
     return wheel, backend, check

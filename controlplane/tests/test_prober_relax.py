@@ -15,11 +15,11 @@ import time
 
 import pytest
 
+from controlplane.config import MetricsScrape, Probe, parse_config
 from controlplane.edged import daemon as edged
-from controlplane.config import Probe, MetricsScrape, parse_config
 from controlplane.errors import ConfigError
 from controlplane.probe import Prober, Target
-from controlplane.tests.test_prober import LOOPBACK, Recorder, closing, run, started, wait_for
+from controlplane.tests.proberstage import LOOPBACK, Recorder, closing, run, started, wait_for
 
 MS = 1_000_000
 FAR_NS = 3600 * 10**9  # relaxed for the whole test
@@ -232,7 +232,7 @@ def _relaxing_daemon():
 
 
 def test_edged_relaxes_the_fresh_backends_and_puts_the_others_back_at_the_full_rate():
-    from controlplane.tests.test_edged_loop import FakeMaps
+    from controlplane.tests.edgedstage import FakeMaps
 
     async def main() -> None:
         server = await started()
@@ -261,7 +261,7 @@ def test_edged_relaxes_the_fresh_backends_and_puts_the_others_back_at_the_full_r
 
 
 def test_edgeds_status_round_relaxes_the_backends_whose_wire_signal_is_fresh():
-    from controlplane.tests.test_edged_loop import FakeMaps
+    from controlplane.tests.edgedstage import FakeMaps
 
     async def main() -> None:
         server = await started()

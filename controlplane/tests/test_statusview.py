@@ -4,7 +4,7 @@ relaxed while real traffic measures the backend (edged's view; '-' without it)."
 from __future__ import annotations
 
 from controlplane import statusview
-from controlplane.tests.test_metrics import realistic_snapshot
+from controlplane.tests.snapshotstage import realistic_snapshot
 
 
 def _row(out: str, backend: str) -> str:

@@ -5,8 +5,8 @@ wire's RTT reaching trackers that a reload made. Unprivileged: edged runs over F
 from __future__ import annotations
 
 from controlplane import weights
-from controlplane.signals import Load, Sample
-from controlplane.tests.test_edged_loop import MS, PROBED, config, daemon, handshakes, on_loop
+from controlplane.samples import Load, Sample
+from controlplane.tests.edgedstage import MS, PROBED, config, daemon, handshakes, on_loop
 
 OK = Sample(t_ns=0, ok=True, rtt_s=0.001)
 FAILED = Sample(t_ns=0, ok=False, error="timeout")

@@ -14,8 +14,7 @@ from ipaddress import IPv4Address
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from controlplane import abi
 from controlplane.maps.records import be32, hash_mix, vip_filter_words

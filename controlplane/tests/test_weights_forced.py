@@ -6,11 +6,10 @@ Pure and unprivileged, like test_weights_policy.py, whose helpers it uses.
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from controlplane.config import Weights
-from controlplane.tests.test_weights_policy import T0, quick, service, steady
+from controlplane.tests.weightsstage import T0, quick, service, steady
 from controlplane.weights import decide, forced
 
 W = Weights(policy="latency_inverse", rtt_offset_ms=0, hysteresis_pct=10)

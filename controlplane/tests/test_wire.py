@@ -1,4 +1,4 @@
-"""controlplane.wire (windows, quantiles, freshness of the data path's wire signals) and the
+"""controlplane.wiresignals (windows, quantiles, freshness of the data path's wire signals) and the
 weight policy's RTT input from it (weights.rtt_input). Pure: no root, no kernel."""
 
 from __future__ import annotations
@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from controlplane import abi, weights, wire
+from controlplane import abi, weights, wiresignals
 from controlplane.config import parse_config
 from controlplane.maps.records import WireStats
 
@@ -26,31 +25,31 @@ def hist(**at: int) -> tuple[int, ...]:
 
 
 def test_buckets_are_powers_of_two_microseconds_with_open_ends():
-    assert wire.bucket_bounds_s(0) == (0.0, 2e-6)
-    assert wire.bucket_bounds_s(10) == (1024e-6, 2048e-6)
-    assert wire.bucket_bounds_s(N - 1) == (2.0 ** (N - 1) / 1e6, math.inf)
-    assert len(wire.upper_bounds_s()) == N - 1
+    assert wiresignals.bucket_bounds_s(0) == (0.0, 2e-6)
+    assert wiresignals.bucket_bounds_s(10) == (1024e-6, 2048e-6)
+    assert wiresignals.bucket_bounds_s(N - 1) == (2.0 ** (N - 1) / 1e6, math.inf)
+    assert len(wiresignals.upper_bounds_s()) == N - 1
 
 
 def test_quantile_interpolates_inside_the_bucket():
     # 10 samples in [1024, 2048) us: the median is the middle of the bucket
-    assert wire.quantile(hist(b10=10), 0.5) == pytest.approx(1536e-6)
+    assert wiresignals.quantile(hist(b10=10), 0.5) == pytest.approx(1536e-6)
     # 90 fast, 10 slow: p50 is fast, p99 in the slow bucket
     h = hist(b5=90, b14=10)
-    assert 32e-6 <= wire.quantile(h, 0.5) < 64e-6
-    assert 2 ** 14 * 1e-6 <= wire.quantile(h, 0.99) < 2 ** 15 * 1e-6
-    assert wire.quantile(hist(), 0.5) is None
-    assert wire.quantile(hist(**{f"b{N - 1}": 3}), 0.5) == 2.0 ** (N - 1) / 1e6  # open-ended: its low end
+    assert 32e-6 <= wiresignals.quantile(h, 0.5) < 64e-6
+    assert 2 ** 14 * 1e-6 <= wiresignals.quantile(h, 0.99) < 2 ** 15 * 1e-6
+    assert wiresignals.quantile(hist(), 0.5) is None
+    assert wiresignals.quantile(hist(**{f"b{N - 1}": 3}), 0.5) == 2.0 ** (N - 1) / 1e6  # open-ended: its low end
 
 
 @given(st.lists(st.integers(0, 1000), min_size=N, max_size=N), st.floats(0, 1))
 def test_a_quantile_lies_in_the_bucket_holding_its_rank(counts, q):
-    got = wire.quantile(counts, q)
+    got = wiresignals.quantile(counts, q)
     if sum(counts) == 0:
         assert got is None
         return
     assert 0 <= got <= 2.0 ** (N - 1) / 1e6
-    assert wire.quantile(counts, 0.0) <= got <= wire.quantile(counts, 1.0)
+    assert wiresignals.quantile(counts, 0.0) <= got <= wiresignals.quantile(counts, 1.0)
 
 
 def stats(hs: tuple = hist(), fb: tuple = hist(), opened: int = 0, closed: int = 0) -> WireStats:
@@ -58,7 +57,7 @@ def stats(hs: tuple = hist(), fb: tuple = hist(), opened: int = 0, closed: int =
 
 
 def test_the_window_is_the_difference_of_the_newest_and_the_oldest_snapshot_in_it():
-    w = wire.Windows(window_ns=2000 * MS, min_samples=5)
+    w = wiresignals.Windows(window_ns=2000 * MS, min_samples=5)
     w.observe(0, {"b0": stats(hist(b5=100), opened=10)})
     w.observe(1000 * MS, {"b0": stats(hist(b5=100, b14=3), opened=13, closed=2)})
     s = w.signals()["b0"]
@@ -73,25 +72,25 @@ def test_the_window_is_the_difference_of_the_newest_and_the_oldest_snapshot_in_i
 
 
 def test_a_backend_without_traffic_goes_stale_and_a_forgotten_one_goes():
-    w = wire.Windows(window_ns=1000 * MS, min_samples=1)
+    w = wiresignals.Windows(window_ns=1000 * MS, min_samples=1)
     w.observe(0, {"b0": stats(hist(b5=1)), "b1": stats()})
     w.observe(500 * MS, {"b0": stats(hist(b5=2)), "b1": stats()})
-    assert wire.fresh_keys(w.signals()) == {"b0"}
+    assert wiresignals.fresh_keys(w.signals()) == {"b0"}
     w.observe(1600 * MS, {"b0": stats(hist(b5=2))})
-    assert wire.fresh_keys(w.signals()) == set()
+    assert wiresignals.fresh_keys(w.signals()) == set()
     assert set(w.signals()) == {"b0"}
 
 
 def test_counts_going_back_are_a_new_map_not_negative_samples():
     new = stats(hist(b3=2), opened=1)
-    assert wire.difference(new, stats(hist(b3=5), opened=9)) == new
-    assert wire.difference(stats(hist(b3=5), opened=3), stats(hist(b3=2), opened=1)) == stats(hist(b3=3), opened=2)
+    assert wiresignals.difference(new, stats(hist(b3=5), opened=9)) == new
+    assert wiresignals.difference(stats(hist(b3=5), opened=3), stats(hist(b3=2), opened=1)) == stats(hist(b3=3), opened=2)
 
 
 def test_summary_is_plain_data_even_without_a_signal():
-    assert wire.summary(None)["handshake_p50_s"] is None
-    s = wire.signal(stats(hist(b10=5), hist(b20=5)), 2.0, 4, 5)
-    d = wire.summary(s)
+    assert wiresignals.summary(None)["handshake_p50_s"] is None
+    s = wiresignals.signal(stats(hist(b10=5), hist(b20=5)), 2.0, 4, 5)
+    d = wiresignals.summary(s)
     assert d["fresh"] and d["active"] == 4 and d["first_byte_p50_s"] > 1.0
 
 

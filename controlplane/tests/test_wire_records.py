@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import ctypes
 
-from controlplane import abi, wire
+from controlplane import abi, wiresignals
 from controlplane.config import parse_config
 from controlplane.maps.records import WireStats, unpack_wire
-from controlplane.tests.memtables import MemMaps
-from controlplane.tests.test_maps_records import c_struct
+from controlplane.tests.memtables import MemMaps, c_struct
 
 WIRE = c_struct("wire_stats")
 
@@ -64,8 +63,8 @@ def test_maps_sum_every_cpu_of_every_valid_backend():
         assert maps.wire_stats([bids["b1"]]) == {bids["b1"]: b1}
         assert unpack_wire(per_cpu[0]).handshake[3] == 2
         rows = maps.wire_rows([bids["b1"], bids["b0"]])  # what edged's steps read
-        assert rows.tolist() == [wire.row(b1).tolist(), wire.row(WireStats()).tolist()]
-        assert maps.wire_rows([]).shape == (0, wire.ROW_LEN)
+        assert rows.tolist() == [wiresignals.row(b1).tolist(), wiresignals.row(WireStats()).tolist()]
+        assert maps.wire_rows([]).shape == (0, wiresignals.ROW_LEN)
     finally:
         maps.close()
         mem.close()

@@ -1,4 +1,4 @@
-"""controlplane.wire on rows: Windows keeps a service's backends as rows of int64 and computes
+"""controlplane.wiresignals on rows: Windows keeps a service's backends as rows of int64 and computes
 their signals at once. These tests hold it to the per-backend rule it replaced (a deque of
 WireStats per key, signal(difference(newest, oldest))), float for float. Pure: no root."""
 
@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from controlplane import abi, wire
+from controlplane import abi, wiresignals
 from controlplane.maps.records import WireStats
 
 MS = 1_000_000
@@ -38,8 +37,8 @@ class PerKeyWindows:
         out = {}
         for key, q in self.seen.items():
             (t0, old), (t1, new) = q[0], q[-1]
-            window = wire.difference(new, old) if len(q) > 1 else WireStats()
-            out[key] = wire.signal(window, (t1 - t0) / 1e9, new.active, self.min_samples)
+            window = wiresignals.difference(new, old) if len(q) > 1 else WireStats()
+            out[key] = wiresignals.signal(window, (t1 - t0) / 1e9, new.active, self.min_samples)
         return out
 
 
@@ -48,17 +47,17 @@ histogram = st.lists(st.integers(0, 50), min_size=N, max_size=N)
 
 @given(st.lists(histogram, min_size=1, max_size=20), st.sampled_from([0.0, 0.01, 0.5, 0.99, 1.0]))
 def test_quantiles_of_rows_are_the_quantile_of_each_row(rows, q):
-    got = wire.quantiles(np.array(rows, np.int64), q).tolist()
-    want = [wire.quantile(r, q) for r in rows]
+    got = wiresignals.quantiles(np.array(rows, np.int64), q).tolist()
+    want = [wiresignals.quantile(r, q) for r in rows]
     assert [None if x != x else x for x in got] == want
 
 
 def test_a_row_is_the_record_field_by_field():
     s = WireStats(handshake=tuple(range(N)), first_byte=(7,) * N, handshake_ns=5, first_byte_ns=6, opened=9, closed=2)
-    r = wire.row(s)
-    assert r.shape == (wire.ROW_LEN,) and list(r[wire.HANDSHAKE]) == list(range(N))
-    assert list(r[wire.FIRST_BYTE]) == [7] * N
-    assert (r[wire.HANDSHAKE_NS], r[wire.FIRST_BYTE_NS], r[wire.OPENED], r[wire.CLOSED]) == (5, 6, 9, 2)
+    r = wiresignals.row(s)
+    assert r.shape == (wiresignals.ROW_LEN,) and list(r[wiresignals.HANDSHAKE]) == list(range(N))
+    assert list(r[wiresignals.FIRST_BYTE]) == [7] * N
+    assert (r[wiresignals.HANDSHAKE_NS], r[wiresignals.FIRST_BYTE_NS], r[wiresignals.OPENED], r[wiresignals.CLOSED]) == (5, 6, 9, 2)
 
 
 # one step: ms since the last, then per key present (in this order): counts added to three
@@ -72,7 +71,7 @@ step = st.tuples(st.sampled_from([0, 100, 250, 999, 1000, 1001, 2500]), st.lists
 @settings(max_examples=300, deadline=None)
 @given(st.lists(step, min_size=1, max_size=25), st.integers(1, 6))
 def test_windows_on_rows_give_every_key_the_per_key_rule_signal(steps, min_samples):
-    rows, per_key = wire.Windows(1000 * MS, min_samples), PerKeyWindows(1000 * MS, min_samples)
+    rows, per_key = wiresignals.Windows(1000 * MS, min_samples), PerKeyWindows(1000 * MS, min_samples)
     cumulative: dict[str, WireStats] = {}
     now = 0
     for dt_ms, keys, window_ms in steps:

@@ -12,6 +12,7 @@ import sys
 import urllib.request
 from typing import Sequence
 
+from controlplane import limits
 from controlplane.lab.inference.options import PROG, Knobs, Options, UsageError
 from controlplane.lab.inference.server import serve
 
@@ -76,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
 def options(args: argparse.Namespace) -> Options:
     """Parsed arguments -> checked Options."""
     host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    if not sep or not port.isdigit() or not limits.is_port(int(port), zero=True):
         raise UsageError(f"--listen: {args.listen!r} is not ADDR:PORT")
     knobs = Knobs(added_latency_ms=args.added_latency_ms, tpot_factor=args.tpot_factor, fill_queue=args.fill_queue,
                   kv_usage=args.kv_usage, hang=args.hang, not_ready=args.not_ready, metrics_off=args.metrics_off)

@@ -10,7 +10,7 @@ import sys
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
-from controlplane import agent
+from controlplane import agent, limits
 
 PROG = "sim-inference"
 
@@ -103,8 +103,8 @@ class Options:
     def check(self) -> "Options":
         if not self.name:
             raise UsageError("--name: is empty")
-        if not 0 <= self.port <= 65535:
-            raise UsageError(f"--listen: port {self.port} is not in 0..65535")
+        if not limits.is_port(self.port, zero=True):
+            raise UsageError(f"--listen: port {self.port} is not in 0..{limits.PORT_MAX}")
         for flag, value, lo in (("--max-running", self.max_running, 1), ("--max-waiting", self.max_waiting, 0),
                                 ("--kv-capacity-tokens", self.kv_capacity_tokens, 1)):
             if not isinstance(value, int) or value < lo:

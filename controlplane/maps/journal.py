@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from controlplane.loader import Undo
+from controlplane.undo import Undo
 
 
 class Journal(Undo):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Hashable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -98,7 +98,7 @@ def difference(new: WireStats, old: WireStats) -> WireStats:
     """What happened between two cumulative snapshots; new itself when the counts went
     back (the map was made again: a redeploy)."""
     cls = type(new)
-    values = {}
+    values: dict[str, Any] = {}
     for f in fields(new):
         a, b = getattr(new, f.name), getattr(old, f.name)
         if isinstance(a, tuple):
@@ -213,7 +213,7 @@ class Windows:
         """The oldest snapshot a history starting at `first` keeps: the newest at or before
         start, if a later one exists."""
         at = first
-        for i, (n, t, _) in enumerate(self._snaps):
+        for i, (n, _t, _) in enumerate(self._snaps):
             if n < first:
                 continue
             if i + 1 < len(self._snaps) and self._snaps[i + 1][1] <= start:

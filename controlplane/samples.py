@@ -98,19 +98,3 @@ class Window:
 
     def last(self) -> Optional[Sample]:
         return self.samples[-1] if self.samples else None
-
-    def failures_in_a_row(self) -> int:
-        n = 0
-        for s in reversed(self.samples):
-            if s.ok:
-                break
-            n += 1
-        return n
-
-    def successes_in_a_row(self) -> int:
-        n = 0
-        for s in reversed(self.samples):
-            if not s.ok:
-                break
-            n += 1
-        return n

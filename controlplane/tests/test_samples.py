@@ -1,11 +1,11 @@
-"""controlplane.signals: the Window's RTTs and the quantiles status reads from it, against
+"""controlplane.samples: the Window's RTTs and the quantiles status reads from it, against
 their plain definitions over the window's samples."""
 
 from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from controlplane.signals import Sample, Window, quantile, quantiles
+from controlplane.samples import Sample, Window, quantile, quantiles
 
 samples = st.builds(Sample, t_ns=st.integers(0, 10**12), ok=st.booleans(),
                     rtt_s=st.none() | st.floats(0, 1, allow_nan=False))
