@@ -8,7 +8,7 @@ import random
 from ipaddress import IPv4Address
 
 from controlplane.config import Backend, Health, Probe, Service, Weights
-from controlplane.signals import Sample
+from controlplane.samples import Sample
 from controlplane.weights import Tracker, decide, observe_sample
 
 MS = 1_000_000
