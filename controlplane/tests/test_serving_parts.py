@@ -9,9 +9,7 @@ import statistics
 
 import pytest
 
-from controlplane.lab.serving import accounting as acc
-from controlplane.lab.serving import jsq
-from controlplane.lab.serving import workload as wl
+from controlplane.lab.serving import accounting as acc, jsq, workload as wl
 
 
 def test_arrivals_are_poisson_at_the_rate_and_the_burst_doubles_it():

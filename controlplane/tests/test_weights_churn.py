@@ -69,8 +69,8 @@ def test_a_real_2x_rtt_difference_moves_weights_within_two_probe_intervals():
         before = pushed["b0"]
         slower = {**base, "b0": 0.010}
         _, trackers, pushed, t, hit = run(svc, slower, 2, rng, trackers, pushed, t,
-                                          until=lambda d: d.push and d.weights["b0"] < 0.85 * before)
+                                          until=lambda d, before=before: d.push and d.weights["b0"] < 0.85 * before)
         assert hit is not None and hit <= 200 * MS, (seed, hit)
         _, _, _, _, hit = run(svc, base, 2, rng, trackers, pushed, t,
-                              until=lambda d: d.push and d.weights["b0"] > 0.95 * before)
+                              until=lambda d, before=before: d.push and d.weights["b0"] > 0.95 * before)
         assert hit is not None, seed
