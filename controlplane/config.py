@@ -419,6 +419,12 @@ class Fleet:
             raise ConfigError(f"{path}.stale_ms: {self.stale_ms} must be greater than report_ms ({self.report_ms})")
 
 
+def half_open_size(ct_size: int) -> int:
+    """Entries of edge_half_open (TCP connections between the SYN and the client's ACK) for a
+    conntrack of ct_size entries: a quarter, at least 1024. Not a setting of its own."""
+    return max(ct_size // 4, 1024)
+
+
 @dataclass(frozen=True)
 class Node:
     """Settings of this edge node; sizes here are compiled into the BPF programs."""

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from controlplane import abi, desired, maglev
+from controlplane import abi, desired, maglev, siphash
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
 from controlplane.maps.journal import Journal
@@ -291,6 +291,8 @@ class Writer:
             v.ejection_ns = p.ejection_ms * 1_000_000
             v.consecutive = p.consecutive
             v.max_ejected_pct = p.max_ejected_percent
+        if health and health.probe:  # a probation waits for a passing probe (maps.readmit): no trial flow
+            v.flags |= abi.SVC_F_PROBED
         if health:  # fewer usable than panic_percent of the primaries: usable < ceil(pct * n / 100)
             v.panic_below = (health.panic_percent * sum(not b.standby for b in s.backends) + 99) // 100
         ordered = [bid for b, bid in zip(s.backends, ids) if not b.standby]
@@ -355,7 +357,7 @@ class Writer:
                 if v is None:
                     v = hb.Leaf()
                     v.timeout_ns = timeout_ns
-                v.token = b.token or 0
+                v.key[0], v.key[1] = siphash.key_words(abi.hb_key(b.token or 0))
                 v.health_id = health_ids[(b.address, b.port)]
                 v.ifindex = oifs.get(b.address, 0)
                 v.timeout_ns = min(v.timeout_ns, timeout_ns)  # shared by services: the strictest

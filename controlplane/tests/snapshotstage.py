@@ -80,6 +80,7 @@ def realistic_snapshot() -> dict:
                      "heartbeat": 52_000, "ejection": 0, "return_redirect": 160_700,
                      "stateless": 30, "return_stateless": 25, "return_xdp": 0},
         "drops": {"malformed": 2, "no_backend": 4, "ip_options": 0, "fragment": 1, "spoofed_heartbeat": 0,
-                  "bad_checksum": 0, "untracked": 0, "replayed_heartbeat": 0},
+                  "bad_checksum": 0, "untracked": 0, "replayed_heartbeat": 0,
+                  "stale_heartbeat": 0, "other_backend": 0},
         "conntrack_entries": None,
     }

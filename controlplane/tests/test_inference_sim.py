@@ -468,8 +468,9 @@ def test_heartbeats_flow_to_the_router_while_health_passes_and_stop_with_the_ser
         agent = h.server.agent
 
         data, (source, _) = router.recvfrom(64)  # the first beat follows the first passing check
-        magic, _, port, _, _, token = abi.HEARTBEAT.unpack(data)
-        assert (magic, port, token, source) == (abi.HB_MAGIC, h.address[1], 0x5EED0001, LOOPBACK)
+        magic, _, port, seq, epoch, _ = abi.HEARTBEAT.unpack(data)
+        assert (magic, port, source) == (abi.HB_MAGIC, h.address[1], LOOPBACK)
+        assert data == abi.heartbeat(port, seq, 0x5EED0001, epoch)  # MACed under the backend's key
 
         h.stop()
         assert agent.poll() is not None  # stopped by its pid with the server
