@@ -181,7 +181,7 @@ class Weights:
     decay_ms: int = option("time constant of the RTT smoothing", _ms, 500)
     spike_filter: int = option(
         "RTT samples whose lower median is smoothed: 1 takes every sample (fastest); 2 ignores one "
-        "stray slow sample (a slowdown then counts from its second probe)", _int(1, 5), 1
+        "stray slow sample (a slowdown then counts from its second probe)", _int(1, 5), 2
     )
     rtt_offset_ms: int = option(
         "added to every smoothed RTT before weighting: differences far below it are probe noise", _int(0, MAX_MS), 1
