@@ -211,11 +211,10 @@ def test_replayed_heartbeats_do_not_revive_a_silent_backend(net, router):
     replayed_heartbeat, none is consumed, and b0 takes no new flow. A heartbeat of a newer
     epoch (an agent restarted) is taken again."""
     router.deploy([web(router, {"heartbeat": HEARTBEAT})])
-    agents = [hb.start_heartbeats(net, i, token=TOKENS[i]) for i in (1, 2)]
-    sock = hb.hb_socket(net.backends[0], net.backend_addr(0))
-    dst = net.topo.router_backend_addr(0).ip
-    epoch = hb.now_epoch()
-    try:
+    with hb.b0_beside_agents(net, TOKENS) as sock:
+        dst = net.topo.router_backend_addr(0).ip
+        epoch = hb.now_epoch()
+
         def beat(seq: int, at_epoch: int = epoch) -> None:
             hb.send(sock, dst, seq, TOKENS[0], epoch=at_epoch)
 
@@ -236,10 +235,6 @@ def test_replayed_heartbeats_do_not_revive_a_silent_backend(net, router):
             beat(seq, epoch + 1)
         wait_until(lambda: router.counters()["verdicts"]["heartbeat"] >= after["verdicts"]["heartbeat"] + 3, 2.0,
                    "a newer epoch taken")
-    finally:
-        sock.close()
-        for agent in agents:
-            agent.stop()
 
     assert after["drops"]["replayed_heartbeat"] - before["drops"]["replayed_heartbeat"] == 31
     assert set(seen) == {"b1", "b2"}, seen
