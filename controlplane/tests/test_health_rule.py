@@ -48,13 +48,20 @@ int usable(const struct backend_info *be, const struct service_cfg *sc, struct b
 BackendInfo, ServiceCfg, BackendHealth = c_struct("backend_info"), c_struct("service_cfg"), c_struct("backend_health")
 
 
+def health_lib(tmp_path_factory, source: str, fn: str) -> ctypes.CDLL:
+    """source compiled; its function fn(backend_info *, service_cfg *, backend_health *, __u64 now)
+    returns an int."""
+    lib = compile_c(tmp_path_factory, source, fn)
+    f = getattr(lib, fn)
+    f.argtypes = [ctypes.POINTER(BackendInfo), ctypes.POINTER(ServiceCfg),
+                  ctypes.POINTER(BackendHealth), ctypes.c_uint64]
+    f.restype = ctypes.c_int
+    return lib
+
+
 @pytest.fixture(scope="module")
 def health_h(tmp_path_factory):
-    lib = compile_c(tmp_path_factory, HARNESS, "health")
-    lib.usable.argtypes = [ctypes.POINTER(BackendInfo), ctypes.POINTER(ServiceCfg),
-                           ctypes.POINTER(BackendHealth), ctypes.c_uint64]
-    lib.usable.restype = ctypes.c_int
-    return lib
+    return health_lib(tmp_path_factory, HARNESS, "usable")
 
 
 NS = st.integers(0, 2**61)  # CLOCK_MONOTONIC ns: far from u64 wrap-around, as on any real node

@@ -7,15 +7,12 @@ spends no client flow as a trial on a backend of a probed service. Unprivileged.
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 
 from controlplane import abi, weights
 from controlplane.config import Weights
 from controlplane.samples import Sample
-from controlplane.tests.memtables import compile_c
-from controlplane.tests.test_health_rule import HARNESS, BackendHealth, BackendInfo, ServiceCfg
+from controlplane.tests.test_health_rule import HARNESS, BackendHealth, BackendInfo, ServiceCfg, health_lib
 from controlplane.tests.test_weights_policy import MS, PROBE, T0, probes, service, steady
 from controlplane.weights import decide
 
@@ -115,11 +112,7 @@ int trial(const struct backend_info *be, const struct service_cfg *sc, struct ba
 
 @pytest.fixture(scope="module")
 def health_h(tmp_path_factory):
-    lib = compile_c(tmp_path_factory, TRIAL, "trial")
-    lib.trial.argtypes = [ctypes.POINTER(BackendInfo), ctypes.POINTER(ServiceCfg),
-                          ctypes.POINTER(BackendHealth), ctypes.c_uint64]
-    lib.trial.restype = ctypes.c_int
-    return lib
+    return health_lib(tmp_path_factory, TRIAL, "trial")
 
 
 def on_probation(now: int) -> BackendHealth:
