@@ -256,11 +256,11 @@ def _ids_to_names(mem: MemMaps):
 
 def active_tables(mem: MemMaps) -> dict[tuple, list]:
     """VIP key -> the backend ids of its active Maglev half."""
-    words = memoryview(mem._mm).cast("Q")
+    words = memoryview(mem._mm).cast("I")  # 4 bytes a slot (maps/records.py, MAGLEV_STRIDE)
     out = {}
     for k, v in mem.tables[abi.MAP_VIPS].items():
         base = (v.id * 2 + v.table) * mem.m
-        out[(k.addr, k.port, k.proto)] = (v.id, [w & 0xFFFFFFFF for w in words[base:base + mem.m]])
+        out[(k.addr, k.port, k.proto)] = (v.id, list(words[base:base + mem.m]))
     return out
 
 
