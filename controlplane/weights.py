@@ -26,9 +26,6 @@ KV_KNEE = 0.8  # KV-cache use below this costs nothing
 KV_MIN = 0.1  # KV factor at a full cache
 NEUTRAL_LOAD = 0.5  # unknown load: between idle (1) and a full engine (1/16)
 QUEUE_POWER = 4  # the queue factor: 1 / (1 + outstanding / slots)^QUEUE_POWER
-NOISE_K = 4.0  # RTTs within NOISE_K x the service's median jitter of the fastest weigh as the fastest
-RTT_DEADBAND = 0.4  # ... and so do RTTs (plus rtt_offset) within 40 % of the fastest's
-JITTER_DECAYS = 4  # the jitter average's time constant, in weights.decay_ms
 
 _NS_PER_MS = 1_000_000
 _NS_PER_S = 1e9
@@ -41,7 +38,6 @@ class Tracker:
     recent: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.spike_filter RTTs
     rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
     rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
-    jitter_s: float = 0.0  # smoothed |filtered sample - rtt_s|: how much this backend's RTT wobbles
     fails: int = 0  # failed probes in a row
     oks: int = 0  # good probes in a row
     down: bool = False  # probe.fall failures seen, probe.rise successes not yet
@@ -80,7 +76,6 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
             tr.recent = deque(tr.recent, maxlen=w.spike_filter)
         tr.recent.append(x)
         x = sorted(tr.recent)[(len(tr.recent) - 1) // 2]
-        _jitter(tr, x, s.t_ns, w)
         _smooth(tr, x, s.t_ns, w)
     if s.ok:
         tr.oks, tr.fails = tr.oks + 1, 0
@@ -104,15 +99,6 @@ def sample_moves(tr: Tracker, s: Sample, was_down: bool, w: config.Weights, prob
     if not s.ok or was_down or tr.down:
         return True
     return tr.wire_rtt_s is None or probe_kind not in (None, "tcp")
-
-
-def _jitter(tr: Tracker, x: float, t_ns: int, w: config.Weights) -> None:
-    """Average |x - smoothed RTT| over JITTER_DECAYS x decay_ms: the noise band decide() allows."""
-    if tr.rtt_s is None or tr.rtt_t_ns is None:
-        return
-    dt_ns = max(0, t_ns - tr.rtt_t_ns)
-    alpha = 1.0 - math.exp(-dt_ns / (JITTER_DECAYS * w.decay_ms * _NS_PER_MS))
-    tr.jitter_s += alpha * (abs(x - tr.rtt_s) - tr.jitter_s)
 
 
 def _smooth(tr: Tracker, x: float, t_ns: int, w: config.Weights) -> None:
@@ -296,12 +282,6 @@ def decide(
                 When every primary is hung or down and a standby is up, hung ones get 0
                 instead, so the data path hands new flows to the standby.
                 When it ends (progress moves, or no work outstanding) slow start follows.
-      noise     jitter_b = |x - rtt_b| averaged like the RTT with tau = JITTER_DECAYS x decay_ms (before
-                x moves rtt_b). band = max(NOISE_K x the median jitter of the computed backends,
-                RTT_DEADBAND x (fastest RTT + rtt_offset)); an RTT within band above the fastest
-                RTT of the computed backends counts as the fastest, so identical backends whose
-                probes wobble weigh exactly alike (no pushes), while an RTT further off than the
-                noise (a 2x slower backend) counts as itself (order by RTT is kept).
       latency   lat_b = base_b / max(rtt_b + rtt_offset, 1 us)   (rtt_offset = weights.rtt_offset_ms:
                 differences far below it are probe noise, not a reason to move flows)
                 raw_b = SCALE * lat_b / max(lat_c over computed backends c) * load_b
@@ -429,13 +409,10 @@ def _latency_inverse(
     rtts = {b.name: rtt_input(trs[b.name], kind) for b in computed}
     known = [r for r in rtts.values() if r is not None]
     fill_s = statistics.median(known) if known else 1.0
-    best_s = min(known, default=fill_s)
-    band_s = max(NOISE_K * statistics.median([trs[b.name].jitter_s for b in computed]) if computed else 0.0,
-                 RTT_DEADBAND * (best_s + w.rtt_offset_ms / 1000))
     lat = {}
     for b in computed:
         rtt = rtts[b.name]
-        rtt = fill_s if rtt is None else best_s if rtt - best_s <= band_s else rtt
+        rtt = fill_s if rtt is None else rtt
         lat[b.name] = b.weight / max(rtt + w.rtt_offset_ms / 1000, RTT_MIN_S)
     best = max(lat.values(), default=1.0)
 
@@ -446,8 +423,6 @@ def _latency_inverse(
         source = "wire rtt" if tr.wire_rtt_s is not None and rtt == tr.wire_rtt_s else "rtt"
         words = [f"{source} {rtt * 1000:.2f} ms" if rtt is not None else (
             f"no probe data: median rtt {fill_s * 1000:.2f} ms" if known else "no probe data")]
-        if rtt is not None and rtt != best_s and rtt - best_s <= band_s:
-            words[0] += f" (within noise of the fastest, {best_s * 1000:.2f} ms)"
         state = "fail-open" if tr.down else "up"
         if tr.down:
             words.insert(0, "every backend fails its probes: failing open")

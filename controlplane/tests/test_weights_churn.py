@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from ipaddress import IPv4Address
 
+import pytest
+
 from controlplane.config import Backend, Health, Probe, Service, Weights
 from controlplane.samples import Sample
 from controlplane.weights import Tracker, decide, observe_sample
@@ -50,6 +52,14 @@ def run(svc: Service, base: dict[str, float], seconds: float, rng: random.Random
     return pushes, trackers, pushed, start + int(seconds * 10) * 100 * MS, hit
 
 
+WITHDRAWN = pytest.mark.xfail(strict=True, reason=(
+    "issue 20's churn target is not met: the noise band that met it in this model snapped an RTT "
+    "near its edge to the fastest, a jump of the weight that test_weights_policy's "
+    "noise-within-a-quarter-of-the-hysteresis property found (about 1 run in 8); withdrawn until "
+    "the band is continuous"))
+
+
+@WITHDRAWN
 def test_identical_noisy_backends_push_at_most_once_a_minute_after_the_first():
     svc = service(3)
     base = {"b0": 0.001, "b1": 0.001, "b2": 0.001}
@@ -60,6 +70,7 @@ def test_identical_noisy_backends_push_at_most_once_a_minute_after_the_first():
     assert sum(pushes) <= 3, pushes  # three minutes of steady state
 
 
+@WITHDRAWN
 def test_a_real_2x_rtt_difference_moves_weights_within_two_probe_intervals():
     svc = service(3)
     base = {"b0": 0.005, "b1": 0.005, "b2": 0.005}
