@@ -14,8 +14,10 @@
 #include "include/select.h"
 #include "include/nat.h"
 #include "include/heartbeat.h"
+#include "include/icmp.h"
 
 #define EDGE_CONTINUE	(-1)
+#define EDGE_ICMP	(-2)	/* parse_packet: an ICMP packet for icmp_ingress (icmp.h) */
 
 /* Verdict for a packet the fast path cannot take (IPv4 options, fragment,
  * L4 header cut short): dropped with its reason when it is for a VIP
@@ -47,6 +49,10 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 	proto = parse_ipv4(&nh, data_end, &iph, 1);
 	if (proto < 0)
 		return count_drop(EDGE_DROP_MALFORMED);
+	if (proto == IPPROTO_ICMP && iph->ihl == 5 && !(iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))) {
+		pkt->iph = iph;
+		return EDGE_ICMP;
+	}
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
 	if (iph->ihl != 5)
@@ -201,6 +207,9 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	int verdict, new_flow, failover, looked;
 
 	verdict = parse_packet(ctx, &pkt);
+	if (verdict == EDGE_ICMP)	/* only the fast path sees ICMP: no tail call takes it on */
+		return stage == EDGE_STAGE_FAST ? icmp_ingress(ctx, &pkt) :
+						  count_verdict(EDGE_CNT_PASS, XDP_PASS);
 	if (verdict != EDGE_CONTINUE)
 		return verdict;
 

@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -64,7 +64,9 @@ CNT_RETURN_REDIRECT = 7
 CNT_STATELESS = 8
 CNT_RETURN_STATELESS = 9
 CNT_RETURN_XDP = 10
-CNT_MAX = 11
+CNT_ICMP_TO_BACKEND = 11
+CNT_ICMP_RETURN = 12
+CNT_MAX = 13
 
 DROP_MALFORMED = 1
 DROP_NO_BACKEND = 2
@@ -74,7 +76,10 @@ DROP_SPOOFED_HB = 5
 DROP_BAD_CSUM = 6
 DROP_UNTRACKED = 7
 DROP_REPLAYED_HB = 8
-DROP_MAX = 9
+DROP_ICMP_MALFORMED = 9
+DROP_ICMP_NESTED = 10
+DROP_ICMP_NO_FLOW = 11
+DROP_MAX = 12
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -88,6 +93,8 @@ CNT_NAMES = {
     CNT_STATELESS: "stateless",
     CNT_RETURN_STATELESS: "return_stateless",
     CNT_RETURN_XDP: "return_xdp",
+    CNT_ICMP_TO_BACKEND: "icmp_to_backend",
+    CNT_ICMP_RETURN: "icmp_return",
 }
 DROP_NAMES = {
     DROP_MALFORMED: "malformed",
@@ -98,6 +105,9 @@ DROP_NAMES = {
     DROP_BAD_CSUM: "bad_checksum",
     DROP_UNTRACKED: "untracked",
     DROP_REPLAYED_HB: "replayed_heartbeat",
+    DROP_ICMP_MALFORMED: "icmp_malformed",
+    DROP_ICMP_NESTED: "icmp_nested",
+    DROP_ICMP_NO_FLOW: "icmp_no_flow",
 }
 
 MAP_VIPS = "edge_vips"

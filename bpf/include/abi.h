@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	11
+#define EDGE_ABI_VERSION	12
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -329,7 +329,9 @@ struct node_info {
 #define EDGE_CNT_STATELESS	8	/* TCP, no SYN, no entry, budget spent: forwarded by its Maglev pick, no entry made */
 #define EDGE_CNT_RETURN_STATELESS 9	/* return path: no entry, reverse NATed because the Maglev slot names the sender */
 #define EDGE_CNT_RETURN_XDP	10	/* return path: reverse NATed and redirected by XDP (edge_reply; its only count) */
-#define EDGE_CNT_MAX		11
+#define EDGE_CNT_ICMP_TO_BACKEND 11	/* ICMP error about a VIP flow, translated to its backend (icmp.h; also counted redirect or nat_pass) */
+#define EDGE_CNT_ICMP_RETURN	12	/* return path: a backend's ICMP error about a client packet, translated back to the VIP (icmp.h) */
+#define EDGE_CNT_MAX		13
 
 /* Drop reasons: index into edge_drops. Never reuse a number; retire it. */
 #define EDGE_DROP_MALFORMED	1	/* truncated or inconsistent headers */
@@ -340,7 +342,10 @@ struct node_info {
 #define EDGE_DROP_BAD_CSUM	6	/* VIP packet with a wrong IPv4 header checksum, or SYN with a wrong TCP checksum */
 #define EDGE_DROP_UNTRACKED	7	/* TCP, no SYN, no conntrack entry, and this CPU's budget of new entries spent */
 #define EDGE_DROP_REPLAYED_HB	8	/* valid heartbeat of an older epoch, or without a higher seq in the same one */
-#define EDGE_DROP_MAX		9
+#define EDGE_DROP_ICMP_MALFORMED	9	/* ICMP error to a VIP address cut short, or its quoted header not a VIP flow's (icmp.h) */
+#define EDGE_DROP_ICMP_NESTED	10	/* ICMP error to a VIP address quoting an ICMP packet */
+#define EDGE_DROP_ICMP_NO_FLOW	11	/* ICMP error quoting a VIP flow neither conntrack nor the Maglev table knows */
+#define EDGE_DROP_MAX		12
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
