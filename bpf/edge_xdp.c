@@ -15,6 +15,7 @@
 #include "include/nat.h"
 #include "include/heartbeat.h"
 #include "include/icmp.h"
+#include "include/encap.h"
 
 #define EDGE_CONTINUE	(-1)
 #define EDGE_ICMP	(-2)	/* parse_packet: an ICMP packet for icmp_ingress (icmp.h) */
@@ -175,6 +176,8 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *pkt,
 	if (pkt->iph->ttl <= 1)
 		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
 	count_traffic(vid, bid, pkt->l3_len, 0, 0);
+	if (sc->flags & EDGE_SVC_F_DSR)	/* no replies seen: no wire signals */
+		return dsr_forward(ctx, pkt, be, bid);
 	wire_forward(fi, bid, 0, pkt->end, pkt->seq,
 		     pkt->l3_len - sizeof(struct iphdr) - pkt->tcp_hlen);
 	if (dnat(pkt, be, (void *)(long)ctx->data_end) < 0)
@@ -276,6 +279,8 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	}
 
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
+	if (sc->flags & EDGE_SVC_F_DSR)
+		return dsr_forward(ctx, &pkt, be, bid);
 	/* wire.h: one flag test unless a wire signal is pending (before
 	 * flow_mark_syn: it compares the SYN's sequence number with the last);
 	 * a flow the later stages moved was seen to by wire_move */

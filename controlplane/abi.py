@@ -46,6 +46,7 @@ PROBE_F_LEAVING = 0x4
 
 SVC_F_HEARTBEAT = 0x1
 SVC_F_PASSIVE = 0x2
+SVC_F_DSR = 0x4
 
 HB_MAGIC = 0x45444745
 HB_VERSION = 2
@@ -66,7 +67,8 @@ CNT_RETURN_STATELESS = 9
 CNT_RETURN_XDP = 10
 CNT_ICMP_TO_BACKEND = 11
 CNT_ICMP_RETURN = 12
-CNT_MAX = 13
+CNT_DSR = 13
+CNT_MAX = 14
 
 DROP_MALFORMED = 1
 DROP_NO_BACKEND = 2
@@ -79,7 +81,8 @@ DROP_REPLAYED_HB = 8
 DROP_ICMP_MALFORMED = 9
 DROP_ICMP_NESTED = 10
 DROP_ICMP_NO_FLOW = 11
-DROP_MAX = 12
+DROP_DSR_TOO_BIG = 12
+DROP_MAX = 13
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -95,6 +98,7 @@ CNT_NAMES = {
     CNT_RETURN_XDP: "return_xdp",
     CNT_ICMP_TO_BACKEND: "icmp_to_backend",
     CNT_ICMP_RETURN: "icmp_return",
+    CNT_DSR: "dsr",
 }
 DROP_NAMES = {
     DROP_MALFORMED: "malformed",
@@ -108,6 +112,7 @@ DROP_NAMES = {
     DROP_ICMP_MALFORMED: "icmp_malformed",
     DROP_ICMP_NESTED: "icmp_nested",
     DROP_ICMP_NO_FLOW: "icmp_no_flow",
+    DROP_DSR_TOO_BIG: "dsr_too_big",
 }
 
 MAP_VIPS = "edge_vips"

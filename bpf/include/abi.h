@@ -84,6 +84,7 @@ struct service_cfg {
 /* service_cfg.flags */
 #define EDGE_SVC_F_HEARTBEAT	0x1	/* backends are down without heartbeats */
 #define EDGE_SVC_F_PASSIVE	0x2	/* passive outlier detection on */
+#define EDGE_SVC_F_DSR		0x4	/* direct server return: packets go to the backend in IPIP (encap.h), not NATed */
 
 /* Value of edge_health, indexed by health id. Written by the data path
  * (heartbeats, SYN / SYN-ACK tracking); user space reads it, and ends a
@@ -197,6 +198,8 @@ struct nexthop {
 	__u32	ifindex;
 	__u8	smac[6];
 	__u8	dmac[6];
+	__be32	src;		/* DSR (encap.h): the router's address towards the backend; 0 = not looked up */
+	__u32	mtu;		/* DSR: of ifindex, which an encapsulated packet must fit */
 };
 
 /* Value of edge_reply_hop (per CPU), a direct-mapped cache indexed by a hash
@@ -331,7 +334,8 @@ struct node_info {
 #define EDGE_CNT_RETURN_XDP	10	/* return path: reverse NATed and redirected by XDP (edge_reply; its only count) */
 #define EDGE_CNT_ICMP_TO_BACKEND 11	/* ICMP error about a VIP flow, translated to its backend (icmp.h; also counted redirect or nat_pass) */
 #define EDGE_CNT_ICMP_RETURN	12	/* return path: a backend's ICMP error about a client packet, translated back to the VIP (icmp.h) */
-#define EDGE_CNT_MAX		13
+#define EDGE_CNT_DSR		13	/* encapsulated in IPIP and redirected to its backend (direct server return, encap.h) */
+#define EDGE_CNT_MAX		14
 
 /* Drop reasons: index into edge_drops. Never reuse a number; retire it. */
 #define EDGE_DROP_MALFORMED	1	/* truncated or inconsistent headers */
@@ -345,7 +349,8 @@ struct node_info {
 #define EDGE_DROP_ICMP_MALFORMED	9	/* ICMP error to a VIP address cut short, or its quoted header not a VIP flow's (icmp.h) */
 #define EDGE_DROP_ICMP_NESTED	10	/* ICMP error to a VIP address quoting an ICMP packet */
 #define EDGE_DROP_ICMP_NO_FLOW	11	/* ICMP error quoting a VIP flow neither conntrack nor the Maglev table knows */
-#define EDGE_DROP_MAX		12
+#define EDGE_DROP_DSR_TOO_BIG	12	/* DSR: the packet with its IPIP header exceeds the backend link's MTU */
+#define EDGE_DROP_MAX		13
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
@@ -355,7 +360,7 @@ _Static_assert(sizeof(struct flow_info) == 24, "abi: flow_info");
 _Static_assert(sizeof(struct wire_stats) == 416, "abi: wire_stats");
 _Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
 _Static_assert(sizeof(struct backend_key) == 8, "abi: backend_key");
-_Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");
+_Static_assert(sizeof(struct nexthop) == 32, "abi: nexthop");
 _Static_assert(sizeof(struct vip_filter) * 8 == EDGE_VIP_FILTER_BITS, "abi: vip_filter");
 _Static_assert(sizeof(struct reply_hop) == 40, "abi: reply_hop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");

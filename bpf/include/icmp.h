@@ -16,7 +16,9 @@
  * Return (tc, edge_tc.c): an ICMP error a backend sends about a client's
  * packet (the quoted destination is the backend's endpoint of a VIP flow)
  * gets the VIP back as outer source and quoted destination address and
- * port, and is handed to the stack.
+ * port, and is handed to the stack. For a service with direct server
+ * return the error goes to the backend encapsulated as it is (encap.h): the
+ * backend's socket is the VIP's.
  *
  * Family-specific parsing is in icmp4_quote (parse.h style); an IPv6 twin
  * would add icmp6_quote and share the rest. */
@@ -28,6 +30,7 @@
 #include "flow.h"
 #include "nat.h"
 #include "stats.h"
+#include "encap.h"
 
 /* What an ICMP error quotes: the first 28 bytes of the offending packet. */
 struct icmp4_err {
@@ -79,6 +82,15 @@ static __always_inline __u32 icmp_flow_backend(struct flow_key *k)
 	idx = maglev_index(maglev_base(vip), hash_flow(k));
 	id = edge_maglev.lookup(&idx);
 	return id ? *id : EDGE_NO_BACKEND;
+}
+
+/* 1 when be's service forwards by direct server return (encap.h). */
+static __always_inline int icmp_dsr(const struct backend_info *be)
+{
+	__u32 vid = be->vip_id;
+	struct service_cfg *sc = edge_svc_cfg.lookup(&vid);
+
+	return sc && (sc->flags & EDGE_SVC_F_DSR);
 }
 
 /* Rewrites the ICMP error e (to VIP, quoting VIP -> client) for backend be:
@@ -138,8 +150,10 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 	be = edge_backends.lookup(&bid);
 	if (!be || !(be->flags & EDGE_BE_F_VALID))
 		return count_drop(EDGE_DROP_ICMP_NO_FLOW);
-	icmp4_to_backend(iph, e, be);
 	count_index(EDGE_CNT_ICMP_TO_BACKEND);
+	if (icmp_dsr(be))	/* the backend's socket is the VIP's: the error goes as it is */
+		return dsr_forward(ctx, pkt, be, bid);
+	icmp4_to_backend(iph, e, be);
 	return forward(ctx, pkt, bid);
 }
 

@@ -12,8 +12,9 @@ needed" to their source, the VIP. On exit the veth end goes back to the client n
 router's end stays for undeploy) and the hop namespace and its veth are removed.
 
 BulkServers: TCP servers (sockets made in the backend namespaces, served by threads of this
-process) that send a fixed number of bytes to every connection and close it; bulk_get reads
-one such response in the client. Everything is bounded in count and time.
+process) that send a fixed number of bytes to every connection and close it (bulk_get reads one
+such response in the client), or with upload read what the client sends and answer its count
+(bulk_put). Everything is bounded in count and time.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ class BulkServers:
     """On entry, one listening TCP socket per backend at its address and port; each connection
     gets size bytes and is closed. Threads stop and sockets close on exit."""
 
-    def __init__(self, net: Net, port: int, size: int):
+    def __init__(self, net: Net, port: int, size: int, any_address: bool = False, upload: bool = False):
         self.net, self.port, self.size = net, port, size
+        self.any_address, self.upload = any_address, upload
         self._socks: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -96,7 +98,7 @@ class BulkServers:
                     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 self._socks.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((str(self.net.backend_addr(i)), self.port))
+                sock.bind(("0.0.0.0" if self.any_address else str(self.net.backend_addr(i)), self.port))
                 sock.listen(64)
                 sock.settimeout(0.2)
                 thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
@@ -119,7 +121,7 @@ class BulkServers:
             with conn:
                 conn.settimeout(6.0)
                 try:
-                    conn.sendall(body)
+                    conn.sendall(_count_upload(conn) if self.upload else body)
                 except OSError:
                     pass
 
@@ -129,6 +131,33 @@ class BulkServers:
             thread.join(timeout=5.0)
         for sock in self._socks:
             sock.close()
+
+
+def _count_upload(conn: socket.socket) -> bytes:
+    """Read conn until the client shuts its side; the byte count, as ASCII digits."""
+    got = 0
+    while chunk := conn.recv(65536):
+        got += len(chunk)
+    return str(got).encode()
+
+
+def bulk_put(ns: Ns, addr: str, port: int, size: int, timeout_s: float = 5.0) -> int:
+    """Send size bytes from ns to addr:port (BulkServers with upload) and return the count the server
+    read, or -1 when the transfer or its answer does not complete within timeout_s of silence."""
+    with ns.enter():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    with sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect((addr, port))
+            sock.sendall(b"u" * size)
+            sock.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := sock.recv(64):
+                answer += chunk
+            return int(answer)
+        except (socket.timeout, OSError, ValueError):
+            return -1
 
 
 def bulk_get(ns: Ns, addr: str, port: int, timeout_s: float = 5.0) -> int:
