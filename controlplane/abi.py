@@ -6,7 +6,7 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -46,7 +46,8 @@ PROBE_F_LEAVING = 0x4
 
 SVC_F_HEARTBEAT = 0x1
 SVC_F_PASSIVE = 0x2
-SVC_F_DSR = 0x4
+SVC_F_PROBED = 0x4
+SVC_F_DSR = 0x8
 
 HB_MAGIC = 0x45444745
 HB_VERSION = 2

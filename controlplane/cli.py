@@ -336,7 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("undeploy", help="detach the data path from an interface and remove its pins",
                        description="Detach XDP from IFACE and the return path from the backend-facing "
-                                   "interfaces, and unpin the maps. Says so and exits 0 if nothing is deployed.")
+                                   "interfaces, and unpin the maps. The pins are looked for in --pin-dir and, "
+                                   "when not there, on every bpffs (a config may set its own node.pin_dir). "
+                                   "Fails naming what it could not remove. Says so and exits 0 if nothing "
+                                   "is deployed.")
     s.add_argument("--iface", required=True, help="interface given to deploy")
     s.add_argument("--pin-dir", default=default_pin_dir(), help="bpffs directory of the pins (default %(default)s)")
     s.set_defaults(func=cmd_undeploy)

@@ -1,16 +1,14 @@
 """What deploy, undeploy and status do to a node: the all-or-nothing sequence
 that wires config, loader and maps together. Each step that changes the node
-pushes its undo, so a failed deploy leaves the interface as it was. Holds no
-packet logic and no map layouts (maps.py), and imports no bcc (loader.py).
-edgectl and edged call the same functions."""
+pushes its undo together with the change (a Ctrl-C waits for the pair:
+interrupts.uninterrupted), so a failed or interrupted deploy leaves the node as it
+was. Undeploy finds the pins wherever a deploy put them. Holds no packet logic
+and no map layouts (maps.py), imports no bcc (loader.py), and no locks or marks
+(nodelock.py). edgectl and edged call the same functions."""
 
 from __future__ import annotations
 
 import errno
-import fcntl
-import json
-import os
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -18,7 +16,21 @@ from typing import Callable
 from controlplane import abi, loader
 from controlplane.config import Config
 from controlplane.errors import ConfigError, EdgeError, LoaderError, MapError, NotDeployed
+from controlplane.interrupts import uninterrupted
 from controlplane.maps import Maps, sizing
+from controlplane.nodelock import (  # noqa: F401  (re-exported: edged and tests use them as deploy.*)
+    LOCK_DIR_ENV,
+    WRITE_WAIT_S,
+    NodeLock,
+    holder,
+    node_drain,
+    owned,
+    remove_locks,
+    set_node_drain,
+    set_undeployed,
+    undeployed_at,
+)
+from controlplane.pinsearch import pin_dirs_holding
 
 Progress = Callable[[str], None]
 
@@ -39,151 +51,6 @@ class DeployResult:
     held: loader.Loaded | None = None  # with hold=True: the open data path; the caller closes it
     maps: Maps | None = None
     reply_ifindex: tuple[int, ...] = ()  # return interfaces running the XDP fast path of replies
-
-
-LOCK_DIR_ENV = "EDGE_LOCK_DIR"  # where the writer locks live; the unit's /run/edge by default
-
-
-WRITE_WAIT_S = 10.0  # how long a write waits for another router writer to finish
-
-
-class NodeLock:
-    """Who may change a router, as flocks on files in the run dir (a holder that dies
-    releases them). "owner" (<instance>.lock): edged holds it for its life, edgectl deploy
-    for its run; a second one is refused in one line naming the holder. "write"
-    (<instance>.write): every change of the maps takes it, edged's reloads and drain
-    expiry, deploy and undeploy, waiting up to wait_s for the one before to finish;
-    so undeploy, the stop button, still works under edged, but never midway through
-    one of its writes."""
-
-    def __init__(self, instance: str, iface: str, kind: str = "owner", wait_s: float = 0.0):
-        suffix = {"owner": "lock", "write": "write"}[kind]
-        self.path = Path(os.environ.get(LOCK_DIR_ENV, "/run/edge")) / f"{instance}.{suffix}"
-        self.iface, self.kind, self.wait_s = iface, kind, wait_s
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        if self._fd is not None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        deadline = time.monotonic() + self.wait_s
-        for _ in range(int(self.wait_s / 0.02) + 1):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._fd = fd
-                return
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    os.close(fd)
-                    raise LoaderError(f"{self.path}: cannot lock: {e.strerror}") from e
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.02)
-        who = holder(self.path)
-        os.close(fd)
-        if self.kind == "owner":
-            raise LoaderError(f"{self.iface}: another writer holds this router ({who}); "
-                              f"while edged runs, change it with 'edgectl reload'")
-        raise LoaderError(f"{self.iface}: another writer is changing this router ({who}) "
-                          f"and did not finish within {self.wait_s:g} s")
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> "NodeLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.release()
-
-
-def _run_dir() -> Path:
-    return Path(os.environ.get(LOCK_DIR_ENV, "/run/edge"))
-
-
-def _mark_time(instance: str, suffix: str, key: str) -> float | None:
-    """The time (UNIX, under key) a mark file beside the router's locks (<instance>.<suffix>)
-    holds; None when there is none, 0.0 when it cannot be read (the mark counts all the same)."""
-    try:
-        return float(json.loads((_run_dir() / f"{instance}.{suffix}").read_text())[key])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0.0
-
-
-def _set_mark(instance: str, suffix: str, key: str, on: bool, what: str) -> None:
-    """Writes (atomically, with the time and this pid) or removes a mark file; LoaderError naming
-    the file if it cannot."""
-    path = _run_dir() / f"{instance}.{suffix}"
-    try:
-        if not on:
-            path.unlink(missing_ok=True)
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{suffix}.tmp")
-        tmp.write_text(json.dumps({key: time.time(), "pid": os.getpid()}) + "\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        raise LoaderError(f"{path}: cannot {'write' if on else 'remove'} the {what}: {e.strerror}") from e
-
-
-def node_drain(instance: str) -> float | None:
-    """When `edgectl drain-node` drained this router (UNIX time), None when it is not drained
-    (0.0 when the mark is unreadable: drained rather than announced by mistake; undrain-node
-    rewrites it). The mark is a small file beside the router's locks (<instance>.drained): it
-    outlives edged, as the pinned data path does, and goes with undeploy (and a reboot, as the
-    pins do)."""
-    return _mark_time(instance, "drained", "since_t")
-
-
-def set_node_drain(instance: str, drained: bool) -> None:
-    _set_mark(instance, "drained", "since_t", drained, "drain-node mark")
-
-
-def undeployed_at(instance: str) -> float | None:
-    """When `edgectl undeploy` took the data path from under a running edged (UNIX time); None
-    when it did not. The mark (<instance>.undeployed, beside the locks) tells that edged's watch
-    to put nothing back: undeploy is the stop button, not a fault to repair. The next deploy
-    (edged's own at its start, or edgectl deploy) removes it, and so does edged when it stops."""
-    return _mark_time(instance, "undeployed", "t")
-
-
-def set_undeployed(instance: str, undeployed: bool) -> None:
-    _set_mark(instance, "undeployed", "t", undeployed, "undeploy mark")
-
-
-def _owned(instance: str, iface: str) -> bool:
-    """Whether a running edged (or a deploy) holds the router's owner lock."""
-    try:
-        with NodeLock(instance, iface):
-            return False
-    except LoaderError:
-        return True
-
-
-def holder(path: Path) -> str:
-    """'pid N: command line' of the process holding a flock on path, from /proc/locks."""
-    st = os.stat(path)
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        fields = line.split()
-        if "FLOCK" in fields and len(fields) > 5 and fields[5] == inode:
-            pid = fields[4]
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                cmd = "?"
-            return f"pid {pid}: {cmd.strip()[:200]}"
-    return "a process this one cannot see"
 
 
 def adopted(maps: Maps, cfg: Config) -> Config:
@@ -209,9 +76,6 @@ def adopted(maps: Maps, cfg: Config) -> Config:
         )
         services.append(replace(s, backends=backends))
     return replace(cfg, services=tuple(services))
-
-
-_HELD = NodeLock("", "")  # stands for "the caller holds the lock already"
 
 
 def params_of(cfg: Config) -> loader.Params:
@@ -279,20 +143,87 @@ def _rmdir_if_empty(d: Path) -> None:
             raise
 
 
+@dataclass
+class _Target:
+    """Where a deploy goes and what is there already (checked before anything changes)."""
+
+    iface: str
+    ingress: int
+    instance: str
+    pin_path: Path
+    updating: bool  # our ingress program runs there: update in place
+    routes: dict
+    return_oifs: list[int]
+
+
+@dataclass
+class _Loaded:
+    """A compiled data path with its maps and programs, not attached yet."""
+
+    loaded: loader.Loaded
+    maps: Maps
+    xdp: object
+    tc: object
+    reply: object | None
+
+
 def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: bool = False,
            hold: bool = False, amend: Callable[[Maps, Config], Config] | None = None,
            lock: NodeLock | None = None) -> DeployResult:
     """Loads, attaches and programs the data path on iface, or changes nothing. Refused
-    while edged (or another deploy) owns the router; lock: the caller's own NodeLock,
-    already held with the write lock (edged).
+    while edged (or another deploy) owns the router; lock: the caller's own owner NodeLock,
+    held together with the write lock (edged), else both are taken here.
     adopt_weights: keep the computed weights already in the tables (see adopted()).
     hold: return the open data path and maps in the result instead of closing them.
     amend: when a deployment is there already, amend(maps, cfg) gives what to program
     instead of cfg (edged keeps backends that are still draining out)."""
-    if lock is None:  # edged passes its own, holding both
-        instance = loader.instance_name(iface)
-        with NodeLock(instance, iface), NodeLock(instance, iface, "write", WRITE_WAIT_S):
-            return deploy(cfg, iface, progress, adopt_weights, hold, amend, lock=_HELD)
+    if lock is not None:
+        return _deploy(cfg, iface, progress, adopt_weights, hold, amend)
+    instance = loader.instance_name(iface)
+    owner, write = NodeLock(instance, iface), NodeLock(instance, iface, "write", WRITE_WAIT_S)
+    with owner, write:
+        try:
+            return _deploy(cfg, iface, progress, adopt_weights, hold, amend)
+        except BaseException:
+            if not loader.instance_dir(cfg.node.pin_dir, instance).exists():  # nothing is deployed
+                write.release(remove=True)
+                owner.release(remove=True)
+            raise
+
+
+def _deploy(cfg: Config, iface: str, progress: Progress, adopt_weights: bool, hold: bool,
+            amend: Callable[[Maps, Config], Config] | None) -> DeployResult:
+    t = _target(cfg, iface)
+    undo = loader.Undo()
+    got = None
+    try:
+        got = _load(cfg, t, undo, progress)
+        old_node = got.maps.node() if t.updating else None
+        applied = _amended(cfg, t, got.maps, amend)
+        progress(f"programming {len(cfg.services)} services")
+        report = got.maps.apply(adopted(got.maps, applied) if t.updating and adopt_weights else applied, t.routes)
+        result = _attach(cfg, t, got, old_node, undo, progress, report)
+        if not hold:
+            got.maps.close()
+    except BaseException as e:
+        with uninterrupted():
+            failed = undo.rollback()
+            if got is not None:
+                got.loaded.close()
+        if failed and isinstance(e, EdgeError):
+            raise type(e)(f"{e} (and undo failed: {failed[0]})") from e
+        raise
+    if not hold:
+        got.loaded.close()
+    undo.forget()
+    set_undeployed(t.instance, False)  # deployed again: a running edged's watch repairs again
+    if hold:
+        return replace(result, held=got.loaded, maps=got.maps)
+    return result
+
+
+def _target(cfg: Config, iface: str) -> _Target:
+    """What deploying cfg on iface means here; raises (changing nothing) when it cannot be done."""
     pin_dir = cfg.node.pin_dir
     loader.check_bpffs(pin_dir)
     ingress = loader.ifindex(iface)
@@ -300,11 +231,9 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
     return_oifs = list(dict.fromkeys(routes.values()))
     if len(return_oifs) > abi.MAX_RETURN_IFACES:
         raise ConfigError(f"services: backends sit behind {len(return_oifs)} interfaces; at most {abi.MAX_RETURN_IFACES}")
-
     current = loader.xdp_state(ingress)
     if current and current.name != abi.PROG_INGRESS:
         raise LoaderError(f"{iface} already runs XDP program '{current.name}' (id {current.prog_id}); remove it first")
-    updating = current is not None
     instance = loader.instance_name(iface)
     pin_path = loader.instance_dir(pin_dir, instance)
     other = loader.other_abi_pins(pin_dir, instance)
@@ -318,83 +247,94 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
     loader.check_pin_dir(pin_dir, pin_path)
     if not pin_path.exists() and (misfit := sizing.misfit(cfg.node, loader.mem_available())):
         raise ConfigError(misfit)  # an update's maps are in memory already
-    if updating and not pin_path.exists():
+    if current is not None and not pin_path.exists():
         raise LoaderError(f"{iface} runs {abi.PROG_INGRESS} but {pin_path} has no pins; run 'edgectl undeploy --iface {iface}' first")
+    return _Target(iface, ingress, instance, pin_path, current is not None, routes, return_oifs)
 
-    undo = loader.Undo()
-    loaded = None
+
+def _load(cfg: Config, t: _Target, undo: loader.Undo, progress: Progress) -> _Loaded:
+    """Compiles the data path (pinning its maps at t.pin_path) and loads its programs."""
+    with uninterrupted():
+        make_pin_path(t.pin_path, undo)
+    progress(f"compiling the data path (M={cfg.node.maglev_m}, {cfg.node.max_services} services, "
+             f"{cfg.node.max_backends} backends)")
+    loaded = loader.compile_datapath(t.pin_path, params_of(cfg))
     try:
-        make_pin_path(pin_path, undo)
-        progress(f"compiling the data path (M={cfg.node.maglev_m}, {cfg.node.max_services} services, "
-                 f"{cfg.node.max_backends} backends)")
-        loaded = loader.compile_datapath(pin_path, params_of(cfg))
         maps = open_maps(loaded)
         _check_sizes(maps, cfg)
-        old_node = maps.node() if updating else None
-        xdp_fn = loaded.load(abi.PROG_INGRESS, "xdp")
-        tc_fn = loaded.load(abi.PROG_RETURN, "tc")
-        reply_fn = loaded.load(abi.PROG_REPLY, "xdp") if cfg.node.reply_xdp != "off" else None
+        reply = loaded.load(abi.PROG_REPLY, "xdp") if cfg.node.reply_xdp != "off" else None
+        return _Loaded(loaded, maps, loaded.load(abi.PROG_INGRESS, "xdp"), loaded.load(abi.PROG_RETURN, "tc"), reply)
+    except BaseException:
+        loaded.close()
+        raise
 
-        applied = cfg
-        if updating and amend is not None:
-            applied = amend(maps, cfg)
-            if applied is not cfg:
-                routes = backend_routes(applied)
-                return_oifs = list(dict.fromkeys(routes.values()))
-        progress(f"programming {len(cfg.services)} services")
-        report = maps.apply(adopted(maps, applied) if updating and adopt_weights else applied, routes)
 
-        if old_node and old_node["ip_forward_was"] is not None:
-            forward_was = old_node["ip_forward_was"]
-        else:
-            forward_was = loader.ip_forward()
-        if loader.ip_forward() == 0:
+def _amended(cfg: Config, t: _Target, maps: Maps, amend) -> Config:
+    """What to program: cfg, or amend(maps, cfg) over a deployment already there (which may
+    move the return path: t's routes follow)."""
+    if not (t.updating and amend is not None):
+        return cfg
+    applied = amend(maps, cfg)
+    if applied is not cfg:
+        t.routes = backend_routes(applied)
+        t.return_oifs = list(dict.fromkeys(t.routes.values()))
+    return applied
+
+
+def _attach(cfg: Config, t: _Target, got: _Loaded, old_node: dict | None, undo: loader.Undo,
+            progress: Progress, report) -> DeployResult:
+    """Forwarding, the return path, the replies' fast path and the ingress program, then the
+    node record saying what was made (for undeploy)."""
+    forward_was = _forwarding(old_node, undo, progress)
+    added = _return_path(t, got.tc, old_node, undo)
+    names = tuple(loader.ifname(i) for i in t.return_oifs)
+    progress(f"return path on {', '.join(names)}")
+    replies = attach_replies(t.return_oifs, t.ingress, got.reply, cfg.node.xdp_mode, cfg.node.reply_xdp,
+                             undo, progress)
+    mode = cfg.node.xdp_mode
+    with uninterrupted():
+        flags = loader.attach_xdp(t.iface, got.xdp, mode, replace=t.updating)
+        if not t.updating:
+            undo.push(f"detach XDP from {t.iface}", lambda: loader.detach_xdp(t.iface, flags))
+    got.maps.write_node(
+        maglev_m=cfg.node.maglev_m, max_services=cfg.node.max_services,
+        max_backends=cfg.node.max_backends, ct_size=cfg.node.ct_size,
+        ingress_ifindex=t.ingress, xdp_flags=flags, ip_forward_was=forward_was,
+        return_ifindex=list(added), return_clsact_added=list(added.values()),
+    )
+    return DeployResult(t.iface, t.instance, t.pin_path, mode, t.updating, names, report, reply_ifindex=replies)
+
+
+def _forwarding(old_node: dict | None, undo: loader.Undo, progress: Progress) -> int:
+    """Turns net.ipv4.ip_forward on (the return path needs it); returns what it was before the
+    first deploy, which undeploy restores."""
+    if old_node and old_node["ip_forward_was"] is not None:
+        forward_was = old_node["ip_forward_was"]
+    else:
+        forward_was = loader.ip_forward()
+    if loader.ip_forward() == 0:
+        with uninterrupted():
             loader.set_ip_forward(1)
             undo.push("restore net.ipv4.ip_forward", lambda: loader.set_ip_forward(0))
-            progress("enabled net.ipv4.ip_forward (the return path is forwarded by the kernel)")
+        progress("enabled net.ipv4.ip_forward (the return path is forwarded by the kernel)")
+    return forward_was
 
-        added = {}
-        for idx in return_oifs:
+
+def _return_path(t: _Target, tc_fn, old_node: dict | None, undo: loader.Undo) -> dict[int, bool]:
+    """The return-path program on every backend-facing interface; ifindex -> whether deploy
+    added its clsact qdisc (kept from the first deploy). Where no longer needed, removed."""
+    added = {}
+    for idx in t.return_oifs:
+        with uninterrupted():
             added[idx] = loader.attach_tc(idx, tc_fn, undo)
-        if old_node:  # keep what the first deploy created; detach where no longer needed
-            for idx, was_added in zip(old_node["return_ifindex"], old_node["return_clsact_added"]):
-                if idx in added:
-                    added[idx] = added[idx] or was_added
-                else:
-                    loader.detach_tc(idx, remove_clsact=was_added)
-                    detach_reply(idx)
-        names = tuple(loader.ifname(i) for i in return_oifs)
-        progress(f"return path on {', '.join(names)}")
-        replies = attach_replies(return_oifs, ingress, reply_fn, cfg.node.xdp_mode, cfg.node.reply_xdp,
-                                 undo, progress)
-
-        mode = cfg.node.xdp_mode
-        flags = loader.attach_xdp(iface, xdp_fn, mode, replace=updating)
-        if not updating:
-            undo.push(f"detach XDP from {iface}", lambda: loader.detach_xdp(iface, flags))
-
-        maps.write_node(
-            maglev_m=cfg.node.maglev_m, max_services=cfg.node.max_services,
-            max_backends=cfg.node.max_backends, ct_size=cfg.node.ct_size,
-            ingress_ifindex=ingress, xdp_flags=flags, ip_forward_was=forward_was,
-            return_ifindex=list(added), return_clsact_added=list(added.values()),
-        )
-        if not hold:
-            maps.close()
-    except BaseException as e:
-        failed = undo.rollback()
-        if loaded is not None:
-            loaded.close()
-        if failed and isinstance(e, EdgeError):
-            raise type(e)(f"{e} (and undo failed: {failed[0]})") from e
-        raise
-    if not hold:
-        loaded.close()
-    undo.forget()
-    set_undeployed(instance, False)  # deployed again: a running edged's watch repairs again
-    if hold:
-        return DeployResult(iface, instance, pin_path, mode, updating, names, report, loaded, maps, replies)
-    return DeployResult(iface, instance, pin_path, mode, updating, names, report, reply_ifindex=replies)
+    if old_node:
+        for idx, was_added in zip(old_node["return_ifindex"], old_node["return_clsact_added"]):
+            if idx in added:
+                added[idx] = added[idx] or was_added
+            else:
+                loader.detach_tc(idx, remove_clsact=was_added)
+                detach_reply(idx)
+    return added
 
 
 def attach_replies(return_oifs: list[int], ingress: int, fn, xdp_mode: str, want: str,
@@ -419,14 +359,15 @@ def attach_replies(return_oifs: list[int], ingress: int, fn, xdp_mode: str, want
             progress(f"replies on {name} stay with tc: XDP program {holder} holds its hook")
             continue
         try:
-            flags = loader.attach_xdp(name, fn, xdp_mode, replace=current is not None)
+            with uninterrupted():  # the program and its undo, or neither
+                flags = loader.attach_xdp(name, fn, xdp_mode, replace=current is not None)
+                if current is None:
+                    undo.push(f"detach XDP from {name}", lambda name=name, flags=flags: loader.detach_xdp(name, flags))
         except LoaderError as e:
             if want == "on":
                 raise
             progress(f"replies on {name} stay with tc: {e}")
             continue
-        if current is None:
-            undo.push(f"detach XDP from {name}", lambda name=name, flags=flags: loader.detach_xdp(name, flags))
         done.append(idx)
     if done:
         progress(f"XDP fast path of replies on {', '.join(loader.ifname(i) for i in done)}")
@@ -443,20 +384,58 @@ def detach_reply(idx: int) -> bool:
 
 
 def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:
-    """Removes what deploy put on iface; False when nothing was there. Also under a
-    running edged (which then reports the data path gone), but never midway through
-    one of its writes."""
-    loader.check_bpffs(pin_dir)
+    """Removes what deploy put on iface; False when nothing was there. The pins are looked for
+    in pin_dir and, when not there, on every bpffs (a config may set its own node.pin_dir).
+    Raises LoaderError naming what is left when something could not be removed. Also under a
+    running edged (which then reports the data path gone), but never midway through one of
+    its writes."""
     instance = loader.instance_name(iface)
-    with NodeLock(instance, iface, "write", WRITE_WAIT_S):
+    pin_dir = where_pinned(pin_dir, instance, progress)
+    loader.check_bpffs(pin_dir)
+    with uninterrupted(), NodeLock(instance, iface, "write", WRITE_WAIT_S):
         done = _undeploy(iface, pin_dir, progress)
-        if done and _owned(instance, iface):  # before the lock goes: the watch's repair waits for it
+        running = owned(instance, iface)
+        if done and running:  # before the lock goes: the watch's repair waits for it
             set_undeployed(instance, True)
             progress("the running edged leaves the data path off until it is restarted")
+        left = leftovers(iface, loader.instance_dir(pin_dir, instance))
+    if left:
+        raise LoaderError(f"{iface}: undeploy left {'; '.join(left)}")
     if node_drain(instance) is not None:  # the drain-node mark goes with the data path
         set_node_drain(instance, False)
         progress("removed the drain-node mark")
+    if not running:
+        remove_locks(instance, iface)
     return done
+
+
+def where_pinned(pin_dir: str, instance: str, progress: Progress = quiet) -> str:
+    """pin_dir when it holds the instance's pins (of any ABI), else the one bpffs directory
+    that does; pin_dir when none does. LoaderError when several do (say which to take)."""
+    if loader.instance_dir(pin_dir, instance).exists() or loader.other_abi_pins(pin_dir, instance):
+        return pin_dir
+    found = [d for d in pin_dirs_holding(instance) if Path(d) != Path(pin_dir)]
+    if len(found) > 1:
+        raise LoaderError(f"--pin-dir: {instance} is pinned under {', '.join(found)}; name one with --pin-dir")
+    if found:
+        progress(f"the pins are under {found[0]} (the config's node.pin_dir), not {pin_dir}")
+        return found[0]
+    return pin_dir
+
+
+def leftovers(iface: str, pin_path: Path) -> list[str]:
+    """What of a deployment is still on the node after undeploy: our ingress program on
+    iface, the instance's pins."""
+    left = []
+    try:
+        current = loader.xdp_state(loader.ifindex(iface))
+    except LoaderError:  # the interface is gone
+        current = None
+    if current is not None and current.name == abi.PROG_INGRESS:
+        left.append(f"XDP program {abi.PROG_INGRESS} (id {current.prog_id}) on {iface}")
+    if pin_path.exists():
+        left.append(f"pins under {pin_path}")
+    return left
 
 
 def _undeploy(iface: str, pin_dir: str, progress: Progress) -> bool:
@@ -474,30 +453,42 @@ def _undeploy(iface: str, pin_dir: str, progress: Progress) -> bool:
     if not pin_path.exists() and not ours:
         return False
 
-    node = None
-    if pin_path.exists():
-        loaded = loader.open_pinned(pin_path)
-        try:
-            maps = open_maps(loaded)
-            node = maps.node()
-            maps.close()
-        finally:
-            loaded.close()
+    node = _node_record(pin_path)
     if ours:
         flags = node["xdp_flags"] if node and node["xdp_flags"] else loader.XDP_MODES.get(current.mode, 0)
         loader.detach_xdp(iface, flags)
         progress(f"detached XDP from {iface}")
     if node:
-        for idx, added in zip(node["return_ifindex"], node["return_clsact_added"]):
-            if detach_reply(idx):
-                progress(f"detached the reply fast path from {loader.ifname(idx)}")
-            loader.detach_tc(idx, remove_clsact=added)
-        others = [i for i in loader.instances_here(pin_dir) if loader.instance_dir(pin_dir, i) != pin_path]
-        if node["ip_forward_was"] == 0 and not others:
-            loader.set_ip_forward(0)
-            progress("restored net.ipv4.ip_forward = 0")
+        _undo_return_path(node, pin_dir, pin_path, progress)
     _remove_instance(pin_path, progress)
     return True
+
+
+def _node_record(pin_path: Path) -> dict | None:
+    """The node record of the instance pinned at pin_path (what its deploys made); None without pins."""
+    if not pin_path.exists():
+        return None
+    loaded = loader.open_pinned(pin_path)
+    try:
+        maps = open_maps(loaded)
+        node = maps.node()
+        maps.close()
+        return node
+    finally:
+        loaded.close()
+
+
+def _undo_return_path(node: dict, pin_dir: str, pin_path: Path, progress: Progress) -> None:
+    """Removes the return path and the replies' fast path the node record names, and restores
+    ip_forward when the deploy turned it on and no other instance here needs it."""
+    for idx, added in zip(node["return_ifindex"], node["return_clsact_added"]):
+        if detach_reply(idx):
+            progress(f"detached the reply fast path from {loader.ifname(idx)}")
+        loader.detach_tc(idx, remove_clsact=added)
+    others = [i for i in loader.instances_here(pin_dir) if loader.instance_dir(pin_dir, i) != pin_path]
+    if node["ip_forward_was"] == 0 and not others:
+        loader.set_ip_forward(0)
+        progress("restored net.ipv4.ip_forward = 0")
 
 
 def _undeploy_other_abi(iface: str, current, pins: list[Path], progress: Progress) -> bool:

@@ -87,11 +87,12 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
 
 def sample_moves(tr: Tracker, s: Sample, was_down: bool, w: config.Weights, probe_kind: Optional[str]) -> bool:
     """Whether a probe result that observe_sample() just fed to tr can change what decide()
-    says, so that a decision is due at once: never under the static policy; otherwise unless
+    says, so that a decision is due at once: under the static policy when it took the backend
+    down or brought it back up (fall, rise); otherwise unless
     it passed, the backend was and stays up, and the RTT the policy weighs is the wire's alone
     (rtt_input: a fresh wire signal with a tcp probe), which the probe's RTT does not move."""
     if w.policy == "static":
-        return False
+        return was_down != tr.down  # only health moves a static weight
     if not s.ok or was_down or tr.down:
         return True
     return tr.wire_rtt_s is None or probe_kind not in (None, "tcp")
@@ -235,7 +236,11 @@ def decide(
 
     Rules, per service (w = service.weights; weights are integers 0..65535, 0 = no new flows):
 
-    static      weight = backend.weight as configured; probes and load change nothing.
+    static      weight = backend.weight as configured; RTTs and load change nothing.
+      health    as under latency_inverse: probe.fall failed probes in a row -> "down", weight 0
+                (the data path gives it no new flows); probe.rise good ones -> its configured
+                weight again (no slow start); every non-drained backend down -> "fail-open", all
+                keep their configured weights. Up: state "static".
                 push when pushed is None or any weight differs from the pushed one.
 
     latency_inverse, per backend b (base_b = backend.weight):
@@ -307,9 +312,7 @@ def decide(
     """
     w = service.weights
     if w.policy == "static":
-        computed = {b.name: b.weight for b in service.backends}
-        states = {b.name: "static" if b.weight else "draining" for b in service.backends}
-        reasons = {b.name: f"configured weight {b.weight}" for b in service.backends}
+        computed, states, reasons = _static(service, trackers)
     else:
         computed, states, reasons = _latency_inverse(service, trackers, now_ns)
     forced = {n: v for n, v in (forced or {}).items() if n in computed}
@@ -323,6 +326,37 @@ def decide(
                     states=states, reasons=reasons, push=push)
 
 
+def _fail_open(service: config.Service, trs: dict[str, Tracker]) -> bool:
+    """Every non-drained backend (primary or standby) is down by its probes: the probes are
+    taken to be wrong rather than the whole service, and none is taken out."""
+    live = [b for b in service.backends if b.weight > 0]
+    return bool(live) and all(trs[b.name].down for b in live)
+
+
+def _down_reason(tr: Tracker) -> str:
+    return f"{tr.fails} failed probes in a row: {tr.last_error}"
+
+
+def _static(
+    service: config.Service, trackers: dict[str, Tracker]
+) -> tuple[dict[str, int], dict[str, str], dict[str, str]]:
+    """The static policy: configured weights, 0 for a backend its probes call down."""
+    trs = {b.name: trackers.get(b.name) or Tracker() for b in service.backends}
+    fail_open = _fail_open(service, trs)
+    weights, states, reasons = {}, {}, {}
+    for b in service.backends:
+        tr, name = trs[b.name], b.name
+        weights[name], states[name], reasons[name] = b.weight, "static", f"configured weight {b.weight}"
+        if b.weight == 0:
+            states[name] = "draining"
+        elif tr.down and not fail_open:
+            weights[name], states[name], reasons[name] = 0, "down", _down_reason(tr)
+        elif tr.down:
+            states[name] = "fail-open"
+            reasons[name] = f"every backend fails its probes: failing open, configured weight {b.weight}"
+    return weights, states, reasons
+
+
 def _latency_inverse(
     service: config.Service, trackers: dict[str, Tracker], now_ns: int
 ) -> tuple[dict[str, int], dict[str, str], dict[str, str]]:
@@ -332,7 +366,7 @@ def _latency_inverse(
     scaled = w.load_aware and metrics is not None
     trs = {b.name: trackers[b.name] if b.name in trackers else Tracker() for b in service.backends}
     live = [b for b in service.backends if b.weight > 0]
-    fail_open = bool(live) and all(trs[b.name].down for b in live)
+    fail_open = _fail_open(service, trs)
     any_metrics = any(tr.load is not None for tr in trs.values())
     # Every primary hung or down while a standby serves: hung primaries go to 0, so the data
     # path (which uses standbys only while no primary takes new flows) hands new flows over.
@@ -350,8 +384,7 @@ def _latency_inverse(
         if b.weight == 0:
             weights[b.name], states[b.name], reasons[b.name] = 0, "draining", "weight 0 in config"
         elif tr.down and not fail_open:
-            weights[b.name], states[b.name] = 0, "down"
-            reasons[b.name] = f"{tr.fails} failed probes in a row: {tr.last_error}"
+            weights[b.name], states[b.name], reasons[b.name] = 0, "down", _down_reason(tr)
         elif b.name in hung:
             assert tr.load is not None and tr.stall_since_ns is not None
             stalled_s = (tr.load.t_ns - tr.stall_since_ns) / _NS_PER_S

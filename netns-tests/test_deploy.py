@@ -24,21 +24,12 @@ from typing import Iterator
 import pytest
 
 from controlplane import abi
-from controlplane.lab.router import Router, TcFilter
+from controlplane.lab.router import Router, TcFilter, ip_forward_off, node_state
 from controlplane.lab.traffic import close_all, open_connections
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
 TC_PRIO = 0xED
 RETURN_FILTER = TcFilter("bpf", TC_PRIO, abi.PROG_RETURN)
-
-
-def node_state(router: Router) -> dict:
-    """Everything deploy may change: per interface XDP and tc state, ip_forward, pins."""
-    return {
-        "ifaces": {name: router.iface_state(name) for name in router.ifaces()},
-        "ip_forward": router.net.router.sysctl("net.ipv4.ip_forward"),
-        "pins": router.pinned_ifaces(),
-    }
 
 
 def assert_one_line_error(done, *fragments: str) -> str:
@@ -50,16 +41,6 @@ def assert_one_line_error(done, *fragments: str) -> str:
         assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
     assert done.stdout == ""
     return lines[0]
-
-
-@contextmanager
-def ip_forward_off(router: Router) -> Iterator[None]:
-    """net.ipv4.ip_forward = 0 on the router while inside (the testbed's 1 again after)."""
-    router.net.router.sysctl("net.ipv4.ip_forward", 0)
-    try:
-        yield
-    finally:
-        router.net.router.sysctl("net.ipv4.ip_forward", 1)
 
 
 def test_deploy_on_a_missing_interface_fails_in_one_line_and_changes_nothing(net, router):

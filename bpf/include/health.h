@@ -148,10 +148,12 @@ static __always_inline int passive_quiet(const struct backend_info *be,
  * pick): eject_after SYNs unanswered for longer than syn_timeout eject it.
  * Readmission needs evidence: after an ejection the backend is on probation
  * until a SYN it was sent is answered with a SYN-ACK (or, with heartbeats,
- * a heartbeat arrives after the ejection). Meanwhile exactly one new flow at
- * a time is let through as a trial; a trial unanswered for syn_timeout (or
- * refused) ejects it again, for twice as long. Returns 1 if the backend
- * may take the flow. */
+ * a heartbeat arrives after the ejection; with probes, edged ends it when a
+ * probe passes). Without probes exactly one new flow at a time is let
+ * through as a trial meanwhile; a trial unanswered for syn_timeout (or
+ * refused) ejects it again, for twice as long. With probes no client flow
+ * is spent: the probation waits for a passing probe. Returns 1 if the
+ * backend may take the flow. */
 static __always_inline int passive_ok(const struct backend_info *be,
 				      const struct service_cfg *sc, __u64 now)
 {
@@ -166,8 +168,8 @@ static __always_inline int passive_ok(const struct backend_info *be,
 		return !try_eject(sc, h, now);
 	if (!h->probation)
 		return 1;
-	if (h->trial_ns)
-		return 0;	/* the trial is out */
+	if (h->trial_ns || (sc->flags & EDGE_SVC_F_PROBED))
+		return 0;	/* the trial is out, or the probes decide */
 	return __sync_val_compare_and_swap(&h->trial_ns, 0, now) == 0;
 }
 

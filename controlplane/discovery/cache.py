@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network
 from typing import Optional
 
-from controlplane.config import Backend, Config
-from controlplane.discovery import Answer, Failure, Result
+from controlplane import abi
+from controlplane.config import Backend, Config, Service
+from controlplane.discovery import Answer, Failure, Result, endpoint_name
 from controlplane.discovery.tokens import derive_token
 from controlplane.errors import ConfigError
 
@@ -144,6 +145,29 @@ def offer(c: Cached, result: Result, now_s: float, fits=None) -> Verdict:
     previous, c.backends = c.backends, backends
     c.changes += 1
     return Verdict(changed=True, previous=previous)
+
+
+def adoptable(s: Service, deployed: list[tuple[Backend, int]], secret: Optional[bytes] = None) -> tuple[Backend, ...]:
+    """The discovered backends of service s among those the pinned maps hold (deployed:
+    (Backend, edge_be_probe flags), maps.deployed_backends): what a restarted edged takes for
+    the last known good set while the source has not answered. Left out: static backends,
+    those draining out after a removal (edged keeps those itself), and any not named after
+    its endpoint (never discovered). The table's weight stands for the configured one, except
+    where it is not the configuration's: a weight the operator forces (drain, override) or a
+    computed policy's 0 comes back as 1, the default, and the operator's mark and the policy
+    still decide over it. A token that is the one derived from secret is left to derivation."""
+    static = {b.name for b in s.backends}
+    out = []
+    for b, flags in deployed:
+        if b.name in static or flags & abi.PROBE_F_LEAVING or b.name != endpoint_name(b.address, b.port):
+            continue
+        forced = flags & (abi.PROBE_F_DRAINED | abi.PROBE_F_OVERRIDE)
+        if forced or (b.weight == 0 and s.weights.policy != "static"):
+            b = replace(b, weight=1)
+        if secret is not None and b.token == derive_token(secret, b.address, b.port):
+            b = replace(b, token=None)
+        out.append(b)
+    return tuple(sorted(out, key=lambda b: (b.address, b.port)))
 
 
 def describe_change(previous: Optional[tuple[Backend, ...]], now: tuple[Backend, ...]) -> str:

@@ -15,11 +15,13 @@ from typing import Awaitable, Callable, Optional
 
 from controlplane.config import Backend, Config, Service
 from controlplane.discovery import Answer, Failure, Result, Source
-from controlplane.discovery.cache import Cached, describe_change, merge, offer, screen, with_tokens
+from controlplane.discovery.cache import Cached, adoptable, describe_change, merge, offer, screen, with_tokens
 from controlplane.discovery.tokens import read_secret
 from controlplane.errors import EdgeError
+from controlplane.tasks import cancel_all
 
 Emit = Callable[..., object]  # edged's Events.emit(kind, text, **fields)
+CLOSE_WITHIN_S = 0.5  # close(): the sources' share of edged's stop
 RESTART_S, RESTART_MAX_S = 1.0, 30.0  # a source that raised starts over after this, doubled each time
 
 
@@ -64,9 +66,36 @@ class Supervisor:
     def found(self) -> dict[str, tuple[Backend, ...]]:
         return {name: with_tokens(c, c.backends) for name, c in self.caches.items() if c.backends is not None}
 
-    def effective(self, cfg: Config) -> Config:
-        """cfg (static) plus what discovery found: the config edged programs."""
-        return merge(cfg, self.found())
+    def effective(self, cfg: Config, adopted: Optional[dict[str, tuple[Backend, ...]]] = None) -> Config:
+        """cfg (static) plus what discovery found (and what adopted would add): the config edged programs."""
+        extra = {name: with_tokens(self.caches[name], bs) for name, bs in (adopted or {}).items()}
+        return merge(cfg, {**self.found(), **extra})
+
+    def adoptable(self, deployed: Callable[[Service], list]) -> dict[str, tuple[Backend, ...]]:
+        """Service name -> the discovered backends the pinned maps hold (deployed(service):
+        maps.deployed_backends), for every service whose source has given nothing since the
+        start: a restart during an outage keeps what worked. Changes nothing (see adopt)."""
+        out = {}
+        for s in self.cfg.services if self.cfg is not None else ():
+            c = self.caches.get(s.name)
+            if c is not None and c.backends is None:
+                found = adoptable(s, deployed(s), c.secret)
+                if found:
+                    out[s.name] = found
+        return out
+
+    def adopt(self, found: dict[str, tuple[Backend, ...]]) -> None:
+        """Takes found (adoptable()) as the last known good sets of sources that have still said
+        nothing usable; their next good answer replaces it as any change does."""
+        for name, backends in found.items():
+            c = self.caches.get(name)
+            if c is None or c.backends is not None:
+                continue
+            c.backends = backends
+            self.emit("discovery-adopted",
+                      f"{name}: {c.source} discovery has not answered since the start; kept the "
+                      f"{len(backends)} discovered backends the pinned maps hold as the last known good set",
+                      service=name, source=c.source, backends=[b.name for b in backends], error=c.error or "")
 
     def configure(self, cfg: Config, secrets: dict[str, Optional[bytes]]) -> None:
         """Takes the (new) static config: sources of services whose discovery section changed start
@@ -100,10 +129,10 @@ class Supervisor:
         tasks = [asyncio.ensure_future(one(n)) for n in names]
         if not tasks:
             return
-        _, late = await asyncio.wait(tasks, timeout=timeout_s)
-        for t in late:
-            t.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        try:
+            _, late = await asyncio.wait(tasks, timeout=timeout_s)
+        finally:  # also when edged stops meanwhile
+            await cancel_all(tasks, CLOSE_WITHIN_S)
         for name, t in zip(names, tasks, strict=True):
             if t in late:
                 self._offer(name, Failure(f"no answer in {timeout_s:.1f} s at start"))
@@ -119,12 +148,14 @@ class Supervisor:
         if task is not None:
             task.cancel()
 
-    async def close(self) -> None:
+    async def close(self, within_s: float = CLOSE_WITHIN_S) -> None:
+        """Ends every source task, within within_s whatever a source does (tasks.cancel_all)."""
         tasks = list(self._tasks.values())
         self._tasks.clear()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        left = await cancel_all(tasks, within_s)
+        if left:
+            self.emit("error", f"discovery: {', '.join(t.get_name() for t in left)} did not end within "
+                               f"{within_s:g} s of the stop; left behind")
 
     def unsettled(self) -> set[str]:
         """Services whose source has given nothing usable since edged started (no last known
@@ -220,5 +251,4 @@ async def _first_result(source: Source) -> Result:
     try:
         return await got
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_all([task], CLOSE_WITHIN_S)

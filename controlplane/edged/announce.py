@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from typing import Callable, Iterable, Protocol
 
-from controlplane.errors import EdgeError
+from controlplane.errors import SpeakerError
 
 POLL_S = 0.05  # how often the node's state is looked at; changes by edged poke() at once
+RESTART_EVERY_S = 1.0  # a speaker that died is started again at most this often
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,18 @@ def describe_change(old: frozenset[IPv4Address], d: Decision) -> str:
 
 
 class Speaker(Protocol):
+    pid: int | None
+
     async def announce(self, vips: Iterable[IPv4Address]) -> None: ...
+
+    def exited(self) -> int | None:
+        """The exit status of a speaker process that ended by itself; None while it runs."""
+
+    async def restart(self) -> None:
+        """Starts the speaker again, announcing nothing; raises SpeakerError."""
+
+    async def withdraw_safely(self) -> str:
+        """Withdraws everything without the config file (it may be what failed): says how."""
 
 
 class Announcer:
@@ -103,6 +115,9 @@ class Announcer:
         self.poll_s = poll_s
         self.announced: frozenset[IPv4Address] = frozenset()
         self.last: Decision | None = None  # the latest decision; None before the first
+        self.problem = ""  # why the speaker is not announcing the decision ('' while it is)
+        self.restarts = 0  # times a dead speaker was started again
+        self._restarted_at = float("-inf")
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
 
@@ -110,29 +125,90 @@ class Announcer:
         """Decide again now rather than at the next poll."""
         self._wake.set()
 
+    def view(self) -> dict | None:
+        """For status: what the speaker announces, and why every other VIP is withdrawn (the
+        decision's reason, or the speaker's failure where the decision would announce)."""
+        if self.last is None:
+            return None
+        withdrawn = {str(k): v for k, v in self.last.withdrawn.items()}
+        for vip in self.last.announce - self.announced:
+            withdrawn[str(vip)] = f"BGP speaker failed: {self.problem or 'not told yet'}"
+        out = {"announced": sorted(map(str, self.announced)), "withdrawn": withdrawn}
+        if self.problem:
+            out["speaker_problem"] = self.problem
+        return out
+
     async def sync(self, state: NodeState | None = None) -> Decision:
-        """Decides once and tells the speaker if the decision changed; returns the decision."""
+        """Decides once and tells the speaker if the decision changed (or the speaker failed
+        before); returns the decision. Any error telling it is a speaker failure: everything is
+        withdrawn without the config file (withdraw_safely) and SpeakerError raised."""
         async with self._lock:
             d = decide(state if state is not None else self.state())
             self.last = d
-            if d.announce != self.announced:
-                await self.speaker.announce(d.announce)
+            if d.announce != self.announced or self.problem:
+                try:
+                    await self.speaker.announce(d.announce)
+                except Exception as e:  # a full /run (OSError) as much as birdc's refusal
+                    await self._failed(e)
+                    raise SpeakerError(self.problem) from e
                 text = describe_change(self.announced, d)
                 self.announced = d.announce
+                if self.problem:
+                    self.emit("bgp-speaker", f"bgp: the speaker works again (was: {self.problem})", ok=True)
+                    self.problem = ""
                 self.emit("bgp", f"bgp: {text}", announced=sorted(map(str, d.announce)),
                           withdrawn={str(k): v for k, v in d.withdrawn.items()})
             return d
 
+    async def _failed(self, e: BaseException) -> None:
+        """The speaker failed (e): withdraw everything it may still announce, by a way that needs
+        no config file; one bgp-speaker event per distinct failure."""
+        why = " ".join(str(e).split())[:200] or type(e).__name__
+        if isinstance(e, OSError) and not isinstance(e, SpeakerError):
+            why = f"node.bgp.config_file: {e.strerror or why}"
+        try:
+            how = await self.speaker.withdraw_safely()
+        except Exception as w:  # noqa: BLE001 - nothing more can be done from here
+            how = f"and withdrawing failed too: {w}"
+        was, self.announced = self.announced, frozenset()
+        if why != self.problem:
+            self.emit("bgp-speaker", f"bgp: the speaker failed: {why}; withdrew "
+                                     f"{', '.join(map(str, sorted(was))) or 'nothing announced'} ({how})",
+                      ok=False, error=why, withdrawn=sorted(map(str, was)))
+        self.problem = why
+
+    async def keep_speaker(self, now: float) -> None:
+        """A speaker process that died (killed, crashed) announces nothing: says so, and starts
+        it again (at most every RESTART_EVERY_S); sync() then announces what is decided."""
+        status = self.speaker.exited()
+        if status is None or now - self._restarted_at < RESTART_EVERY_S:
+            return
+        self._restarted_at = now
+        was, self.announced = self.announced, frozenset()
+        why = f"bird (pid {self.speaker.pid}) exited with status {status}"
+        if why != self.problem:
+            self.emit("bgp-speaker", f"bgp: {why}; the upstream withdraws "
+                                     f"{', '.join(map(str, sorted(was))) or 'nothing'}; restarting it",
+                      ok=False, error=why, withdrawn=sorted(map(str, was)))
+        self.problem = why
+        await self.speaker.restart()
+        self.restarts += 1
+        self.emit("bgp-speaker", f"bgp: bird restarted (pid {self.speaker.pid}, restart {self.restarts})",
+                  ok=True, pid=self.speaker.pid, restarts=self.restarts)
+
     async def run(self) -> None:
-        """sync() every poll_s or when poked, until cancelled. A speaker that fails is reported
-        (once per distinct error) and tried again at the next poll."""
+        """keep_speaker() and sync() every poll_s or when poked, until cancelled. Any error is
+        reported (once per distinct error) and the next poll tries again: this task never ends
+        on a fault, so a VIP is never left announced by a loop that stopped looking."""
         failing = ""
+        loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
             try:
+                await self.keep_speaker(loop.time())
                 await self.sync()
                 failing = ""
-            except EdgeError as e:
+            except Exception as e:  # noqa: BLE001 - see the docstring
                 if str(e) != failing:
                     failing = str(e)
                     self.emit("error", f"bgp: {e}")
@@ -145,7 +221,11 @@ class Announcer:
         """Withdraws every VIP (edged is stopping) whatever the state says."""
         async with self._lock:
             if self.announced:
-                await self.speaker.announce(())
+                try:
+                    await self.speaker.announce(())
+                except Exception as e:  # noqa: BLE001 - withdrawn all the same, another way
+                    await self._failed(e)
+                    raise SpeakerError(self.problem) from e
                 self.emit("bgp", f"bgp: withdrew {', '.join(map(str, sorted(self.announced)))} ({why})",
                           announced=[], withdrawn={str(v): why for v in self.announced})
                 self.announced = frozenset()

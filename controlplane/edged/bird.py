@@ -13,6 +13,7 @@ difference. When to announce is announce.py's business, not this file's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import signal
@@ -77,11 +78,16 @@ def write_atomically(path: str, text: str) -> None:
     """Replaces path's contents in one rename, so bird never reads half a file."""
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full file system: no half-written temporary left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -119,6 +125,7 @@ class Bird:
         self.argv0 = list(argv0)
         self.proc: asyncio.subprocess.Process | None = None
         self.announced: frozenset[IPv4Address] = frozenset()
+        self._disabled = False  # withdraw_safely() disabled the VIPs' protocol
 
     @property
     def pid(self) -> int | None:
@@ -158,11 +165,46 @@ class Bird:
             await asyncio.sleep(0.05)  # polling the socket bird is about to create
 
     async def announce(self, vips: Iterable[IPv4Address]) -> None:
-        """Makes bird announce exactly vips; raises SpeakerError (the old config stays in force)."""
+        """Makes bird announce exactly vips; raises SpeakerError or OSError (the old config stays
+        in force). Enables the VIPs' protocol again after withdraw_safely() disabled it."""
         vips = frozenset(vips)
         write_atomically(self.bgp.config_file, render(self.bgp, vips))
         await birdc(self.bgp.control_socket, "configure")
+        if self._disabled:
+            await birdc(self.bgp.control_socket, "enable", STATIC)
+            self._disabled = False
         self.announced = vips
+
+    def exited(self) -> int | None:
+        """bird's exit status when it ended without stop() (killed, crashed); None while it runs."""
+        return self.proc.returncode if self.proc is not None else None
+
+    async def restart(self) -> None:
+        """Starts bird again after it died, announcing nothing (the dead one stays self.proc
+        until a new one runs, so a failed restart is tried again)."""
+        self.announced, self._disabled = frozenset(), False
+        await self.start()
+
+    async def withdraw_safely(self) -> str:
+        """Withdraws every VIP without writing the config (a full /run may be why announce
+        failed): `birdc disable` of the VIPs' static protocol; if bird does not answer, bird is
+        stopped (its sessions close, or the peers' BFD and hold timers end them). Says how."""
+        self.announced = frozenset()
+        try:
+            await birdc(self.bgp.control_socket, "disable", STATIC, timeout_s=2.0)
+            self._disabled = True
+            return f"birdc disable {STATIC}"
+        except SpeakerError as e:
+            proc = self.proc  # kept: exited() then says it ended, and the Announcer restarts it
+            if proc is None or proc.returncode is not None:
+                return f"bird is not running: {e}"
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 1.0)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+            return f"bird (pid {proc.pid}) stopped: {e}"
 
     @staticmethod
     def check_change(old: Bgp | None, new: Bgp | None) -> None:

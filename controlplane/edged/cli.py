@@ -51,15 +51,16 @@ async def serve(cfg: Config, iface: str, events: Events | None = None, config_pa
     try:
         notify.status(f"deploying on {iface}")
         await daemon.start()  # compiles the data path: before READY=1, so the watchdog is not armed yet
-        api = await api_server.start(daemon, cfg.node)
-        daemon.on_serving = api.set_serving
-        daemon.events.emit("api", f"API on {cfg.node.api_socket}"
-                                  + (f" and {cfg.node.api_listen} (mTLS)" if cfg.node.api_listen else ""))
-        if ready:
-            ready(daemon)
-        notify.ready(f"steering {len(cfg.services)} services on {iface}")
-        watchdog = asyncio.create_task(sdnotify.watchdog_loop(notify, daemon.healthy))
-        await daemon.run()
+        if not daemon.stopping:  # a SIGTERM while starting: straight to close()
+            api = await api_server.start(daemon, cfg.node)
+            daemon.on_serving = api.set_serving
+            daemon.events.emit("api", f"API on {cfg.node.api_socket}"
+                                      + (f" and {cfg.node.api_listen} (mTLS)" if cfg.node.api_listen else ""))
+            if ready:
+                ready(daemon)
+            notify.ready(f"steering {len(cfg.services)} services on {iface}")
+            watchdog = asyncio.create_task(sdnotify.watchdog_loop(notify, daemon.healthy))
+            await daemon.run()
     finally:
         notify.stopping()
         if watchdog is not None:

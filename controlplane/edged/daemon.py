@@ -29,9 +29,11 @@ from controlplane.edged.status import STATUS_EVERY_S, Status
 from controlplane.edged.steer import Steering
 from controlplane.errors import EdgeError
 from controlplane.fleet import member as fleet_member
+from controlplane.tasks import cancel_all
 
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
 WATCH_EVERY_S = 1.0  # how often edged checks that its data path is still attached and pinned
+TASKS_END_WITHIN_S = 0.5  # at a stop, edged's own tasks get this long to end (the stop: well under 2 s)
 
 
 # pyroute2's sync calls cannot run on a thread whose event loop is running: the data-path
@@ -52,6 +54,7 @@ class Daemon:
         self.changes = Changes(self.state, self.steering, self.status)
         self.on_serving: Callable[[bool], object] | None = None  # serve() sets grpc health with it
         self._metrics: metrics.MetricsServer | None = None
+        self._adopted: dict = {}  # at start: discovered backends kept from the pinned maps
 
     # ------------------------------------------------------------ what the API and cli.py call
 
@@ -105,9 +108,16 @@ class Daemon:
         # discovered backends are there from the first deploy (or a source's failure is on record)
         discovery = self.changes.discovery
         discovery.configure(state.static_cfg, await asyncio.to_thread(secrets_of, state.static_cfg))
-        await discovery.first(DISCOVERY_START_S)
+        if discovery.sources:
+            state.events.emit("discovery-waiting", f"waiting up to {DISCOVERY_START_S:g} s for the first answers "
+                                                   f"of {len(discovery.sources)} discovery sources")
+        if not await self._unless_stopped(discovery.first(DISCOVERY_START_S)):
+            return  # a stop while the sources are waited for: nothing deployed, nothing to undo
         state.cfg = discovery.effective(state.static_cfg)
         res = await self._deploy(loop)
+        if self._adopted:  # what the maps held for sources still down is their last known good set
+            discovery.adopt(self._adopted)
+            state.cfg = discovery.effective(state.static_cfg)
         self._adopt_operator_state()
         self.steering.set_services(desired.fit(state.cfg, state.leaving)[0])
         if state.cfg.node.bgp is not None:  # announces nothing until run(): the node is not serving yet
@@ -128,7 +138,7 @@ class Daemon:
         await asyncio.to_thread(state.write_lock.acquire)
         try:
             res = await asyncio.to_thread(
-                deploy.deploy, state.cfg, state.iface, adopt_weights=True, hold=True, amend=self._keep_leaving,
+                deploy.deploy, state.cfg, state.iface, adopt_weights=True, hold=True, amend=self._amend_at_start,
                 progress=lambda line: loop.call_soon_threadsafe(state.events.emit, "progress", line),
                 lock=state.node_lock)
         finally:
@@ -156,6 +166,18 @@ class Daemon:
             emit=state.events.emit, serving=lambda: not state.not_serving, local=self.operations.local_marks,
             wire=lambda: {n: {b: wiresignals.summary(g) for b, g in st.wire_signals.items()} for n, st in state.services.items()},
             unsettled=self.changes.discovery.unsettled))
+
+    def _amend_at_start(self, maps, cfg: Config) -> Config:
+        """What a restarted edged programs over the data path it adopts: cfg plus, for a
+        discovery source that has not answered since the start (down, as etcd or DNS may be
+        during an outage), the discovered backends the maps hold (see Supervisor.adoptable),
+        plus what is draining out (_keep_leaving). Runs on deploy's thread: changes no state
+        of the loop's but self._adopted, which start() hands to discovery after."""
+        discovery = self.changes.discovery
+        self._adopted = discovery.adoptable(maps.deployed_backends)
+        if self._adopted:
+            cfg = discovery.effective(self.state.static_cfg, self._adopted)
+        return self._keep_leaving(maps, cfg)
 
     def _keep_leaving(self, maps, cfg: Config) -> Config:
         """What a restarted edged programs: cfg plus the backends a reload before the restart
@@ -205,6 +227,20 @@ class Daemon:
     def stop(self) -> None:
         self.state.stopping.set()
 
+    @property
+    def stopping(self) -> bool:
+        return self.state.stopping.is_set()
+
+    async def _unless_stopped(self, aw) -> bool:
+        """Awaits aw unless stop() comes first (aw is then cancelled); False when stopped."""
+        work = asyncio.ensure_future(aw)
+        stopped = asyncio.ensure_future(self.state.stopping.wait())
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        await cancel_all([stopped] if work.done() else [work, stopped], TASKS_END_WITHIN_S)
+        if work.done() and not work.cancelled():
+            work.result()
+        return not self.stopping
+
     def healthy(self) -> bool:
         """For the systemd watchdog: no loop of ours died with an exception."""
         return self.changes.discovery.healthy() and not any(
@@ -216,9 +252,10 @@ class Daemon:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        for t in state.tasks:
-            t.cancel()
-        await asyncio.gather(*state.tasks, return_exceptions=True)
+        left = await cancel_all(state.tasks, TASKS_END_WITHIN_S)  # whatever etcd or a source does
+        if left:
+            state.events.emit("error", f"{', '.join(t.get_name() for t in left)}: did not end within "
+                                       f"{TASKS_END_WITHIN_S:g} s of the stop; left behind")
         state.tasks.clear()
         if state.announcer is not None:  # first: the upstream moves flows away while we still forward
             try:

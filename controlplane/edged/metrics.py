@@ -38,6 +38,11 @@ from controlplane.samples import Sample, quantile
 # 0.1 ms (a probe on the same rack) to 1 s (far beyond any probe timeout worth having).
 RTT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 LOOP_TIMEOUT_S = 6.0  # LoopSource: longest a scrape waits for edged (its walks end within 5 s)
+# The endpoint is reachable by any local user: a connection that sends nothing is closed after
+# IDLE_TIMEOUT_S, and at most MAX_CONNECTIONS are served at once (each holds a thread and an
+# fd); one more is closed as soon as it is accepted. A scrape sends its request at once.
+IDLE_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 32
 
 BE = ("service", "backend")
 
@@ -75,6 +80,8 @@ METRICS = (
     Spec("edge_drops_total", "counter", "Packets the data path dropped, by reason", ("reason",)),
     Spec("edge_verdicts_total", "counter", "Packets by the data path's verdict", ("verdict",)),
     Spec("edge_backend_up", "gauge", "1 when the data path considers the backend usable for new flows", BE),
+    Spec("edge_backend_probe_down", "gauge",
+         "1 while the backend's probes keep it out of new flows (probe.fall failed in a row), any weight policy", BE),
     Spec("edge_backend_weight", "gauge", "Weight the backend's slots in the active Maglev table were built with", BE),
     Spec("edge_backend_config_weight", "gauge", "Weight the config gives the backend", BE),
     Spec("edge_backend_heartbeat_age_seconds", "gauge",
@@ -121,6 +128,10 @@ METRICS = (
     Spec("edge_fleet_faults_total", "counter", "Fleet sessions that ended in a fault (etcd lost, a call failed)"),
     Spec("edge_fleet_refused_total", "counter",
          "Documents read from the fleet's etcd prefix and refused (garbage, not from the leader, unsafe weights)"),
+    # the BGP speaker (node.bgp, from the snapshot)
+    Spec("edge_bgp_speaker_up", "gauge", "1 while bird runs and announces what edged decided; 0: it failed "
+                                         "(everything withdrawn) and edged is restarting or retrying it"),
+    Spec("edge_bgp_speaker_restarts_total", "counter", "Times edged started bird again after it died"),
     # of the exporter itself
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
@@ -313,6 +324,13 @@ class EdgeCollector(Collector):
             self.on_error(text)
 
 
+def _add_bgp(fams: dict, bgp: dict | None) -> None:
+    """node.bgp: whether the speaker announces what edged decided, and its restarts."""
+    if bgp and "speaker_up" in bgp:
+        fams["edge_bgp_speaker_up"].add_metric([], 1 if bgp["speaker_up"] else 0)
+        fams["edge_bgp_speaker_restarts_total"].add_metric([], bgp["speaker_restarts"])
+
+
 def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     """Adds the maps' counters and edged's view; returns the service names."""
     for reason, n in snap["drops"].items():
@@ -333,6 +351,7 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
         fams["edge_fleet_snapshot_version"].add_metric([], fleet["version"])
         fams["edge_fleet_faults_total"].add_metric([], fleet.get("faults", 0))
         fams["edge_fleet_refused_total"].add_metric([], fleet.get("refused", 0))
+    _add_bgp(fams, snap.get("bgp"))
     services = []
     for s in snap["services"]:
         services.append(s["name"])
@@ -347,7 +366,9 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
             for metric, key in counters:
                 fams[metric].add_metric(labels, b[key])
             health, edged = b["health"], b.get("edged") or {}
-            fams["edge_backend_up"].add_metric(labels, 1 if health["usable"] else 0)
+            probe_down = b.get("state") == "down" and (b.get("probe") or {}).get("state") == "down"
+            fams["edge_backend_up"].add_metric(labels, 1 if health["usable"] and not probe_down else 0)
+            fams["edge_backend_probe_down"].add_metric(labels, 1 if probe_down else 0)
             fams["edge_backend_weight"].add_metric(labels, b["weight"])
             config_weight = edged.get("config_weight")
             if config_weight is None:
@@ -463,7 +484,33 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 class _Server4(ThreadingHTTPServer):
+    """One thread per connection, at most max_connections of them (see MAX_CONNECTIONS)."""
+
     daemon_threads = True
+    max_connections = MAX_CONNECTIONS
+    request_queue_size = 64  # the listen backlog: a burst is accepted (and refused) quickly
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self.refused = 0
+        super().server_activate()
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _Server6(_Server4):
@@ -494,14 +541,16 @@ class MetricsServer:
         self.close()
 
 
-def start_http(listen: str, registry: CollectorRegistry) -> MetricsServer:
-    """Serves registry at /metrics on listen (node.metrics_listen) from a thread."""
+def start_http(listen: str, registry: CollectorRegistry, idle_timeout_s: float = IDLE_TIMEOUT_S) -> MetricsServer:
+    """Serves registry at /metrics on listen (node.metrics_listen) from a thread; a connection
+    silent for idle_timeout_s is closed, and at most MAX_CONNECTIONS are served at once."""
     host, port = split_listen(listen)
+    handler = type("EdgeMetricsHandler", (MetricsHandler.factory(registry),), {"timeout": idle_timeout_s})
     try:
         family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                    flags=socket.AI_PASSIVE)[0]
         server = _Server6 if family == socket.AF_INET6 else _Server4
-        httpd = server(addr[:2], MetricsHandler.factory(registry))
+        httpd = server(addr[:2], handler)
     except OSError as e:
         raise EdgeError(f"metrics: cannot listen on {listen}: {e.strerror or e}") from None
     # a short poll keeps close() quick

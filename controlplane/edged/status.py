@@ -76,10 +76,11 @@ class Status:
         found = discovered()
         if state.fleet is not None:  # node.fleet: this node's view of its fleet
             snap["fleet"] = state.fleet.view()
-        if state.announcer is not None and state.announcer.last is not None:  # node.bgp: the latest decision
-            d = state.announcer.last
-            snap["bgp"] = {"announced": sorted(map(str, d.announce)),
-                           "withdrawn": {str(k): v for k, v in d.withdrawn.items()}}
+        announcer = state.announcer
+        if announcer is not None and announcer.last is not None:  # node.bgp: what bird announces, and why not
+            view = announcer.view()
+            snap["bgp"] = {"announced": view["announced"], "withdrawn": view["withdrawn"],
+                           "speaker_up": not announcer.problem, "speaker_restarts": announcer.restarts}
         for svc in snap["services"]:
             st = state.services.get(svc["name"])
             svc["pushes"] = st.pushes if st else 0

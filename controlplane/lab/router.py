@@ -18,9 +18,10 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import yaml
 
@@ -211,6 +212,25 @@ class Router:
     def mac(self, ifname: str | None = None) -> str:
         """MAC address of a router interface (default: the client-facing one)."""
         return link_mac(self.net.router, ifname or self.iface)
+
+
+def node_state(router: Router) -> dict:
+    """Everything deploy may change: per interface XDP and tc state, ip_forward, pins."""
+    return {
+        "ifaces": {name: router.iface_state(name) for name in router.ifaces()},
+        "ip_forward": router.net.router.sysctl("net.ipv4.ip_forward"),
+        "pins": router.pinned_ifaces(),
+    }
+
+
+@contextmanager
+def ip_forward_off(router: Router) -> Iterator[None]:
+    """net.ipv4.ip_forward = 0 on the router while inside (the testbed's 1 again after)."""
+    router.net.router.sysctl("net.ipv4.ip_forward", 0)
+    try:
+        yield
+    finally:
+        router.net.router.sysctl("net.ipv4.ip_forward", 1)
 
 
 def _pin_base() -> Path:

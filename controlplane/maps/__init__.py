@@ -256,6 +256,37 @@ class Maps(Writer, Reader):
             v.flags = flags
             info[info.Key(bid)] = v
 
+    def deployed_backends(self, s: Service) -> list[tuple[Backend, int]]:
+        """Every backend of service s in the maps as a Backend (name, endpoint, the weight of
+        the active table, standby, heartbeat token), with its edge_be_probe flags (PROBE_F_*):
+        what a restarted edged can take for the last known good set of a source that is down.
+        [] when s is not deployed."""
+        try:
+            _, bids = self.ids(s.name)
+        except MapError:
+            return []
+        info, meta = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_BE_META]
+        out = []
+        for name, bid in sorted(bids.items()):
+            b = info[info.Key(bid)]
+            backend = Backend(name=name, address=from_be32(b.addr), port=from_be16(b.port),
+                              weight=int(meta[meta.Key(bid)].weight), standby=bool(b.flags & abi.BE_F_STANDBY),
+                              token=self._hb_token(s, b))
+            out.append((backend, int(self.read_probe(bid)["flags"])))
+        return out
+
+    def _hb_token(self, s: Service, b) -> int | None:
+        """The heartbeat token edge_hb holds for backend_info b of service s; None without one."""
+        if not (s.health and s.health.heartbeat):
+            return None
+        hb = self.t[abi.MAP_HB]
+        k = hb.Key()
+        k.addr, k.port, k.hb_port = b.addr, b.port, be16(s.health.heartbeat.port)
+        try:
+            return hb[k].token
+        except KeyError:
+            return None
+
     def leaving(self, s: Service) -> list[tuple[Backend, int]]:
         """Backends of service s that a reload removed and that are still draining out
         (edge_be_probe says so), with the CLOCK_MONOTONIC second their drain ends: what a

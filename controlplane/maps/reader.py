@@ -21,6 +21,7 @@ from controlplane.maps.records import (
     from_be16,
     from_be32,
     pack_probe,
+    shown_state,
     unpack_probe,
     verdicts_shown,
     wire_columns,
@@ -180,6 +181,7 @@ class Reader:
                 continue
             m = meta[meta.Key(bid)]
             health = self._health(b, cfgs[cfgs.Key(b.vip_id)], now)
+            probe = self.read_probe(bid)
             backends_by_vip.setdefault(b.vip_id, []).append({
                 "id": bid,
                 "name": m.name.decode(),
@@ -187,10 +189,10 @@ class Reader:
                 "port": from_be16(b.port),
                 "weight": m.weight,
                 "standby": bool(b.flags & abi.BE_F_STANDBY),
-                "state": "draining" if b.flags & abi.BE_F_DRAINING and health["usable"] else health["state"],
+                "state": shown_state(b.flags, health, probe["state"]),
                 "health": health,
                 "slots": m.slots,
-                "probe": self.read_probe(bid),
+                "probe": probe,
                 "wire": self.wire_view(bid),
                 **self._sum_percpu(abi.MAP_BE_STATS, bid),
             })

@@ -1,6 +1,6 @@
 """Byte order, names and the plain records of the maps package: the edge_be_probe
 status record (ProbeStatus, packed and unpacked here only), a backend's wire signals
-(WireStats, from edge_wire) and counting helpers."""
+(WireStats, from edge_wire), the state status shows (shown_state) and counting helpers."""
 
 from __future__ import annotations
 
@@ -91,6 +91,18 @@ class ProbeStatus:
 
 PROBE_TEXT = {"state": 16, "reason": 64}  # char arrays of struct backend_probe, NUL included
 _U32_MAX_VALUE = 0xFFFFFFFE  # the largest u32 that is not EDGE_UNKNOWN
+
+
+def shown_state(flags: int, health: Mapping, probe_state: str) -> str:
+    """A backend's state as status shows it, from its backend_info flags, the data path's
+    health judgement (Reader._health) and the state edged last wrote to edge_be_probe: "down"
+    while its probes keep it out of new flows (edged gave it weight 0: BE_F_DRAINING), under
+    every weight policy; "draining" for another weight 0; else the data path's own state."""
+    if flags & abi.BE_F_DRAINING and probe_state == "down":
+        return "down"
+    if flags & abi.BE_F_DRAINING and health["usable"]:
+        return "draining"
+    return health["state"]
 
 
 def pack_probe(p: ProbeStatus) -> dict[str, int | bytes]:

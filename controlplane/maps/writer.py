@@ -291,6 +291,8 @@ class Writer:
             v.ejection_ns = p.ejection_ms * 1_000_000
             v.consecutive = p.consecutive
             v.max_ejected_pct = p.max_ejected_percent
+        if health and health.probe:  # a probation waits for a passing probe (maps.readmit): no trial flow
+            v.flags |= abi.SVC_F_PROBED
         if s.forwarding == "dsr":
             v.flags |= abi.SVC_F_DSR
         if health:  # fewer usable than panic_percent of the primaries: usable < ceil(pct * n / 100)

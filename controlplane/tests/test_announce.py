@@ -5,6 +5,7 @@ when it is installed)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import shutil
 import subprocess
 from ipaddress import IPv4Address
@@ -76,11 +77,24 @@ class Recorder:
     def __init__(self, fail: bool = False):
         self.calls: list[frozenset] = []
         self.fail = fail
+        self.pid, self.status, self.withdrawals, self.starts = 100, None, 0, 0
 
     async def announce(self, vips):
+        if isinstance(self.fail, BaseException):
+            raise self.fail
         if self.fail:
             raise SpeakerError("node.bgp.control_socket: birdc configure: 8002 syntax error")
         self.calls.append(frozenset(vips))
+
+    def exited(self):
+        return self.status
+
+    async def restart(self):
+        self.status, self.pid, self.starts = None, self.pid + 1, self.starts + 1
+
+    async def withdraw_safely(self):
+        self.withdrawals += 1
+        return "birdc disable edge_vips"
 
 
 def test_announcer_tells_the_speaker_only_changes():
@@ -109,6 +123,61 @@ def test_a_failing_speaker_keeps_the_old_announcement_and_retries():
     sp.fail = False
     asyncio.run(a.sync())
     assert a.announced == frozenset({VIP1, VIP2})
+
+
+def test_any_error_telling_the_speaker_withdraws_safely_and_the_task_lives_on():
+    """/run full while bird.conf is written: an OSError, not a SpeakerError. It used to end the
+    announcer's task with the VIP still announced."""
+    events = []
+    sp = Recorder()
+    a = Announcer(sp, node, lambda kind, text, **f: events.append((kind, text, f)), poll_s=0.01)
+
+    async def go():
+        await a.sync()
+        assert a.announced == frozenset({VIP1, VIP2})
+        sp.fail = OSError(errno.ENOSPC, "No space left on device")
+        task = asyncio.create_task(a.run())
+        a.poke()
+        with pytest.raises(SpeakerError):
+            await a.sync(node(drained=True))
+        await asyncio.sleep(0.1)  # the task fails on every poll and goes on
+        alive = not task.done()
+        view = a.view()
+        sp.fail = False
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return alive, view
+
+    alive, view = asyncio.run(go())
+    assert alive
+    assert sp.withdrawals >= 1
+    failed = [f for k, t, f in events if k == "bgp-speaker" and not f["ok"]]
+    assert failed[0]["error"] == "node.bgp.config_file: No space left on device"
+    assert failed[0]["withdrawn"] == sorted([str(VIP1), str(VIP2)])
+    assert view["announced"] == [] and view["speaker_problem"]
+    # the speaker works again: the decision (announce both) is told to it again
+    assert a.announced == frozenset({VIP1, VIP2}) and not a.problem
+    assert any(k == "bgp-speaker" and f["ok"] for k, t, f in events)
+
+
+def test_a_dead_speaker_is_noticed_restarted_and_told_again():
+    events = []
+    sp = Recorder()
+    a = Announcer(sp, node, lambda kind, text, **f: events.append((kind, text, f)))
+
+    async def go():
+        await a.sync()
+        sp.status = -9  # killed
+        await a.keep_speaker(100.0)
+        assert a.announced == frozenset() and sp.starts == 1
+        await a.sync()
+
+    asyncio.run(go())
+    texts = [t for k, t, f in events if k == "bgp-speaker"]
+    assert texts[0].startswith("bgp: bird (pid 100) exited with status -9; the upstream withdraws")
+    assert texts[1] == "bgp: bird restarted (pid 101, restart 1)"
+    assert sp.calls == [frozenset({VIP1, VIP2})] * 2 and a.restarts == 1
 
 
 # ---- node.bgp in the config

@@ -141,7 +141,7 @@ def test_the_undeploy_mark_is_written_read_and_removed_and_the_watch_names_it(tm
 
 def test_undeploy_marks_only_a_router_a_running_edged_owns(tmp_path, monkeypatch):
     monkeypatch.setenv(deploy.LOCK_DIR_ENV, str(tmp_path))
-    assert not deploy._owned("eth9-1", "eth9")
+    assert not deploy.owned("eth9-1", "eth9")
     with deploy.NodeLock("eth9-1", "eth9"):  # what edged holds for its life (flocks: per open file)
-        assert deploy._owned("eth9-1", "eth9")
-    assert not deploy._owned("eth9-1", "eth9")
+        assert deploy.owned("eth9-1", "eth9")
+    assert not deploy.owned("eth9-1", "eth9")

@@ -105,3 +105,21 @@ def test_restarts_end_and_a_data_path_that_cannot_compile_is_not_restarted():
     interval = one("StartLimitIntervalSec")
     assert interval not in ("0", "infinity") and int(interval.rstrip("s")) > 0  # 0 would retry for ever
     assert 1 <= int(one("StartLimitBurst")) <= 20
+
+
+def test_the_run_dir_and_its_marks_outlive_a_stop():
+    """/run/edge holds the drain-node and undeploy marks beside the locks: a stop (or restart)
+    must not delete them, or a drained node announces again after `systemctl restart edged`.
+    A reboot clears /run, as it clears the pins in bpffs."""
+    assert one("RuntimeDirectory") == "edge"
+    assert one("RuntimeDirectoryPreserve") == "yes"
+
+
+def test_descriptors_are_limited_explicitly():
+    """edged opens a socket per probe, per metrics and API connection, and fds per map; the
+    unit says how many it may hold instead of inheriting 1,024 (the metrics endpoint caps its
+    own connections well below it)."""
+    from controlplane.edged import metrics
+
+    limit = int(one("LimitNOFILE"))
+    assert limit >= 8 * metrics.MAX_CONNECTIONS and limit >= 4096

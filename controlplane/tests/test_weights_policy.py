@@ -411,11 +411,11 @@ def test_a_failed_probe_counts_as_the_timeout():
     assert tr.rtt_s == PROBE.timeout_ms / 1000 and tr.fails == 2 and not tr.down
 
 
-def test_static_policy_uses_the_configured_weights_and_ignores_probes():
+def test_static_policy_uses_the_configured_weights_and_ignores_rtts():
     w = Weights(policy="static")
     svc = service([("a", 3), ("b", 1), ("c", 0)], w)
-    a, b = steady(w, 0.001), steady(w, 0.040)
-    probes(b, w, [None] * 5, T0 + 500 * MS)  # b is down by its probes: static doesn't care
+    a, b = steady(w, 0.001), steady(w, 0.040)  # b 40 times slower: static doesn't care
+    probes(b, w, [None] * (PROBE.fall - 1), T0 + 500 * MS)  # nor about failures short of fall
     d = decide(svc, {"a": a, "b": b}, None, T0 + 1000 * MS)
     assert d.weights == {"a": 3, "b": 1, "c": 0} and d.push
     assert d.states == {"a": "static", "b": "static", "c": "draining"}
