@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* edge_tc.c: clsact ingress of the backend-facing interfaces. Consumes
- * heartbeats (heartbeat.h); gives a backend's reply to a client the VIP back
- * as its source (NAT mode) when conntrack pins that client's connection to
- * this backend, or without an entry when the Maglev table gives it to this
- * backend and it is no direct connection (stateless.h), noting SYN-ACKs and
- * RSTs for passive detection, and
+ * heartbeats (heartbeat.h); notes SYNs to a backend's address as direct
+ * connections (stateless.h); gives a backend's reply to a client the VIP back
+ * as its source (NAT mode) when conntrack (or, for a SYN-ACK or RST, the
+ * half-open table) pins that client's connection to this backend, or
+ * without an entry when the Maglev table gives it to this backend and it is
+ * no direct connection (stateless.h), noting SYN-ACKs and RSTs for passive
+ * detection and the SYN-ACK a half-open connection's ACK must acknowledge,
+ * and
  * redirects it towards the client (nat.h, reply_out) without the kernel's
  * forwarding path; everything else continues untouched. The L4 checksum
  * goes through the kernel's helpers, which also handle partial checksums. */
@@ -38,12 +41,15 @@ static __always_inline void note_answer(const struct rnat_info *ri, int syn_ack)
 /* What a SYN-ACK or RST of a VIP connection says. A SYN-ACK acknowledging
  * the VIP SYN's sequence number (plus any data it carried) answers it: it is
  * NATed, retransmitted or not; one acknowledging anything else answers a SYN
- * that did not come through the VIP (a direct connection on a reused client
- * port): TC_ACT_UNSPEC, and the stale entry goes. Passive detection hears
+ * that did not come through the VIP: when that SYN was seen (a direct
+ * connection on a reused client port, stateless.h) TC_ACT_UNSPEC, and the
+ * stale entry (ho: the half-open one) goes; else it is NATed like the
+ * connection's, so it never leaves with the backend's address. Passive detection hears
  * only the first exact answer (ack = seq + 1) to a SYN it counted:
  * never a RST on an established or moved flow, nor one answering a stray
  * ACK (such a RST carries no ACK). *answer: 1, 0 or ANSWER_NONE. */
 static __always_inline int classify_answer(struct flow_info *fi, struct flow_key *fk,
+					   const struct backend_key *bk, struct half_open *ho,
 					   __u8 flags, __be32 ack_seq, int *answer)
 {
 	__u32 past = bpf_ntohl(ack_seq) - bpf_ntohl(fi->syn_seq) - 1;
@@ -52,8 +58,13 @@ static __always_inline int classify_answer(struct flow_info *fi, struct flow_key
 
 	*answer = ANSWER_NONE;
 	if (syn_ack && !ours) {
+		if (!is_direct(fk, bk))
+			return TC_ACT_OK;
 		wire_end(fi->flags, fi->backend_id);	/* wire.h: counted closed */
-		edge_ct.delete(fk);
+		if (ho)
+			edge_half_open.delete(fk);
+		else
+			edge_ct.delete(fk);
 		return TC_ACT_UNSPEC;
 	}
 	if (ours && past == 0 && (fi->flags & EDGE_CT_F_SYN_PENDING) &&
@@ -70,6 +81,7 @@ int edge_return(struct __sk_buff *skb)
 	struct hdr_cursor nh = { .pos = (void *)(long)skb->data };
 	struct backend_key rk = {};
 	struct flow_key fk = {};
+	struct half_open *ho = NULL;
 	struct flow_info *fi;
 	struct rnat_info *ri;
 	struct ethhdr *eth;
@@ -77,7 +89,7 @@ int edge_return(struct __sk_buff *skb)
 	__u32 l3_off, l4_off, csum_off, csum_flags;
 	int proto, vlans, verdict;
 	__u8 tcp_flags = 0;
-	__be32 ack_seq = 0;
+	__be32 ack_seq = 0, seq;
 	int answer = ANSWER_NONE;
 
 	proto = parse_eth(&nh, data_end, &eth, &vlans);
@@ -103,6 +115,23 @@ int edge_return(struct __sk_buff *skb)
 	}
 
 	l4_off = nh.pos - (void *)(long)skb->data;
+	if (proto == IPPROTO_TCP) {
+		/* the flags byte, read directly when it is in the linear data */
+		if (nh.pos + 14 <= data_end)
+			tcp_flags = ((__u8 *)nh.pos)[13];
+		else
+			bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1);
+		if ((tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == TCP_FLAG_SYN_) {
+			/* a connection opened from this side: no reply */
+			fk.src = iph->saddr;
+			fk.dst = iph->daddr;
+			fk.sport = ((__be16 *)nh.pos)[0];
+			fk.dport = ((__be16 *)nh.pos)[1];
+			fk.proto = IPPROTO_TCP;
+			direct_syn(&fk);
+			return TC_ACT_UNSPEC;
+		}
+	}
 	rk.addr = iph->saddr;
 	rk.port = ((__be16 *)nh.pos)[0];
 	rk.proto = proto;
@@ -117,28 +146,36 @@ int edge_return(struct __sk_buff *skb)
 	fk.sport = ((__be16 *)nh.pos)[1];
 	fk.dport = ri->vip_port;
 	fk.proto = proto;
-	if (proto == IPPROTO_TCP) {
-		/* the flags byte, read directly when it is in the linear data */
-		if (nh.pos + 14 <= data_end)
-			tcp_flags = ((__u8 *)nh.pos)[13];
-		else
-			bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1);
-	}
 	fi = edge_ct.lookup(&fk);
+	if (!fi && (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_))) {
+		/* tcp_flags: TCP only. The answer to a SYN of a half-open flow. */
+		ho = edge_half_open.lookup(&fk);
+		fi = ho ? &ho->ct : NULL;
+	}
 	if (!fi) {
 		/* no entry: ours if the Maglev table says so (stateless.h) */
-		if (!stateless_reply(&fk, &rk, ri, tcp_flags))
+		if (!stateless_reply(skb, &fk, &rk, ri, tcp_flags))
 			return TC_ACT_UNSPEC;
 	} else if (fi->backend_id != ri->backend_id) {
-		return TC_ACT_UNSPEC;
+		/* The connection is another backend's (moved, or given anew
+		 * to another by a SYN sent again): this backend's late
+		 * packets, a SYN-ACK above all, must not leave with its
+		 * address, unless its SYN went to it directly. */
+		if (proto != IPPROTO_TCP || is_direct(&fk, &rk))
+			return TC_ACT_UNSPEC;
+		count_reason(EDGE_DROP_OTHER_BACKEND);
+		return TC_ACT_SHOT;
 	} else if (proto == IPPROTO_TCP) {
 		if (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_)) {
 			bpf_skb_load_bytes(skb, l4_off + 8, &ack_seq, sizeof(ack_seq));
-			if (classify_answer(fi, &fk, tcp_flags, ack_seq, &answer) != TC_ACT_OK) {
-				/* a direct connection on a VIP flow's port: its
-				 * entry went, edge_direct keeps its replies as they are */
-				note_direct(&fk, &rk);
+			/* a direct connection on a VIP flow's port: its entry
+			 * went, edge_direct keeps its replies as they are */
+			if (classify_answer(fi, &fk, &rk, ho, tcp_flags, ack_seq, &answer) != TC_ACT_OK)
 				return TC_ACT_UNSPEC;
+			if (ho && (tcp_flags & TCP_FLAG_SYN_) &&
+			    bpf_skb_load_bytes(skb, l4_off + 4, &seq, sizeof(seq)) == 0) {
+				ho->ack_seq = bpf_htonl(bpf_ntohl(seq) + 1);
+				ho->flags |= EDGE_HO_F_ANSWERED;
 			}
 		}
 	}

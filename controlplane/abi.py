@@ -6,7 +6,9 @@ controlplane/tests/test_abi.py compares this file with the headers."""
 
 import struct
 
-ABI_VERSION = 13
+from controlplane.siphash import siphash24
+
+ABI_VERSION = 14
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -50,10 +52,16 @@ SVC_F_PROBED = 0x4
 SVC_F_DSR = 0x8
 
 HB_MAGIC = 0x45444745
-HB_VERSION = 2
+HB_VERSION = 3
 HEARTBEAT_SIZE = 24
-# struct heartbeat: magic, version, service port, seq, epoch, token (network order)
+HB_MAC_LEN = 16  # the MAC covers magic .. epoch
+HB_WINDOW_S = 60  # an epoch further than this from the router's CLOCK_TAI is refused
+# struct heartbeat: magic, version, service port, seq, epoch, then the MAC (network order)
+HEARTBEAT_BODY = struct.Struct("!IHHII")
 HEARTBEAT = struct.Struct("!IHHIIQ")
+HB_KEY_BYTES = 16  # a backend's SipHash-2-4 key
+
+HO_F_ANSWERED = 0x1  # half_open.flags: the backend's SYN-ACK was seen
 
 CNT_PASS = 0
 CNT_REDIRECT = 1
@@ -79,11 +87,13 @@ DROP_SPOOFED_HB = 5
 DROP_BAD_CSUM = 6
 DROP_UNTRACKED = 7
 DROP_REPLAYED_HB = 8
-DROP_ICMP_MALFORMED = 9
-DROP_ICMP_NESTED = 10
-DROP_ICMP_NO_FLOW = 11
-DROP_DSR_TOO_BIG = 12
-DROP_MAX = 13
+DROP_STALE_HB = 9
+DROP_OTHER_BACKEND = 10
+DROP_ICMP_MALFORMED = 11
+DROP_ICMP_NESTED = 12
+DROP_ICMP_NO_FLOW = 13
+DROP_DSR_TOO_BIG = 14
+DROP_MAX = 15
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -110,6 +120,8 @@ DROP_NAMES = {
     DROP_BAD_CSUM: "bad_checksum",
     DROP_UNTRACKED: "untracked",
     DROP_REPLAYED_HB: "replayed_heartbeat",
+    DROP_STALE_HB: "stale_heartbeat",
+    DROP_OTHER_BACKEND: "other_backend",
     DROP_ICMP_MALFORMED: "icmp_malformed",
     DROP_ICMP_NESTED: "icmp_nested",
     DROP_ICMP_NO_FLOW: "icmp_no_flow",
@@ -140,6 +152,7 @@ MAP_TAILS = "edge_tails"
 MAP_REPLY_HOP = "edge_reply_hop"
 MAP_WIRE = "edge_wire"
 MAP_DIRECT = "edge_direct"
+MAP_HALF_OPEN = "edge_half_open"
 MAP_VIP_FILTER = "edge_vip_filter"
 
 MAP_NAMES = (
@@ -147,13 +160,22 @@ MAP_NAMES = (
     MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
     MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
     MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS, MAP_REPLY_HOP, MAP_WIRE, MAP_DIRECT, MAP_VIP_FILTER,
+    MAP_HALF_OPEN,
 )
 
 
+def hb_key(token: int) -> bytes:
+    """The 16-byte SipHash key of a backend's heartbeat token (the config's `token`, up to 128
+    bits; a 64-bit one fills the last 8 bytes)."""
+    return token.to_bytes(HB_KEY_BYTES, "big")
+
+
 def heartbeat(port: int, seq: int, token: int, epoch: int) -> bytes:
-    """The UDP payload of one heartbeat for the backend serving port, from the agent run epoch
-    (>= 1; the router takes a newer epoch, or a higher seq within the one it last took)."""
-    return HEARTBEAT.pack(HB_MAGIC, HB_VERSION, port, seq & 0xFFFFFFFF, epoch & 0xFFFFFFFF, token)
+    """The UDP payload of one heartbeat for the backend serving port, MACed under its token's key
+    (hb_key). epoch: the sender's CLOCK_TAI second (the router takes one within HB_WINDOW_S of
+    its own clock and newer than the last it took, or a higher seq in the same second)."""
+    body = HEARTBEAT_BODY.pack(HB_MAGIC, HB_VERSION, port, seq & 0xFFFFFFFF, epoch & 0xFFFFFFFF)
+    return body + siphash24(hb_key(token), body).to_bytes(8, "big")
 
 # Program entry points (edge_xdp.c, edge_tc.c).
 PROG_INGRESS = "edge_ingress"

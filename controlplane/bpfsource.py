@@ -1,13 +1,23 @@
 """The C the data path is compiled from: bpf/'s programs as the one compilation unit bcc
-gets, our headers pasted in with #line markers. Pure text work, no bcc (loader.py compiles)."""
+gets, our headers pasted in with #line markers; and where bpf/ is (a checkout's top level, or
+the package data of an installed wheel). Pure text work, no bcc (loader.py compiles)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCES = ("edge_xdp.c", "edge_tc.c", "edge_reply.c")
+
+
+def _bpf_dir(package: Path) -> Path:
+    """Where bpf/ is: package data of an installed wheel (controlplane/bpf/, setup.py puts it
+    there), else the checkout's top-level bpf/ beside the package (a checkout, an editable install)."""
+    shipped = package / "bpf"
+    return shipped if (shipped / SOURCES[0]).is_file() else package.parent / "bpf"
+
+
+BPF_DIR = _bpf_dir(Path(__file__).resolve().parent)
 _INCLUDE = re.compile(r'^#include\s+"([^"]+)"\s*$', re.M)
 
 

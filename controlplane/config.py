@@ -181,7 +181,7 @@ class Weights:
     decay_ms: int = option("time constant of the RTT smoothing", _ms, 500)
     spike_filter: int = option(
         "RTT samples whose lower median is smoothed: 1 takes every sample (fastest); 2 ignores one "
-        "stray slow sample (a slowdown then counts from its second probe)", _int(1, 5), 1
+        "stray slow sample (a slowdown then counts from its second probe)", _int(1, 5), 2
     )
     rtt_offset_ms: int = option(
         "added to every smoothed RTT before weighting: differences far below it are probe noise", _int(0, MAX_MS), 1
@@ -438,6 +438,12 @@ class Fleet:
                               f"{'user' if self.user else 'password_file'}")
         if self.stale_ms <= self.report_ms:
             raise ConfigError(f"{path}.stale_ms: {self.stale_ms} must be greater than report_ms ({self.report_ms})")
+
+
+def half_open_size(ct_size: int) -> int:
+    """Entries of edge_half_open (TCP connections between the SYN and the client's ACK) for a
+    conntrack of ct_size entries: a quarter, at least 1024. Not a setting of its own."""
+    return max(ct_size // 4, 1024)
 
 
 @dataclass(frozen=True)

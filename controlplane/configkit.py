@@ -11,6 +11,7 @@ import ipaddress
 import os
 import re
 import stat
+from contextvars import ContextVar
 from dataclasses import MISSING, field, fields
 from ipaddress import IPv4Address
 from typing import Any, Callable
@@ -25,7 +26,7 @@ Check = Callable[[Any, str], Any]
 
 MAX_MS = 3_600_000  # upper bound of every *_ms value: one hour
 MAX_CONFIG_BYTES = 1 << 20  # a config file or text larger than this is refused unread
-TOKEN_MAX = 2**64 - 1
+TOKEN_MAX = 2**128 - 1  # a heartbeat key: 128 bits (64-bit tokens of older configs stay valid)
 
 
 def option(help: str, check: Check, default: Any = MISSING, required: bool | None = None) -> Any:
@@ -238,9 +239,9 @@ def _token(value: Any, path: str) -> int:
     else:
         raise ConfigError(f"{path}: expected an integer or a string like '0x5eed0001', got {_show(value)}")
     if not 0 <= number <= TOKEN_MAX:
-        raise ConfigError(f"{path}: {_show(value)} is out of range 0..2**64-1")
+        raise ConfigError(f"{path}: {_show(value)} is out of range 0..2**128-1")
     if number == 0:
-        raise ConfigError(f"{path}: 0 is not a token (it is what an unset field holds); use a random 64-bit value")
+        raise ConfigError(f"{path}: 0 is not a token (it is what an unset field holds); use a random 128-bit value")
     return number
 
 
@@ -261,32 +262,78 @@ def _version(value: Any, path: str) -> int:
 # ---- sections: a dataclass is the schema of one YAML mapping ----
 
 
+# While collect_errors() runs, every ConfigError of a field is noted here and parsing goes
+# on with the next field; a section with errors then raises _Reported, which its parents
+# note no more. Otherwise (the default, None) the first error is raised as it is.
+_COLLECT: ContextVar[list[str] | None] = ContextVar("config_errors", default=None)
+
+
+class _Reported(ConfigError):
+    """A section whose errors are noted already (collect_errors)."""
+
+
+def _note(e: ConfigError) -> bool:
+    """Raises e, or while collecting notes it (unless noted already) and returns True."""
+    sink = _COLLECT.get()
+    if sink is None:
+        raise e
+    if not isinstance(e, _Reported):
+        sink.append(str(e))
+    return True
+
+
+def _unknown_key(options: tuple, key: Any, path: str) -> ConfigError:
+    allowed = ", ".join(f.name for f in options)
+    if not path and isinstance(key, str) and not _NAME.fullmatch(key):
+        # A file that is no config (a path mistyped, a file swapped) starts here:
+        # quoting its first line could show what it holds.
+        return ConfigError(f"config: a top-level key that is not a name; unknown key (allowed: {allowed})")
+    return ConfigError(f"{_join(path, key)}: unknown key (allowed: {allowed})")
+
+
 def _parse(cls: type, value: Any, path: str) -> Any:
     """Build cls from the mapping at path: keys, then each field's check, then cls._validate."""
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: expected a mapping, got {_show(value)}")
     options = fields(cls)
     names = {f.name for f in options}
+    failed = False
     for key in value:
         if not (isinstance(key, str) and key in names):
-            allowed = ", ".join(f.name for f in options)
-            if not path and isinstance(key, str) and not _NAME.fullmatch(key):
-                # A file that is no config (a path mistyped, a file swapped) starts here:
-                # quoting its first line could show what it holds.
-                raise ConfigError(f"config: a top-level key that is not a name; unknown key (allowed: {allowed})")
-            raise ConfigError(f"{_join(path, key)}: unknown key (allowed: {allowed})")
+            failed = _note(_unknown_key(options, key, path))
     values = {}
     for f in options:
         where = _join(path, f.name)
-        if f.name in value:
-            values[f.name] = f.metadata["check"](value[f.name], where)
-        elif f.metadata["required"]:
-            raise ConfigError(f"{where}: missing")
+        try:
+            if f.name in value:
+                values[f.name] = f.metadata["check"](value[f.name], where)
+            elif f.metadata["required"]:
+                raise ConfigError(f"{where}: missing")
+        except ConfigError as e:
+            failed = _note(e)
+    if failed:
+        raise _Reported(path or "config")
     built = cls(**values)
     validate = getattr(built, "_validate", None)
     if validate is not None:
         validate(path)
     return built
+
+
+def collect_errors(parse: Callable[[], Any]) -> list[str]:
+    """Every error parse() (a parse_config call) meets, one line each, instead of the first:
+    each field's own, and the checks across fields of every section whose fields are valid."""
+    sink: list[str] = []
+    token = _COLLECT.set(sink)
+    try:
+        parse()
+    except _Reported:
+        pass
+    except ConfigError as e:
+        sink.append(str(e))
+    finally:
+        _COLLECT.reset(token)
+    return sink
 
 
 def _section(cls: type) -> Check:
@@ -301,7 +348,15 @@ def _sections(cls: type, empty: bool = False) -> Check:
             raise ConfigError(f"{path}: expected a list, got {_show(value)}")
         if not value and not empty:
             raise ConfigError(f"{path}: must not be empty")
-        return tuple(_parse(cls, item, f"{path}[{i}]") for i, item in enumerate(value))
+        items, failed = [], False
+        for i, item in enumerate(value):
+            try:
+                items.append(_parse(cls, item, f"{path}[{i}]"))
+            except ConfigError as e:
+                failed = _note(e)
+        if failed:
+            raise _Reported(path)
+        return tuple(items)
 
     return check
 

@@ -232,8 +232,13 @@ def _target(cfg: Config, iface: str) -> _Target:
     if len(return_oifs) > abi.MAX_RETURN_IFACES:
         raise ConfigError(f"services: backends sit behind {len(return_oifs)} interfaces; at most {abi.MAX_RETURN_IFACES}")
     current = loader.xdp_state(ingress)
+    if current and current.name == abi.PROG_REPLY:  # removing it would break the router it serves
+        raise LoaderError(f"{iface} is a backend-facing interface of the router deployed here (it runs its "
+                          f"reply path, {abi.PROG_REPLY}); deploy on the client-facing interface "
+                          f"('edgectl status' names it), and leave {iface} as it is")
     if current and current.name != abi.PROG_INGRESS:
-        raise LoaderError(f"{iface} already runs XDP program '{current.name}' (id {current.prog_id}); remove it first")
+        raise LoaderError(f"{iface} already runs XDP program '{current.name}' (id {current.prog_id}), "
+                          f"which is not the router's; remove it first ('ip link set dev {iface} xdp off')")
     instance = loader.instance_name(iface)
     pin_path = loader.instance_dir(pin_dir, instance)
     other = loader.other_abi_pins(pin_dir, instance)

@@ -26,6 +26,11 @@ class EdgeError(Exception):
         return str(self)
 
 
+class HostError(EdgeError):
+    """The host lacks what the operation needs: privileges, a kernel feature or its headers,
+    a bpffs, a running edged. edgectl exits 3 on it (1 is for a refused config or input)."""
+
+
 class ConfigError(EdgeError):
     """The config file is unreadable or invalid; the message names the field path."""
 
@@ -34,7 +39,7 @@ class LoaderError(EdgeError):
     """Compiling, loading, attaching or pinning the BPF programs failed."""
 
 
-class CompileError(LoaderError):
+class CompileError(LoaderError, HostError):
     """The data path does not compile on this kernel (its headers are missing, or it changed)."""
 
 
@@ -58,11 +63,22 @@ class ApiError(EdgeError):
         self.code = code
 
 
-class NotRunning(ApiError):
+class ApiDenied(ApiError, HostError):
+    """The API socket is closed to this user (not root, not in node.api_group)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "UNAVAILABLE")
+
+
+class NotRunning(ApiError, HostError):
     """No edged answers where the API should be (socket missing, or nothing listening)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, "UNAVAILABLE")
+
+
+class NoBpffs(LoaderError, HostError):
+    """node.pin_dir lies on no bpffs this process sees."""
 
 
 class SpeakerError(EdgeError):

@@ -19,8 +19,8 @@ from typing import Callable, Iterator, Mapping
 
 from controlplane import abi
 from controlplane.bpfsource import BPF_DIR, SOURCES, _amalgamate, source_text  # noqa: F401  (re-exported)
-from controlplane.config import Node
-from controlplane.errors import CompileError, LoaderError, MapError, NotDeployed
+from controlplane.config import Node, half_open_size
+from controlplane.errors import CompileError, LoaderError, MapError, NoBpffs, NotDeployed
 
 # Interfaces, routes, tc and sysctl are pyroute2's, in netlink.py; deploy and
 # the data-path watch reach them through this module, the one that attaches.
@@ -71,6 +71,12 @@ class Params:
     max_backends: int = _NODE.max_backends
     ct_size: int = _NODE.ct_size
 
+    @property
+    def half_open_size(self) -> int:
+        """Entries of edge_half_open (TCP connections between SYN and the client's ACK): a quarter
+        of conntrack's, at least 1024."""
+        return half_open_size(self.ct_size)
+
     @classmethod
     def of(cls, node: Node) -> "Params":
         return cls(node.maglev_m, node.max_services, node.max_backends, node.ct_size)
@@ -95,7 +101,7 @@ def check_bpffs(pin_dir: str) -> None:
     """Raises LoaderError unless pin_dir lies on a bpffs this process sees."""
     mnt, fstype = _mount_fstype(Path(pin_dir).resolve())
     if fstype != "bpf":
-        raise LoaderError(
+        raise NoBpffs(
             f"{pin_dir} is not on a bpffs here ({mnt} is {fstype}); under 'ip netns exec', "
             f"which remounts /sys, use 'nsenter --net=/run/netns/NAME' instead, "
             f"or mount one: mount -t bpf bpf /sys/fs/bpf"
@@ -333,6 +339,7 @@ def cflags(pin_path: Path, params: Params) -> list[str]:
         f"-DEDGE_MAX_SERVICES={params.max_services}",
         f"-DEDGE_MAX_BACKENDS={params.max_backends}",
         f"-DEDGE_CT_SIZE={params.ct_size}",
+        f"-DEDGE_HALF_OPEN_SIZE={params.half_open_size}",
     ]
 
 

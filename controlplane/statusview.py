@@ -14,6 +14,21 @@ def _fmt_count(n: int) -> str:
     return str(n)
 
 
+def same_shape(snap: dict) -> dict:
+    """snap with every key `status --json` can have, None where its source has nothing: what
+    only edged knows (edged, each backend's edged view, discovery), with node.fleet or node.bgp
+    only (fleet, bgp), after a cut conntrack count only (conntrack_partial). So a script sees
+    one shape with or without edged. Units are in the names: *_us, *_ns and *_permille in the
+    data path's records (probe), seconds and ratios everywhere else."""
+    for key in ("edged", "fleet", "bgp", "conntrack_partial"):
+        snap.setdefault(key, None)
+    for s in snap["services"]:
+        s.setdefault("discovery", None)
+        for b in s["backends"]:
+            b.setdefault("edged", None)
+    return snap
+
+
 def print_status(snap: dict) -> None:
     xdp = snap["xdp"]
     attached = f"XDP {xdp['mode']}, prog {xdp['prog_id']}" if xdp["attached"] else "XDP NOT ATTACHED"

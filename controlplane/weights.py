@@ -24,7 +24,11 @@ MAX_WEIGHT = limits.WEIGHT_MAX
 RTT_MIN_S = 1e-6  # an RTT of 0 would be an infinite weight
 KV_KNEE = 0.8  # KV-cache use below this costs nothing
 KV_MIN = 0.1  # KV factor at a full cache
-NEUTRAL_LOAD = 0.5  # unknown load: as loaded as one queued request per running one
+NEUTRAL_LOAD = 0.5  # unknown load: between idle (1) and a full engine (1/16)
+QUEUE_POWER = 4  # the queue factor: 1 / (1 + outstanding / slots)^QUEUE_POWER
+NOISE_K = 4.0  # RTTs within NOISE_K x the service's median jitter of the fastest weigh as the fastest
+RTT_DEADBAND = 0.4  # ... and so do RTTs (plus rtt_offset) within 40 % of the fastest's
+JITTER_DECAYS = 4  # the jitter average's time constant, in weights.decay_ms
 
 _NS_PER_MS = 1_000_000
 _NS_PER_S = 1e9
@@ -37,11 +41,13 @@ class Tracker:
     recent: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.spike_filter RTTs
     rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
     rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
+    jitter_s: float = 0.0  # smoothed |filtered sample - rtt_s|: how much this backend's RTT wobbles
     fails: int = 0  # failed probes in a row
     oks: int = 0  # good probes in a row
     down: bool = False  # probe.fall failures seen, probe.rise successes not yet
     last_error: Optional[str] = None  # of the newest failed probe
     load: Optional[Load] = None  # newest good scrape
+    peak_running: float = 0.0  # the most requests ever seen running at once: the engine's slots, learned
     scrape_failures: int = 0  # failed scrapes since the newest good one
     scrape_error: Optional[str] = None
     stall_since_ns: Optional[int] = None  # first scrape of the current stretch of work without progress
@@ -73,7 +79,9 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
         if tr.recent.maxlen != w.spike_filter:
             tr.recent = deque(tr.recent, maxlen=w.spike_filter)
         tr.recent.append(x)
-        _smooth(tr, sorted(tr.recent)[(len(tr.recent) - 1) // 2], s.t_ns, w)
+        x = sorted(tr.recent)[(len(tr.recent) - 1) // 2]
+        _jitter(tr, x, s.t_ns, w)
+        _smooth(tr, x, s.t_ns, w)
     if s.ok:
         tr.oks, tr.fails = tr.oks + 1, 0
         if tr.down and tr.oks >= probe.rise:
@@ -96,6 +104,15 @@ def sample_moves(tr: Tracker, s: Sample, was_down: bool, w: config.Weights, prob
     if not s.ok or was_down or tr.down:
         return True
     return tr.wire_rtt_s is None or probe_kind not in (None, "tcp")
+
+
+def _jitter(tr: Tracker, x: float, t_ns: int, w: config.Weights) -> None:
+    """Average |x - smoothed RTT| over JITTER_DECAYS x decay_ms: the noise band decide() allows."""
+    if tr.rtt_s is None or tr.rtt_t_ns is None:
+        return
+    dt_ns = max(0, t_ns - tr.rtt_t_ns)
+    alpha = 1.0 - math.exp(-dt_ns / (JITTER_DECAYS * w.decay_ms * _NS_PER_MS))
+    tr.jitter_s += alpha * (abs(x - tr.rtt_s) - tr.jitter_s)
 
 
 def _smooth(tr: Tracker, x: float, t_ns: int, w: config.Weights) -> None:
@@ -134,6 +151,7 @@ def observe_load(tr: Tracker, l: Load, w: config.Weights) -> None:
     if tr.hung and not hung:
         tr.ramp_since_ns = l.t_ns
     tr.hung, tr.load = hung, l
+    tr.peak_running = max(tr.peak_running, l.running or 0.0)
     tr.scrape_failures, tr.scrape_error = 0, None
 
 
@@ -156,11 +174,14 @@ def is_hung(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape]) -
     return tr.hung and load_state(tr, now_ns, metrics) == "fresh"
 
 
-def load_factor(l: Load) -> float:
-    """queue * kv factor of one good scrape: 1 idle, towards 0 saturated."""
+def load_factor(l: Load, slots: float = 0.0) -> float:
+    """queue * kv factor of one good scrape: 1 idle, towards 0 saturated. slots: the engine's
+    learned capacity (Tracker.peak_running); the queue factor is 1 / (1 + outstanding / slots)^4,
+    so a full engine weighs 1/16 of an idle one and one with a backlog of its size 1/81: new
+    flows go where slots are free, as join-the-shortest-queue would send them."""
     waiting = max(0.0, l.waiting or 0.0)
     running = max(0.0, l.running or 0.0)
-    queue = 1.0 / (1.0 + waiting / max(running, 1.0))
+    queue = 1.0 / (1.0 + (waiting + running) / max(slots, running, 1.0)) ** QUEUE_POWER
     kv = 1.0
     if l.kv_usage is not None and l.kv_usage > KV_KNEE:
         over = (min(l.kv_usage, 1.0) - KV_KNEE) / (1.0 - KV_KNEE)
@@ -196,7 +217,7 @@ def describe(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape] =
         "running": None if l is None else l.running,
         "kv_usage": None if l is None else l.kv_usage,
         "progress": None if l is None else l.progress,
-        "load_factor": load_factor(l) if state == "fresh" and l is not None else None,
+        "load_factor": load_factor(l, tr.peak_running) if state == "fresh" and l is not None else None,
         "scrape_failures": tr.scrape_failures,
         "scrape_error": tr.scrape_error,
         "hung": is_hung(tr, now_ns, metrics),
@@ -275,6 +296,12 @@ def decide(
                 When every primary is hung or down and a standby is up, hung ones get 0
                 instead, so the data path hands new flows to the standby.
                 When it ends (progress moves, or no work outstanding) slow start follows.
+      noise     jitter_b = |x - rtt_b| averaged like the RTT with tau = JITTER_DECAYS x decay_ms (before
+                x moves rtt_b). band = max(NOISE_K x the median jitter of the computed backends,
+                RTT_DEADBAND x (fastest RTT + rtt_offset)); an RTT within band above the fastest
+                RTT of the computed backends counts as the fastest, so identical backends whose
+                probes wobble weigh exactly alike (no pushes), while an RTT further off than the
+                noise (a 2x slower backend) counts as itself (order by RTT is kept).
       latency   lat_b = base_b / max(rtt_b + rtt_offset, 1 us)   (rtt_offset = weights.rtt_offset_ms:
                 differences far below it are probe noise, not a reason to move flows)
                 raw_b = SCALE * lat_b / max(lat_c over computed backends c) * load_b
@@ -283,7 +310,9 @@ def decide(
                 normalised away, so a backend's weight moves with its own load only.
       load      load_b = 1 when load_aware is off or health.metrics is unset. Otherwise,
                 from the newest good scrape while it is younger than metrics.stale_ms:
-                  queue = 1 / (1 + waiting / max(running, 1))
+                  queue = 1 / (1 + (waiting + running) / slots)^QUEUE_POWER (4), slots = the
+                          most requests the backend was ever seen running (at least running, 1):
+                          an idle engine 1, a full one 1/16, a backlog of its size 1/81
                   kv    = 1 below KV_KNEE, falling linearly to KV_MIN at kv_usage 1.0
                   load  = queue * kv          (1 idle, -> 0 saturated; a signal the
                                                backend doesn't export counts as no pressure)
@@ -400,10 +429,14 @@ def _latency_inverse(
     rtts = {b.name: rtt_input(trs[b.name], kind) for b in computed}
     known = [r for r in rtts.values() if r is not None]
     fill_s = statistics.median(known) if known else 1.0
+    best_s = min(known, default=fill_s)
+    band_s = max(NOISE_K * statistics.median([trs[b.name].jitter_s for b in computed]) if computed else 0.0,
+                 RTT_DEADBAND * (best_s + w.rtt_offset_ms / 1000))
     lat = {}
     for b in computed:
         rtt = rtts[b.name]
-        lat[b.name] = b.weight / max((rtt if rtt is not None else fill_s) + w.rtt_offset_ms / 1000, RTT_MIN_S)
+        rtt = fill_s if rtt is None else best_s if rtt - best_s <= band_s else rtt
+        lat[b.name] = b.weight / max(rtt + w.rtt_offset_ms / 1000, RTT_MIN_S)
     best = max(lat.values(), default=1.0)
 
     raw: dict[str, int] = {}
@@ -413,6 +446,8 @@ def _latency_inverse(
         source = "wire rtt" if tr.wire_rtt_s is not None and rtt == tr.wire_rtt_s else "rtt"
         words = [f"{source} {rtt * 1000:.2f} ms" if rtt is not None else (
             f"no probe data: median rtt {fill_s * 1000:.2f} ms" if known else "no probe data")]
+        if rtt is not None and rtt != best_s and rtt - best_s <= band_s:
+            words[0] += f" (within noise of the fastest, {best_s * 1000:.2f} ms)"
         state = "fail-open" if tr.down else "up"
         if tr.down:
             words.insert(0, "every backend fails its probes: failing open")
@@ -453,7 +488,7 @@ def _load(
         words = f"{_num(l.waiting)} waiting, {_num(l.running)} running"
         if l.kv_usage is not None:
             words += f", kv {l.kv_usage:.0%}"
-        factor = load_factor(l)
+        factor = load_factor(l, tr.peak_running)
         return factor, "up", f"{words}: load x{factor:.2f}"
     if state == "stale":
         assert tr.load is not None

@@ -9,10 +9,10 @@ Every sender is bounded in count and time.
 from __future__ import annotations
 
 import socket
-import time
 from ipaddress import IPv4Address
 
 from controlplane import abi
+from controlplane.agent.wire import clock_ns
 from controlplane.lab.heartbeats import start_heartbeats as agent
 from controlplane.lab.topo import Net, Ns
 
@@ -35,11 +35,17 @@ def hb_socket(ns: Ns, source: IPv4Address, *, forge: bool = False) -> socket.soc
     return sock
 
 
+def now_epoch() -> int:
+    """This second of the clock heartbeats are stamped with (CLOCK_TAI)."""
+    return clock_ns() // 1_000_000_000
+
+
 def send(sock: socket.socket, dst: IPv4Address, seq: int, token: int, *,
          hb_port: int = HB_PORT, service_port: int = SERVICE_PORT, epoch: int | None = None) -> None:
-    """One heartbeat (abi.heartbeat) from sock to dst:hb_port; epoch: the sender's run, by default
-    this second (the router takes a newer epoch, or a higher seq in the same one)."""
-    epoch = int(time.time()) if epoch is None else epoch
+    """One heartbeat (abi.heartbeat) from sock to dst:hb_port; epoch: by default this second of
+    the clock heartbeats are stamped with (the router takes a newer epoch, or a higher seq in the
+    same one, within abi.HB_WINDOW_S of its clock)."""
+    epoch = now_epoch() if epoch is None else epoch
     sock.sendto(abi.heartbeat(service_port, seq, token, epoch), (str(dst), hb_port))
 
 

@@ -274,3 +274,19 @@ def test_deploy_refuses_a_pin_directory_it_does_not_own(net, router, owner, mode
         if done is not None and done.returncode == 0:  # the old code deployed there: undeploy, then remove what is left
             router.edgectl("-q", "undeploy", "--iface", router.iface, "--pin-dir", pin_dir)
         shutil.rmtree(pin_dir)
+
+
+def test_deploy_on_a_backend_facing_interface_says_what_it_is_and_changes_nothing(net, router):
+    """It advised "remove it first" before: removing edge_reply there breaks the running router."""
+    router.deploy([router.service("web")])
+    try:
+        before = node_state(router)
+        ifname = net.backend_iface(0)
+
+        done = router.deploy([router.service("web")], iface=ifname, check=False)
+
+        line = assert_one_line_error(done, ifname, "backend-facing interface", "client-facing")
+        assert "remove it" not in line
+        assert node_state(router) == before
+    finally:
+        router.undeploy()

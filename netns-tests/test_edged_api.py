@@ -130,3 +130,38 @@ def test_status_drain_weight_events_and_metrics_through_edged(net, router, tmp_p
     # edged gone: status falls back to the pinned maps and still works
     done = router.edgectl("status", "--socket", sock)
     assert done.returncode == 0 and "b1" in done.stdout, done.stderr
+
+
+def shape(value: object) -> object:
+    """The keys of value at every depth (list items merged), without the values."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        merged: dict = {}
+        for item in value:
+            if isinstance(item, dict):
+                merged.update(shape(item))
+        return [merged] if merged else []
+    return None
+
+
+def differences(a: object, b: object, path: str = "") -> list[str]:
+    """Paths where shapes a and b differ in their keys; a value of None (nothing known there,
+    e.g. edged's view without edged) matches any value."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return ([f"{path}.{k}" for k in sorted(a.keys() ^ b.keys())]
+                + [d for k in a.keys() & b.keys() for d in differences(a[k], b[k], f"{path}.{k}")])
+    if isinstance(a, list) and isinstance(b, list) and a and b:
+        return differences(a[0], b[0], f"{path}[]")
+    return []
+
+
+def test_status_json_has_one_shape_with_or_without_edged(net, router, tmp_path):
+    sock = str(tmp_path / "edged.sock")
+    with start(net, router, sock):
+        wait_until(lambda: all(b["edged"] and b["edged"]["state"] for b in backends(status(router, sock)).values()),
+                   20.0, "edged's view of every backend")
+        from_edged = status(router, sock)
+        (from_maps,) = json.loads(ctl(router, sock, "status", "--json", "--maps"))
+    assert differences(shape(from_edged), shape(from_maps)) == []
+    assert from_maps["edged"] is None and all(b["edged"] is None for b in backends(from_maps).values())

@@ -42,10 +42,11 @@ def test_a_data_path_that_cannot_compile_is_one_line_and_a_distinct_exit(net, ro
         proc._reader.join(10)
     finally:
         proc.stop()
-    lines = proc.other_lines
+    lines = proc.other_lines + [e["text"] for e in proc.events if e["kind"] == "fatal"]
     assert code == edged_module.EXIT_CANNOT_COMPILE == 3, (code, lines)
-    assert len(lines) == 1 and lines[0].startswith("edged: cannot compile the data path for kernel "), lines
+    assert len(lines) == 1 and lines[0].startswith("cannot compile the data path for kernel "), lines
     assert "kernel headers" in lines[0], lines
+    assert [e["severity"] for e in proc.events if e["kind"] == "fatal"] == ["error"]
     assert router.pinned_ifaces() == []
     assert router.iface_state(router.iface).xdp_prog_id is None
 

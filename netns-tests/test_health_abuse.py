@@ -24,75 +24,27 @@ from __future__ import annotations
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from ipaddress import IPv4Address
-from typing import Callable, Iterator
 
 import hb
+from abuse import (
+    ALL,
+    CRAFTED_SRC,
+    HEARTBEAT,
+    TOKENS,
+    answer,
+    crafted_neighbour,
+    crafter,
+    flows,
+    handled,
+    web,
+)
 from packets import Capture, send_frames
 from scapy.layers.inet import IP, TCP
-from scapy.layers.l2 import Ether
 
-from controlplane.lab.router import Router, link_mac
-from controlplane.lab.topo import Net
 from controlplane.lab.traffic import backends_seen, close_all, open_connections, wait_until
 
 PORT = 8000  # conftest.BACKEND_PORT
-CRAFTED_SRC = IPv4Address("198.18.0.77")  # in the client's subnet, used by no socket
-ALL = {"b0", "b1", "b2"}
-TOKENS = {i: 0x5EED0100 + i for i in range(3)}
 PASSIVE = {"syn_timeout_ms": 50, "consecutive": 3, "ejection_ms": 2000, "max_ejected_percent": 50}
-HEARTBEAT = {"port": hb.HB_PORT, "interval_ms": 1, "timeout_ms": 250, "rise": 3}
-
-
-def web(router: Router, health: dict, **extra) -> dict:
-    svc = router.service("web", health=health, **extra)
-    if "heartbeat" in health:
-        for entry in svc["backends"]:
-            entry["token"] = hex(TOKENS[int(entry["name"][1:])])
-    return svc
-
-
-def crafter(net: Net, router: Router) -> Callable[[TCP], bytes]:
-    """frame(tcp): one frame from CRAFTED_SRC to the VIP, out of the client's veth to the router."""
-    eth = Ether(dst=router.mac(), src=link_mac(net.client, net.client_iface))
-    return lambda tcp: bytes(eth / IP(src=str(CRAFTED_SRC), dst=str(net.vip), ttl=64) / tcp)
-
-
-def flows(net: Net, n: int) -> Counter:
-    return backends_seen(net.client, net.vip, PORT, n, flow_timeout_s=1.0)
-
-
-def answer(conn) -> str:
-    """The backend answering one more request on conn, or "error:<exception>"."""
-    try:
-        return conn.request().backend
-    except OSError as e:
-        return f"error:{type(e).__name__}"
-
-
-def handled(router: Router, before: dict, n: int) -> None:
-    """Wait until the router has forwarded or dropped n more VIP packets than in before."""
-    def count(c: dict) -> int:
-        v = c["verdicts"]
-        return v["redirect"] + v["nat_pass"] + v["drop"]
-
-    wait_until(lambda: count(router.counters()) - count(before) >= n, 5.0, f"{n} frames handled",
-               observe=lambda: count(router.counters()) - count(before))
-
-
-@contextmanager
-def crafted_neighbour(net: Net) -> Iterator[None]:
-    """The router resolves CRAFTED_SRC to the client's MAC inside the block."""
-    mac = link_mac(net.client, net.client_iface)
-    with net.router.iproute() as ipr:
-        index = ipr.link_lookup(ifname=net.router_client_iface)[0]
-        ipr.neigh("add", dst=str(CRAFTED_SRC), lladdr=mac, ifindex=index, state="permanent")
-    try:
-        yield
-    finally:
-        with net.router.iproute() as ipr:
-            ipr.neigh("del", dst=str(CRAFTED_SRC), lladdr=mac, ifindex=index)
 
 
 def test_bad_checksum_syns_and_bare_acks_eject_no_backend(net, router):
@@ -271,7 +223,7 @@ def test_replayed_heartbeats_do_not_revive_a_silent_backend(net, router):
     agents = [hb.start_heartbeats(net, i, token=TOKENS[i]) for i in (1, 2)]
     sock = hb.hb_socket(net.backends[0], net.backend_addr(0))
     dst = net.topo.router_backend_addr(0).ip
-    epoch = int(time.time())
+    epoch = hb.now_epoch()
     try:
         def beat(seq: int, at_epoch: int = epoch) -> None:
             hb.send(sock, dst, seq, TOKENS[0], epoch=at_epoch)

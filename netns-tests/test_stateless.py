@@ -8,7 +8,8 @@ through ECMP (identical tables fleet-wide, no entries), made here by emptying ed
 A VIP connection whose entry is gone must still get every answer: its packets beyond the
 per-CPU budget of new entries are forwarded by their Maglev pick (counted as stateless), and
 the backend's replies are reverse-NATed because the Maglev slot of (client, VIP) names the
-sender (return_stateless), which also gives the connection its entry back. A connection to a
+sender (return_stateless). Only the connection's own packets through the ingress give it its
+entry back, within the budget: replies make none (a backend could fill conntrack with them). A connection to a
 backend's own address (a client talking to it directly, the router's own probes) is no VIP
 connection: its replies leave with the backend's address, entry or not.
 """
@@ -60,8 +61,8 @@ def test_connections_keep_their_answers_after_conntrack_is_emptied(net, router):
     request on each is answered by the backend it had, with no packet dropped as untracked
     (before this was built, every packet beyond the budget was, and its connection waited for
     retransmissions). Packets were forwarded statelessly and replies reverse-NATed by Maglev,
-    and afterwards conntrack knows all 300 connections again (the budget's entries plus those
-    the return path put back)."""
+    and afterwards conntrack knows some of the connections again (the budget's entries: the
+    return path makes none)."""
     router.deploy([router.service("web")])
     conns = open_connections(net.client, net.vip, PORT, N_CONNS)
     try:
@@ -81,7 +82,7 @@ def test_connections_keep_their_answers_after_conntrack_is_emptied(net, router):
     assert delta(after, before, "drops", "untracked") == 0
     assert delta(after, before, "verdicts", "stateless") > 0
     assert delta(after, before, "verdicts", "return_stateless") > 0
-    assert entries == N_CONNS
+    assert 0 < entries <= N_CONNS
 
 
 def test_direct_connections_to_a_backend_are_not_rewritten_without_conntrack(net, router):

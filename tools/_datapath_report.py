@@ -59,7 +59,7 @@ def print_variant(ct_type: str, params: dict, run: dict) -> None:
     print(f"  Maglev M={params['maglev_m']}, {params['backends']} backends, health {params['health']}, {ct}")
     rows = [("case", "ns/pkt", "raw", "wrapper", "raw min..max")]
     for key in ("established", "new_flow", "pass", "reference", "floor", "floor_new", "new_flow_room",
-                "reply_xdp", "reply_xdp_floor", "reply", "reply_floor"):
+                "reply_xdp", "reply_xdp_floor", "reply", "reply_floor", "hb_mac"):
         if key not in res["cases"]:
             continue
         r = res["cases"][key]

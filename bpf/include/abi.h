@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	13
+#define EDGE_ABI_VERSION	14
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -100,7 +100,7 @@ struct backend_health {
 	__u32	rst_count;	/* RSTs answering SYNs since the last SYN-ACK */
 	__u32	ejections;	/* times ejected; doubles the next ejection */
 	__u32	hb_seq;		/* sequence number of the last heartbeat taken */
-	__u32	hb_epoch;	/* epoch of the last heartbeat taken; an older one, or no higher seq in it, is a replay */
+	__u32	hb_epoch;	/* epoch (sender's clock, s) of the last heartbeat taken; an older one, or no higher seq in it, is a replay */
 	__u32	probation;	/* 1 from an ejection until evidence: a matched SYN-ACK or a heartbeat after it */
 	__u32	pad;
 };
@@ -114,24 +114,27 @@ struct hb_key {
 
 /* Value of edge_hb. */
 struct hb_target {
-	__u64	token;		/* must match heartbeat.token (host order here) */
+	__u64	key[2];		/* the backend's own SipHash-2-4 key: k0, k1 (the key's bytes 0-7 and 8-15, little endian) */
 	__u64	timeout_ns;	/* gap that restarts the rise count */
 	__u32	health_id;
 	__u32	ifindex;	/* backend-facing interface it must arrive on */
 };
 
 /* Heartbeat wire format: the UDP payload a backend's agent sends. All fields
- * in network byte order. */
+ * in network byte order. mac is SipHash-2-4 under the backend's key over the
+ * 16 bytes before it (siphash.h); the data path recomputes it. */
 #define EDGE_HB_MAGIC		0x45444745	/* "EDGE" */
-#define EDGE_HB_VERSION		2
+#define EDGE_HB_VERSION		3
 #define EDGE_HEARTBEAT_SIZE	24
+#define EDGE_HB_MAC_LEN		16	/* bytes the MAC covers: magic .. epoch */
+#define EDGE_HB_WINDOW_S	60	/* an epoch further than this from the router's CLOCK_TAI is refused */
 struct heartbeat {
 	__be32	magic;
 	__be16	version;
 	__be16	port;		/* service port of the backend it speaks for */
 	__be32	seq;		/* rises within an epoch */
-	__be32	epoch;		/* the agent's run: seconds since 1970 at its start, >= 1 */
-	__be64	token;		/* per-backend secret from the config */
+	__be32	epoch;		/* the sender's CLOCK_TAI second when it sent it */
+	__be64	mac;		/* SipHash-2-4(backend key, magic .. epoch) */
 };
 
 /* Key of edge_ct: a client's connection to a VIP. */
@@ -153,6 +156,19 @@ struct flow_info {
 	__be32	syn_seq;	/* sequence number of the last SYN through the VIP (EDGE_CT_F_SYN) */
 	__u64	wire_ns;	/* bpf_ktime_get_ns() of what EDGE_CT_F_HS_WAIT or _RESP_WAIT times (wire.h) */
 };
+
+/* Value of edge_half_open: a TCP connection whose SYN went through the VIP
+ * and whose handshake the client has not completed. Its client's first ACK
+ * that acknowledges the backend's SYN-ACK (ack_seq) moves ct into edge_ct;
+ * until then a SYN flood evicts only other half-open flows. */
+struct half_open {
+	struct flow_info ct;	/* what edge_ct will hold */
+	__be32	ack_seq;	/* the backend's SYN-ACK sequence number + 1 (EDGE_HO_F_ANSWERED) */
+	__u32	flags;		/* EDGE_HO_F_* */
+};
+
+/* half_open.flags */
+#define EDGE_HO_F_ANSWERED	0x1	/* the backend's SYN-ACK was seen: ack_seq holds */
 
 /* flow_info.flags */
 #define EDGE_CT_F_SYN		0x1	/* a SYN went through the VIP: SYN-ACKs acking syn_seq are ours */
@@ -226,8 +242,9 @@ struct ct_budget {
 };
 
 /* Key of edge_direct: a TCP connection to a backend's own address that did
- * not come through a VIP (its SYN-ACK had no conntrack entry): the return
- * path leaves its replies alone. Value: __u32, unused (1). */
+ * not come through a VIP, learnt from its SYN (to the backend's address, seen
+ * by the ingress or the return path): the return path leaves its replies
+ * alone. Value: __u32, unused (1). */
 #define EDGE_DIRECT_SLOTS	16384	/* LRU entries */
 struct direct_key {
 	__be32	backend;	/* the backend's address, network byte order */
@@ -347,11 +364,13 @@ struct node_info {
 #define EDGE_DROP_BAD_CSUM	6	/* VIP packet with a wrong IPv4 header checksum, or SYN with a wrong TCP checksum */
 #define EDGE_DROP_UNTRACKED	7	/* TCP, no SYN, no conntrack entry, and this CPU's budget of new entries spent */
 #define EDGE_DROP_REPLAYED_HB	8	/* valid heartbeat of an older epoch, or without a higher seq in the same one */
-#define EDGE_DROP_ICMP_MALFORMED	9	/* ICMP error to a VIP address cut short, or its quoted header not a VIP flow's (icmp.h) */
-#define EDGE_DROP_ICMP_NESTED	10	/* ICMP error to a VIP address quoting an ICMP packet */
-#define EDGE_DROP_ICMP_NO_FLOW	11	/* ICMP error quoting a VIP flow neither conntrack nor the Maglev table knows */
-#define EDGE_DROP_DSR_TOO_BIG	12	/* DSR: the packet with its IPIP header exceeds the backend link's MTU */
-#define EDGE_DROP_MAX		13
+#define EDGE_DROP_STALE_HB	9	/* heartbeat with a valid MAC whose epoch is outside EDGE_HB_WINDOW_S of the router's clock */
+#define EDGE_DROP_OTHER_BACKEND	10	/* TCP from a backend whose connection conntrack gives to another, not known direct: it would leave with the backend's address */
+#define EDGE_DROP_ICMP_MALFORMED	11	/* ICMP error to a VIP address cut short, or its quoted header not a VIP flow's (icmp.h) */
+#define EDGE_DROP_ICMP_NESTED	12	/* ICMP error to a VIP address quoting an ICMP packet */
+#define EDGE_DROP_ICMP_NO_FLOW	13	/* ICMP error quoting a VIP flow neither conntrack nor the Maglev table knows */
+#define EDGE_DROP_DSR_TOO_BIG	14	/* DSR: the packet with its IPIP header exceeds the backend link's MTU */
+#define EDGE_DROP_MAX		15
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
@@ -370,7 +389,8 @@ _Static_assert(sizeof(struct direct_key) == 12, "abi: direct_key");
 _Static_assert(sizeof(struct service_cfg) == 312, "abi: service_cfg");
 _Static_assert(sizeof(struct backend_health) == 64, "abi: backend_health");
 _Static_assert(sizeof(struct hb_key) == 8, "abi: hb_key");
-_Static_assert(sizeof(struct hb_target) == 24, "abi: hb_target");
+_Static_assert(sizeof(struct hb_target) == 32, "abi: hb_target");
+_Static_assert(sizeof(struct half_open) == 32, "abi: half_open");
 _Static_assert(sizeof(struct heartbeat) == EDGE_HEARTBEAT_SIZE, "abi: heartbeat");
 _Static_assert(sizeof(struct service_meta) == 40, "abi: service_meta");
 _Static_assert(sizeof(struct backend_meta) == 40, "abi: backend_meta");

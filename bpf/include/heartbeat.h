@@ -1,16 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* heartbeat.h: backends' heartbeats. The return-path program on the
  * backend-facing interfaces validates each one (registered address and
- * service port, heartbeat port, arrival interface, version, token), stamps
- * the backend's health and consumes it. The ingress program drops any
- * heartbeat that arrives on an interface other than its backend's, so a
- * client cannot keep a dead backend alive. Every rejection is counted. */
+ * service port, heartbeat port, arrival interface, version, a MAC under the
+ * backend's own key, an epoch within EDGE_HB_WINDOW_S of the router's clock,
+ * newer than the last taken), stamps the backend's health and consumes it.
+ * The ingress program drops any heartbeat that arrives on an interface
+ * other than its backend's, so a client cannot keep a dead backend alive.
+ * Every rejection is counted. */
 #ifndef EDGE_HEARTBEAT_H
 #define EDGE_HEARTBEAT_H
 
 #include <uapi/linux/pkt_cls.h>
 #include "maps.h"
 #include "stats.h"
+#include "siphash.h"
 
 #define EDGE_HB_RISE_CAP	1000000	/* rise_count stops counting here */
 
@@ -21,6 +24,29 @@ static __always_inline __u64 be64_to_host(__u64 x)
 #else
 	return x;
 #endif
+}
+
+/* bcc's helpers.h may lack bpf_ktime_get_tai_ns (kernel 6.1); this is the
+ * kernel's signature (uapi/linux/bpf.h). */
+static __u64 (*ktime_get_tai_ns)(void) = (void *)BPF_FUNC_ktime_get_tai_ns;
+
+/* 1 when hb carries the MAC of its first EDGE_HB_MAC_LEN bytes under t's key. */
+static __always_inline int hb_mac_ok(const struct heartbeat *hb, const struct hb_target *t)
+{
+	const __u64 *m = (const __u64 *)hb;
+
+	return siphash24_16(t->key[0], t->key[1], sip_le64(m[0]), sip_le64(m[1])) ==
+	       be64_to_host(hb->mac);
+}
+
+/* 1 when epoch (seconds of the sender's CLOCK_TAI) is within EDGE_HB_WINDOW_S
+ * of the router's: a heartbeat from far ahead would otherwise make every
+ * later one of the real agent a replay. */
+static __always_inline int hb_epoch_ok(__u32 epoch)
+{
+	__u64 now_s = ktime_get_tai_ns() / 1000000000ULL;
+
+	return (__u64)epoch + EDGE_HB_WINDOW_S >= now_s && (__u64)epoch <= now_s + EDGE_HB_WINDOW_S;
 }
 
 static __always_inline int is_hb_port(__be16 port)
@@ -82,14 +108,18 @@ static __always_inline int consume_heartbeat(struct __sk_buff *skb,
 	    hb.magic != bpf_htonl(EDGE_HB_MAGIC))
 		return TC_ACT_UNSPEC;	/* not a heartbeat after all */
 	t = hb_lookup(&hb, iph->saddr, dport);
-	if (!t || t->ifindex != skb->ingress_ifindex || be64_to_host(hb.token) != t->token)
+	if (!t || t->ifindex != skb->ingress_ifindex || !hb_mac_ok(&hb, t))
 		goto spoofed;
 	h = edge_health.lookup(&t->health_id);
 	if (!h)
 		goto spoofed;
-	/* A copy of an earlier heartbeat must not keep a dead backend alive. */
 	epoch = bpf_ntohl(hb.epoch);
 	seq = bpf_ntohl(hb.seq);
+	if (!hb_epoch_ok(epoch)) {
+		count_reason(EDGE_DROP_STALE_HB);
+		return TC_ACT_SHOT;
+	}
+	/* A copy of an earlier heartbeat must not keep a dead backend alive. */
 	if (!epoch || epoch < h->hb_epoch || (epoch == h->hb_epoch && seq <= h->hb_seq)) {
 		count_reason(EDGE_DROP_REPLAYED_HB);
 		return TC_ACT_SHOT;

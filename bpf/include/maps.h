@@ -15,7 +15,9 @@
 /* EDGE_MAGLEV_M: slots per Maglev table; prime; Python builds the same M.
  * EDGE_MAX_SERVICES: VIPs; each owns two Maglev tables (A/B).
  * EDGE_MAX_BACKENDS: backend ids, across all VIPs.
- * EDGE_CT_SIZE: conntrack entries (and as many reverse-NAT entries). */
+ * EDGE_CT_SIZE: conntrack entries (and as many reverse-NAT entries).
+ * EDGE_HALF_OPEN_SIZE: half-open TCP connections (loader: a quarter of
+ * EDGE_CT_SIZE, at least 1024). */
 #ifndef EDGE_MAGLEV_M
 #error "EDGE_MAGLEV_M must be set by the loader"
 #endif
@@ -27,6 +29,9 @@
 #endif
 #ifndef EDGE_CT_SIZE
 #error "EDGE_CT_SIZE must be set by the loader"
+#endif
+#ifndef EDGE_HALF_OPEN_SIZE
+#error "EDGE_HALF_OPEN_SIZE must be set by the loader"
 #endif
 
 #define EDGE_PIN(name)		EDGE_PIN_DIR "/" #name
@@ -67,6 +72,10 @@ BPF_TABLE_PINNED("array", __u32, __u32, edge_maglev,
 #endif
 BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow_info, edge_ct,
 		 EDGE_CT_SIZE, EDGE_PIN(edge_ct), EDGE_CT_FLAGS);
+/* Half-open TCP connections: client 5-tuple -> the entry edge_ct gets on the
+ * client's ACK (flow.h). An LRU of its own, so SYNs evict only each other. */
+BPF_TABLE_PINNED("lru_hash", struct flow_key, struct half_open, edge_half_open,
+		 EDGE_HALF_OPEN_SIZE, EDGE_PIN(edge_half_open), EDGE_CT_FLAGS);
 /* Per-CPU budget of conntrack entries for TCP packets that are no SYN. */
 BPF_TABLE_PINNED("percpu_array", __u32, struct ct_budget, edge_ct_budget,
 		 1, EDGE_PIN(edge_ct_budget));
@@ -74,7 +83,7 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct ct_budget, edge_ct_budget,
 BPF_TABLE_PINNED("hash", struct backend_key, struct rnat_info, edge_rnat,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_rnat));
 /* Direct (not VIP) TCP connections to a backend endpoint in edge_rnat, seen
- * by their SYN-ACK: the stateless return path leaves them alone (stateless.h). */
+ * by their SYN: the return path leaves them alone (stateless.h). */
 BPF_TABLE_PINNED("lru_hash", struct direct_key, __u32, edge_direct,
 		 EDGE_DIRECT_SLOTS, EDGE_PIN(edge_direct));
 /* backend id -> cached egress interface and MACs (per CPU). */

@@ -13,7 +13,7 @@ from ipaddress import IPv4Address
 from typing import Optional
 from urllib.parse import urlsplit
 
-from controlplane import limits
+from controlplane import __version__, limits
 
 PROG = "edge-heartbeat"
 DEFAULT_ROUTER_PORT = 7946  # config.Heartbeat.port's default; test_heartbeat compares them
@@ -23,7 +23,7 @@ MIN_CHECK_TIMEOUT_MS = 20.0
 DEFAULT_CHECK_PATH = "/v2/health/ready"  # Open Inference Protocol (Triton, KServe); vLLM/TGI: /health
 MIN_INTERVAL_MS = 0.05
 MAX_INTERVAL_MS = 3_600_000.0  # one hour, config.MAX_MS
-TOKEN_MAX = 2**64 - 1
+TOKEN_MAX = 2**128 - 1
 
 
 class UsageError(ValueError):
@@ -53,13 +53,13 @@ def parse_router(text: str) -> tuple[IPv4Address, int]:
 
 
 def parse_token(text: str) -> int:
-    """A 64-bit token, decimal or 0x hex, as the config writes it (never 0, as the config)."""
+    """A token (heartbeat key, up to 128 bits), decimal or 0x hex, as the config writes it (never 0, as the config)."""
     try:
         value = int(text, 0)
     except ValueError:
         raise UsageError("--token-file: the token is not an integer (e.g. 0x5eed0001)") from None
     if not 0 < value <= TOKEN_MAX:
-        raise UsageError("--token-file: the token is out of range 1..2**64-1")
+        raise UsageError("--token-file: the token is out of range 1..2**128-1")
     return value
 
 
@@ -160,6 +160,13 @@ def secret_token(path: str, source: Optional[IPv4Address], router: IPv4Address, 
     return derive_token(secret, source, service_port)
 
 
+def warn_secret_file() -> None:
+    """--token-secret-file hands this agent the service secret, from which every backend's key
+    follows: still accepted (older set-ups), with a warning naming the replacement."""
+    print("edge-heartbeat: warning: --token-secret-file gives this agent every backend's key; "
+          "give it only its own: --token-file with the output of `edgectl heartbeat-key`", file=sys.stderr)
+
+
 def options(args: argparse.Namespace) -> Options:
     """Turn parsed arguments into Options, filling the defaults that depend on others."""
     router, router_port = parse_router(args.router)
@@ -191,6 +198,7 @@ def options(args: argparse.Namespace) -> Options:
     if args.token_file is not None:
         token = read_token_file(args.token_file)
     else:
+        warn_secret_file()
         token = secret_token(args.token_secret_file, source, router, router_port, service_port)
     return Options(router, router_port, source, service_port, token, interval_ms,
                    args.check, target, check_interval_ms, check_timeout_ms, duration_s,
@@ -211,6 +219,7 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Send the edge router UDP heartbeats for one backend while "
                 "its inference server's health check passes, and none while it fails. Exits 0 on "
                 "SIGTERM or SIGINT.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--router", required=True, metavar="ADDR[:PORT]",
                    help=f"the router's address on this backend's link, and the service's "
                         f"health.heartbeat.port (default {DEFAULT_ROUTER_PORT})")
@@ -220,12 +229,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--service-port", required=True, metavar="PORT",
                    help="the backend's service port in the router's config, written into each heartbeat")
     p.add_argument("--token-file", metavar="FILE",
-                   help="file holding the backend's token in the router's config, decimal or 0x hex "
+                   help="file holding the backend's heartbeat key: its token in the router's config, or "
+                        "for a discovered backend what `edgectl heartbeat-key` prints; decimal or 0x hex "
                         "(a file, not an argument: command lines are readable by every local user)")
     p.add_argument("--token-secret-file", metavar="FILE",
-                   help="instead of --token-file, for a discovered backend: the service's secret "
-                        "(discovery.token_secret_file); the token is HMAC-SHA256(secret, 'ADDR:PORT') "
-                        "cut to 64 bits, ADDR being --source or the address heartbeats leave from")
+                   help="deprecated: the service's secret (discovery.token_secret_file), from which this "
+                        "agent derives its key, and could derive every other backend's; use --token-file")
     p.add_argument("--interval-ms", default=f"{DEFAULT_INTERVAL_MS:g}", metavar="MS",
                    help="heartbeat interval, the service's health.heartbeat.interval_ms; fractions "
                         "allowed (default: %(default)s)")

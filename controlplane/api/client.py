@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controlplane.api import convert, edge_pb2, edge_pb2_grpc
-from controlplane.errors import ApiError, EdgeError, NotRunning
+from controlplane.errors import ApiDenied, ApiError, EdgeError, NotRunning
 
 TIMEOUT_S = 10.0
 RELOAD_TIMEOUT_S = 60.0  # a reload may redeploy services
@@ -91,8 +91,7 @@ class Client:
         try:
             os.stat(path)
         except PermissionError:
-            return ApiError(f"{path}: permission denied (a directory above the socket is closed to this user)",
-                            "UNAVAILABLE")
+            return ApiDenied(f"{path}: permission denied (a directory above the socket is closed to this user)")
         except OSError:
             return NotRunning(f"edged is not running (no API socket at {path})")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -106,8 +105,7 @@ class Client:
                 group = grp.getgrgid(os.stat(path).st_gid).gr_name
             except (KeyError, OSError):
                 group = "its group"
-            return ApiError(f"{path}: permission denied (edgectl must run as root or in group {group})",
-                            "UNAVAILABLE")
+            return ApiDenied(f"{path}: permission denied (edgectl must run as root or in group {group})")
         except OSError as e:
             return ApiError(f"cannot reach edged at {path}: {e.strerror or e}", "UNAVAILABLE")
         finally:

@@ -110,7 +110,8 @@ def status_from_proto(msg: edge_pb2.GetStatusResponse) -> dict:
     snap["verdicts"] = _in_order(snap["verdicts"], abi.CNT_NAMES)
     snap["drops"] = _in_order(snap["drops"], abi.DROP_NAMES)
     del snap["edged"]
-    for key in ("fleet", "bgp"):  # no node.fleet / node.bgp: the key is absent, as in the daemon's snapshot
+    # no node.fleet / node.bgp, a complete count: the key is absent, as in the daemon's snapshot
+    for key in ("fleet", "bgp", "conntrack_partial"):
         if snap[key] is None:
             del snap[key]
     if msg.HasField("edged"):

@@ -1,8 +1,11 @@
-"""Heartbeat tokens of discovered backends: HMAC-SHA256(service secret, "ADDR:PORT"), first 64 bits.
+"""Heartbeat keys of discovered backends, derived from the service secret and the backend's
+identity in the control plane, its endpoint: the first 128 bits of
+HMAC-SHA256(secret, "edge heartbeat key v2 ADDR:PORT").
 
-The router and the agent beside a backend (edge-heartbeat --token-secret-file)
-compute the same token from the same secret file and the backend's endpoint,
-so no token has to be handed out per backend. Pure; reads only the secret file.
+The router derives every backend's key from the secret; each agent gets only its own key
+(`edgectl heartbeat-key` prints it for --token-file), so no agent can compute another backend's
+key (HMAC-SHA256 without the secret). The key is the SipHash-2-4 key of the backend's
+heartbeat MACs (abi.heartbeat), never sent on the wire. Pure; reads only the secret file.
 """
 
 from __future__ import annotations
@@ -11,18 +14,27 @@ import hashlib
 import hmac
 import os
 import stat
-from ipaddress import IPv4Address
+from ipaddress import AddressValueError, IPv4Address
+from typing import TYPE_CHECKING
 
 from controlplane.errors import ConfigError
+
+if TYPE_CHECKING:
+    from controlplane.config import Config
 
 MIN_SECRET_BYTES = 16
 MAX_SECRET_BYTES = 4096
 
 
+KEY_LABEL = b"edge heartbeat key v2 "
+
+
 def derive_token(secret: bytes, address: IPv4Address | str, port: int) -> int:
-    """The 64-bit token of endpoint address:port; never 0 (the config rejects token 0)."""
-    digest = hmac.new(secret, f"{IPv4Address(str(address))}:{int(port)}".encode(), hashlib.sha256).digest()
-    return int.from_bytes(digest[:8], "big") or 1
+    """The 128-bit heartbeat key (as the config's `token`) of endpoint address:port; never 0 (the
+    config rejects token 0)."""
+    identity = f"{IPv4Address(str(address))}:{int(port)}".encode()
+    digest = hmac.new(secret, KEY_LABEL + identity, hashlib.sha256).digest()
+    return int.from_bytes(digest[:16], "big") or 1
 
 
 def read_secret(path: str, where: str) -> bytes:
@@ -49,3 +61,26 @@ def read_secret(path: str, where: str) -> bytes:
     if len(secret) > MAX_SECRET_BYTES:
         raise ConfigError(f"{where}: {path} is larger than {MAX_SECRET_BYTES} bytes")
     return secret
+
+
+def heartbeat_key(cfg: "Config", service: str, endpoint: str) -> int:
+    """The key (as a token) of backend endpoint "ADDR:PORT" of the named service in cfg: its
+    configured token, else the one derived from the service's discovery.token_secret_file.
+    ConfigError naming the argument when there is none."""
+    try:
+        s = next(s for s in cfg.services if s.name == service)
+    except StopIteration:
+        raise ConfigError(f"--service: no service {service!r} in the config") from None
+    addr, _, port = endpoint.rpartition(":")
+    try:
+        address, number = IPv4Address(addr), int(port)
+    except (AddressValueError, ValueError):
+        raise ConfigError(f"--backend: {endpoint!r} is not ADDR:PORT") from None
+    for b in s.backends:
+        if b.address == address and b.port == number and b.token is not None:
+            return b.token
+    path = s.discovery.token_secret_file if s.discovery else None
+    if path is None:
+        raise ConfigError(f"--backend: {endpoint} has no token in service {service!r} and the service has "
+                          f"no discovery.token_secret_file to derive one from")
+    return derive_token(read_secret(path, f"services[{service}].discovery.token_secret_file"), address, number)

@@ -104,11 +104,17 @@ def testbed_document(cfg: Config, svc: Service, net: "Net") -> dict:
     service: dict = {"name": svc.name, "vip": str(net.vip), "port": svc.port, "protocol": svc.protocol,
                      "existing_flows": svc.existing_flows}
     if svc.health is not None:
-        service["health"] = {k: v for k, v in asdict(svc.health).items() if v is not None}
+        service["health"] = _without_nones(asdict(svc.health))
     service["weights"] = asdict(svc.weights)
     service["backends"] = backends
     node = {k: getattr(cfg.node, k) for k in ("maglev_m", "max_services", "max_backends", "ct_size", "xdp_mode")}
     return {"version": 1, "node": node, "services": [service]}
+
+
+def _without_nones(section: dict) -> dict:
+    """section with its unset (None) values left out, at every depth: the config's schema
+    takes an absent key for its default, but no null."""
+    return {k: _without_nones(v) if isinstance(v, dict) else v for k, v in section.items() if v is not None}
 
 
 def testbed_topo(svc: Service):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from controlplane import deploy, desired, netlink
+from controlplane import configdiff, deploy, desired, netlink
 from controlplane.config import Config, load_config, load_config_text
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.edged import bird
@@ -68,21 +68,18 @@ class Changes:
             raise ConfigError("node.fleet: changed; joining, leaving or changing the fleet needs an edged restart")
         secrets = await asyncio.to_thread(secrets_of, new)  # an unreadable secret file refuses the reload
         async with state.apply_lock:
-            report, leaving = await self._switch(self.discovery.effective(new))
+            old = state.static_cfg
+            _, leaving = await self._switch(self.discovery.effective(new))
             state.static_cfg = new
         self.discovery.configure(new, secrets)
         self.discovery.start()
-        summary = {
-            "added_services": report.added_services,
-            "removed_services": [],
-            "updated_services": report.updated_services,
-            "renamed_services": report.renamed_services,
-            "added_backends": report.added_backends,
-            "removed_backends": [],
-            "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving),
-        }
-        state.events.emit("reload", f"reloaded {source}: " + "; ".join(
-            f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in summary.items() if v) or "no change",
+        # what the operator changed in the file: the config against the config (configdiff)
+        summary = {**configdiff.diff(configdiff.shape_of_config(old), configdiff.shape_of_config(new)),
+                   "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving)}
+        said = configdiff.describe(summary)
+        if summary["draining_backends"]:
+            said.append(f"draining: {', '.join(summary['draining_backends'])}")
+        state.events.emit("reload", f"reloaded {source}: {'; '.join(said) or 'no changes'}",
                           **{k: ",".join(v) for k, v in summary.items()})
         return summary
 
@@ -101,6 +98,7 @@ class Changes:
         applied, leaving, dropped = desired.fit(new, desired.leaving_after(old, new, state.leaving, now))
         report = await self._apply(applied)
         state.cfg, state.leaving = new, leaving
+        self._repush_operator_marks()
         if state.announcer is not None and new.node.bgp != old.node.bgp:
             try:  # the tables are applied already: a speaker that refuses is reported, not a failed reload
                 await state.announcer.speaker.reconfigure(new.node.bgp)
@@ -112,6 +110,17 @@ class Changes:
                                          f"is taken by the new config)", service=key[0], backend=key[1],
                               why="taken")
         return report, leaving
+
+    def _repush_operator_marks(self) -> None:
+        """An apply wrote the weights its config gave: operator drains and pins are pushed
+        again at once, not at the service's next periodic step."""
+        state = self.state
+        marked = {service for service, _ in (*state.drained, *state.overrides)}
+        for name in marked & set(state.services):
+            try:
+                self.steering.step(state.services[name], time.monotonic_ns())
+            except EdgeError as e:  # the periodic step tries again
+                state.events.emit("error", f"{name}: operator weights not pushed again yet: {e}", service=name)
 
     async def _apply(self, applied: Config):
         """Programs applied into the maps; a full deploy when it needs a new return interface.

@@ -11,18 +11,21 @@ import argparse
 import asyncio
 import signal
 import sys
+import traceback
 from typing import Callable
 
 from controlplane import __version__, loader
 from controlplane.api import server as api_server
 from controlplane.config import Config, load_config
 from controlplane.edged import Daemon, sdnotify
-from controlplane.edged.events import PROG, Events
-from controlplane.errors import CompileError, ConfigError, EdgeError, say
+from controlplane.edged.events import LEVELS, PROG, Events
+from controlplane.errors import CompileError, ConfigError, EdgeError
 
-# Exit status when the data path cannot be compiled (kernel headers missing after a kernel
-# change): edged.service's RestartPreventExitStatus, since a restart would fail the same way.
+# Exit statuses a restart cannot fix, edged.service's RestartPreventExitStatus: the data path
+# cannot be compiled (kernel headers missing after a kernel change), and the config is invalid
+# (78 is sysexits' EX_CONFIG). Any other failure exits 1 and systemd retries.
 EXIT_CANNOT_COMPILE = 3
+EXIT_CONFIG = 78
 
 
 def pick_iface(cfg: Config, given: str | None) -> str:
@@ -92,23 +95,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iface", help="client-facing interface (default: node.iface, or the one deployed here)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="stderr lines: text, or one JSON event per line (default %(default)s)")
+    p.add_argument("--log-level", choices=tuple(LEVELS), default="info",
+                   help="leave out lines less severe than this; notice leaves out routine ones such as "
+                        "weight pushes (default %(default)s). Under systemd each line carries its level "
+                        "for journald (journalctl -p err)")
     p.add_argument("--debug", action="store_true", help="tracebacks on errors")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
 
 
+def _fatal(events: Events, e: EdgeError, debug: bool) -> int:
+    """Logs why edged ends (one line, level error) and returns its exit status."""
+    if debug:
+        traceback.print_exc()
+    events.emit("fatal", str(e))
+    if isinstance(e, CompileError):
+        return EXIT_CANNOT_COMPILE
+    return EXIT_CONFIG if isinstance(e, ConfigError) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    events = Events(json_lines=args.log_format == "json", level=LEVELS[args.log_level])
     try:
         cfg = load_config(args.config)
         iface = pick_iface(cfg, args.iface)
-        return asyncio.run(serve(cfg, iface, Events(json_lines=args.log_format == "json"), args.config))
-    except CompileError as e:
-        say(PROG, e, args.debug)
-        return EXIT_CANNOT_COMPILE
+        return asyncio.run(serve(cfg, iface, events, args.config))
     except EdgeError as e:
-        say(PROG, e, args.debug)
-        return 1
+        return _fatal(events, e, args.debug)
     except KeyboardInterrupt:
         return 130
 

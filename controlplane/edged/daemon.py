@@ -100,9 +100,10 @@ class Daemon:
             # scrapes run on prometheus_client's thread; Events belongs to the loop
             on_error=lambda text: loop.call_soon_threadsafe(state.events.emit, "error", f"metrics: {text}"),
         )
+        # first: a second edged on the same router is told so here, not by the metrics port it shares
+        state.node_lock.acquire()  # held until close(): edgectl deploy is refused meanwhile
         # before deploy: a bad metrics_listen fails with the kernel untouched
         self._metrics = metrics.start_http(state.cfg.node.metrics_listen, metrics.make_registry(collector))
-        state.node_lock.acquire()  # held until close(): edgectl deploy is refused meanwhile
         # drain-node outlives edged (a mark beside the locks): a restart must not announce again
         state.node_drained = deploy.node_drain(state.instance) is not None
         # discovered backends are there from the first deploy (or a source's failure is on record)

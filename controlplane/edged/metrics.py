@@ -16,6 +16,7 @@ import inspect
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Awaitable, Callable, Iterable, Iterator, Optional
@@ -37,6 +38,7 @@ from controlplane.samples import Sample, quantile
 
 # 0.1 ms (a probe on the same rack) to 1 s (far beyond any probe timeout worth having).
 RTT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+CT_COUNT_EVERY_S = 30.0  # edge_conntrack_entries: a scrape walks the conntrack table at most this often
 LOOP_TIMEOUT_S = 6.0  # LoopSource: longest a scrape waits for edged (its walks end within 5 s)
 # The endpoint is reachable by any local user: a connection that sends nothing is closed after
 # IDLE_TIMEOUT_S, and at most MAX_CONNECTIONS are served at once (each holds a thread and an
@@ -133,6 +135,9 @@ METRICS = (
                                          "(everything withdrawn) and edged is restarting or retrying it"),
     Spec("edge_bgp_speaker_restarts_total", "counter", "Times edged started bird again after it died"),
     # of the exporter itself
+    Spec("edge_conntrack_entries", "gauge", "Connections the data path tracks (edge_ct), counted by walking "
+         "the table at most every 30 s"),
+    Spec("edge_conntrack_capacity", "gauge", "Entries edge_ct holds before its LRU evicts (node.ct_size)"),
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
     Spec("edge_datapath_up", "gauge",
@@ -286,6 +291,8 @@ class EdgeCollector(Collector):
         self._lock = threading.Lock()
         self._errors = 0
         self._last_error: str | None = None
+        self._ct_entries: int | None = None  # the last complete count, and when it was asked for
+        self._ct_at = -CT_COUNT_EVERY_S
 
     def describe(self) -> Iterator[Metric]:
         for spec in METRICS:
@@ -295,7 +302,7 @@ class EdgeCollector(Collector):
         fams = {spec.name: spec.family() for spec in METRICS}
         services: list[str] = []
         try:
-            services = _add_snapshot(fams, self.source.snapshot())
+            services = _add_snapshot(fams, self._snapshot())
         # The endpoint outlives whatever reading the maps raises (bcc raises
         # bare Exception, a source may time out or hand a malformed dict):
         # counted, reported once, and none of a half-read snapshot is shown.
@@ -314,6 +321,21 @@ class EdgeCollector(Collector):
             fams["edge_datapath_up"].add_metric([], 1 if self.serving() else 0)
         yield from fams.values()
 
+    def _snapshot(self) -> dict:
+        """The source's snapshot; every CT_COUNT_EVERY_S with a conntrack count (a count the walk's
+        deadline cut keeps the one before)."""
+        now = time.monotonic()
+        if now - self._ct_at < CT_COUNT_EVERY_S:
+            snap = self.source.snapshot()
+        else:
+            self._ct_at = now
+            snap = self.source.snapshot(count_conntrack=True)
+            if snap.get("conntrack_entries") is not None:
+                self._ct_entries = snap["conntrack_entries"]
+        if self._ct_entries is not None:
+            snap["conntrack_entries"] = self._ct_entries
+        return snap
+
     def _failed(self, text: str) -> None:
         text = EdgeError(text).message  # one line
         with self._lock:
@@ -322,6 +344,14 @@ class EdgeCollector(Collector):
             self._last_error = text
         if new and self.on_error is not None:
             self.on_error(text)
+
+
+def _add_conntrack(fams: dict[str, Metric], snap: dict) -> None:
+    """How full conntrack is: its entries (when counted) and its capacity."""
+    if snap.get("conntrack_entries") is not None:
+        fams["edge_conntrack_entries"].add_metric([], snap["conntrack_entries"])
+    if snap.get("node", {}).get("ct_size"):
+        fams["edge_conntrack_capacity"].add_metric([], snap["node"]["ct_size"])
 
 
 def _add_bgp(fams: dict, bgp: dict | None) -> None:
@@ -344,6 +374,7 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
               ("edge_backend_queue_running", "running"), ("edge_backend_kv_cache_usage_ratio", "kv_usage"),
               ("edge_backend_hung", "hung"), ("edge_backend_probe_interval_seconds", "probe_interval_s"),
               ("edge_backend_probe_relaxed", "probe_relaxed"))
+    _add_conntrack(fams, snap)
     fleet = snap.get("fleet")
     if fleet:
         fams["edge_fleet_connected"].add_metric([], 1 if fleet["connected"] else 0)
@@ -429,8 +460,8 @@ def make_registry(collector: EdgeCollector, process: bool = True) -> CollectorRe
 
 
 class LoopSource:
-    """A source that runs fn() on an asyncio loop (edged's) and waits for it
-    from the scrape thread, so edged's state is read where it is written. fn may
+    """A source that runs fn(**kw) (edged's snapshot(count_conntrack=...)) on an asyncio
+    loop (edged's) and waits for it from the scrape thread, so edged's state is read where it is written. fn may
     be a coroutine function: the loop runs it without blocking on it (edged walks
     the maps on a worker thread). Never call snapshot() on the loop's own thread."""
 
@@ -438,7 +469,7 @@ class LoopSource:
                  timeout_s: float = LOOP_TIMEOUT_S):
         self.loop, self.fn, self.timeout_s = loop, fn, timeout_s
 
-    def snapshot(self) -> dict:
+    def snapshot(self, **kw) -> dict:
         future: concurrent.futures.Future = concurrent.futures.Future()
 
         def finish(task: asyncio.Future) -> None:
@@ -453,7 +484,7 @@ class LoopSource:
             if not future.set_running_or_notify_cancel():
                 return  # the scrape stopped waiting
             try:
-                value = self.fn()
+                value = self.fn(**kw)
             except Exception as e:  # handed to the scrape thread, which counts it
                 future.set_exception(e)
                 return

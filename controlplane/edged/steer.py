@@ -85,8 +85,9 @@ class Steering:
             st.trackers = {b.name: st.trackers.get(b.name) or _new_tracker(s, s.name in old)
                            for b in s.backends}
             st.wire_applied = False  # new trackers get the wire's RTT at the next step
-            if st.pushed is None or set(st.pushed) != {b.name for b in s.backends}:
-                st.pushed = state.maps.weights(s.name)
+            # what the tables hold now: an apply (reload, discovery) wrote the weights it was given,
+            # and a drain or pin it did not know of is pushed again by the next step
+            st.pushed = state.maps.weights(s.name)
             state.services[s.name] = st
         # what a service that is new here found fresh before (a reload took it out and back) counts no more
         state.wire_fresh = {(name, b) for name, st in state.services.items() for b in st.wire_fresh}

@@ -446,7 +446,7 @@ class Net:
 
     def _set_offloads(self) -> None:
         # Native XDP cannot fix partial checksums, so senders fill them in (tx off); XDP_REDIRECT
-        # into a veth is dropped unless its peer runs XDP or has GRO on (DESIGN.md).
+        # into a veth is dropped unless its peer runs XDP or has GRO on (README.md, Troubleshooting).
         ends = [(self.client, self.client_iface)]
         ends += [(self.backends[i], self.backend_peer_iface(i)) for i in range(self.topo.backends)]
         for ns, ifname in ends:

@@ -6,7 +6,7 @@ Maglev tables into the pinned maps and reads them back for status. Field
 names are the C names of bpf/include/abi.h through bcc's generated types.
 Applying a config is a transaction: ids planned by desired.py, writes ordered
 so that no packet sees a half-made state, every write journaled and undone if
-a later one fails (README, design notes)."""
+a later one fails (docs/design-decisions.md)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,12 @@ from controlplane.maps.records import (  # noqa: F401  (re-exported)
 from controlplane.maps.writer import ApplyReport, Writer  # noqa: F401  (re-exported)
 
 
+def token_of_key(key) -> int | None:
+    """The config token whose key (abi.hb_key) edge_hb holds as (k0, k1); None for no key."""
+    raw = int(key[0]).to_bytes(8, "little") + int(key[1]).to_bytes(8, "little")
+    return int.from_bytes(raw, "big") or None
+
+
 class Maps(Writer, Reader):
     """Typed access to one instance's maps (the handles loader returns)."""
 
@@ -59,6 +65,12 @@ class Maps(Writer, Reader):
         self._mm: mmap.mmap | None = None
         self._ids: dict[str, tuple[int, dict[str, int]]] | None = None  # set by apply(), else read once
         self._journal: Journal | None = None  # while apply() runs
+        # what apply() wrote last (config, heartbeat interfaces; plan), and the services whose
+        # tables set_weights wrote since: the weights-only apply starts from these (changed.py)
+        self._last: tuple | None = None
+        self._last_plan: desired.Plan | None = None
+        self._dirty: set[str] = set()
+        self._steered: dict[str, dict[str, int] | None] = {}  # service -> the weights set_weights built it with
 
     @classmethod
     def sized_by_node(cls, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int) -> "Maps":
@@ -189,10 +201,23 @@ class Maps(Writer, Reader):
         return self._ids[service]
 
     def weights(self, service: str) -> dict[str, int]:
-        """Backend name -> the weight its slots in the active table were built with."""
+        """Backend name -> the weight its slots in the active table were built with: known
+        without a read when this Maps built that table (the last apply, or set_weights since)."""
+        known = self._built_weights(service)
+        if known is not None:
+            return known
         _, bids = self.ids(service)
         meta = self.t[abi.MAP_BE_META]
         return {name: meta[meta.Key(bid)].weight for name, bid in bids.items()}
+
+    def _built_weights(self, service: str) -> dict[str, int] | None:
+        if service in self._steered:  # None: set_weights did not finish, the maps say
+            built = self._steered[service]
+            return None if built is None else dict(built)
+        for s in self._last[0].services if self._last else ():
+            if s.name == service:
+                return {b.name: b.weight for b in s.backends}
+        return None
 
     def table_digest(self, s: Service) -> str:
         """A digest of service s's active Maglev table, slot by slot, by backend name (ids are
@@ -219,6 +244,8 @@ class Maps(Writer, Reader):
         half and flips to it. Established flows keep their backends: conntrack
         names backends, not slots. Returns the slots each backend got."""
         vid, bids = self.ids(s.name)
+        self._dirty.add(s.name)  # the next apply rewrites it, whatever its config
+        self._steered[s.name] = None  # until it is done
         backends = tuple(replace(b, weight=int(weights.get(b.name, b.weight))) for b in s.backends)
         s = replace(s, backends=backends)
         ids = [bids[b.name] for b in backends]
@@ -246,6 +273,7 @@ class Maps(Writer, Reader):
             m = meta[meta.Key(bid)]
             m.weight, m.slots = b.weight, n
             meta[meta.Key(bid)] = m
+        self._steered[s.name] = {b.name: b.weight for b in backends}
         return {b.name: n for b, n in zip(backends, slots)}
 
     @staticmethod
@@ -308,7 +336,7 @@ class Maps(Writer, Reader):
                 k = hb.Key()
                 k.addr, k.port, k.hb_port = b.addr, b.port, hb_port
                 try:
-                    token = hb[k].token
+                    token = token_of_key(hb[k].key)
                 except KeyError:
                     token = None
             backend = Backend(name=name, address=from_be32(b.addr), port=from_be16(b.port), weight=0,

@@ -28,6 +28,9 @@ from controlplane.maps.records import (
     wire_from_row,
 )
 
+CT_FLAG_NAMES = {abi.CT_F_SYN: "syn", abi.CT_F_SYN_PENDING: "syn_pending", abi.CT_F_OPEN: "open",
+                 abi.CT_F_HS_WAIT: "hs_wait", abi.CT_F_REQ_WAIT: "req_wait", abi.CT_F_RESP_WAIT: "resp_wait"}
+
 
 class Reader:
     """Readers of health, counters, status records and the snapshot (mixed into Maps)."""
@@ -162,6 +165,31 @@ class Reader:
         return {"verdicts": verdicts_shown({n: self._sum_counter(abi.MAP_VERDICTS, i)
                                             for i, n in abi.CNT_NAMES.items()}),
                 "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()}}
+
+    def conntrack(self, limit: int, vip_id: int | None = None, backend_id: int | None = None,
+                  deadline_ns: int | None = None) -> tuple[list[dict], bool]:
+        """Up to limit edge_ct entries, of service vip_id and backend backend_id when given, as
+        {client, vip, protocol, vip_id, backend_id, flags}; complete: whether the walk saw the
+        whole table (it stops at limit matches, or at deadline_ns, CLOCK_MONOTONIC)."""
+        t = self.t[abi.MAP_CT]
+        out: list[dict] = []
+        for n, k in enumerate(t, 1):
+            if deadline_ns is not None and n % 1024 == 0 and time.monotonic_ns() > deadline_ns:
+                return out, False
+            try:
+                v = t[k]
+            except KeyError:  # gone (LRU or closed) between the key and its value
+                continue
+            if (vip_id is not None and v.vip_id != vip_id) or (backend_id is not None and v.backend_id != backend_id):
+                continue
+            if len(out) == limit:
+                return out, False
+            out.append({"client": f"{from_be32(k.src)}:{from_be16(k.sport)}",
+                        "vip": f"{from_be32(k.dst)}:{from_be16(k.dport)}",
+                        "protocol": PROTO_NAMES.get(k.proto, str(k.proto)),
+                        "vip_id": v.vip_id, "backend_id": v.backend_id,
+                        "flags": [name for bit, name in CT_FLAG_NAMES.items() if v.flags & bit]})
+        return out, True
 
     def snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
         """Everything status shows, as plain data. Counting conntrack entries

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from controlplane import abi
-from controlplane.config import Node
+from controlplane.config import Node, half_open_size
 
 _ARRAY_HEADER = 312
 _HASH_HEADER = 912
@@ -64,10 +64,11 @@ SHAPES: dict[str, Shape] = {
     abi.MAP_BACKENDS: Shape("array", 4, 16, _backends),
     abi.MAP_SVC_CFG: Shape("array", 4, 312, _services),
     abi.MAP_HEALTH: Shape("array", 4, 64, _backends),
-    abi.MAP_HB: Shape("hash", 8, 24, _backends),
+    abi.MAP_HB: Shape("hash", 8, 32, _backends),
     abi.MAP_HB_PORTS: Shape("hash", 2, 4, _services),
     abi.MAP_MAGLEV: Shape("array", 4, 4, lambda n: n.max_services * 2 * n.maglev_m, mmapable=True),
     abi.MAP_CT: Shape("lru_hash", 16, 24, lambda n: n.ct_size),
+    abi.MAP_HALF_OPEN: Shape("lru_hash", 16, 32, lambda n: half_open_size(n.ct_size)),
     abi.MAP_CT_BUDGET: Shape("percpu_array", 4, 16, _one),
     abi.MAP_RNAT: Shape("hash", 8, 16, _backends),
     abi.MAP_DIRECT: Shape("lru_hash", 12, 4, _const(abi.DIRECT_SLOTS)),

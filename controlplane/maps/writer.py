@@ -13,10 +13,12 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from controlplane import abi, desired, maglev
+from controlplane import abi, desired, maglev, siphash
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
+from controlplane.maps.changed import changed_services, member_plan
 from controlplane.maps.journal import Journal
+from controlplane.maps.quick import Quick
 from controlplane.maps.records import (
     PROTO_NAMES,
     PROTOS,
@@ -42,7 +44,7 @@ class ApplyReport:
     renamed_services: list[str] = field(default_factory=list)
 
 
-class Writer:
+class Writer(Quick):
     """The apply transaction and the writers it orders (mixed into Maps)."""
 
     def _zero_stats(self, name: str, index: int) -> None:
@@ -56,28 +58,31 @@ class Writer:
         (nothing is written when they cannot fit), the writes follow the order of the module
         docstring, and if any write fails every one before it is undone (the maps are byte-
         identical to before) and MapError names the map. oifs: backend address -> the
-        interface its heartbeats must arrive on."""
-        oifs = oifs or {}
+        interface its heartbeats must arrive on. When cfg differs from the config this Maps
+        applied last only in weights or standby flags (changed.py), only the services that
+        changed are written: cost follows the change, not the node's size."""
+        oifs = dict(oifs or {})
+        quick = changed_services(self._last, cfg, oifs, self._dirty)
+        members = None if quick is not None else member_plan(self._last, self._last_plan, cfg, oifs, self._dirty,
+                                                              self.max_backends)
         saved_t, saved_ids = self.t, self._ids
         journal = Journal(saved_t, after_undo={abi.MAP_RNAT: self.rnat_changed})  # putting back is a change too
         self.t, self._journal = journal.tables, journal
         try:
-            p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
-            report = ApplyReport(
-                added_services=list(p.new_services), removed_services=sorted(p.removed_services),
-                updated_services=[s.name for s in cfg.services if s.name not in p.new_services],
-                added_backends=[f"{s}/{b}" for s, b in p.new_backends],
-                removed_backends=sorted(name for _, name in p.removed_backends),
-                renamed_services=[f"{a}->{b}" for a, b in sorted(p.renamed_services.items())])
-            if p.recycled:  # an id this change frees is needed: free it first, in the safe order
-                first = desired.kept_part(self._deployed(), cfg, p)
-                self._write(first, desired.plan(self._deployed(), first, self.max_services, self.max_backends),
-                            oifs)
-                p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
-            self._write(cfg, p, oifs)
+            if quick is not None:
+                p = self._last_plan
+                self._write_changed(quick, p)
+                report = ApplyReport(updated_services=[s.name for s in cfg.services])
+            elif members is not None and self._write_members(cfg, *members):
+                p = members[1]
+                report = ApplyReport(updated_services=[s.name for s in cfg.services],
+                                     added_backends=[f"{s}/{b}" for s, b in p.new_backends],
+                                     removed_backends=sorted(name for _, name in p.removed_backends))
+            else:
+                p, report = self._plan_and_write(cfg, oifs)
         except Exception as e:  # bcc raises bare Exception
             failed = journal.rollback()
-            self._ids = saved_ids
+            self._ids, self._last, self._steered = saved_ids, None, {}
             what = str(e).splitlines()[0] if str(e) else type(e).__name__
             if not isinstance(e, MapError):
                 what = f"{journal.table}: {what}; the maps were restored"
@@ -88,7 +93,25 @@ class Writer:
             self.t, self._journal = saved_t, None
             journal.forget()  # its views of the mmap must not outlive it (close() refuses)
         self._ids = p.ids(cfg)
+        self._last, self._last_plan, self._dirty, self._steered = (cfg, oifs), p, set(), {}
         return report
+
+    def _plan_and_write(self, cfg: Config, oifs: Mapping[IPv4Address, int]) -> tuple[desired.Plan, ApplyReport]:
+        """The full apply: every id planned from what the maps hold, every service written."""
+        p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
+        report = ApplyReport(
+            added_services=list(p.new_services), removed_services=sorted(p.removed_services),
+            updated_services=[s.name for s in cfg.services if s.name not in p.new_services],
+            added_backends=[f"{s}/{b}" for s, b in p.new_backends],
+            removed_backends=sorted(name for _, name in p.removed_backends),
+            renamed_services=[f"{a}->{b}" for a, b in sorted(p.renamed_services.items())])
+        if p.recycled:  # an id this change frees is needed: free it first, in the safe order
+            first = desired.kept_part(self._deployed(), cfg, p)
+            self._write(first, desired.plan(self._deployed(), first, self.max_services, self.max_backends),
+                        oifs)
+            p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
+        self._write(cfg, p, oifs)
+        return p, report
 
     def _write(self, cfg: Config, p: desired.Plan, oifs: Mapping[IPv4Address, int]) -> None:
         """Writes cfg with plan p's ids, in an order that never shows a packet a half state."""
@@ -123,7 +146,7 @@ class Writer:
                 if waits(s, b):
                     self._write_backend(p.be_ids[(s.name, b.name)], p.svc_ids[s.name], b,
                                         p.health_ids[(b.address, b.port)])
-        self._write_config_weights(cfg, p)
+        self._write_config_weights(cfg.services, p)
         want_keys = {bytes(self._vip_key(s)) for s in cfg.services}
         self._make_room(abi.MAP_VIPS, want_keys)
         for s in cfg.services:
@@ -188,10 +211,10 @@ class Writer:
                               backends=tuple(b for b in s.backends if not waits(s, b)))
             self._flip(interim, vid, p, old_vips)
 
-    def _write_config_weights(self, cfg: Config, p: desired.Plan) -> None:
+    def _write_config_weights(self, services: tuple[Service, ...] | list[Service], p: desired.Plan) -> None:
         """Each backend's configured weight into its probe record, where it changed."""
         probe = self.t[abi.MAP_BE_PROBE]
-        for s in cfg.services:
+        for s in services:
             for b in s.backends:
                 bid = p.be_ids[(s.name, b.name)]
                 v = probe[probe.Key(bid)]
@@ -359,7 +382,7 @@ class Writer:
                 if v is None:
                     v = hb.Leaf()
                     v.timeout_ns = timeout_ns
-                v.token = b.token or 0
+                v.key[0], v.key[1] = siphash.key_words(abi.hb_key(b.token or 0))
                 v.health_id = health_ids[(b.address, b.port)]
                 v.ifindex = oifs.get(b.address, 0)
                 v.timeout_ns = min(v.timeout_ns, timeout_ns)  # shared by services: the strictest

@@ -58,13 +58,13 @@ def _backend(bid: int, name: str, address: str, edged: dict) -> dict:
         "state": "up" if bid == 0 else "down",
         "health": {"state": "up", "usable": True, "heartbeat": True, "heartbeat_age_s": 0.0125 if bid == 0 else None,
                    "rise_count": 3, "heartbeat_seq": 2**40 + bid, "passive": False, "ejected_for_s": 0.0,
-                   "ejections": 1, "syn_outstanding": 0},
+                   "ejections": 1, "syn_outstanding": 0, "probation": bid == 1},
         "slots": 600 + bid,
         "probe": {"updated_ns": 10**15, "config_weight": 1, "rtt_p50_us": 1500, "rtt_p99_us": 4200,
                   "rtt_smoothed_us": 1700, "waiting": 4 if bid == 0 else None, "running": 2 if bid == 0 else None,
                   "kv_permille": 375 if bid == 0 else None, "probes_ok": 90, "probes_failed": 3,
                   "flags": abi.PROBE_F_DRAINED if bid == 1 else 0, "override_weight": 0,
-                  "state": "up", "reason": "" if bid == 0 else "probe timeouts"},
+                  "state": "up", "reason": "" if bid == 0 else "probe timeouts", "leave_until_s": 0},
         "packets": 1000 + bid, "bytes": 2**33 + bid, "new_flows": 10 + bid, "return_packets": 900 + bid,
         "failovers": bid,
         "edged": edged,
@@ -114,6 +114,7 @@ SNAP = {
     "iface": "eth-test",
     "xdp": {"attached": True, "mode": "native", "prog_id": 42},
     "return_ifaces": ["eth-b0", "eth-b1"],
+    "reply_xdp_ifaces": ["eth-b0"],
 }
 
 

@@ -71,6 +71,8 @@ class FakeMaps:
             if s.name not in self.ids_of:
                 self.ids_of[s.name] = (len(self.ids_of), {})
                 report.added_services.append(s.name)
+            else:  # as maps.Maps.apply reports it: every service that was there already
+                report.updated_services.append(s.name)
             bids = self.ids_of[s.name][1]
             for b in s.backends:
                 if b.name not in bids:
@@ -78,7 +80,8 @@ class FakeMaps:
                     used.add(bids[b.name])
                     self.probe[bids[b.name]] = ProbeStatus(config_weight=b.weight)
                     report.added_backends.append(f"{s.name}/{b.name}")
-            self.table[s.name] = {b.name: self.table.get(s.name, {}).get(b.name, b.weight) for b in s.backends}
+            # as maps.Maps.apply: the tables get the weights cfg gives (edged passes deploy.adopted(cfg))
+            self.table[s.name] = {b.name: b.weight for b in s.backends}
             for gone in set(bids) - {b.name for b in s.backends}:
                 del bids[gone]
                 report.removed_backends.append(gone)

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from controlplane import abi
+from controlplane.config import half_open_size
 from controlplane.maps import MAGLEV_STRIDE, Maps
 from controlplane.maps.records import vip_filter_words
 
@@ -174,7 +175,8 @@ class MemMaps:
 
     def __init__(self, maglev_m: int, max_services: int, max_backends: int, ct_size: int = 1024):
         sizes = {"EDGE_MAGLEV_M": maglev_m, "EDGE_MAX_SERVICES": max_services,
-                 "EDGE_MAX_BACKENDS": max_backends, "EDGE_CT_SIZE": ct_size, **_defines()}
+                 "EDGE_MAX_BACKENDS": max_backends, "EDGE_CT_SIZE": ct_size,
+                 "EDGE_HALF_OPEN_SIZE": half_open_size(ct_size), **_defines()}
         structs = _structs()
         self.faults = Faults()
         self.tables: dict[str, Table] = {}

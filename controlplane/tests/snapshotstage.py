@@ -82,7 +82,7 @@ def realistic_snapshot() -> dict:
                      "icmp_to_backend": 3, "icmp_return": 1, "dsr": 0},
         "drops": {"malformed": 2, "no_backend": 4, "ip_options": 0, "fragment": 1, "spoofed_heartbeat": 0,
                   "bad_checksum": 0, "untracked": 0, "replayed_heartbeat": 0,
-                  "icmp_malformed": 0, "icmp_nested": 0, "icmp_no_flow": 0,
-                  "dsr_too_big": 0},
+                  "stale_heartbeat": 0, "other_backend": 0, "icmp_malformed": 0, "icmp_nested": 0,
+                  "icmp_no_flow": 0, "dsr_too_big": 0},
         "conntrack_entries": None,
     }

@@ -24,48 +24,69 @@ from controlplane.tests.apistage import CALL_TIMEOUT_S, REPO, SNAP, edgectl, wai
 def test_edgectl_drain_undrain_and_weight(edged):
     sock = ("--socket", edged.path)
     outs = [edgectl("drain", "chat", "b0", *sock), edgectl("undrain", "chat", "b0", *sock),
-            edgectl("weight", "chat", "b1", "0", *sock), edgectl("weight", "chat", "b1", "--clear", *sock)]
+            edgectl("weight", "chat", "b1", "0", *sock), edgectl("weight", "chat", "b1", "--clear", *sock),
+            edgectl("weight", "chat", "b1", "50%", *sock)]
     assert [(o.returncode, o.stdout, o.stderr) for o in outs] == [
         (0, "drained chat/b0: no new flows; established flows stay\n", ""),
         (0, "undrained chat/b0\n", ""),
-        (0, "chat/b1: weight pinned at 0\n", ""),
+        (0, "chat/b1: weight pinned at 0 (0% of the best backend's 3)\n", ""),
         (0, "chat/b1: weight override cleared\n", ""),
+        (0, "chat/b1: weight pinned at 2 (66.7% of the best backend's 3)\n", ""),  # 50% of 3, rounded
     ]
     assert edged.daemon.calls == [("drain", "chat", "b0"), ("undrain", "chat", "b0"),
-                                  ("set_override", "chat", "b1", 0), ("set_override", "chat", "b1", None)]
+                                  ("snapshot", False), ("set_override", "chat", "b1", 0),
+                                  ("set_override", "chat", "b1", None),
+                                  ("snapshot", False), ("set_override", "chat", "b1", 2)]
 
 
 def test_edgectl_errors_are_one_line(edged, sockdir):
     cases = [
-        (("drain", "chat", "nope", "--socket", edged.path), "edgectl: unknown backend chat/nope\n"),
-        (("weight", "chat", "b0", "--socket", edged.path), "edgectl: weight: give either N (0..65535) or --clear\n"),
-        (("weight", "chat", "b0", "70000", "--socket", edged.path), "edgectl: weight: 70000 is out of range 0..65535\n"),
-        (("undrain", "chat", "b0", "--socket", os.path.join(sockdir, "none.sock")),
+        (("drain", "chat", "nope", "--socket", edged.path), 1, "edgectl: unknown backend chat/nope\n"),
+        (("weight", "chat", "b0", "--socket", edged.path), 2, "edgectl: weight: give either N, P% or --clear\n"),
+        (("weight", "chat", "b0", "70000", "--socket", edged.path), 2,
+         "edgectl: weight: 70000 is out of range 0..65535\n"),
+        (("weight", "chat", "b0", "half", "--socket", edged.path), 2,
+         "edgectl: weight: 'half' is not N (0..65535) or a share P% (0..100)\n"),
+        (("undrain", "chat", "b0", "--socket", os.path.join(sockdir, "none.sock")), 3,
          f"edgectl: edged is not running (no API socket at {os.path.join(sockdir, 'none.sock')})\n"),
-        (("drain", "chat", "b0", "--socket", edged.path, "--cert", "/c.pem"),
+        (("drain", "chat", "b0", "--socket", edged.path, "--cert", "/c.pem"), 2,
          "edgectl: --cert, --key and --ca go with --api (the unix socket needs no TLS)\n"),
     ]
-    outs = [edgectl(*args) for args, _ in cases]
-    assert [(o.returncode, o.stdout, o.stderr) for o in outs] == [(1, "", err) for _, err in cases]
+    outs = [edgectl(*args) for args, _, _ in cases]
+    assert [(o.returncode, o.stdout, o.stderr) for o in outs] == [(code, "", err) for _, code, err in cases]
     assert edged.daemon.calls == []
 
 
+VALID = ("version: 1\nservices:\n- {name: chat, vip: 198.18.255.1, port: 8000,\n"
+         "   backends: [{name: b0, address: 198.18.1.2, port: 8000}]}\n")
+
+
 def test_edgectl_reload_sends_the_files_text(edged, tmp_path):
-    (tmp_path / "edge.yaml").write_text("version: 1\n")
+    (tmp_path / "edge.yaml").write_text(VALID)
     out = edgectl("reload", "--config", "edge.yaml", "--socket", edged.path, cwd=tmp_path)
     assert (out.returncode, out.stderr) == (0, "")
-    assert out.stdout == ("reloaded: services added: embed; services updated: chat; backends added: chat/b2; "
+    assert out.stdout == ("reloaded: services added: embed; services changed: chat; backends added: chat/b2; "
                           "backends removed: chat/b1; backends draining: chat/b1\n")
-    (tmp_path / "invalid.yaml").write_text("port: 70000\n")
-    bad = edgectl("reload", "--config", str(tmp_path / "invalid.yaml"), "--socket", edged.path)
-    assert (bad.returncode, bad.stderr) == (1, "edgectl: services[0].port: 70000 is not a port\n")
     plain = edgectl("reload", "--socket", edged.path)
     assert (plain.returncode, plain.stderr) == (0, "")
-    assert edged.daemon.calls == [("reload", "version: 1\n"), ("reload", "port: 70000\n"), ("reload", None)]
+    assert edged.daemon.calls == [("reload", VALID), ("reload", None)]
     os.mkfifo(tmp_path / "fifo")  # edgectl reads the file itself, with the same cap and checks
     fifo = edgectl("reload", "--config", str(tmp_path / "fifo"), "--socket", edged.path)
     assert (fifo.returncode, fifo.stderr) == (1, f"edgectl: config: {tmp_path / 'fifo'} is not a regular file\n")
-    assert len(edged.daemon.calls) == 3
+    assert len(edged.daemon.calls) == 2
+
+
+def test_edgectl_reload_refuses_a_bad_file_naming_it_before_edged_sees_it(edged, tmp_path):
+    """A YAML error was reported as 'config_text ...' (edged's name for the text) before."""
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("services: [\n")
+    out = edgectl("reload", "--config", str(bad), "--socket", edged.path)
+    assert out.returncode == 1 and out.stderr.startswith(f"edgectl: config: {bad} line 2: "), out.stderr
+    assert "config_text" not in out.stderr and len(out.stderr.splitlines()) == 1
+    (tmp_path / "invalid.yaml").write_text(VALID.replace("8000", "70000", 1))
+    invalid = edgectl("reload", "--config", str(tmp_path / "invalid.yaml"), "--socket", edged.path)
+    assert (invalid.returncode, invalid.stderr) == (1, "edgectl: services[0].port: 70000 is not a port\n")
+    assert edged.daemon.calls == []
 
 
 def _start_edgectl(*args: str) -> subprocess.Popen:
@@ -143,7 +164,8 @@ def test_edgectl_status_shows_edgeds_view(edged):
     assert (out.returncode, out.stderr) == (0, "")
     (snap,) = json.loads(out.stdout)
     assert snap.pop("edged")["pid"] == os.getpid()
-    assert snap == SNAP
+    # every key status can have is there (statusview.same_shape), None where this edged has nothing
+    assert snap == {**SNAP, "fleet": None, "conntrack_partial": None}
     table = edgectl("status", "--socket", edged.path)
     assert (table.returncode, table.stderr) == (0, "")
     lines = table.stdout.splitlines()

@@ -124,8 +124,9 @@ def test_edgectl_over_tcp_with_mutual_tls(tls_edged, pki):
     served, target = tls_edged
     out = edgectl("weight", "chat", "b0", "7", "--api", target, "--cert", str(pki / "client.pem"),
                   "--key", str(pki / "client.key"), "--ca", str(pki / "ca.pem"))
-    assert (out.returncode, out.stdout, out.stderr) == (0, "chat/b0: weight pinned at 7\n", "")
-    assert served.daemon.calls == [("set_override", "chat", "b0", 7)]
+    assert (out.returncode, out.stdout, out.stderr) == (
+        0, "chat/b0: weight pinned at 7 (233% of the best backend's 3)\n", "")
+    assert served.daemon.calls == [("snapshot", False), ("set_override", "chat", "b0", 7)]  # the scale, then the pin
     out = edgectl("drain", "chat", "b0", "--api", target, "--cert", str(pki / "client.pem"))
-    assert (out.returncode, out.stderr) == (1, "edgectl: --api needs --key, --ca (edged serves TCP with mutual "
+    assert (out.returncode, out.stderr) == (2, "edgectl: --api needs --key, --ca (edged serves TCP with mutual "
                                                "TLS only)\n")

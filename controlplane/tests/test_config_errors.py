@@ -204,23 +204,23 @@ ERROR_CASES = [
         "services[0].backends[0].token: '0xzz' is not an integer (e.g. 0x5eed0001)",
     ),
     Case("token 0", {"services[0].backends[0].token": 0},
-         "services[0].backends[0].token: 0 is not a token (it is what an unset field holds); use a random 64-bit value"),
+         "services[0].backends[0].token: 0 is not a token (it is what an unset field holds); use a random 128-bit value"),
     Case(
         "token shared by two backends",
         {"services[0].backends[1].token": "0x5eed0001"},
         "services[0].backends[1].token: the same as services[0].backends[0].token; each backend needs its own "
         "(one backend's token must not make heartbeats for another)",
     ),
-    Case("token negative", {"services[0].backends[0].token": -1}, "services[0].backends[0].token: -1 is out of range 0..2**64-1"),
+    Case("token negative", {"services[0].backends[0].token": -1}, "services[0].backends[0].token: -1 is out of range 0..2**128-1"),
     Case(
-        "token 2**64",
-        {"services[0].backends[0].token": 2**64},
-        "services[0].backends[0].token: a 65-bit integer is out of range 0..2**64-1",
+        "token 2**128",
+        {"services[0].backends[0].token": 2**128},
+        "services[0].backends[0].token: a 129-bit integer is out of range 0..2**128-1",
     ),
     Case(
-        "token string over 64 bits",
-        {"services[0].backends[0].token": "0x10000000000000000"},
-        "services[0].backends[0].token: '0x10000000000000000' is out of range 0..2**64-1",
+        "token string over 128 bits",
+        {"services[0].backends[0].token": "0x100000000000000000000000000000000"},
+        "services[0].backends[0].token: '0x100000000000000000000000000000000' is out of range 0..2**128-1",
     ),
     Case(
         "token float",

@@ -14,7 +14,7 @@ from controlplane.discovery import Answer, Failure, endpoint_name
 from controlplane.discovery.cache import Cached, describe_change, merge, offer
 from controlplane.discovery.etcd import answer_of, parse_value
 from controlplane.discovery.supervisor import Supervisor
-from controlplane.discovery.tokens import derive_token, read_secret
+from controlplane.discovery.tokens import derive_token, heartbeat_key, read_secret
 from controlplane.errors import ConfigError
 
 SECRET = b"0123456789abcdef-secret"
@@ -82,13 +82,32 @@ def test_discovery_config_errors_name_the_field(discovery, backends, heartbeat, 
 def test_tokens_are_keyed_by_secret_and_endpoint_and_never_zero():
     t = derive_token(SECRET, "198.18.1.2", 8000)
     assert t == derive_token(SECRET, IPv4Address("198.18.1.2"), 8000)
-    assert 0 < t < 2**64
+    assert 2**64 <= t < 2**128 or 0 < t < 2**64  # 128 bits (a leading zero byte now and then)
     assert t != derive_token(SECRET, "198.18.1.2", 8001) != derive_token(SECRET, "198.18.1.3", 8000)
     assert t != derive_token(SECRET + b"x", "198.18.1.2", 8000)
-    # HMAC-SHA256(secret, "198.18.1.2:8000"), first 8 bytes big-endian: an agent in any language gets the same
+    # HMAC-SHA256(secret, label + "198.18.1.2:8000"), first 16 bytes big-endian: any language gets the same
     import hashlib
     import hmac
-    assert t == int.from_bytes(hmac.new(SECRET, b"198.18.1.2:8000", hashlib.sha256).digest()[:8], "big")
+    digest = hmac.new(SECRET, b"edge heartbeat key v2 198.18.1.2:8000", hashlib.sha256).digest()
+    assert t == int.from_bytes(digest[:16], "big")
+
+
+def test_heartbeat_key_gives_one_backend_its_own_key_and_names_what_is_missing(tmp_path):
+    """edgectl heartbeat-key: a configured token as it is; a discovered backend's key derived from
+    the service secret (what the router derives); no secret, no key, in one line naming why."""
+    secret = tmp_path / "chat.secret"
+    secret.write_bytes(SECRET)
+    cfg = config({**DNS, "token_secret_file": str(secret)}, heartbeat=True,
+                 backends=[{"name": "b0", "address": "198.18.1.2", "port": 8000, "token": "0x5eed0001"}])
+    assert heartbeat_key(cfg, "chat", "198.18.1.2:8000") == 0x5EED0001
+    assert heartbeat_key(cfg, "chat", "198.18.1.9:8000") == derive_token(SECRET, "198.18.1.9", 8000)
+    with pytest.raises(ConfigError, match=r"^--service: no service 'web'"):
+        heartbeat_key(cfg, "web", "198.18.1.9:8000")
+    with pytest.raises(ConfigError, match=r"^--backend: 'nope' is not ADDR:PORT$"):
+        heartbeat_key(cfg, "chat", "nope")
+    static = config(backends=[{"name": "b0", "address": "198.18.1.2", "port": 8000}])
+    with pytest.raises(ConfigError, match=r"^--backend: 198.18.1.9:8000 has no token"):
+        heartbeat_key(static, "chat", "198.18.1.9:8000")
 
 
 def test_a_short_or_missing_secret_file_is_an_error_naming_the_field(tmp_path):

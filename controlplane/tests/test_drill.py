@@ -160,3 +160,24 @@ def test_a_plot_without_matplotlib_is_refused_in_one_line_before_the_drill_runs(
     assert len(lines) == 1 and lines[0].startswith("edgectl: --plot needs matplotlib"), done.stderr
     assert "plot extra" in lines[0]
     assert not (tmp_path / "out.png").exists()
+
+
+def shipped_configs() -> list[Path]:
+    """Every example config the project ships (edge/, and any examples/ or docs/ beside it)."""
+    found = sorted(REPO.glob("edge/*.yaml"))
+    for folder in ("examples", "docs"):
+        found += sorted((REPO / folder).rglob("*.yaml"))
+    return found
+
+
+@pytest.mark.parametrize("path", shipped_configs(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_example_config_goes_through_the_drills_plan(path):
+    from controlplane.config import load_config
+
+    cfg = load_config(path)
+    for svc in cfg.services:
+        net = Net(Topo(backends=len(svc.backends)), prefix="e3f9a")  # a description only
+        doc = drill.testbed_document(cfg, svc, net)
+        deployed = parse_config(doc).services[0]  # raised "expected an integer, got null" before
+        assert deployed.health == svc.health
+        assert [b.name for b in deployed.backends] == [b.name for b in svc.backends]

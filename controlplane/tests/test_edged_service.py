@@ -18,6 +18,7 @@ from controlplane.config import Bgp, Node
 
 UNIT = Path(__file__).resolve().parents[2] / "edge" / "edged.service"
 EDGED = "/usr/local/bin/edged"
+EDGECTL = "/usr/local/bin/edgectl"
 CAPABILITIES = {"CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON", "CAP_SYS_RESOURCE", "CAP_SYS_ADMIN", "CAP_NET_BIND_SERVICE"}
 
 
@@ -48,17 +49,19 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     assert stand_in and one("ExecStart").startswith(EDGED + " ")
     text = UNIT.read_text()
     copy = tmp_path / UNIT.name  # verify takes the unit's name from the file's
-    copy.write_text(text.replace(f"ExecStart={EDGED} ", f"ExecStart={stand_in} ", 1))
+    text = text.replace(f"ExecStart={EDGED} ", f"ExecStart={stand_in} ", 1)
+    copy.write_text(text.replace(f"ExecReload={EDGECTL} ", f"ExecReload={stand_in} ", 1))
     out = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), out.stdout + out.stderr
 
 
-def test_edged_is_a_notify_service_with_a_watchdog_and_hup_reload():
+def test_edged_is_a_notify_service_with_a_watchdog_and_a_reload_that_waits_for_the_answer():
     assert one("Type") == "notify"
     assert one("NotifyAccess") == "main"
     assert one("WatchdogSec").endswith("s") and int(one("WatchdogSec")[:-1]) >= 5
     assert one("ExecStart") == f"{EDGED} --config /etc/edge/edge.yaml"
-    assert one("ExecReload") == "/bin/kill -HUP $MAINPID"
+    # edgectl waits for edged's answer: a rejected config fails `systemctl reload`
+    assert one("ExecReload") == f"{EDGECTL} -q reload"
     assert one("Restart") == "on-failure"
     assert one("KillMode") == "mixed"
 
@@ -98,10 +101,10 @@ def test_memory_is_capped():
     assert 512 << 20 <= size <= 4 << 30, value
 
 
-def test_restarts_end_and_a_data_path_that_cannot_compile_is_not_restarted():
-    from controlplane.edged.cli import EXIT_CANNOT_COMPILE
+def test_restarts_end_and_a_data_path_that_cannot_compile_or_a_bad_config_is_not_restarted():
+    from controlplane.edged.cli import EXIT_CANNOT_COMPILE, EXIT_CONFIG
 
-    assert one("RestartPreventExitStatus").split() == [str(EXIT_CANNOT_COMPILE)]
+    assert one("RestartPreventExitStatus").split() == [str(EXIT_CANNOT_COMPILE), str(EXIT_CONFIG)]
     interval = one("StartLimitIntervalSec")
     assert interval not in ("0", "infinity") and int(interval.rstrip("s")) > 0  # 0 would retry for ever
     assert 1 <= int(one("StartLimitBurst")) <= 20

@@ -121,13 +121,13 @@ def test_router_errors_name_the_option(text, message):
 
 
 @pytest.mark.parametrize("text, value", [("0x5eed0001", 0x5EED0001), ("12345", 12345),
-                                         ("0xffffffffffffffff", 2**64 - 1)])
+                                         ("0xffffffffffffffff", 2**64 - 1), ("0x" + "f" * 32, 2**128 - 1)])
 def test_tokens_are_decimal_or_hex_like_the_config(text, value):
     assert parse_token(text) == value
 
 
 @pytest.mark.parametrize("text, message", [("zz", "is not an integer"), ("-1", "out of range"), ("0", "out of range"),
-                                           ("0x10000000000000000", "out of range")])
+                                           ("0x100000000000000000000000000000000", "out of range")])
 def test_bad_tokens_are_refused(text, message):
     with pytest.raises(UsageError, match=message):
         parse_token(text)

@@ -38,7 +38,17 @@ class Datagram:
     port: int
     seq: int
     epoch: int
-    token: int
+    mac: int
+
+
+def stamped_and_macd(got: list[Datagram], token: int) -> bool:
+    """Every heartbeat carries the MAC under token's key, its (epoch, seq) rises strictly (the
+    router refuses anything else as a replay) and its epoch is this clock's second, give or take
+    the time the test took."""
+    now = wire.clock_ns() // 1_000_000_000
+    stamps = [(d.epoch, d.seq) for d in got]
+    macs_ok = all(abi.heartbeat(d.port, d.seq, token, d.epoch)[16:] == d.mac.to_bytes(8, "big") for d in got)
+    return macs_ok and stamps == sorted(set(stamps)) and all(now - 60 <= e <= now for e, _ in stamps)
 
 
 class Receiver:
@@ -152,12 +162,8 @@ def test_agent_sends_only_while_its_server_is_ready(server, receiver):
     assert len(during) <= 1, during
     assert code == 0
     assert receiver.sizes == {abi.HEARTBEAT_SIZE}
-    assert {(d.magic, d.version, d.port, d.token) for d in receiver.got} == {
-        (abi.HB_MAGIC, abi.HB_VERSION, SERVICE_PORT, TOKEN)}
-    # One run, one epoch; seq counts heartbeats sent: consecutive (loopback loses none), none sent
-    # while not ready.
-    assert len({d.epoch for d in receiver.got}) == 1
-    assert [d.seq - receiver.got[0].seq for d in receiver.got] == list(range(len(receiver.got)))
+    assert {(d.magic, d.version, d.port) for d in receiver.got} == {(abi.HB_MAGIC, abi.HB_VERSION, SERVICE_PORT)}
+    assert stamped_and_macd(receiver.got, TOKEN)
     text = agent.text()
     assert text[0].startswith(f"sending to 127.0.0.1:{receiver.port} from 127.0.0.1 every 1 ms")
     assert text[1:4] == ["ready: http 200", "not ready: http 503", "ready: http 200"]
@@ -189,7 +195,7 @@ def test_agent_without_a_check_sends_at_once_until_its_duration_ends(receiver):
     assert code == 0
     assert agent.text()[1] == "ready: no check"
     assert receiver.got, "no heartbeat arrived"
-    assert [d.seq - receiver.got[0].seq for d in receiver.got] == list(range(len(receiver.got)))
+    assert stamped_and_macd(receiver.got, TOKEN)
 
 
 def checker_pid(agent: AgentProcess) -> int:
@@ -269,7 +275,11 @@ def test_a_restart_within_the_same_second_starts_above_the_previous_runs_seq():
     assert restarted[0] == epoch and restarted[1] > seq + sent - 1
 
 
-def test_seq_moves_to_a_newer_epoch_instead_of_wrapping():
+def test_each_heartbeat_is_stamped_with_the_clock_and_rises_even_when_the_clock_does_not():
+    """epoch follows the clock's second and seq its microsecond, so the router's window check
+    sees the sender's clock; a clock that stands still or steps back still yields a higher
+    (epoch, seq), and seq moves to a newer epoch instead of wrapping."""
+    assert wire.next_epoch_seq(5, 7, 9 * 1_000_000_000 + 42_000) == (9, 42)
     assert wire.next_epoch_seq(5, 7, 0) == (5, 8)
+    assert wire.next_epoch_seq(5, 7, 5 * 1_000_000_000 + 3_000) == (5, 8)
     assert wire.next_epoch_seq(5, wire.SEQ_MAX, 3 * 1_000_000_000) == (6, 0)
-    assert wire.next_epoch_seq(5, wire.SEQ_MAX, 9 * 1_000_000_000) == (9, 0)

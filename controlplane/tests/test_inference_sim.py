@@ -300,6 +300,17 @@ def test_added_latency_delays_health_and_metrics_by_at_least_that(sim):
         assert time.monotonic() - t0 >= 0.150, path
 
 
+def test_tpot_factor_slows_every_token_after_the_first_by_that_factor(sim):
+    h = sim(ttft_ms=10, tpot_ms=20)
+    status, doc = post(h, "/sim/degrade", {"tpot_factor": 3})
+    assert status == 200 and doc["knobs"]["tpot_factor"] == 3
+
+    t0 = time.monotonic()
+    complete(h, max_tokens=6)
+    assert time.monotonic() - t0 >= 0.010 + 5 * 0.060  # a thermal throttle: tpot x 3, ttft as before
+    assert post(h, "/sim/degrade", {"tpot_factor": 0})[0] == 400
+
+
 def test_hang_stops_tokens_and_admission_while_health_stays_200(sim):
     h = sim(max_running=2, ttft_ms=1, tpot_ms=2)
     with ThreadPoolExecutor(2) as pool:
@@ -457,8 +468,9 @@ def test_heartbeats_flow_to_the_router_while_health_passes_and_stop_with_the_ser
         agent = h.server.agent
 
         data, (source, _) = router.recvfrom(64)  # the first beat follows the first passing check
-        magic, _, port, _, _, token = abi.HEARTBEAT.unpack(data)
-        assert (magic, port, token, source) == (abi.HB_MAGIC, h.address[1], 0x5EED0001, LOOPBACK)
+        magic, _, port, seq, epoch, _ = abi.HEARTBEAT.unpack(data)
+        assert (magic, port, source) == (abi.HB_MAGIC, h.address[1], LOOPBACK)
+        assert data == abi.heartbeat(port, seq, 0x5EED0001, epoch)  # MACed under the backend's key
 
         h.stop()
         assert agent.poll() is not None  # stopped by its pid with the server
@@ -537,7 +549,7 @@ def test_help_documents_every_flag():
     assert done.returncode == 0
     for flag in ("--name", "--listen", "--model", "--max-running", "--max-waiting", "--ttft-ms", "--tpot-ms",
                  "--kv-capacity-tokens", "--added-latency-ms", "--fill-queue", "--kv-usage", "--hang",
-                 "--not-ready", "--metrics-off", "--heartbeat", "--token", "--hb-interval-ms"):
+                 "--not-ready", "--metrics-off", "--tpot-factor", "--heartbeat", "--token", "--hb-interval-ms"):
         assert flag in done.stdout, flag
 
 

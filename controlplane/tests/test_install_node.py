@@ -49,8 +49,8 @@ def test_files_land_where_an_operator_expects_them(tmp_path):
     assert all(line.startswith("install-node: ") for line in lines)
     assert len(lines) == 1 + len(COMMANDS) + 2  # source tree, links, unit, config
     src = tmp_path / "opt/edge/src"
-    for rel in ("pyproject.toml", "README.md", "controlplane/config.py", "controlplane/edged/sdnotify.py",
-                "bpf/edge_xdp.c", "bpf/include/abi.h", "edge/edge.yaml"):
+    for rel in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "controlplane/config.py",
+                "controlplane/edged/sdnotify.py", "bpf/edge_xdp.c", "bpf/include/abi.h", "edge/edge.yaml"):
         assert (src / rel).read_bytes() == (REPO / rel).read_bytes(), rel
     assert not list(src.rglob("__pycache__"))
     for name in COMMANDS:
@@ -58,10 +58,21 @@ def test_files_land_where_an_operator_expects_them(tmp_path):
         assert os.readlink(link) == str(tmp_path / "opt/edge/venv/bin" / name)
     unit = tmp_path / "etc/systemd/system/edged.service"
     assert unit.read_bytes() == (REPO / "edge/edged.service").read_bytes()
-    conf = tmp_path / "etc/edge/edge.yaml"
-    assert conf.read_bytes() == (REPO / "edge/edge.yaml").read_bytes()
-    assert stat.S_IMODE(conf.stat().st_mode) == 0o640  # it holds heartbeat tokens
     assert "ExecStart=/usr/local/bin/edged --config /etc/edge/edge.yaml" in unit.read_text()
+
+
+def test_the_example_lands_beside_the_live_config_which_the_operator_writes(tmp_path):
+    """The example (iface eth0, demo VIPs, public heartbeat tokens) never becomes the live config:
+    edged would deploy it. It goes beside it, and the output says what to edit."""
+    lines = install(tmp_path)
+
+    assert not (tmp_path / "etc/edge/edge.yaml").exists()
+    example = tmp_path / "etc/edge/edge.yaml.example"
+    assert example.read_bytes() == (REPO / "edge/edge.yaml").read_bytes()
+    (said,) = [line for line in lines if "edge.yaml" in line]
+    assert str(example) in said and "/etc/edge/edge.yaml" in said
+    for what in ("node.iface", "vip", "backends", "token", "edgectl validate", "systemctl enable --now edged"):
+        assert what in said, what
 
 
 def test_a_second_run_changes_nothing_and_says_nothing(tmp_path):
@@ -77,7 +88,21 @@ def test_an_operators_config_is_never_overwritten(tmp_path):
     conf.write_text("version: 1  # mine\n")
     lines = install(tmp_path)
     assert conf.read_text() == "version: 1  # mine\n"
-    assert not any("edge.yaml" in line for line in lines)
+    (said,) = [line for line in lines if "edge.yaml" in line]
+    assert "edge.yaml.example" in said and "copy" not in said
+
+
+def test_a_live_config_that_is_still_the_example_is_left_alone_and_named(tmp_path):
+    """An earlier install-node made the example live; it stays (edged may run it), with a warning
+    on every run until it is edited."""
+    conf = tmp_path / "etc/edge/edge.yaml"
+    conf.parent.mkdir(parents=True)
+    conf.write_bytes((REPO / "edge/edge.yaml").read_bytes())
+    for _ in range(2):
+        lines = install(tmp_path)
+        assert conf.read_bytes() == (REPO / "edge/edge.yaml").read_bytes()
+        warned = [line for line in lines if line.startswith(f"install-node: warning: {conf} is still the example")]
+        assert len(warned) == 1 and "token" in warned[0], lines
 
 
 def test_a_changed_unit_and_stale_source_files_are_put_right(tmp_path):

@@ -30,11 +30,17 @@ class Source:
     def __init__(self, snap: dict | None = None):
         self.snap = snap if snap is not None else realistic_snapshot()
         self.fail: Exception | None = None
+        self.counted = 0  # snapshots asked with a conntrack count
+        self.entries: int | None = None  # what a count finds (None: cut by its deadline)
 
-    def snapshot(self) -> dict:
+    def snapshot(self, count_conntrack: bool = False) -> dict:
         if self.fail is not None:
             raise self.fail
-        return copy.deepcopy(self.snap)
+        snap = copy.deepcopy(self.snap)
+        if count_conntrack:
+            self.counted += 1
+            snap["conntrack_entries"] = self.entries
+        return snap
 
 
 @contextmanager
@@ -425,7 +431,7 @@ def test_loop_source_reads_on_the_loop_thread():
     with running_loop() as (loop, loop_thread):
         threads = []
 
-        def snap():
+        def snap(count_conntrack=False):  # as edged's snapshot()
             threads.append(threading.current_thread())
             return realistic_snapshot()
 
@@ -436,7 +442,7 @@ def test_loop_source_reads_on_the_loop_thread():
 
 
 def test_loop_source_awaits_a_coroutine_source_on_the_loop():
-    async def snap():
+    async def snap(count_conntrack=False):
         await asyncio.sleep(0)  # edged awaits its walk of the maps on a worker thread
         return realistic_snapshot()
 
@@ -509,3 +515,27 @@ def test_wire_signals_are_histograms_in_seconds_from_the_log2_buckets_and_a_gaug
     assert value(fams, "edge_backend_active_flows", **a) == 3
     # a snapshot without wire signals (an older reader, a test source) shows none
     assert value(fams, "edge_backend_active_flows", **be("embed", "l4-0")) is None
+
+
+def test_conntrack_fill_is_counted_at_most_every_30_s_and_the_capacity_always_shown(monkeypatch):
+    source = Source()
+    source.snap["node"] = {**source.snap.get("node", {}), "ct_size": 262144}
+    source.entries = 1234
+    collector = metrics.EdgeCollector(source, iface="eth1")
+    clock = [1000.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: clock[0])
+
+    def gauges() -> tuple:
+        fams = {f.name: f for f in collector.collect()}
+        one = lambda name: [s.value for s in fams[name].samples]  # noqa: E731
+        return one("edge_conntrack_entries"), one("edge_conntrack_capacity")
+
+    assert gauges() == ([1234], [262144])
+    source.entries = 5000
+    clock[0] += 10
+    assert gauges() == ([1234], [262144]) and source.counted == 1  # not walked again within 30 s
+    clock[0] += 25
+    assert gauges() == ([5000], [262144]) and source.counted == 2
+    source.entries = None  # a walk cut by its deadline keeps the last complete count
+    clock[0] += 31
+    assert gauges() == ([5000], [262144]) and source.counted == 3

@@ -469,15 +469,18 @@ def test_load_scales_by_queue_and_kv_cache_and_not_before_anyone_has_metrics():
     d = decide(svc, {"a": a, "b": b}, None, now)
     assert d.weights == {"a": 10000, "b": 10000} and d.states["a"] == "no-metrics"
 
-    scrape(a, w, now, waiting=4, running=4, kv=0.5)  # queue factor 1/(1 + 4/4) = 0.5
-    scrape(b, w, now, waiting=0, running=2, kv=0.9)  # kv factor 1 - 0.9 * 0.5 = 0.55
+    scrape(a, w, now - MS, running=4)  # 4 slots seen busy at once: its capacity, learned
+    scrape(a, w, now, waiting=4, running=4, kv=0.5)  # queue factor 1/(1 + 8/4)^4 = 1/81
+    scrape(b, w, now, waiting=0, running=2, kv=0.9)  # full: 1/(1 + 2/2)^4 = 1/16; kv 1 - 0.9 * 0.5 = 0.55
     d = decide(svc, {"a": a, "b": b}, None, now)
-    assert d.weights == {"a": 5000, "b": 5500}
-    assert d.reasons["a"] == "rtt 2.00 ms, 4 waiting, 4 running, kv 50%: load x0.50"
+    assert d.weights == {"a": 123, "b": 344}
+    assert d.reasons["a"] == "rtt 2.00 ms, 4 waiting, 4 running, kv 50%: load x0.01"
     info = describe(a, now, METRICS)
-    assert info["load_state"] == "fresh" and info["waiting"] == 4 and info["load_factor"] == 0.5
+    assert info["load_state"] == "fresh" and info["waiting"] == 4 and info["load_factor"] == pytest.approx(1 / 81)
+    scrape(a, w, now + MS, waiting=0, running=1, kv=0.5)  # one of its 4 slots busy: 1/(1 + 1/4)^4
+    assert describe(a, now + MS, METRICS)["load_factor"] == pytest.approx(0.4096)
 
-    d = decide(svc, {"a": a, "b": b}, None, now + METRICS.stale_ms * MS)
+    d = decide(svc, {"a": a, "b": b}, None, now + 1 * MS + METRICS.stale_ms * MS)
     assert d.states == {"a": "unknown-load", "b": "unknown-load"}
     assert d.weights == {"a": 5000, "b": 5000}
 
@@ -495,7 +498,7 @@ def test_a_hung_engine_that_makes_progress_again_ramps_up():
     assert (d.weights["a"], d.states["a"]) == (3, "hung")
     assert d.reasons["a"] == "hung: 8 waiting, 2 running, no progress for 1.1 s"
 
-    scrape(a, w, t, waiting=0, running=2, progress=150.0)
+    scrape(a, w, t, waiting=0, running=0, progress=150.0)  # it caught up: idle
     d = decide(svc, {"a": a, "b": b}, d.weights, t)
     assert (d.weights["a"], d.states["a"]) == (3, "slow-start")
     d = decide(svc, {"a": a, "b": b}, d.weights, t + 500 * MS)

@@ -52,6 +52,8 @@ def parser() -> argparse.ArgumentParser:
     knobs = p.add_argument_group("knobs at start (POST /sim/degrade changes them later; die is run time only)")
     knobs.add_argument("--added-latency-ms", type=float, default=0.0, metavar="MS",
                        help="delay before every response but /sim/* (a slow or far host)")
+    knobs.add_argument("--tpot-factor", type=float, default=1.0, metavar="X",
+                       help="every token after the first takes tpot x X (a thermal throttle: 3)")
     knobs.add_argument("--fill-queue", type=int, default=0, metavar="N",
                        help="phantom waiting requests: counted as waiting; each real request first "
                             "waits N x ttft")
@@ -77,8 +79,8 @@ def options(args: argparse.Namespace) -> Options:
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit() or not limits.is_port(int(port), zero=True):
         raise UsageError(f"--listen: {args.listen!r} is not ADDR:PORT")
-    knobs = Knobs(added_latency_ms=args.added_latency_ms, fill_queue=args.fill_queue, kv_usage=args.kv_usage,
-                  hang=args.hang, not_ready=args.not_ready, metrics_off=args.metrics_off)
+    knobs = Knobs(added_latency_ms=args.added_latency_ms, tpot_factor=args.tpot_factor, fill_queue=args.fill_queue,
+                  kv_usage=args.kv_usage, hang=args.hang, not_ready=args.not_ready, metrics_off=args.metrics_off)
     return Options(name=args.name, host=host.strip("[]"), port=int(port), model=args.model,
                    max_running=args.max_running, max_waiting=args.max_waiting, ttft_ms=args.ttft_ms,
                    tpot_ms=args.tpot_ms, kv_capacity_tokens=args.kv_capacity_tokens, knobs=knobs,

@@ -35,8 +35,8 @@ class Engine:
     it), and those N count in num_requests_waiting (and against --max-waiting) until the knob is
     reset; meanwhile the engine reports every slot busy and its token counter grows as if
     --max-running phantom requests were generating (a busy engine, not a hung one). A running request produces its first token after ttft, then one every tpot, exactly
-    max_tokens tokens (finish_reason "length"). A token is a whitespace-separated word: prompts
-    cost their word count. KV-cache use is the running requests' prompt and generated tokens over
+    max_tokens tokens (finish_reason "length"); tpot_factor stretches every tpot (a thermal
+    throttle). A token is a whitespace-separated word: prompts cost their word count. KV-cache use is the running requests' prompt and generated tokens over
     --kv-capacity-tokens, unless kv_usage overrides it. hang freezes the engine: no token, no
     admission; health stays 200, as vLLM's does on a hung engine. A client that disconnects aborts
     its request. added_latency_ms delays every response except /sim/*, the simulator's own control.
@@ -122,9 +122,9 @@ class Engine:
             self._schedule()
 
     async def next_token(self, req: Request) -> str:
-        """Wait for req's next token (ttft for the first, then tpot; never while hung)."""
+        """Wait for req's next token (ttft for the first, then tpot x tpot_factor; never while hung)."""
         first = req.generated == 0
-        await asyncio.sleep((self.opts.ttft_ms if first else self.opts.tpot_ms) / 1000)
+        await asyncio.sleep((self.opts.ttft_ms if first else self.opts.tpot_ms * self.knobs.tpot_factor) / 1000)
         await self.unhung.wait()
         if first:
             self.prompt_tokens += req.prompt_tokens

@@ -51,6 +51,7 @@ class Knobs:
     """What POST /sim/degrade changes at run time (see the module docstring for the model)."""
 
     added_latency_ms: float = 0.0  # before every response but /sim/*
+    tpot_factor: float = 1.0  # every token after the first takes tpot x this (a thermal throttle: 3)
     fill_queue: int = 0  # phantom waiting requests
     kv_usage: Optional[float] = None  # 0..1 overrides the modelled KV-cache use; None models it
     hang: bool = False  # engine frozen: no tokens, no admission; health still 200
@@ -67,6 +68,8 @@ class Knobs:
         for knob, value in changes.items():
             if knob == "added_latency_ms":
                 out[knob] = _number(knob, value, 0, None, "a number of milliseconds")
+            elif knob == "tpot_factor":
+                out[knob] = _number(knob, value, 0.01, 1000, "a factor")
             elif knob == "fill_queue":
                 out[knob] = _integer(knob, value, 0)
             elif knob == "kv_usage":

@@ -1,0 +1,99 @@
+"""The peers of tools/bench-serving, on one lab topology: this router (edged, static equal weights
+or its default steering) and Debian's HAProxy in TCP mode (roundrobin, leastconn), run by pid in
+the router namespace; their config, start, stop and CPU time. The configs are pure (haproxy_config,
+edge_service); the runners need root and a built Net."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Optional
+
+from controlplane.lab.topo import Ns, terminate
+
+PROBE = {"kind": "http", "path": "/health", "interval_ms": 100, "timeout_ms": 80}
+METRICS = {"path": "/metrics", "interval_ms": 100}
+HAPROXY_CHECK_MS = 500  # an HTTP check of /health, as operators configure one
+
+
+def edge_service(base: dict, steering: str) -> dict:
+    """A lab Router.service() dict with health and weights for one edge peer: "static" (equal
+    weights; probes only take a dead backend out) or "default" (latency_inverse with the default
+    weight settings, probes and load scrapes)."""
+    if steering == "static":
+        return {**base, "health": {"probe": dict(PROBE)}, "weights": {"policy": "static"}}
+    if steering == "default":
+        return {**base, "health": {"probe": dict(PROBE), "metrics": dict(METRICS)},
+                "weights": {"policy": "latency_inverse"}}
+    raise ValueError(f"steering: {steering!r} is not static or default")
+
+
+def haproxy_config(bind: str, port: int, balance: str, servers: list[tuple[str, str, int]]) -> str:
+    """haproxy.cfg for one TCP-mode frontend on bind:port balancing over servers (name, address, port)."""
+    if balance not in ("roundrobin", "leastconn"):
+        raise ValueError(f"balance: {balance!r} is not roundrobin or leastconn")
+    lines = ["global", "    maxconn 4096", "    nbthread 1", "",
+             "defaults", "    mode tcp", "    timeout connect 2s", "    timeout client 60s",
+             "    timeout server 60s", "",
+             "frontend serving", f"    bind {bind}:{port}", "    default_backend fleet", "",
+             "backend fleet", f"    balance {balance}", "    option httpchk GET /health"]
+    lines += [f"    server {name} {addr}:{p} check inter {HAPROXY_CHECK_MS}" for name, addr, p in servers]
+    return "\n".join(lines) + "\n"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of pid so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class HAProxy:
+    """One haproxy -db (foreground) in ns, by pid; its config in a temporary file removed at stop."""
+
+    def __init__(self, ns: Ns, cfg: str):
+        exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
+        fd, self.path = tempfile.mkstemp(prefix="bench-serving-", suffix=".cfg")
+        with os.fdopen(fd, "w") as f:
+            f.write(cfg)
+        check = ns.run([exe, "-c", "-f", self.path], capture_output=True, text=True, check=False)
+        if check.returncode != 0:
+            os.unlink(self.path)
+            raise RuntimeError(f"haproxy -c: {(check.stdout + check.stderr).strip().splitlines()[-1:]}")
+        self.proc: Optional[subprocess.Popen] = ns.popen([exe, "-db", "-f", self.path],
+                                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def wait_listening(self, ns: Ns, addr: str, port: int, timeout_s: float = 10.0) -> None:
+        """Until a TCP connection from ns to addr:port is accepted."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"haproxy exited {self.proc.returncode}: {self.proc.stderr.read()[-300:]!r}")
+            with ns.enter():
+                s = socket.socket()
+            try:
+                s.settimeout(0.5)
+                s.connect((addr, port))
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"haproxy: {addr}:{port} not accepting within {timeout_s} s") from None
+                time.sleep(0.1)
+            finally:
+                s.close()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            terminate(self.proc)
+            self.proc = None
+        if os.path.exists(self.path):
+            os.unlink(self.path)

@@ -1,0 +1,575 @@
+"""The harness of test_verdicts.py: the data path compiled once, its programs loaded (not attached)
+and fed one frame at a time through BPF_PROG_TEST_RUN, in this process's network namespace, with
+no interface made and no packet sent. It owns the world the table's rows start from (services,
+backends, the caches that stand in for bpf_fib_lookup), the frame builders, an Internet checksum
+of its own to verify rewritten frames with, and the counters' deltas. It decides no verdict:
+the rows in test_verdicts.py say what each program must do.
+
+Everything the FIB would answer comes from the data path's own caches, filled here: the forward
+next hop per backend (edge_nexthop) and the reply hop per (client, VIP) (edge_reply_hop). Their
+freshness is measured in jiffies, which user space cannot read cheaply, so the programs are
+compiled with EDGE_NEXTHOP_TTL_JIFFIES (nat.h's knob) so long that a hop written here stays fresh
+for the whole run; nothing else of bpf/ is changed.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+import time
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Callable
+
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.l2 import Dot1Q, Ether
+
+from controlplane import abi, loader
+from controlplane.config import parse_config
+from controlplane.maps import Maps, be16, be32
+
+XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = 1, 2, 3, 4
+TC_ACT_UNSPEC, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0xFFFFFFFF, 0, 2, 7  # retval is a u32
+
+BPFFS = Path("/sys/fs/bpf")
+PARAMS = loader.Params(maglev_m=1009, max_services=8, max_backends=16, ct_size=1024)
+HOP_TTL_JIFFIES = 1 << 41  # -DEDGE_NEXTHOP_TTL_JIFFIES: see the module's docstring
+HOP_EXPIRES = 1 << 40  # jiffies64 starts near 2^32 and grows by HZ a second: fresh for decades
+
+# Interface indexes. The XDP programs' test runs arrive on lo (the kernel wants a real device
+# there, and lo is 1 in every namespace); the return path's arrive on BACKEND_IF (tc does not
+# look it up). Both are written into the maps as the node's interfaces; redirects are not
+# carried out by a test run, so CLIENT_IF and BACKEND_IF need not exist.
+LO = 1
+BACKEND_IF = 2  # where heartbeats must arrive (edge_hb.ifindex), tc's ingress
+CLIENT_IF = 3  # the client-facing interface: edge_node.ingress_ifindex, the reply hop's
+ROUTER_MAC, CLIENT_MAC = "02:00:00:00:00:01", "02:00:00:00:00:02"
+HOP_SMAC, HOP_DMAC = bytes.fromhex("02000000aa01"), bytes.fromhex("02000000aa02")  # towards backends
+REPLY_SMAC, REPLY_DMAC = bytes.fromhex("02000000bb01"), bytes.fromhex("02000000bb02")  # towards clients
+MTU = 1500
+
+CLIENT, CLIENT_PORT = IPv4Address("198.18.0.2"), 40000
+ROUTER = IPv4Address("198.18.0.1")
+VIP, HB_VIP = IPv4Address("198.18.255.1"), IPv4Address("198.18.255.2")
+B0, D0 = (IPv4Address("198.18.1.2"), 8000), (IPv4Address("198.18.1.3"), 5353)
+H0, H1 = (IPv4Address("198.18.1.4"), 8000), (IPv4Address("198.18.1.5"), 8000)
+PAS_VIP = IPv4Address("198.18.255.3")
+P0, P1 = (IPv4Address("198.18.1.6"), 8000), (IPv4Address("198.18.1.7"), 8000)
+SBY_VIP = IPv4Address("198.18.255.4")
+S0, S1 = (IPv4Address("198.18.1.8"), 8000), (IPv4Address("198.18.1.9"), 8000)
+HB_PORT, HB_TIMEOUT_MS = 7946, 300
+TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002}
+
+# web: plain TCP NAT to one backend; dns: UDP; hb: two backends judged by heartbeats; pas: two
+# backends under passive detection (three failures in a row eject); sby: a primary and a standby,
+# whose flows stay on their backend when it becomes unusable (existing_flows: keep).
+CONFIG = {
+    "version": 1,
+    "node": {
+        "maglev_m": PARAMS.maglev_m,
+        "max_services": PARAMS.max_services,
+        "max_backends": PARAMS.max_backends,
+        "ct_size": PARAMS.ct_size,
+    },
+    "services": [
+        {
+            "name": "web",
+            "vip": str(VIP),
+            "port": 80,
+            "protocol": "tcp",
+            "backends": [{"name": "b0", "address": str(B0[0]), "port": B0[1]}],
+        },
+        {
+            "name": "dns",
+            "vip": str(VIP),
+            "port": 53,
+            "protocol": "udp",
+            "backends": [{"name": "d0", "address": str(D0[0]), "port": D0[1]}],
+        },
+        {
+            "name": "hb",
+            "vip": str(HB_VIP),
+            "port": 80,
+            "protocol": "tcp",
+            "health": {"heartbeat": {"port": HB_PORT, "timeout_ms": HB_TIMEOUT_MS, "interval_ms": 100}},
+            "backends": [
+                {"name": n, "address": str(a), "port": p, "token": hex(TOKENS[n])}
+                for n, (a, p) in (("h0", H0), ("h1", H1))
+            ],
+        },
+        {
+            "name": "sby",
+            "vip": str(SBY_VIP),
+            "port": 80,
+            "protocol": "tcp",
+            "existing_flows": "keep",
+            "backends": [
+                {"name": "s0", "address": str(S0[0]), "port": S0[1]},
+                {"name": "s1", "address": str(S1[0]), "port": S1[1], "standby": True},
+            ],
+        },
+        {
+            "name": "pas",
+            "vip": str(PAS_VIP),
+            "port": 80,
+            "protocol": "tcp",
+            "health": {"passive": {"consecutive": 3, "syn_timeout_ms": 200, "ejection_ms": 1000}},
+            "backends": [{"name": n, "address": str(a), "port": p} for n, (a, p) in (("p0", P0), ("p1", P1))],
+        },
+    ],
+}
+
+
+# ---------------------------------------------------------------- checksums, frames
+
+
+def inet_sum(data: bytes) -> int:
+    """The Internet checksum (RFC 1071) of data: 0 when data holds a right one."""
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """Where an Ethernet/[802.1Q]/IPv4/TCP-or-UDP frame keeps its fields."""
+
+    l3: int  # offset of the IPv4 header
+
+    def ihl(self, f: bytes) -> int:
+        return (f[self.l3] & 0xF) * 4
+
+    def l4(self, f: bytes) -> int:
+        return self.l3 + self.ihl(f)
+
+    def proto(self, f: bytes) -> int:
+        return f[self.l3 + 9]
+
+    def ends(self, f: bytes) -> tuple[tuple[str, int], tuple[str, int]]:
+        """((source address, port), (destination address, port))."""
+        ip, l4 = self.l3, self.l4(f)
+        src, dst = str(IPv4Address(f[ip + 12 : ip + 16])), str(IPv4Address(f[ip + 16 : ip + 20]))
+        sport, dport = struct.unpack_from("!HH", f, l4)
+        return (src, sport), (dst, dport)
+
+    def ttl(self, f: bytes) -> int:
+        return f[self.l3 + 8]
+
+    def fields(self, f: bytes) -> dict:
+        """What a rewrite may change, for a readable failure: MACs, ends, TTL, both checksums."""
+        l4 = self.l4(f)
+        csum_off = l4 + (16 if self.proto(f) == 6 else 6)
+        return {
+            "dmac": f[0:6].hex(":"),
+            "smac": f[6:12].hex(":"),
+            "ends": self.ends(f),
+            "ttl": self.ttl(f),
+            "ip_csum": f[self.l3 + 10 : self.l3 + 12].hex(),
+            "l4_csum": f[csum_off : csum_off + 2].hex(),
+            "length": len(f),
+        }
+
+    def checksums_ok(self, f: bytes) -> bool:
+        """IPv4 header and L4 checksums verify (a UDP checksum of 0 is "none")."""
+        ip, l4 = self.l3, self.l4(f)
+        tot_len = struct.unpack_from("!H", f, ip + 2)[0]
+        seg = f[l4 : ip + tot_len]
+        pseudo = f[ip + 12 : ip + 20] + struct.pack("!BBH", 0, self.proto(f), len(seg))
+        if self.proto(f) == 17 and struct.unpack_from("!H", f, l4 + 6)[0] == 0:
+            return inet_sum(f[ip:l4]) == 0
+        return inet_sum(f[ip:l4]) == 0 and inet_sum(pseudo + seg) == 0
+
+
+def parsed(f: bytes) -> Parsed:
+    return Parsed(18 if f[12:14] == b"\x81\x00" else 14)
+
+
+def tcp(
+    src,
+    dst,
+    flags="A",
+    *,
+    sport=CLIENT_PORT,
+    dport=80,
+    seq=1000,
+    ack=0,
+    vlan=False,
+    ttl=64,
+    payload=b"",
+    ip_flags=0,
+    **ip,
+) -> bytes:
+    """An Ethernet/IPv4/TCP frame with right checksums (scapy's); ip: more IP() fields."""
+    l2 = Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
+    l2 = l2 / Dot1Q(vlan=7) if vlan else l2
+    ack = ack or (1 if "A" in flags else 0)
+    return bytes(
+        l2
+        / IP(src=str(src), dst=str(dst), ttl=ttl, flags=ip_flags, **ip)
+        / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack, window=64240)
+        / payload
+    )
+
+
+def udp(src, dst, *, sport=CLIENT_PORT, dport=53, payload=b"q" * 8, ttl=64, zero_csum=False) -> bytes:
+    frame = bytes(
+        Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
+        / IP(src=str(src), dst=str(dst), ttl=ttl)
+        / UDP(sport=sport, dport=dport)
+        / payload
+    )
+    return frame[:40] + b"\0\0" + frame[42:] if zero_csum else frame
+
+
+def heartbeat(backend: str, *, seq=1, token=None, epoch=None, src=None) -> bytes:
+    """A heartbeat of backend (h0, h1) from its address to the router's heartbeat port."""
+    addr, port = {"h0": H0, "h1": H1}[backend]
+    payload = abi.heartbeat(
+        port,
+        seq,
+        TOKENS[backend] if token is None else token,
+        int(time.clock_gettime(time.CLOCK_TAI)) if epoch is None else epoch,
+    )
+    return udp(src or addr, ROUTER, sport=40001, dport=HB_PORT, payload=payload)
+
+
+def set_bytes(f: bytes, off: int, value: bytes) -> bytes:
+    return f[:off] + value + f[off + len(value) :]
+
+
+def broken_ip_csum(f: bytes) -> bytes:
+    return set_bytes(f, 24, struct.pack("!H", struct.unpack_from("!H", f, 24)[0] ^ 0x5555))
+
+
+def broken_tcp_csum(f: bytes) -> bytes:
+    return set_bytes(f, 50, struct.pack("!H", struct.unpack_from("!H", f, 50)[0] ^ 0x5555))
+
+
+# ---------------------------------------------------------------- the flow hash (flow.h)
+
+
+def hash_mix(h: int) -> int:
+    """flow.h's hash_mix (MurmurHash3's finaliser) on 32 bits."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def as_loaded(addr: IPv4Address) -> int:
+    """An address as the data path holds it in a register: network-order bytes, read as a u32."""
+    return int.from_bytes(addr.packed, "little")
+
+
+def hash_flow(src: IPv4Address, dst: IPv4Address, sport: int, dport: int, proto: int) -> int:
+    """flow.h's hash_flow of a client 5-tuple (ports as loaded: network order read as u16)."""
+
+    def port(p: int) -> int:
+        return int.from_bytes(p.to_bytes(2, "big"), "little")
+
+    h = 0x9E3779B9  # EDGE_HASH_SEED
+    h = hash_mix(h ^ as_loaded(src))
+    h = hash_mix(h ^ as_loaded(dst))
+    h = hash_mix(h ^ ((port(sport) << 16) | port(dport)))
+    return hash_mix(h ^ proto)
+
+
+# ---------------------------------------------------------------- the world
+
+
+class World:
+    """The compiled data path, its programs and maps, and the state every row starts from."""
+
+    def __init__(self) -> None:
+        loader.check_bpffs(str(BPFFS))
+        self.pin_path = BPFFS / f"edge-verdicts-{secrets.token_hex(3)}"
+        self.pin_path.mkdir()
+        self.loaded = None
+        self.maps: Maps | None = None
+
+    def build(self) -> None:
+        """Compiles and loads the programs, writes the services and the node record (close()
+        undoes whatever of it was done)."""
+        text = f"#define EDGE_NEXTHOP_TTL_JIFFIES {HOP_TTL_JIFFIES}ULL\n" + loader.source_text()
+        self.loaded = loader.compile_datapath(self.pin_path, PARAMS, text=text)
+        self.fds = {
+            name: self.loaded.load(name, kind).fd
+            for name, kind in ((abi.PROG_INGRESS, "xdp"), (abi.PROG_RETURN, "tc"), (abi.PROG_REPLY, "xdp"))
+        }
+        self.t = self.loaded.tables()
+        self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
+        self.cfg = parse_config(CONFIG, "test_verdicts")
+        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1)})
+        self.maps.write_node(
+            maglev_m=PARAMS.maglev_m,
+            max_services=PARAMS.max_services,
+            max_backends=PARAMS.max_backends,
+            ct_size=PARAMS.ct_size,
+            ingress_ifindex=CLIENT_IF,
+            xdp_flags=0,
+            ip_forward_was=None,
+            return_ifindex=[BACKEND_IF],
+            return_clsact_added=[False],
+        )
+        self.ids = {s.name: self.maps.ids(s.name) for s in self.cfg.services}
+        backends = self.t[abi.MAP_BACKENDS]
+        self._backends = {bid: backends[backends.Key(bid)] for _, ids in self.ids.values() for bid in ids.values()}
+        self._backends = {bid: type(v).from_buffer_copy(v) for bid, v in self._backends.items()}
+        self._hb = [(type(k).from_buffer_copy(k), type(v).from_buffer_copy(v)) for k, v in self.t[abi.MAP_HB].items()]
+
+    def close(self) -> None:
+        if self.maps is not None:
+            self.maps.close()
+        if self.loaded is not None:
+            self.loaded.close()
+        loader.remove_pins(self.pin_path)
+
+    # ------------------------------------------------------------ names
+
+    def bid(self, backend: str) -> int:
+        """The id apply gave a backend (backend names are unique across this world's services)."""
+        return next(ids[backend] for _, ids in self.ids.values() if backend in ids)
+
+    def vid(self, service: str) -> int:
+        return self.ids[service][0]
+
+    # ------------------------------------------------------------ the state every row starts from
+
+    def reset(self) -> None:
+        """No connections, every heartbeat backend alive and risen, budgets unspent, backends as
+        configured, next hops and reply hops cached."""
+        # the heartbeats' second for this row (abi.heartbeat: the sender's CLOCK_TAI): taken per
+        # row, so the window check sees a current epoch however late in a long run the row runs
+        self.epoch = int(time.clock_gettime(time.CLOCK_TAI))
+        for name in (abi.MAP_CT, abi.MAP_HALF_OPEN, abi.MAP_DIRECT):
+            self.t[name].clear()
+        backends = self.t[abi.MAP_BACKENDS]
+        for bid, v in self._backends.items():
+            backends[backends.Key(bid)] = v
+        for k, v in self._hb:
+            self.t[abi.MAP_HB][k] = v
+        for name in ("h0", "h1"):
+            self.set_health(name, last_seen_ns=time.monotonic_ns(), rise_count=100)
+        for name in ("p0", "p1"):
+            self.set_health(name)
+        self.percpu(abi.MAP_CT_BUDGET, 0, window_ns=0, used=0)
+        for bid in self._backends:
+            self.percpu(abi.MAP_NEXTHOP, bid, expires=HOP_EXPIRES, ifindex=BACKEND_IF, smac=HOP_SMAC, dmac=HOP_DMAC)
+        for vip in (VIP, HB_VIP, PAS_VIP):
+            self.reply_hop(CLIENT, vip, CLIENT_IF)
+
+    def percpu(self, name: str, index: int, **fields) -> None:
+        """Every CPU's entry index of a per-CPU array: zeroed, then fields set."""
+        t = self.t[name]
+        v = t.Leaf()
+        for cpu in range(len(v)):
+            for field, value in fields.items():
+                setattr(v[cpu], field, _c(getattr(v[cpu], field), value))
+        t[t.Key(index)] = v
+
+    def reply_hop(self, client: IPv4Address, vip: IPv4Address, ifindex: int) -> None:
+        """The cached hop of replies from vip to client (nat.h, reply_hop_at: its slot)."""
+        slot = hash_mix(as_loaded(client) ^ as_loaded(vip)) & (abi.REPLY_HOP_SLOTS - 1)
+        self.percpu(
+            abi.MAP_REPLY_HOP,
+            slot,
+            expires=HOP_EXPIRES,
+            client=as_loaded(client),
+            vip=as_loaded(vip),
+            ifindex=ifindex,
+            smac=REPLY_SMAC,
+            dmac=REPLY_DMAC,
+            mtu=MTU,
+        )
+
+    # ------------------------------------------------------------ set-ups the rows name
+
+    def set_health(self, backend: str, **fields) -> None:
+        t = self.t[abi.MAP_HEALTH]
+        hid = self._backends[self.bid(backend)].health_id
+        v = t.Leaf()
+        for field, value in fields.items():
+            setattr(v, field, value)
+        t[t.Key(hid)] = v
+
+    def hb_interface(self, backend: str, ifindex: int) -> None:
+        """backend's heartbeats are registered as arriving on ifindex (edge_hb)."""
+        t = self.t[abi.MAP_HB]
+        for k, v in list(t.items()):
+            if v.health_id == self._backends[self.bid(backend)].health_id:
+                v.ifindex = ifindex
+                t[k] = v
+
+    def health(self, backend: str):
+        t = self.t[abi.MAP_HEALTH]
+        return t[t.Key(self._backends[self.bid(backend)].health_id)]
+
+    def connect(
+        self, backend: str, *, client=CLIENT, sport=CLIENT_PORT, vip=VIP, dport=80, proto=6, flags=0, syn_seq=0
+    ) -> None:
+        """A conntrack entry: client:sport -> vip:dport pinned to backend."""
+        t, bid = self.t[abi.MAP_CT], self.bid(backend)
+        k = t.Key()
+        k.src, k.dst, k.sport, k.dport, k.proto = be32(client), be32(vip), be16(sport), be16(dport), proto
+        v = t.Leaf()
+        v.backend_id, v.vip_id, v.flags = bid, self._backends[bid].vip_id, flags
+        v.syn_seq = struct.unpack("=I", struct.pack("!I", syn_seq))[0]  # network order, as the SYN carried it
+        t[k] = v
+
+    def _flow_key(self, t, client, sport, vip, dport, proto):
+        k = t.Key()
+        k.src, k.dst, k.sport, k.dport, k.proto = be32(client), be32(vip), be16(sport), be16(dport), proto
+        return k
+
+    def connection(self, *, client=CLIENT, sport=CLIENT_PORT, vip=VIP, dport=80, proto=6, half_open=False):
+        """The backend id conntrack (half_open: the half-open table) pins this connection to, or None."""
+        t = self.t[abi.MAP_HALF_OPEN if half_open else abi.MAP_CT]
+        try:
+            v = t[self._flow_key(t, client, sport, vip, dport, proto)]
+        except KeyError:
+            return None
+        return v.ct.backend_id if half_open else v.backend_id
+
+    def half_open(
+        self, backend: str, *, answered_seq: int | None = None, client=CLIENT, sport=CLIENT_PORT, vip=VIP, dport=80
+    ) -> None:
+        """A half-open TCP connection pinned to backend whose SYN (seq 1000) went through the VIP;
+        answered_seq: the backend's SYN-ACK with that sequence number was seen."""
+        t, bid = self.t[abi.MAP_HALF_OPEN], self.bid(backend)
+        v = t.Leaf()
+        v.ct.backend_id, v.ct.vip_id, v.ct.flags = bid, self._backends[bid].vip_id, abi.CT_F_SYN
+        v.ct.syn_seq = struct.unpack("=I", struct.pack("!I", 1000))[0]
+        if answered_seq is not None:
+            v.ack_seq = struct.unpack("=I", struct.pack("!I", answered_seq + 1))[0]
+            v.flags = abi.HO_F_ANSWERED
+        t[self._flow_key(t, client, sport, vip, dport, 6)] = v
+
+    def answered(self, *, client=CLIENT, sport=CLIENT_PORT, vip=VIP, dport=80) -> int | None:
+        """The sequence number + 1 of the SYN-ACK the half-open connection saw, or None."""
+        t = self.t[abi.MAP_HALF_OPEN]
+        try:
+            v = t[self._flow_key(t, client, sport, vip, dport, 6)]
+        except KeyError:
+            return None
+        return struct.unpack("!I", struct.pack("=I", v.ack_seq))[0] if v.flags & abi.HO_F_ANSWERED else None
+
+    def direct(self, backend: str, *, client=CLIENT, sport=CLIENT_PORT) -> None:
+        """client:sport's connection to backend's own address is a direct one (edge_direct)."""
+        t = self.t[abi.MAP_DIRECT]
+        addr, port = next((b.address, b.port) for s in self.cfg.services for b in s.backends if b.name == backend)
+        k = t.Key()
+        k.backend, k.client, k.backend_port, k.client_port = be32(addr), be32(client), be16(port), be16(sport)
+        t[k] = t.Leaf(1)
+
+    def is_direct(self, backend: str, *, client=CLIENT, sport=CLIENT_PORT) -> bool:
+        t = self.t[abi.MAP_DIRECT]
+        addr, port = next((b.address, b.port) for s in self.cfg.services for b in s.backends if b.name == backend)
+        k = t.Key()
+        k.backend, k.client, k.backend_port, k.client_port = be32(addr), be32(client), be16(port), be16(sport)
+        try:
+            t[k]
+        except KeyError:
+            return False
+        return True
+
+    def spend_budget(self) -> None:
+        """This second's conntrack budget for TCP packets other than SYNs is used up (flow.h; its
+        window starts now on CLOCK_MONOTONIC, which the coarse clock it is compared with trails)."""
+        self.percpu(abi.MAP_CT_BUDGET, 0, window_ns=time.monotonic_ns(), used=1 << 20)
+
+    def set_flags(self, backend: str, flags: int) -> None:
+        t, bid = self.t[abi.MAP_BACKENDS], self.bid(backend)
+        v = type(self._backends[bid]).from_buffer_copy(self._backends[bid])
+        v.flags = flags
+        t[t.Key(bid)] = v
+
+    def port_picking(
+        self, service: str, backend: str, *, vip: IPv4Address, dport: int = 80, client: IPv4Address = CLIENT
+    ) -> int:
+        """A client port whose TCP flow's first Maglev pick (flow.h, select.h) is backend."""
+        t = self.t[abi.MAP_VIPS]
+        k = t.Key()
+        k.addr, k.port, k.proto = be32(vip), be16(dport), 6
+        table = self.maps.read_table(self.vid(service), t[k].table)
+        want = self.bid(backend)
+        return next(
+            p
+            for p in range(CLIENT_PORT, CLIENT_PORT + 1000)
+            if table[hash_flow(client, vip, p, dport, 6) % PARAMS.maglev_m] == want
+        )
+
+    # ------------------------------------------------------------ running
+
+    def counters(self) -> dict[str, int]:
+        """Every verdict and drop counter, summed over CPUs, by abi.py's names (drops as drop:NAME)."""
+        out = {}
+        for table, names, prefix in ((abi.MAP_VERDICTS, abi.CNT_NAMES, ""), (abi.MAP_DROPS, abi.DROP_NAMES, "drop:")):
+            t = self.t[table]
+            for i, name in names.items():
+                out[prefix + name] = sum(t[t.Key(i)])
+        return out
+
+    def run(self, prog: str, frame: bytes) -> tuple[int, bytes, dict[str, int]]:
+        """(verdict, frame out, counters that changed and by how much) of one test run."""
+        before = self.counters()
+        ctx = _sk_buff(BACKEND_IF, LO) if prog == abi.PROG_RETURN else _xdp_md(len(frame), LO)
+        done = loader.prog_test_run(self.fds[prog], frame, ctx=ctx)
+        after = self.counters()
+        return done.retval, done.data_out, {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def _c(current, value):
+    """value in the shape of a ctypes field: bytes into a byte array, else as is."""
+    if isinstance(value, bytes):
+        arr = type(current)()
+        for i, b in enumerate(value):
+            arr[i] = b
+        return arr
+    return value
+
+
+def _xdp_md(length: int, ingress_ifindex: int) -> bytes:
+    """struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex."""
+    return struct.pack("=6I", 0, length, 0, ingress_ifindex, 0, 0)
+
+
+def _sk_buff(ingress_ifindex: int, ifindex: int) -> bytes:
+    """struct __sk_buff up to ifindex: arriving on ingress_ifindex, through device ifindex."""
+    return struct.pack("=11I", *([0] * 9), ingress_ifindex, ifindex)
+
+
+SetUp = Callable[[World], None]
+
+
+# ---------------------------------------------------------------- expected frames
+
+
+def rewritten(frame: bytes, *, src=None, dst=None, hop: tuple[bytes, bytes] | None = None) -> bytes:
+    """frame with its source and/or destination (address, port) replaced and, when hop (destination
+    MAC, source MAC) is given, those MACs and the TTL one lower; both checksums computed anew here
+    (a UDP checksum of 0, "none", stays 0; one that computes to 0 is sent as 0xffff)."""
+    p = parsed(frame)
+    f = bytearray(frame)
+    ip, l4 = p.l3, p.l4(frame)
+    for ends, a_off, p_off in ((src, 12, 0), (dst, 16, 2)):
+        if ends is not None:
+            f[ip + a_off : ip + a_off + 4] = IPv4Address(ends[0]).packed
+            f[l4 + p_off : l4 + p_off + 2] = struct.pack("!H", ends[1])
+    if hop is not None:
+        f[0:6], f[6:12] = hop
+        f[ip + 8] -= 1
+    f[ip + 10 : ip + 12] = b"\0\0"
+    f[ip + 10 : ip + 12] = struct.pack("!H", inet_sum(bytes(f[ip:l4])))
+    csum_off = l4 + (16 if p.proto(frame) == 6 else 6)
+    if p.proto(frame) == 17 and frame[csum_off : csum_off + 2] == b"\0\0":
+        return bytes(f)
+    f[csum_off : csum_off + 2] = b"\0\0"
+    seg = bytes(f[l4 : ip + struct.unpack_from("!H", f, ip + 2)[0]])
+    c = inet_sum(bytes(f[ip + 12 : ip + 20]) + struct.pack("!BBH", 0, p.proto(frame), len(seg)) + seg)
+    f[csum_off : csum_off + 2] = struct.pack("!H", c or (0xFFFF if p.proto(frame) == 17 else 0))
+    return bytes(f)
