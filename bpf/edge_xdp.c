@@ -51,12 +51,13 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 	proto = parse_ipv4(&nh, data_end, &iph, 1);
 	if (proto < 0)
 		return count_drop(EDGE_DROP_MALFORMED);
-	if (proto == IPPROTO_ICMP && iph->ihl == 5 && !(iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))) {
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP) {
+		/* after TCP/UDP's test: their packets pay nothing for ICMP */
+		if (proto != IPPROTO_ICMP || iph->ihl != 5 || (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+			return count_verdict(EDGE_CNT_PASS, XDP_PASS);
 		pkt->iph = iph;
 		return EDGE_ICMP;
 	}
-	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
 	if (iph->ihl != 5)
 		return unusual(iph, EDGE_DROP_IP_OPTIONS);
 	if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))
