@@ -8,15 +8,17 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
 NO_BACKEND = 0xFFFFFFFF
-MAX_PER_SERVICE = 64
+MAX_PER_SERVICE = 1024
 TAIL_SLOW = 0  # edge_tails slot of the ingress slow path
 TAIL_SCAN = 1  # edge_tails slot of its fallback scan
-TAIL_MAX = 2
+TAIL_SCAN_MORE = 2  # edge_tails slot of the scan's next chunk (the scan program again)
+TAIL_MAX = 3
+MAGLEV_PER_VALUE = 2  # Maglev slots per edge_maglev value: 4 bytes a slot
 
 VIP_F_KEEP_FLOWS = 0x1
 

@@ -237,6 +237,13 @@ class Dns:
             raise ConfigError(f"{path}.max_ttl_ms: {self.max_ttl_ms} is less than min_ttl_ms ({self.min_ttl_ms})")
 
 
+def _user_with_password(path: str, user: Optional[str], password_file: Optional[str]) -> None:
+    """An etcd user and its password_file come together or not at all."""
+    if (user is None) != (password_file is None):
+        raise ConfigError(f"{path}.{'password_file' if user else 'user'}: required with "
+                          f"{'user' if user else 'password_file'}")
+
+
 @dataclass(frozen=True)
 class Etcd:
     """Backends from etcd v3: one key per backend under a prefix, watched."""
@@ -250,9 +257,7 @@ class Etcd:
                                           "read at every connect)", _abs_path, None)
 
     def _validate(self, path: str) -> None:
-        if (self.user is None) != (self.password_file is None):
-            raise ConfigError(f"{path}.{'password_file' if self.user else 'user'}: required with "
-                              f"{'user' if self.user else 'password_file'}")
+        _user_with_password(path, self.user, self.password_file)
 
 
 @dataclass(frozen=True)
@@ -433,9 +438,7 @@ class Fleet:
                                           "read at every connect)", _abs_path, None)
 
     def _validate(self, path: str) -> None:
-        if (self.user is None) != (self.password_file is None):
-            raise ConfigError(f"{path}.{'password_file' if self.user else 'user'}: required with "
-                              f"{'user' if self.user else 'password_file'}")
+        _user_with_password(path, self.user, self.password_file)
         if self.stale_ms <= self.report_ms:
             raise ConfigError(f"{path}.stale_ms: {self.stale_ms} must be greater than report_ms ({self.report_ms})")
 

@@ -49,7 +49,8 @@ from controlplane.undo import Undo  # noqa: F401  (re-exported: deploy.py names 
 PROGRAMS = {abi.PROG_INGRESS: "xdp", abi.PROG_RETURN: "tc", abi.PROG_REPLY: "xdp",
             abi.PROG_INGRESS_SLOW: "xdp", abi.PROG_INGRESS_SCAN: "xdp"}
 # Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
-TAILS = {abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW, abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN}
+TAILS = {abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW, abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN,
+         abi.TAIL_SCAN_MORE: abi.PROG_INGRESS_SCAN}
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1
@@ -260,6 +261,10 @@ class Loaded:
 
     def tables(self) -> Mapping[str, "Table"]:
         return {name: Table(name, self._bpf[name]) for name in abi.MAP_NAMES}
+
+    def table(self, name: str) -> "Table":
+        """Any map of the compiled source by name (a benchmark's own, say)."""
+        return Table(name, self._bpf[name])
 
     def map_fd(self, name: str) -> int:
         return self._bpf[name].map_fd
@@ -602,7 +607,7 @@ def pinned_params(pin_path: Path) -> Params:
     never opens them with other sizes than the deploy's node section gave)."""
     services = pinned_max_entries(pin_path / abi.MAP_SVC_CFG)
     return Params(
-        maglev_m=pinned_max_entries(pin_path / abi.MAP_MAGLEV) // (2 * services),
+        maglev_m=pinned_max_entries(pin_path / abi.MAP_MAGLEV) * abi.MAGLEV_PER_VALUE // (2 * services),
         max_services=services,
         max_backends=pinned_max_entries(pin_path / abi.MAP_BACKENDS),
         ct_size=pinned_max_entries(pin_path / abi.MAP_CT),

@@ -27,12 +27,12 @@ HELP_ENV = ("EDGE_API_SOCKET", "EDGE_PIN_DIR", "EDGE_CONFIG")
 # ---- configuration.md: every key of config.py, section by section ----
 
 
-def _section_class(hint: Any) -> type | None:
+def section_class(hint: Any) -> type | None:
     """The dataclass a field's type holds: Heartbeat for Optional[Heartbeat] or tuple[Backend, ...]."""
     if dataclasses.is_dataclass(hint):
         return hint
     for arg in typing.get_args(hint):
-        found = _section_class(arg)
+        found = section_class(arg)
         if found is not None:
             return found
     return None
@@ -65,7 +65,7 @@ def _config_sections(cls: type, path: str) -> Iterator[tuple[str, type]]:
     yield path, cls
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        section = _section_class(hints[f.name])
+        section = section_class(hints[f.name])
         if section is None:
             continue
         is_list = typing.get_origin(hints[f.name]) is tuple
@@ -84,7 +84,7 @@ def _config_table(cls: type, path: str) -> list[str]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         meaning = _cell(f.metadata["help"])
-        if _section_class(hints[f.name]) is not None:
+        if section_class(hints[f.name]) is not None:
             where = f"{path}.{f.name}" if path else f.name
             where += "[]" if typing.get_origin(hints[f.name]) is tuple else ""
             meaning += f" (see {_section_link(where)})"

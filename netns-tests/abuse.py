@@ -1,7 +1,8 @@
 """Helpers of the abuse tests (test_health_abuse.py, test_state_abuse.py, test_heartbeat_trust.py):
 crafted frames from CRAFTED_SRC, an address in the client's subnet that no socket uses, the
 router's neighbour entry that lets answers to it reach the client's link (whose kernel drops
-them), the heartbeat service those tests deploy, and waiting until the router has judged frames.
+them), the heartbeat service those tests deploy, waiting until the router has judged frames,
+and the SYN-ACKs answering a crafted SYN.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from ipaddress import IPv4Address
 from typing import Callable, Iterator
 
 import hb
+from packets import Capture
 from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
@@ -74,3 +76,21 @@ def crafted_neighbour(net: Net) -> Iterator[None]:
     finally:
         with net.router.iproute() as ipr:
             ipr.neigh("del", dst=str(CRAFTED_SRC), lladdr=mac, ifindex=index)
+
+
+def syn_acks(capture: Capture, iface: str, dport: int) -> list[tuple[str, int]]:
+    """(source address, source port) of each SYN-ACK to CRAFTED_SRC:dport in capture.take() on iface."""
+    out = []
+    for frame in capture.take()[iface]:
+        ip = IP(frame[14:])
+        if ip.dst == str(CRAFTED_SRC) and TCP in ip and ip[TCP].dport == dport and ip[TCP].flags == "SA":
+            out.append((ip.src, ip[TCP].sport))
+    return out
+
+
+def two_syn_acks(capture: Capture, iface: str, dport: int, what: str) -> list[tuple[str, int]]:
+    """Wait until capture holds a SYN-ACK to CRAFTED_SRC:dport and its retransmission; return them."""
+    def seen() -> list[tuple[str, int]]:
+        return syn_acks(capture, iface, dport)
+
+    return wait_until(lambda: (lambda s: s if len(s) >= 2 else None)(seen()), 5.0, what, observe=seen)

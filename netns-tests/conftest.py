@@ -1,6 +1,7 @@
 """Fixtures for the namespace tests: a privilege gate, `net` (client, router, 3 backends) and
 `router` (edgectl on the net's router namespace, always undeployed in teardown), plus module-scoped
-`shared_net` / `shared_router` for table-driven files whose cases share one deployment.
+`shared_net` / `shared_router` for table-driven files whose cases share one deployment, and
+`etcd` (Debian's etcd on loopback, for code in the test process that talks to it directly).
 
 Namespace tests need root and bcc. Without them they skip with the reason, except under CI
 (CI=true), where they fail loudly: a CI run that skipped them would prove nothing.
@@ -17,6 +18,7 @@ from typing import Iterator
 
 import pytest
 
+from controlplane.lab.registry import Etcd, Loopback, free_port
 from controlplane.lab.router import Router
 from controlplane.lab.topo import Net, Topo
 
@@ -122,3 +124,13 @@ def shared_router(shared_net: Net) -> Iterator[Router]:
     """Like router, on shared_net, for all tests of one module."""
     with undeployed_after(shared_net) as router:
         yield router
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[Etcd]:
+    """etcd on the test process's loopback, started and stopped by this test."""
+    e = Etcd(Loopback(), tmp_path, free_port(), free_port())
+    try:
+        yield e.start()
+    finally:
+        e.stop()

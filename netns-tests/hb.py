@@ -2,14 +2,17 @@
 
 start_heartbeats() runs the project's agent (edge-heartbeat, through controlplane.lab.heartbeats)
 with its health check off, so heartbeats go on whether or not the server answers.
-hb_socket() and send() are for tests that send heartbeats one at a time, or forge them.
+hb_socket() and send() are for tests that send heartbeats one at a time, or forge them;
+b0_beside_agents() gives such a socket on b0 while b1 and b2 run agents.
 Every sender is bounded in count and time.
 """
 
 from __future__ import annotations
 
 import socket
+from contextlib import contextmanager
 from ipaddress import IPv4Address
+from typing import Iterator
 
 from controlplane import abi
 from controlplane.agent.wire import clock_ns
@@ -55,3 +58,19 @@ def start_heartbeats(net: Net, i: int, *, token: int, hb_port: int = HB_PORT, in
     sent whether or not its server answers."""
     return agent(net, i, token=token, hb_port=hb_port, interval_ms=interval_ms, check="none",
                  service_port=service_port)
+
+
+@contextmanager
+def b0_beside_agents(net: Net, tokens: dict[int, int]) -> Iterator[socket.socket]:
+    """b1 and b2 run agents with their tokens, b0 none; yields a heartbeat socket on b0's address.
+    Both are closed and stopped when the block ends."""
+    agents = [start_heartbeats(net, i, token=tokens[i]) for i in (1, 2)]
+    try:
+        sock = hb_socket(net.backends[0], net.backend_addr(0))
+        try:
+            yield sock
+        finally:
+            sock.close()
+    finally:
+        for agent in agents:
+            agent.stop()

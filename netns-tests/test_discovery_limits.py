@@ -20,7 +20,7 @@ from controlplane.config import parse_config
 from controlplane.discovery import Answer, Failure
 from controlplane.discovery.dns import MAX_QUERIES, DnsSource
 from controlplane.discovery.etcd import EtcdSource
-from controlplane.lab.registry import Dnsmasq, Etcd, Loopback, free_port
+from controlplane.lab.registry import Dnsmasq, Loopback, free_port
 
 PREFIX = "/edge/services/web/"
 
@@ -29,15 +29,6 @@ def discovery(section: dict, max_backends: int):
     return parse_config({"version": 1, "services": [{
         "name": "web", "vip": "198.18.255.1", "port": 8000,
         "discovery": {**section, "retry_ms": 100, "max_backends": max_backends}}]}).services[0].discovery
-
-
-@pytest.fixture
-def etcd(tmp_path):
-    e = Etcd(Loopback(), tmp_path, free_port(), free_port())
-    try:
-        yield e.start()
-    finally:
-        e.stop()
 
 
 async def next_result(results: list, after: int, pred, what: str, timeout_s: float = 15.0):

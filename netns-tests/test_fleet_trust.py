@@ -22,19 +22,10 @@ from controlplane.config import parse_config
 from controlplane.discovery.etcd import client as etcd_client
 from controlplane.fleet import snapshot as fs
 from controlplane.fleet.member import Hooks, Member
-from controlplane.lab.registry import Etcd, Loopback, free_port
+from controlplane.lab.registry import Etcd
 
 PREFIX = "/edge/fleet/"
 DEEP = "[" * 50000 + "]" * 50000
-
-
-@pytest.fixture
-def etcd(tmp_path):
-    e = Etcd(Loopback(), tmp_path, free_port(), free_port())
-    try:
-        yield e.start()
-    finally:
-        e.stop()
 
 
 def config(port: int, name: str, auth: dict | None = None):

@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 import hb
 from abuse import (
     ALL,
-    CRAFTED_SRC,
     HEARTBEAT,
     TOKENS,
     answer,
@@ -36,10 +35,11 @@ from abuse import (
     crafter,
     flows,
     handled,
+    two_syn_acks,
     web,
 )
 from packets import Capture, send_frames
-from scapy.layers.inet import IP, TCP
+from scapy.layers.inet import TCP
 
 from controlplane.lab.traffic import backends_seen, close_all, open_connections, wait_until
 
@@ -124,16 +124,7 @@ def test_a_retransmitted_syn_ack_leaves_with_the_vip_as_its_source(net, router):
     with crafted_neighbour(net), Capture([(net.client, net.client_iface)]) as capture:
         send_frames(net.client, net.client_iface, [syn])
 
-        def syn_acks() -> list[tuple[str, int]]:
-            out = []
-            for frame in capture.take()[net.client_iface]:
-                ip = IP(frame[14:])
-                if ip.dst == str(CRAFTED_SRC) and TCP in ip and ip[TCP].dport == 31000 and ip[TCP].flags == "SA":
-                    out.append((ip.src, ip[TCP].sport))
-            return out
-
-        got = wait_until(lambda: (lambda s: s if len(s) >= 2 else None)(syn_acks()), 5.0,
-                         "the SYN-ACK and its retransmission", observe=syn_acks)
+        got = two_syn_acks(capture, net.client_iface, 31000, "the SYN-ACK and its retransmission")
 
     assert set(got) == {(str(net.vip), PORT)}, got
 
@@ -220,11 +211,10 @@ def test_replayed_heartbeats_do_not_revive_a_silent_backend(net, router):
     replayed_heartbeat, none is consumed, and b0 takes no new flow. A heartbeat of a newer
     epoch (an agent restarted) is taken again."""
     router.deploy([web(router, {"heartbeat": HEARTBEAT})])
-    agents = [hb.start_heartbeats(net, i, token=TOKENS[i]) for i in (1, 2)]
-    sock = hb.hb_socket(net.backends[0], net.backend_addr(0))
-    dst = net.topo.router_backend_addr(0).ip
-    epoch = hb.now_epoch()
-    try:
+    with hb.b0_beside_agents(net, TOKENS) as sock:
+        dst = net.topo.router_backend_addr(0).ip
+        epoch = hb.now_epoch()
+
         def beat(seq: int, at_epoch: int = epoch) -> None:
             hb.send(sock, dst, seq, TOKENS[0], epoch=at_epoch)
 
@@ -245,10 +235,6 @@ def test_replayed_heartbeats_do_not_revive_a_silent_backend(net, router):
             beat(seq, epoch + 1)
         wait_until(lambda: router.counters()["verdicts"]["heartbeat"] >= after["verdicts"]["heartbeat"] + 3, 2.0,
                    "a newer epoch taken")
-    finally:
-        sock.close()
-        for agent in agents:
-            agent.stop()
 
     assert after["drops"]["replayed_heartbeat"] - before["drops"]["replayed_heartbeat"] == 31
     assert set(seen) == {"b1", "b2"}, seen

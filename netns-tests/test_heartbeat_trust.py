@@ -50,12 +50,10 @@ def test_a_heartbeat_altered_on_the_wire_is_refused(net, router):
     takes no flow (on the code before, the token was a bearer secret: whoever saw one heartbeat
     could make any, and b0 rose)."""
     router.deploy([web(router, {"heartbeat": HEARTBEAT})])
-    agents = [hb.start_heartbeats(net, i, token=TOKENS[i]) for i in (1, 2)]
-    sock = hb.hb_socket(net.backends[0], net.backend_addr(0))
-    dst = (str(net.topo.router_backend_addr(0).ip), hb.HB_PORT)
-    epoch = hb.now_epoch()
-    taken = bytearray(abi.heartbeat(hb.SERVICE_PORT, 1, TOKENS[0], epoch))
-    try:
+    with hb.b0_beside_agents(net, TOKENS) as sock:
+        dst = (str(net.topo.router_backend_addr(0).ip), hb.HB_PORT)
+        epoch = hb.now_epoch()
+        taken = bytearray(abi.heartbeat(hb.SERVICE_PORT, 1, TOKENS[0], epoch))
         wait_until(lambda: set(flows(net, 30)) == {"b1", "b2"}, 5.0, "flows on b1 and b2")
         before = router.counters()
         for k in (1, 2, 3):
@@ -66,10 +64,6 @@ def test_a_heartbeat_altered_on_the_wire_is_refused(net, router):
                    "the three heartbeats judged")
         after = router.counters()
         seen = flows(net, 60)
-    finally:
-        sock.close()
-        for agent in agents:
-            agent.stop()
 
     assert after["drops"]["spoofed_heartbeat"] - before["drops"]["spoofed_heartbeat"] == 3
     assert set(seen) == {"b1", "b2"}, seen

@@ -11,13 +11,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_readmission import restart  # the lab backend started again where it was
+from test_readmission import restart, start_and_kill_b0  # the lab backend killed, started again
 
-from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.traffic import backends_seen, wait_until
 
 PORT = 8000  # conftest.BACKEND_PORT
-ALL = {"b0", "b1", "b2"}
 # Ejection far shorter than the probes take to call b0 down (3 x 200 ms): the ejection ends while
 # its probes fail but before they reach fall, which is when the old code spent a trial flow.
 PASSIVE = {"syn_timeout_ms": 50, "consecutive": 1, "ejection_ms": 200, "max_ejected_percent": 50}
@@ -69,16 +67,8 @@ def test_a_killed_server_is_down_for_new_flows_with_no_trial_and_returns_with_it
     service = router.service("web")
     service["health"] = {"passive": PASSIVE, "probe": PROBE}
     service["weights"] = POLICIES[policy]
-    doc = router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
-                                         "metrics_listen": "127.0.0.1:9470"})
-    edged = EdgedProc.start(net.router, doc, router.iface)
+    edged, b0 = start_and_kill_b0(net, router, tmp_path, service)
     try:
-        wait_until(lambda: set(backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)) == ALL,
-                   10.0, "flows on every backend")
-        b0 = net.servers[0]
-        b0.proc.kill()
-        b0.proc.wait(timeout=5.0)
-
         def ejected() -> bool:
             backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)  # a refused SYN ejects b0
             return backend(router, "b0")["health"]["state"] in ("ejected", "probation")

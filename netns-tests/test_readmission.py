@@ -28,6 +28,24 @@ def state_of(router, backend: str) -> str:
     return next(b["health"]["state"] for b in svc["backends"] if b["name"] == backend)
 
 
+def start_and_kill_b0(net, router, tmp_path, service: dict) -> tuple[EdgedProc, Server]:
+    """edged serving service, once flows reach every backend; then b0's server killed. The caller
+    stops the edged returned."""
+    doc = router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
+                                         "metrics_listen": "127.0.0.1:9470"})
+    edged = EdgedProc.start(net.router, doc, router.iface)
+    try:
+        wait_until(lambda: set(backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)) == ALL,
+                   10.0, "flows on every backend")
+        b0 = net.servers[0]
+        b0.proc.kill()
+        b0.proc.wait(timeout=5.0)
+    except BaseException:
+        edged.stop()
+        raise
+    return edged, b0
+
+
 def restart(net, server: Server) -> None:
     """The lab's HTTP backend again on server's namespace, address and port (torn down with net)."""
     env = dict(os.environ)
@@ -47,16 +65,8 @@ def test_a_passing_probe_ends_the_probation_of_an_ejected_backend(net, router, t
     service = router.service("web")
     service["health"] = {"passive": PASSIVE, "probe": PROBE}
     service["weights"] = {"policy": "static"}  # probes change no weight: only the data path judges
-    doc = router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
-                                         "metrics_listen": "127.0.0.1:9470"})
-    edged = EdgedProc.start(net.router, doc, router.iface)
+    edged, b0 = start_and_kill_b0(net, router, tmp_path, service)
     try:
-        wait_until(lambda: set(backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)) == ALL,
-                   10.0, "flows on every backend")
-        b0 = net.servers[0]
-        b0.proc.kill()
-        b0.proc.wait(timeout=5.0)
-
         def ejected() -> bool:
             backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)  # refused SYNs eject b0
             return state_of(router, "b0") in ("ejected", "probation")

@@ -18,7 +18,7 @@ import random
 import time
 from ipaddress import IPv4Address
 
-from abuse import CRAFTED_SRC, answer, crafted_neighbour, crafter, handled
+from abuse import CRAFTED_SRC, answer, crafted_neighbour, crafter, handled, syn_acks, two_syn_acks
 from packets import Capture, send_frames
 from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
@@ -62,18 +62,12 @@ def test_a_flooded_out_entry_does_not_reveal_the_backend_address(net, router):
     with crafted_neighbour(net), Capture([(net.client, net.client_iface)]) as capture:
         send_frames(net.client, net.client_iface, [syn])
 
-        def syn_acks() -> list[tuple[str, int]]:
-            out = []
-            for frame in capture.take()[net.client_iface]:
-                ip = IP(frame[14:])
-                if ip.dst == str(CRAFTED_SRC) and TCP in ip and ip[TCP].dport == 31000 and ip[TCP].flags == "SA":
-                    out.append((ip.src, ip[TCP].sport))
-            return out
+        def seen() -> list[tuple[str, int]]:
+            return syn_acks(capture, net.client_iface, 31000)
 
-        wait_until(lambda: syn_acks() or None, 2.0, "the first SYN-ACK", observe=syn_acks)
+        wait_until(lambda: seen() or None, 2.0, "the first SYN-ACK", observe=seen)
         flood(net, router, syns)
-        got = wait_until(lambda: (lambda s: s if len(s) >= 2 else None)(syn_acks()), 5.0,
-                         "the SYN-ACK's retransmission", observe=syn_acks)
+        got = two_syn_acks(capture, net.client_iface, 31000, "the SYN-ACK's retransmission")
 
     assert set(got) == {(str(net.vip), PORT)}, got
 

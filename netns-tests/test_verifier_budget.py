@@ -1,22 +1,27 @@
 """Verifier headroom: every program of the data path, compiled with the default sizes and loaded
 (not attached), must verify within 60% of the kernel's 1,000,000-instruction budget, so that new
 features have room. The counts are printed (pytest -s shows them); bpf/include/select.h says
-what the slow path holds and why it is a separate, tail-called program.
+what the slow path holds and why it is a separate, tail-called program. The fallback scan looks
+at EDGE_SCAN_CHUNK backends a run and tail-calls itself for the next chunk: a service of
+EDGE_MAX_PER_SERVICE backends must be scanned within the kernel's tail calls per packet.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from controlplane import loader
+from controlplane import abi, loader
 
 VERIFIER_BUDGET = 1_000_000  # BPF_COMPLEXITY_LIMIT_INSNS
 HEADROOM_SHARE = 0.60
 BPFFS = Path("/sys/fs/bpf")
+MAX_TAIL_CALLS = 33  # MAX_TAIL_CALL_CNT: tail calls one packet may make
+SELECT_H = Path(__file__).resolve().parents[1] / "bpf" / "include" / "select.h"
 
 
 @pytest.fixture
@@ -41,3 +46,10 @@ def test_every_program_verifies_within_60_percent_of_the_budget(loaded: loader.L
     assert all(count > 0 for count in counts.values()), f"kernel reports no verified_insns: {counts}"
     over = {name: count for name, count in counts.items() if count > HEADROOM_SHARE * VERIFIER_BUDGET}
     assert over == {}, f"over {HEADROOM_SHARE:.0%} of the verifier budget: {over}"
+
+
+def test_a_full_service_is_scanned_within_the_tail_calls_of_one_packet() -> None:
+    chunk = int(re.search(r"^#define\s+EDGE_SCAN_CHUNK\s+(\d+)", SELECT_H.read_text(), re.M).group(1))
+    runs = -(-abi.MAX_PER_SERVICE // chunk)
+    # fast path -> slow path -> the scan's first run: two tail calls; each further run one more
+    assert 2 + (runs - 1) <= MAX_TAIL_CALLS, f"{runs} runs of {chunk} backends for {abi.MAX_PER_SERVICE}"

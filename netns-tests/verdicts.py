@@ -28,6 +28,7 @@ from scapy.layers.l2 import Dot1Q, Ether
 from controlplane import abi, loader
 from controlplane.config import parse_config
 from controlplane.maps import Maps, be16, be32
+from controlplane.maps.records import hash_mix  # flow.h's, checked against it by test_vip_filter
 
 XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = 1, 2, 3, 4
 TC_ACT_UNSPEC, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0xFFFFFFFF, 0, 2, 7  # retval is a u32
@@ -250,15 +251,6 @@ def broken_tcp_csum(f: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------- the flow hash (flow.h)
-
-
-def hash_mix(h: int) -> int:
-    """flow.h's hash_mix (MurmurHash3's finaliser) on 32 bits."""
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
 
 
 def as_loaded(addr: IPv4Address) -> int:

@@ -58,7 +58,7 @@ def print_variant(ct_type: str, params: dict, run: dict) -> None:
     ct += f", full from round {full} on: inserts then evict" if full else ", never full"
     print(f"  Maglev M={params['maglev_m']}, {params['backends']} backends, health {params['health']}, {ct}")
     rows = [("case", "ns/pkt", "raw", "wrapper", "raw min..max")]
-    for key in ("established", "new_flow", "pass", "reference", "floor", "floor_new", "new_flow_room",
+    for key in ("established", "new_flow", "failover", "pass", "reference", "floor", "floor_new", "new_flow_room",
                 "reply_xdp", "reply_xdp_floor", "reply", "reply_floor", "hb_mac"):
         if key not in res["cases"]:
             continue
@@ -75,6 +75,9 @@ def print_variant(ct_type: str, params: dict, run: dict) -> None:
         ref = f"   ({r['to_reference']}x the reference (d))" if r["to_reference"] is not None else ""
         print(f"  {name:<20} {r['value']:7.2f}x   target <= {r['target_max']}x   "
               f"{'met' if r['met'] else 'NOT met'}{ref}")
+    if "failover" in res["cases"]:
+        k, b = res["cases"]["failover"]["ns_per_packet"], res["cases"]["new_flow"]["ns_per_packet"]
+        print(f"  (l)/(b) failover       {k / b if b > 0 else float('inf'):7.2f}x   (information: {checks['dead']})")
     print(f"  checked: (a) NATed to {checks['established_backend']} with the fib's MACs, TTL and checksums "
           f"right, no new conntrack entry;")
     print(f"  (b) {measured['new_flows']:,} new flows, one per repetition ({measured['a_repins']} re-pins "

@@ -27,7 +27,7 @@ from ipaddress import IPv4Address, IPv4Network
 BACKEND_BLOCK = IPv4Network("198.19.0.0/16")  # backend addresses; clear of the lab's 198.18.x link nets
 PER_BLOCK = 250  # addresses .1 .. .250 of each /24 of the block
 FIRST_VIP = IPv4Address("198.18.255.1")  # the lab's VIP /24 (topo.Topo.vip_route)
-PER_SERVICE = 63  # below EDGE_MAX_PER_SERVICE (64)
+PER_SERVICE = 63  # backends per service of the probe bench (the data path takes up to 1,024)
 TARGET_CPU_PCT = 10.0
 
 

@@ -12,15 +12,25 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	14
+#define EDGE_ABI_VERSION	15
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
 #define EDGE_NO_BACKEND		0xffffffff	/* empty Maglev slot */
-#define EDGE_MAX_PER_SERVICE	64	/* backends of one service (fallback scan, ejection cap) */
+#define EDGE_MAX_PER_SERVICE	1024	/* backends of one service (a power of two; fallback scan, ejection cap) */
 #define EDGE_TAIL_SLOW		0	/* edge_tails slot: the ingress slow path (edge_ingress_slow) */
 #define EDGE_TAIL_SCAN		1	/* edge_tails slot: its fallback scan (edge_ingress_scan) */
-#define EDGE_TAIL_MAX		2
+#define EDGE_TAIL_SCAN_MORE	2	/* edge_tails slot: the scan's next chunk (edge_ingress_scan again) */
+#define EDGE_TAIL_MAX		3
+#define EDGE_MAGLEV_PER_VALUE	2	/* Maglev slots per edge_maglev value (struct maglev_slots) */
+
+/* Value of edge_maglev: EDGE_MAGLEV_PER_VALUE consecutive slots, so a slot
+ * takes 4 bytes (an array map rounds each value up to 8). Slot s of the
+ * flat table [(vip id * 2 + half) * M + slot] is id[s % 2] of value s / 2;
+ * through mmap the map is one plain array of u32 backend ids. */
+struct maglev_slots {
+	__u32	id[EDGE_MAGLEV_PER_VALUE];
+};
 
 /* Key of edge_vips: what a client addresses. */
 struct vip_key {
@@ -386,7 +396,8 @@ _Static_assert(sizeof(struct reply_hop) == 40, "abi: reply_hop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
 _Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");
 _Static_assert(sizeof(struct direct_key) == 12, "abi: direct_key");
-_Static_assert(sizeof(struct service_cfg) == 312, "abi: service_cfg");
+_Static_assert(sizeof(struct service_cfg) == 4152, "abi: service_cfg");
+_Static_assert(sizeof(struct maglev_slots) == 8, "abi: maglev_slots");
 _Static_assert(sizeof(struct backend_health) == 64, "abi: backend_health");
 _Static_assert(sizeof(struct hb_key) == 8, "abi: hb_key");
 _Static_assert(sizeof(struct hb_target) == 32, "abi: hb_target");

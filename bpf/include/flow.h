@@ -49,7 +49,7 @@ static __always_inline __u32 hash_flow(const struct flow_key *k)
 	return hash_mix(h ^ k->proto);
 }
 
-/* Index into edge_maglev of the first slot of vip's active table (maps.h:
+/* Slot index (maglev_slot) of the first slot of vip's active table (maps.h:
  * [(vip id * 2 + half) * M + slot]). The caller checks vip->id is below
  * EDGE_MAX_SERVICES. */
 static __always_inline __u32 maglev_base(const struct vip_info *vip)
@@ -57,13 +57,23 @@ static __always_inline __u32 maglev_base(const struct vip_info *vip)
 	return ((vip->id << 1) | (vip->table & 1)) * EDGE_MAGLEV_M;
 }
 
-/* Index into edge_maglev of slot hash % M of the table starting at base
+/* Slot index (maglev_slot) of slot hash % M of the table starting at base
  * (maglev_base). verifier: the base is a value, so a walk over several
  * slots reads the VIP's map value once (reading it per slot in the slow
  * path's walk cost ~12.6k instructions processed). */
 static __always_inline __u32 maglev_index(__u32 base, __u32 hash)
 {
 	return base + hash % EDGE_MAGLEV_M;
+}
+
+/* The backend id in slot idx of the flat Maglev table [(vip id * 2 + half)
+ * * M + slot] (maps.h), or NULL past its end: two slots share a value. */
+static __always_inline __u32 *maglev_slot(__u32 idx)
+{
+	__u32 key = idx / EDGE_MAGLEV_PER_VALUE;
+	struct maglev_slots *v = edge_maglev.lookup(&key);
+
+	return v ? &v->id[idx % EDGE_MAGLEV_PER_VALUE] : NULL;
 }
 
 #ifndef EDGE_CT_MISS_PER_S

@@ -72,23 +72,35 @@ static __always_inline int backend_alive(const struct backend_info *be,
 	return backend_health_ok(be, sc, now, 2, HEALTH_ALIVE);
 }
 
+#ifndef EDGE_EJECT_SAMPLE
+#define EDGE_EJECT_SAMPLE	64	/* backends looked at for the ejection cap */
+#endif
+
 /* Ejects h unless that would take out more than max_ejected_pct of the
- * service's backends. Returns 1 when it ejected. */
+ * service's backends. Returns 1 when it ejected. Up to EDGE_EJECT_SAMPLE
+ * backends every one is counted; a larger service is sampled evenly (every
+ * (n / EDGE_EJECT_SAMPLE)-th, rounded up) and the share ejected estimated
+ * from the sample. verifier: a loop over all of EDGE_MAX_PER_SERVICE (1,024)
+ * would not fit the slow path's budget. */
 static __always_inline int try_eject(const struct service_cfg *sc,
 				     struct backend_health *h, __u64 now)
 {
-	__u32 i, ejected = 0, n = sc->n_backends, shift;
+	__u32 i, ejected = 0, seen = 0, n = sc->n_backends, step, shift;
 
 	if (n > EDGE_MAX_PER_SERVICE)
 		n = EDGE_MAX_PER_SERVICE;
-	for (i = 0; i < EDGE_MAX_PER_SERVICE; i++) {
+	step = (n + EDGE_EJECT_SAMPLE - 1) / EDGE_EJECT_SAMPLE;
+	if (!step)
+		step = 1;
+	for (i = 0; i < EDGE_EJECT_SAMPLE; i++) {
 		struct backend_info *other;
 		struct backend_health *oh;
-		__u32 bid;
+		__u32 bid, j = i * step;
 
-		if (i >= n)
+		if (j >= n)
 			break;
-		bid = sc->backends[i];
+		bid = sc->backends[j & (EDGE_MAX_PER_SERVICE - 1)];
+		seen++;
 		other = edge_backends.lookup(&bid);
 		if (!other)
 			continue;
@@ -96,6 +108,8 @@ static __always_inline int try_eject(const struct service_cfg *sc,
 		if (oh && oh != h && oh->ejected_until_ns > now)
 			ejected++;
 	}
+	if (seen && seen < n)
+		ejected = (__u64)ejected * n / seen;
 	h->trial_ns = 0;
 	if ((ejected + 1) * 100 > (__u64)sc->max_ejected_pct * n) {
 		h->probation = 0;	/* kept in service, as without a trial */

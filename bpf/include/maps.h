@@ -60,10 +60,13 @@ BPF_TABLE_PINNED("hash", struct hb_key, struct hb_target, edge_hb,
 /* UDP ports heartbeats are sent to (network order) -> 1. */
 BPF_TABLE_PINNED("hash", __be16, __u32, edge_hb_ports,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_hb_ports));
-/* Maglev tables: [(vip id * 2 + half) * M + slot] -> backend id. mmapable,
- * so user space writes a whole half with one memcpy before the flip. */
-BPF_TABLE_PINNED("array", __u32, __u32, edge_maglev,
-		 EDGE_MAX_SERVICES * 2 * EDGE_MAGLEV_M, EDGE_PIN(edge_maglev),
+/* Maglev tables: slot [(vip id * 2 + half) * M + slot] -> backend id, two
+ * slots a value (abi.h, maglev_slots; read through flow.h, maglev_slot).
+ * mmapable, so user space writes a whole half with one memcpy before the
+ * flip, and sees one plain u32 array. */
+_Static_assert(EDGE_MAGLEV_PER_VALUE == 2, "maps: edge_maglev's size assumes 2 slots a value");
+BPF_TABLE_PINNED("array", __u32, struct maglev_slots, edge_maglev,
+		 EDGE_MAX_SERVICES * EDGE_MAGLEV_M, EDGE_PIN(edge_maglev),
 		 BPF_F_MMAPABLE);
 /* Conntrack: client 5-tuple -> backend. EDGE_CT_FLAGS: 0, one LRU list for
  * all CPUs; tools/bench-datapath also measures BPF_F_NO_COMMON_LRU. */
@@ -93,12 +96,20 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct nexthop, edge_nexthop,
  * the kernel keeps the entries after the loader that filled them exits. */
 BPF_TABLE_PINNED("prog", __u32, __u32, edge_tails,
 		 EDGE_TAIL_MAX, EDGE_PIN(edge_tails));
-/* Per-CPU scratch of the fallback scan (select.h); kernel only, not pinned. */
-struct scan_counts {
-	__u32 primaries;
-	__u32 standbys;
+/* Per-CPU state of the fallback scan between its runs over one packet
+ * (select.h, scan_backends); kernel only, not pinned. */
+struct scan_state {
+	__u32 hash;		/* the flow hash of the packet being scanned for */
+	__u32 vip_id;		/* its service; EDGE_NO_BACKEND: no scan under way */
+	__u32 pos;		/* next index of service_cfg.backends to look at */
+	__u32 primaries;	/* usable primaries seen so far */
+	__u32 standbys;		/* usable standbys seen so far */
+	__u32 best_p;		/* of those primaries, the one of the highest score */
+	__u32 score_p;
+	__u32 best_s;		/* of those standbys, the one of the highest score */
+	__u32 score_s;
 };
-BPF_PERCPU_ARRAY(edge_scan_counts, struct scan_counts, 1);
+BPF_PERCPU_ARRAY(edge_scan_state, struct scan_state, 1);
 /* Per-CPU clock of the fast path's health decisions (edge_xdp.c,
  * health_now); kernel only, not pinned. */
 struct clock_cache {

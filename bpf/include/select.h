@@ -3,7 +3,8 @@
  * conntrack backend (unless that became unusable and the service reselects).
  * A new flow takes slot hash(5-tuple) % M of the VIP's active Maglev table,
  * tries EDGE_MAX_WALK more (rehashed) slots past unusable backends, then
- * picks among the service's usable primaries by hash, then its standbys.
+ * picks among the service's usable primaries by hash, then its standbys
+ * (a scan in chunks, each run of the scan program one chunk).
  *
  * Three programs share this code, told apart by the constant stage: the
  * fast path (edge_ingress) takes established flows and new flows whose
@@ -51,85 +52,127 @@ static __always_inline int takes_new_flows(const struct backend_info *be,
 	return !(be->flags & EDGE_BE_F_DRAINING) && backend_usable(be, sc, now);
 }
 
+#ifndef EDGE_SCAN_CHUNK
+#define EDGE_SCAN_CHUNK	64	/* backends one run of the scan program looks at */
+#endif
+
+/* scan_backends: not done, the scan program runs again (tail call). */
+#define EDGE_SCAN_MORE		0xfffffffe
+
+/* Score of backend id for a flow of this hash: rendezvous (highest random
+ * weight) hashing, so the pick among usable backends needs no count first
+ * and moves only the flows of a backend that goes. */
+static __always_inline __u32 scan_score(__u32 hash, __u32 id)
+{
+	return hash_mix(hash ^ hash_mix(id + EDGE_HASH_SEED));
+}
+
+/* Starts the scan of one packet (flow hash, service vip_id) from the
+ * service's first backend. */
+static __always_inline void scan_begin(__u32 hash, __u32 vip_id)
+{
+	__u32 zero = 0;
+	struct scan_state *st = edge_scan_state.lookup(&zero);
+
+	if (!st)
+		return;
+	st->hash = hash;
+	st->vip_id = vip_id;
+	st->pos = 0;
+	st->primaries = 0;
+	st->standbys = 0;
+	st->best_p = EDGE_NO_BACKEND;
+	st->best_s = EDGE_NO_BACKEND;
+}
+
+/* Takes backend id, usable for new flows, into the scan's running pick. */
+static __always_inline void scan_take(struct scan_state *st, const struct backend_info *be,
+				      __u32 id, __u32 hash)
+{
+	__u32 score = scan_score(hash, id);
+
+	if (be->flags & EDGE_BE_F_STANDBY) {
+		st->standbys++;
+		if (st->best_s == EDGE_NO_BACKEND || score > st->score_s) {
+			st->best_s = id;
+			st->score_s = score;
+		}
+		return;
+	}
+	st->primaries++;
+	if (st->best_p == EDGE_NO_BACKEND || score > st->score_p) {
+		st->best_p = id;
+		st->score_p = score;
+	}
+}
+
 /* Id of a deterministic pick among the service's usable backends: the
- * (hash % count)-th primary, or if no primary is usable the
- * (hash % count)-th standby, or EDGE_NO_BACKEND. Slow path only. Panic
- * mode: with fewer than panic_below primaries usable (and some usable, or
- * no standby), pick_id (the Maglev slot's backend) takes the flow if it is
- * in service, health ignored, so new flows spread over all in-service
- * primaries by weight.
+ * primary of the highest scan_score, or if no primary is usable the standby
+ * of the highest score, or EDGE_NO_BACKEND; EDGE_SCAN_MORE while backends
+ * are left to look at. Scan stage only. Panic mode: with fewer than
+ * panic_below primaries usable (and some usable, or no standby), pick_id
+ * (the Maglev slot's backend) takes the flow if it is in service, health
+ * ignored, so new flows spread over all in-service primaries by weight.
  *
- * verifier: the two loops (count, then pick) and the first Maglev pick
- * written out before the walk in pick_new are on purpose. Before the slow
- * path had a program of its own, edge_ingress took 842,952 instructions
- * processed of the 1,000,000 budget (kernel 6.18, LLVM 14 through bcc
- * 0.26, default sizes), and each of these folds failed to load with E2BIG:
- * these two loops as one pass that records usable ids in a stack array;
- * the first pick folded into the walk loop as i == 0; a second call site of
- * this scan. Returning an id (not a pointer) and leaving pick_new by one
- * exit saved ~33k. netns-tests/test_verifier_budget.py prints every
- * program's count and fails above 60% of the budget. */
+ * One run looks at EDGE_SCAN_CHUNK backends and keeps what it found in the
+ * per-CPU edge_scan_state; the program then tail-calls itself
+ * (edge_tails[EDGE_TAIL_SCAN_MORE]) for the next chunk, with the packet as
+ * it arrived. The kernel allows 33 tail calls per packet: fast to slow
+ * path, slow path to the scan, then 31 more runs, 32 in all, so 1,024
+ * backends (16 runs) fit, and 4,096 would with chunks of 128 (docs: the
+ * path to 4,096; netns-tests/test_verifier_budget.py checks the count).
+ *
+ * verifier: before, this was two loops over all EDGE_MAX_PER_SERVICE (64)
+ * backends in one program, count then pick, 554,686 instructions processed
+ * of the 1,000,000 budget; 875,194 at 96, E2BIG at 128. A loop's cost is
+ * its bound times its body, so the bound is now the chunk's. The counts and
+ * the best picks live in a map value, which the verifier does not track,
+ * so the body's paths converge per iteration. bpf_loop (kernel 5.17+) would
+ * need the callback's address relocated (BPF_PSEUDO_FUNC) and its BTF
+ * func_info, which bcc 0.26 does not emit ("R2 type=scalar expected=func").
+ * The first Maglev pick written out before the walk in pick_new and the
+ * scan's one call site are on purpose: when the ingress was one program
+ * (842,952 instructions), folding either failed with E2BIG. Returning an id
+ * (not a pointer) and leaving pick_new by one exit saved ~33k. */
 static __always_inline __u32
-scan_backends(const struct service_cfg *sc, __u32 hash, __u64 now, __u32 pick_id)
+scan_backends(const struct service_cfg *sc, __u32 vip_id, __u32 hash, __u64 now, __u32 pick_id)
 {
 	struct backend_info *pick;
-	__u32 i, n = sc->n_backends, primaries, standbys, want, zero = 0;
-	/* verifier: counted in a map value, which the verifier does not
-	 * track, so the loop's paths converge per iteration instead of
-	 * multiplying by every (primaries, standbys) pair (~95k less). */
-	struct scan_counts *cnt = edge_scan_counts.lookup(&zero);
-	__u16 kind;
+	__u32 k, pos, n = sc->n_backends, zero = 0;
+	struct scan_state *st = edge_scan_state.lookup(&zero);
 
-	if (!cnt)
+	if (!st)
 		return EDGE_NO_BACKEND;
-	cnt->primaries = 0;
-	cnt->standbys = 0;
-	for (i = 0; i < EDGE_MAX_PER_SERVICE; i++) {
+	if (st->hash != hash || st->vip_id != vip_id)
+		scan_begin(hash, vip_id);	/* not begun by the slow path: from the start */
+	pos = st->pos;
+	if (n > EDGE_MAX_PER_SERVICE)
+		n = EDGE_MAX_PER_SERVICE;
+	for (k = 0; k < EDGE_SCAN_CHUNK; k++) {
 		struct backend_info *be;
-		__u32 id;
+		__u32 i = pos + k, id;
 
 		if (i >= n)
 			break;
-		id = sc->backends[i];
+		id = sc->backends[i & (EDGE_MAX_PER_SERVICE - 1)];
 		be = edge_backends.lookup(&id);
-		if (!be || !takes_new_flows(be, sc, now))
-			continue;
-		if (be->flags & EDGE_BE_F_STANDBY)
-			cnt->standbys++;
-		else
-			cnt->primaries++;
+		if (be && takes_new_flows(be, sc, now))
+			scan_take(st, be, id, hash);
 	}
-	primaries = cnt->primaries;
-	standbys = cnt->standbys;
-	if (primaries < sc->panic_below && (primaries || !standbys)) {
+	pos += EDGE_SCAN_CHUNK;
+	if (pos < n) {
+		st->pos = pos;
+		return EDGE_SCAN_MORE;
+	}
+	st->vip_id = EDGE_NO_BACKEND;	/* done: the next packet begins anew */
+	if (st->primaries < sc->panic_below && (st->primaries || !st->standbys)) {
 		pick = edge_backends.lookup(&pick_id);
 		if (pick && in_service(pick))
 			return pick_id;
 	}
-	if (primaries) {
-		kind = 0;
-		want = hash % primaries;
-	} else if (standbys) {
-		kind = EDGE_BE_F_STANDBY;
-		want = hash % standbys;
-	} else {
-		return EDGE_NO_BACKEND;
-	}
-	for (i = 0; i < EDGE_MAX_PER_SERVICE; i++) {
-		struct backend_info *be;
-		__u32 id;
-
-		if (i >= n)
-			break;
-		id = sc->backends[i];
-		be = edge_backends.lookup(&id);
-		if (!be || (be->flags & EDGE_BE_F_STANDBY) != kind ||
-		    !takes_new_flows(be, sc, now))
-			continue;
-		if (want-- == 0)
-			return id;
-	}
-	return EDGE_NO_BACKEND;
+	if (st->primaries)
+		return st->best_p;
+	return st->best_s;	/* EDGE_NO_BACKEND without a usable standby */
 }
 
 /* Backend for a flow without a (usable) conntrack entry. Passive detection
@@ -147,11 +190,12 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 	struct backend_info *be;
 
 	*failover = 0;
+	*bid = EDGE_NO_BACKEND;
 	if (vip->id >= EDGE_MAX_SERVICES)
 		return NULL;
 	base = maglev_base(vip);
 	idx = maglev_index(base, hash);
-	id = edge_maglev.lookup(&idx);
+	id = maglev_slot(idx);
 	/* An empty table (every primary drains) goes straight to the scan.
 	 * verifier: the scan has one call site and the first pick stays out
 	 * of the walk loop; see scan_backends for the counts. */
@@ -177,7 +221,7 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 		 * the first pick, so a usable backend's share stays its own. */
 		for (i = 0; i < EDGE_MAX_WALK && !sc->panic_below; i++) {
 			idx = maglev_index(base, hash_mix(hash + i + 1));
-			id = edge_maglev.lookup(&idx);
+			id = maglev_slot(idx);
 			if (!id)
 				break;
 			be = edge_backends.lookup(id);
@@ -187,11 +231,15 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 			}
 		}
 	}
-	if (stage == EDGE_STAGE_SLOW)
+	if (stage == EDGE_STAGE_SLOW) {
+		scan_begin(hash, vip->id);
 		return NULL;
+	}
 	*failover = pick_id != EDGE_NO_BACKEND;
-	found = scan_backends(sc, hash, now, pick_id);
-	if (found == EDGE_NO_BACKEND)
+	found = scan_backends(sc, vip->id, hash, now, pick_id);
+	if (found == EDGE_SCAN_MORE)
+		*bid = EDGE_SCAN_MORE;
+	if (found == EDGE_NO_BACKEND || found == EDGE_SCAN_MORE)
 		return NULL;
 out:
 	/* verifier: one exit, so what follows is checked once, not per pick */
@@ -242,8 +290,8 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 	if (!be) {
 		if (stateless)
 			*drop = EDGE_DROP_UNTRACKED;
-		else if (stage != EDGE_STAGE_SCAN)
-			*drop = EDGE_TO_NEXT_STAGE;
+		else if (stage != EDGE_STAGE_SCAN || *bid == EDGE_SCAN_MORE)
+			*drop = EDGE_TO_NEXT_STAGE;	/* the scan's next run: itself */
 		return NULL;
 	}
 	if (stateless) {

@@ -118,7 +118,7 @@ static __always_inline int stateless_reply(struct __sk_buff *skb, struct flow_ke
 	if (!vip || vip->id != ri->vip_id || vip->id >= EDGE_MAX_SERVICES)
 		return 0;
 	idx = maglev_index(maglev_base(vip), hash_flow(fk));
-	id = edge_maglev.lookup(&idx);
+	id = maglev_slot(idx);
 	if (!id || *id != ri->backend_id)
 		return 0;
 	count_index(EDGE_CNT_RETURN_STATELESS);

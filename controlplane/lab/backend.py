@@ -2,7 +2,9 @@
 
 Every GET (or HEAD), whatever the path, answers 200 with {"backend": NAME, "peer": "ip:port"},
 the peer being the client as this server sees it; connections are kept alive unless the client
-asks otherwise. A UDP datagram to the same port is answered with NAME. Prints
+asks otherwise. A UDP datagram to the same port is answered with NAME. NAME @local stands
+for the address a connection reached (one server on 0.0.0.0 for many backend addresses of one
+namespace tells them apart). Prints
 `listening NAME ADDR:PORT` once both sockets are bound; exits 0 on SIGTERM or SIGINT.
 
     python -m controlplane.lab.backend --name b0 --listen 198.18.1.2:8000
@@ -20,6 +22,7 @@ from controlplane import limits
 
 MAX_HEADER_BYTES = 16384
 BACKLOG = 4096
+LOCAL_NAME = "@local"  # --name: answer with the local address a connection reached
 
 
 def _response(status: str, body: bytes, keep_alive: bool, head_only: bool = False) -> bytes:
@@ -46,7 +49,8 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = transport
         self.live.add(transport)
         host, port = transport.get_extra_info("peername")[:2]
-        self.body = json.dumps({"backend": self.name, "peer": f"{host}:{port}"}).encode()
+        name = transport.get_extra_info("sockname")[0] if self.name == LOCAL_NAME else self.name
+        self.body = json.dumps({"backend": name, "peer": f"{host}:{port}"}).encode()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.live.discard(self.transport)

@@ -91,7 +91,7 @@ class Maps(Writer, Reader):
                 self._mm = mmap.mmap(self._maglev_fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             except OSError as e:
                 raise MapError(f"{abi.MAP_MAGLEV}: mmap failed: {e.strerror}") from e
-        return np.frombuffer(self._mm, dtype=np.uint64)
+        return np.frombuffer(self._mm, dtype=np.uint32)
 
     def write_table(self, vip_id: int, half: int, backend_ids: np.ndarray) -> None:
         """Writes one Maglev half; the caller flips to it afterwards."""
@@ -101,12 +101,12 @@ class Maps(Writer, Reader):
             old = words[base : base + self.m].copy()
             self._journal.push(f"{abi.MAP_MAGLEV}: restore", lambda: words.__setitem__(
                 slice(base, base + self.m), old))
-        words[base : base + self.m] = backend_ids.astype(np.uint64)
+        words[base : base + self.m] = backend_ids.astype(np.uint32)
 
     def read_table(self, vip_id: int, half: int) -> np.ndarray:
         words = self._maglev_words()
         base = (vip_id * 2 + half) * self.m
-        return (words[base : base + self.m] & 0xFFFFFFFF).astype(np.uint32)
+        return words[base : base + self.m].copy()
 
     def close(self) -> None:
         if self._mm is not None:

@@ -17,9 +17,9 @@ from controlplane import abi
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 PROTO_NAMES = {v: k for k, v in PROTOS.items()}
 # Array maps store each value in round_up(value_size, 8) bytes; edge_maglev's
-# u32 values are therefore 8 bytes apart in the mmap'd region (x86/arm64 are
-# little-endian, so the id is the low half of each 64-bit word).
-MAGLEV_STRIDE = 8
+# values hold abi.MAGLEV_PER_VALUE (2) u32 slots each (8 bytes, no padding), so
+# through mmap the map is one plain array of u32 backend ids, 4 bytes a slot.
+MAGLEV_STRIDE = 4
 
 
 def be32(addr: IPv4Address) -> int:

@@ -5,7 +5,8 @@ for arrays), built from bpf/include/abi.h and maps.h so no layout is written
 twice, and a memfd for the mmap'd Maglev array. Hash maps refuse a new key
 when full, as the kernel does (E2BIG). `fail_at` makes the n-th write raise,
 and `on_write` sees the maps after every write (for invariants). c_struct and Array give
-the record tests one abi.h struct and a bare array map."""
+the record tests one abi.h struct and a bare array map; compile_c builds a C harness over
+bpf/include for this host, to call the data path's pure helpers through ctypes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ import errno
 import mmap
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from controlplane import abi
 from controlplane.config import half_open_size
@@ -57,6 +62,21 @@ def _ctype(decl: str, structs: dict) -> type:
 def c_struct(name: str) -> type:
     """struct name of abi.h as ctypes, as bcc builds it from the same header."""
     return _structs()[name]
+
+
+def compile_c(tmp_path_factory, source: str, stem: str) -> ct.CDLL:
+    """source compiled as a shared library with bpf/include on the path; skips without a C
+    compiler or the kernel UAPI headers."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None or not Path("/usr/include/linux/types.h").exists():
+        pytest.skip("needs a C compiler and the kernel UAPI headers (linux-libc-dev)")
+    out = tmp_path_factory.mktemp(stem)
+    (out / f"{stem}.c").write_text(source)
+    done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-I{INCLUDE}",
+                           "-o", str(out / f"{stem}.so"), str(out / f"{stem}.c")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return ct.CDLL(str(out / f"{stem}.so"))
 
 
 class Array:
@@ -236,11 +256,11 @@ def _ids_to_names(mem: MemMaps):
 
 def active_tables(mem: MemMaps) -> dict[tuple, list]:
     """VIP key -> the backend ids of its active Maglev half."""
-    words = memoryview(mem._mm).cast("Q")
+    words = memoryview(mem._mm).cast("I")  # 4 bytes a slot (maps/records.py, MAGLEV_STRIDE)
     out = {}
     for k, v in mem.tables[abi.MAP_VIPS].items():
         base = (v.id * 2 + v.table) * mem.m
-        out[(k.addr, k.port, k.proto)] = (v.id, [w & 0xFFFFFFFF for w in words[base:base + mem.m]])
+        out[(k.addr, k.port, k.proto)] = (v.id, list(words[base:base + mem.m]))
     return out
 
 

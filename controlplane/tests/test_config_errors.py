@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import pytest
 
+from controlplane.config import parse_config
 from controlplane.tests.configstage import DELETE, TLS, edited, error_of, valid_doc
 
 
@@ -360,10 +361,18 @@ def test_error_descriptions_are_unique():
     assert len(descriptions) == len(set(descriptions))
 
 
+def _many_backends(n: int) -> list[dict]:
+    return [{"name": f"b{i}", "address": f"198.18.{1 + i // 250}.{2 + i % 250}", "port": 9100} for i in range(n)]
+
+
 def test_service_with_more_backends_than_the_data_path_scans_is_rejected():
-    backends = [{"name": f"b{i}", "address": "198.18.1.2", "port": 10000 + i} for i in range(65)]
-    doc = edited(valid_doc(), {"services[1].backends": backends, "node.max_backends": 2000})
-    assert error_of(doc) == "services[1].backends: 65 backends; at most 64 per service"
+    doc = edited(valid_doc(), {"services[1].backends": _many_backends(1025), "node.max_backends": 2000})
+    assert error_of(doc) == "services[1].backends: 1025 backends; at most 1024 per service"
+
+
+def test_a_thousand_backends_behind_one_vip_are_accepted():
+    doc = edited(valid_doc(), {"services[1].backends": _many_backends(1024), "node.max_backends": 2000})
+    assert len(parse_config(doc).services[1].backends) == 1024
 
 
 def test_backend_endpoint_serving_two_services_is_rejected():

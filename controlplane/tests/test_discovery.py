@@ -256,7 +256,7 @@ def test_the_supervisor_derives_tokens_and_never_applies_a_set_that_does_not_fit
     assert v.changed
     (b,) = sup.effective(cfg).services[0].backends
     assert b.token == derive_token(SECRET, "198.18.1.2", 8000)
-    too_many = tuple(be(f"198.18.{i // 250 + 1}.{i % 250 + 1}") for i in range(300))
+    too_many = tuple(be(f"198.18.{i // 250 + 1}.{i % 250 + 1}") for i in range(1025))  # one over MAX_PER_SERVICE
     v = sup._offer("chat", Answer(too_many))
     assert v.failed and events == ["discovery-failed"] and len(sup.found()["chat"]) == 1
 

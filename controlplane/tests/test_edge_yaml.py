@@ -14,19 +14,9 @@ from pathlib import Path
 import yaml
 
 from controlplane.config import Config, load_config
+from controlplane.refdoc import section_class
 
 EDGE_YAML = Path(__file__).resolve().parents[2] / "edge" / "edge.yaml"
-
-
-def _section_class(hint) -> type | None:
-    """The dataclass a field's type holds: Heartbeat for Optional[Heartbeat] or tuple[Backend, ...]."""
-    if dataclasses.is_dataclass(hint):
-        return hint
-    for arg in typing.get_args(hint):
-        found = _section_class(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def declared_keys(cls: type = Config, prefix: str = "") -> set[str]:
@@ -36,7 +26,7 @@ def declared_keys(cls: type = Config, prefix: str = "") -> set[str]:
     for f in dataclasses.fields(cls):
         path = f"{prefix}{f.name}"
         keys.add(path)
-        section = _section_class(hints[f.name])
+        section = section_class(hints[f.name])
         if section is not None:
             is_list = typing.get_origin(hints[f.name]) is tuple
             keys |= declared_keys(section, f"{path}[]." if is_list else f"{path}.")

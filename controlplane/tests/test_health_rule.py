@@ -11,18 +11,13 @@ compiler and the kernel's UAPI headers (linux/types.h).
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from controlplane import abi
 from controlplane.maps import Maps
-from controlplane.tests.memtables import Array, c_struct
-
-INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
+from controlplane.tests.memtables import Array, c_struct, compile_c
 
 # health.h without the kernel: maps.h and stats.h are replaced by the two lookups and the
 # counter health.h uses; everything else is health.h and abi.h as the data path builds them.
@@ -53,22 +48,20 @@ int usable(const struct backend_info *be, const struct service_cfg *sc, struct b
 BackendInfo, ServiceCfg, BackendHealth = c_struct("backend_info"), c_struct("service_cfg"), c_struct("backend_health")
 
 
+def health_lib(tmp_path_factory, source: str, fn: str) -> ctypes.CDLL:
+    """source compiled; its function fn(backend_info *, service_cfg *, backend_health *, __u64 now)
+    returns an int."""
+    lib = compile_c(tmp_path_factory, source, fn)
+    f = getattr(lib, fn)
+    f.argtypes = [ctypes.POINTER(BackendInfo), ctypes.POINTER(ServiceCfg),
+                  ctypes.POINTER(BackendHealth), ctypes.c_uint64]
+    f.restype = ctypes.c_int
+    return lib
+
+
 @pytest.fixture(scope="module")
 def health_h(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None or not Path("/usr/include/linux/types.h").exists():
-        pytest.skip("needs a C compiler and the kernel UAPI headers (linux-libc-dev)")
-    out = tmp_path_factory.mktemp("health")
-    (out / "harness.c").write_text(HARNESS)
-    done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-I{INCLUDE}",
-                           "-o", str(out / "health.so"), str(out / "harness.c")],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    lib = ctypes.CDLL(str(out / "health.so"))
-    lib.usable.argtypes = [ctypes.POINTER(BackendInfo), ctypes.POINTER(ServiceCfg),
-                           ctypes.POINTER(BackendHealth), ctypes.c_uint64]
-    lib.usable.restype = ctypes.c_int
-    return lib
+    return health_lib(tmp_path_factory, HARNESS, "usable")
 
 
 NS = st.integers(0, 2**61)  # CLOCK_MONOTONIC ns: far from u64 wrap-around, as on any real node

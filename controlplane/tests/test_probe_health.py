@@ -7,17 +7,12 @@ spends no client flow as a trial on a backend of a probed service. Unprivileged.
 
 from __future__ import annotations
 
-import ctypes
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
 
 from controlplane import abi, weights
 from controlplane.config import Weights
 from controlplane.samples import Sample
-from controlplane.tests.test_health_rule import HARNESS, INCLUDE, BackendHealth, BackendInfo, ServiceCfg
+from controlplane.tests.test_health_rule import HARNESS, BackendHealth, BackendInfo, ServiceCfg, health_lib
 from controlplane.tests.test_weights_policy import MS, PROBE, T0, probes, service, steady
 from controlplane.weights import decide
 
@@ -117,20 +112,7 @@ int trial(const struct backend_info *be, const struct service_cfg *sc, struct ba
 
 @pytest.fixture(scope="module")
 def health_h(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None or not Path("/usr/include/linux/types.h").exists():
-        pytest.skip("needs a C compiler and the kernel UAPI headers (linux-libc-dev)")
-    out = tmp_path_factory.mktemp("trial")
-    (out / "harness.c").write_text(TRIAL)
-    done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-I{INCLUDE}",
-                           "-o", str(out / "trial.so"), str(out / "harness.c")],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    lib = ctypes.CDLL(str(out / "trial.so"))
-    lib.trial.argtypes = [ctypes.POINTER(BackendInfo), ctypes.POINTER(ServiceCfg),
-                          ctypes.POINTER(BackendHealth), ctypes.c_uint64]
-    lib.trial.restype = ctypes.c_int
-    return lib
+    return health_lib(tmp_path_factory, TRIAL, "trial")
 
 
 def on_probation(now: int) -> BackendHealth:

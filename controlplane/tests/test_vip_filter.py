@@ -8,35 +8,23 @@ from __future__ import annotations
 
 import ctypes
 import re
-import shutil
-import subprocess
 from ipaddress import IPv4Address
-from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
 
 from controlplane import abi
 from controlplane.maps.records import be32, hash_mix, vip_filter_words
-
-INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
+from controlplane.tests.memtables import INCLUDE, compile_c
 
 
 @pytest.fixture(scope="module")
 def c_hash_mix(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None or not Path("/usr/include/linux/types.h").exists():
-        pytest.skip("needs a C compiler and the kernel UAPI headers (linux-libc-dev)")
     body = re.search(r"static __always_inline __u32 hash_mix\(__u32 h\)\n\{.*?\n\}",
                      (INCLUDE / "flow.h").read_text(), re.S)
     assert body, "hash_mix not found in flow.h"
-    out = tmp_path_factory.mktemp("vipfilter")
-    (out / "h.c").write_text("#include <linux/types.h>\n#ifndef __always_inline\n#define __always_inline inline\n#endif\n"
-                             + body.group(0) + "\n__u32 mix(__u32 h) { return hash_mix(h); }\n")
-    done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(out / "h.so"),
-                           str(out / "h.c")], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    lib = ctypes.CDLL(str(out / "h.so"))
+    lib = compile_c(tmp_path_factory, "#include <linux/types.h>\n#ifndef __always_inline\n#define __always_inline inline\n#endif\n"
+                    + body.group(0) + "\n__u32 mix(__u32 h) { return hash_mix(h); }\n", "vipfilter")
     lib.mix.argtypes, lib.mix.restype = [ctypes.c_uint32], ctypes.c_uint32
     return lib.mix
 
