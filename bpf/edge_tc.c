@@ -21,6 +21,7 @@
 #include "include/heartbeat.h"
 #include "include/nat.h"
 #include "include/stateless.h"
+#include "include/icmp.h"
 
 #define ANSWER_NONE	(-1)
 
@@ -96,6 +97,8 @@ int edge_return(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	l3_off = nh.pos - (void *)(long)skb->data;
 	proto = parse_ipv4(&nh, data_end, &iph, 0);
+	if (proto == IPPROTO_ICMP && !(iph->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+		return icmp_return(skb, iph, l3_off, nh.pos - (void *)(long)skb->data);
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return TC_ACT_UNSPEC;
 	if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))

@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -51,6 +51,7 @@ PROBE_F_LEAVING = 0x4
 SVC_F_HEARTBEAT = 0x1
 SVC_F_PASSIVE = 0x2
 SVC_F_PROBED = 0x4
+SVC_F_DSR = 0x8
 
 HB_MAGIC = 0x45444745
 HB_VERSION = 3
@@ -75,7 +76,10 @@ CNT_RETURN_REDIRECT = 7
 CNT_STATELESS = 8
 CNT_RETURN_STATELESS = 9
 CNT_RETURN_XDP = 10
-CNT_MAX = 11
+CNT_ICMP_TO_BACKEND = 11
+CNT_ICMP_RETURN = 12
+CNT_DSR = 13
+CNT_MAX = 14
 
 DROP_MALFORMED = 1
 DROP_NO_BACKEND = 2
@@ -87,7 +91,11 @@ DROP_UNTRACKED = 7
 DROP_REPLAYED_HB = 8
 DROP_STALE_HB = 9
 DROP_OTHER_BACKEND = 10
-DROP_MAX = 11
+DROP_ICMP_MALFORMED = 11
+DROP_ICMP_NESTED = 12
+DROP_ICMP_NO_FLOW = 13
+DROP_DSR_TOO_BIG = 14
+DROP_MAX = 15
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -101,6 +109,9 @@ CNT_NAMES = {
     CNT_STATELESS: "stateless",
     CNT_RETURN_STATELESS: "return_stateless",
     CNT_RETURN_XDP: "return_xdp",
+    CNT_ICMP_TO_BACKEND: "icmp_to_backend",
+    CNT_ICMP_RETURN: "icmp_return",
+    CNT_DSR: "dsr",
 }
 DROP_NAMES = {
     DROP_MALFORMED: "malformed",
@@ -113,6 +124,10 @@ DROP_NAMES = {
     DROP_REPLAYED_HB: "replayed_heartbeat",
     DROP_STALE_HB: "stale_heartbeat",
     DROP_OTHER_BACKEND: "other_backend",
+    DROP_ICMP_MALFORMED: "icmp_malformed",
+    DROP_ICMP_NESTED: "icmp_nested",
+    DROP_ICMP_NO_FLOW: "icmp_no_flow",
+    DROP_DSR_TOO_BIG: "dsr_too_big",
 }
 
 MAP_VIPS = "edge_vips"

@@ -280,6 +280,20 @@ class Discovery:
             raise ConfigError(f"{path}: set exactly one of dns, etcd")
 
 
+def _check_dsr(s: "Service", path: str) -> None:
+    """What direct server return cannot do: the router sees no reply, and the backend answers from
+    the VIP's own port."""
+    if s.health and s.health.passive:
+        raise ConfigError(f"{path}.health.passive: not with forwarding dsr (the router sees no replies)")
+    if s.weights.policy == "latency_inverse" and s.weights.wire.enabled:
+        raise ConfigError(f"{path}.weights.wire.enabled: must be false with forwarding dsr (wire signals time "
+                          "replies, which the router does not see)")
+    for i, backend in enumerate(s.backends):
+        if backend.port != s.port:
+            raise ConfigError(f"{path}.backends[{i}].port: {backend.port} must be the service port {s.port} with "
+                              "forwarding dsr (the backend answers from the VIP's port)")
+
+
 @dataclass(frozen=True)
 class Service:
     """A VIP:port/protocol and its backends."""
@@ -292,6 +306,11 @@ class Service:
         "when a backend becomes unusable its flows move (reselect) or stay (keep)",
         _one_of("reselect", "keep"),
         "reselect",
+    )
+    forwarding: str = option(
+        "nat (the router rewrites both ways) or dsr (direct server return: packets go to the backend in IPIP "
+        "with the VIP kept; the backend answers the client itself: tools/dsr-backend)",
+        _one_of("nat", "dsr"), "nat",
     )
     health: Optional[Health] = option("health checks; none when absent", _section(Health), None)
     weights: Weights = option("weight policy", _section(Weights), Weights())
@@ -331,6 +350,8 @@ class Service:
             raise ConfigError(f"{path}.backends: none given (set backends, or discovery to find them at run time)")
         if self.backends and all(backend.standby for backend in self.backends) and self.discovery is None:
             raise ConfigError(f"{path}.backends: service {self.name!r} has no primary backend (all are standby)")
+        if self.forwarding == "dsr":
+            _check_dsr(self, path)
         if len(self.backends) > MAX_PER_SERVICE:
             raise ConfigError(f"{path}.backends: {len(self.backends)} backends; at most {MAX_PER_SERVICE} per service")
         if self.health and self.health.heartbeat:

@@ -8,7 +8,8 @@
  *   BARE_IFINDEX        ifindex to redirect to
  *   BARE_DST_MAC_HI/LO  destination MAC: first 2 bytes, last 4 (host order)
  *   BARE_SRC_MAC_HI/LO  source MAC, likewise
- * bare_sink_xdp counts IPv4 UDP frames in bare_sink (per CPU) and drops them;
+ * bare_sink_xdp counts IPv4 UDP frames (also inside IPIP, as the router sends
+ * a DSR backend) in bare_sink (per CPU) and drops them;
  * everything else (ARP) passes. bare_gen_xdp is the generator, run through
  * BPF_PROG_TEST_RUN with live frames: it writes the frame in bare_tmpl over
  * each frame (live mode recycles pages without writing them again, so a
@@ -61,6 +62,17 @@ static __always_inline int is_udp4(void *data, void *data_end)
 	       ip->protocol == IPPROTO_UDP;
 }
 
+static __always_inline int is_udp4_in_ipip(void *data, void *data_end)
+{
+	struct ethhdr *eth = data;
+	struct iphdr *outer = data + sizeof(*eth), *inner = (void *)(outer + 1);
+
+	if ((void *)(inner + 1) + sizeof(struct udphdr) > data_end)
+		return 0;
+	return eth->h_proto == bpf_htons(ETH_P_IP) && outer->ihl == 5 &&
+	       outer->protocol == IPPROTO_IPIP && inner->ihl == 5 && inner->protocol == IPPROTO_UDP;
+}
+
 static __always_inline void write_macs(struct ethhdr *eth)
 {
 	__u16 *d = (__u16 *)eth->h_dest, *s = (__u16 *)eth->h_source;
@@ -102,7 +114,8 @@ int bare_sink_xdp(struct xdp_md *ctx)
 	int zero = 0;
 	u64 *n;
 
-	if (!is_udp4(data, data_end))
+	/* also UDP in IPIP: what the router sends a DSR backend (bench-e2e router-dsr) */
+	if (!is_udp4(data, data_end) && !is_udp4_in_ipip(data, data_end))
 		return XDP_PASS;
 	n = bare_sink.lookup(&zero);
 	if (n)

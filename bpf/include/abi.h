@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION	14
+#define EDGE_ABI_VERSION	15
 
 #define EDGE_NAME_LEN		32	/* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES	16	/* backend-facing interfaces per router */
@@ -95,6 +95,7 @@ struct service_cfg {
 #define EDGE_SVC_F_HEARTBEAT	0x1	/* backends are down without heartbeats */
 #define EDGE_SVC_F_PASSIVE	0x2	/* passive outlier detection on */
 #define EDGE_SVC_F_PROBED	0x4	/* edged probes the backends: a probation ends on a passing probe, never by a trial flow */
+#define EDGE_SVC_F_DSR		0x8	/* direct server return: packets go to the backend in IPIP (encap.h), not NATed */
 
 /* Value of edge_health, indexed by health id. Written by the data path
  * (heartbeats, SYN / SYN-ACK tracking); user space reads it, and ends a
@@ -224,6 +225,8 @@ struct nexthop {
 	__u32	ifindex;
 	__u8	smac[6];
 	__u8	dmac[6];
+	__be32	src;		/* DSR (encap.h): the router's address towards the backend; 0 = not looked up */
+	__u32	mtu;		/* DSR: of ifindex, which an encapsulated packet must fit */
 };
 
 /* Value of edge_reply_hop (per CPU), a direct-mapped cache indexed by a hash
@@ -357,7 +360,10 @@ struct node_info {
 #define EDGE_CNT_STATELESS	8	/* TCP, no SYN, no entry, budget spent: forwarded by its Maglev pick, no entry made */
 #define EDGE_CNT_RETURN_STATELESS 9	/* return path: no entry, reverse NATed because the Maglev slot names the sender */
 #define EDGE_CNT_RETURN_XDP	10	/* return path: reverse NATed and redirected by XDP (edge_reply; its only count) */
-#define EDGE_CNT_MAX		11
+#define EDGE_CNT_ICMP_TO_BACKEND 11	/* ICMP error about a VIP flow, translated to its backend (icmp.h; also counted redirect or nat_pass) */
+#define EDGE_CNT_ICMP_RETURN	12	/* return path: a backend's ICMP error about a client packet, translated back to the VIP (icmp.h) */
+#define EDGE_CNT_DSR		13	/* encapsulated in IPIP and redirected to its backend (direct server return, encap.h) */
+#define EDGE_CNT_MAX		14
 
 /* Drop reasons: index into edge_drops. Never reuse a number; retire it. */
 #define EDGE_DROP_MALFORMED	1	/* truncated or inconsistent headers */
@@ -370,7 +376,11 @@ struct node_info {
 #define EDGE_DROP_REPLAYED_HB	8	/* valid heartbeat of an older epoch, or without a higher seq in the same one */
 #define EDGE_DROP_STALE_HB	9	/* heartbeat with a valid MAC whose epoch is outside EDGE_HB_WINDOW_S of the router's clock */
 #define EDGE_DROP_OTHER_BACKEND	10	/* TCP from a backend whose connection conntrack gives to another, not known direct: it would leave with the backend's address */
-#define EDGE_DROP_MAX		11
+#define EDGE_DROP_ICMP_MALFORMED	11	/* ICMP error to a VIP address cut short, or its quoted header not a VIP flow's (icmp.h) */
+#define EDGE_DROP_ICMP_NESTED	12	/* ICMP error to a VIP address quoting an ICMP packet */
+#define EDGE_DROP_ICMP_NO_FLOW	13	/* ICMP error quoting a VIP flow neither conntrack nor the Maglev table knows */
+#define EDGE_DROP_DSR_TOO_BIG	14	/* DSR: the packet with its IPIP header exceeds the backend link's MTU */
+#define EDGE_DROP_MAX		15
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
@@ -380,7 +390,7 @@ _Static_assert(sizeof(struct flow_info) == 24, "abi: flow_info");
 _Static_assert(sizeof(struct wire_stats) == 416, "abi: wire_stats");
 _Static_assert(sizeof(struct rnat_info) == 16, "abi: rnat_info");
 _Static_assert(sizeof(struct backend_key) == 8, "abi: backend_key");
-_Static_assert(sizeof(struct nexthop) == 24, "abi: nexthop");
+_Static_assert(sizeof(struct nexthop) == 32, "abi: nexthop");
 _Static_assert(sizeof(struct vip_filter) * 8 == EDGE_VIP_FILTER_BITS, "abi: vip_filter");
 _Static_assert(sizeof(struct reply_hop) == 40, "abi: reply_hop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");

@@ -113,10 +113,12 @@ static __always_inline __u32 syn_flags(const struct pkt *pkt)
 
 /* Pins a new connection to a backend: a SYN's in edge_half_open, anything
  * else (UDP, a TCP packet within the budget) in edge_ct. The reply direction
- * needs no entry: edge_rnat is keyed by the backend endpoint. */
+ * needs no entry: edge_rnat is keyed by the backend endpoint. dsr: the
+ * service's replies bypass the router (encap.h), so no SYN-ACK would ever
+ * promote a half-open entry: a SYN goes to edge_ct at once. */
 static __always_inline void flow_insert(const struct pkt *pkt,
 					const struct vip_info *vip,
-					__u32 backend_id)
+					__u32 backend_id, int dsr)
 {
 	struct half_open ho = {
 		.ct = {
@@ -127,7 +129,7 @@ static __always_inline void flow_insert(const struct pkt *pkt,
 	};
 
 	ho.ct.flags = syn_flags(pkt) | wire_open(pkt->syn, backend_id, &ho.ct.wire_ns);
-	if (pkt->syn)
+	if (pkt->syn && !dsr)
 		edge_half_open.update((struct flow_key *)&pkt->flow, &ho);
 	else
 		edge_ct.update((struct flow_key *)&pkt->flow, &ho.ct);

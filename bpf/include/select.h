@@ -311,7 +311,7 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 		fi->syn_seq = pkt->seq;
 		return be;
 	}
-	flow_insert(pkt, vip, *bid);
+	flow_insert(pkt, vip, *bid, sc->flags & EDGE_SVC_F_DSR);
 	return be;
 }
 

@@ -257,5 +257,8 @@ def parser() -> argparse.ArgumentParser:
                    help="run the sender and the checker as SCHED_FIFO threads of this priority "
                         "(1..99, needs CAP_SYS_NICE) for low jitter on a busy host; 0: normal scheduling "
                         "(default)")
+    p.add_argument("--dsr-vip", metavar="VIP",
+                   help="this backend serves VIP by direct server return: at start, check it is set up "
+                        "for it (tools/dsr-backend) and exit 1 with one line naming what is missing")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p

@@ -124,12 +124,31 @@ def run(opts: Options, stop: StopFlag, say: Callable[[str], None]) -> SendStats:
             checker.stop(timeout_s=opts.check_timeout_ms / 1000 + 2 * MAX_NAP_S + 1.0)
 
 
+def dsr_problem(vip: str | None) -> str | None:
+    """--dsr-vip: what the backend lacks for direct server return of vip (agent/dsr.py), or None."""
+    if vip is None:
+        return None
+    from ipaddress import AddressValueError, IPv4Address
+
+    from controlplane.agent import dsr
+
+    try:
+        address = IPv4Address(vip)
+    except AddressValueError:
+        raise UsageError(f"--dsr-vip: {vip!r} is no IPv4 address") from None
+    return dsr.problems(dsr.read_state(), address)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     stop = StopFlag()
     try:
         opts = options(args)
+        problem = dsr_problem(args.dsr_vip)
+        if problem:
+            print(f"{PROG}: {problem}", file=sys.stderr)
+            return 1
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             stats = run(opts, stop, say)

@@ -114,7 +114,7 @@ def write_token_file(token: int) -> tuple[str, str]:
 def agent_argv(net: "Net", i: int, *, token_file: str, hb_port: int = DEFAULT_HB_PORT, interval_ms: float = 1,
                check: str = "none", service_port: int = 8000, check_url: Optional[str] = None,
                check_interval_ms: Optional[float] = None, check_timeout_ms: Optional[float] = None,
-               rt_priority: int = 0) -> list[str]:
+               rt_priority: int = 0, dsr_vip: Optional[str] = None) -> list[str]:
     """The command line of backend i's agent (see start_heartbeats)."""
     argv = [sys.executable, "-m", "controlplane.agent",
             "--router", f"{net.topo.router_backend_addr(i).ip}:{hb_port}",
@@ -129,6 +129,8 @@ def agent_argv(net: "Net", i: int, *, token_file: str, hb_port: int = DEFAULT_HB
         argv += ["--check-timeout-ms", f"{check_timeout_ms:g}"]
     if rt_priority:
         argv += ["--rt-priority", str(rt_priority)]
+    if dsr_vip is not None:
+        argv += ["--dsr-vip", dsr_vip]
     return argv
 
 
@@ -165,7 +167,7 @@ def start_heartbeats(net: "Net", i: int, *, token: int, hb_port: int = DEFAULT_H
     token: backend i's token in the router config. check: none (always send), tcp or http;
     check_url defaults to http://<backend i's address>:<service_port>/v2/health/ready (the
     testbed backend answers 200 on any path). kw: check_interval_ms, check_timeout_ms,
-    rt_priority, passed on to the agent.
+    rt_priority, dsr_vip, passed on to the agent.
     """
     agent = _spawn(net, i, token=token, hb_port=hb_port, interval_ms=interval_ms, check=check,
                    service_port=service_port, check_url=check_url, **kw)

@@ -73,7 +73,7 @@ SHAPES: dict[str, Shape] = {
     abi.MAP_CT_BUDGET: Shape("percpu_array", 4, 16, _one),
     abi.MAP_RNAT: Shape("hash", 8, 16, _backends),
     abi.MAP_DIRECT: Shape("lru_hash", 12, 4, _const(abi.DIRECT_SLOTS)),
-    abi.MAP_NEXTHOP: Shape("percpu_array", 4, 24, _backends),
+    abi.MAP_NEXTHOP: Shape("percpu_array", 4, 32, _backends),
     abi.MAP_TAILS: Shape("prog_array", 4, 4, _const(abi.TAIL_MAX)),
     abi.MAP_REPLY_HOP: Shape("percpu_array", 4, 40, _const(abi.REPLY_HOP_SLOTS)),
     abi.MAP_VIP_STATS: Shape("percpu_array", 4, 48, _services),

@@ -316,6 +316,8 @@ class Writer(Quick):
             v.max_ejected_pct = p.max_ejected_percent
         if health and health.probe:  # a probation waits for a passing probe (maps.readmit): no trial flow
             v.flags |= abi.SVC_F_PROBED
+        if s.forwarding == "dsr":
+            v.flags |= abi.SVC_F_DSR
         if health:  # fewer usable than panic_percent of the primaries: usable < ceil(pct * n / 100)
             v.panic_below = (health.panic_percent * sum(not b.standby for b in s.backends) + 99) // 100
         ordered = [bid for b, bid in zip(s.backends, ids) if not b.standby]

@@ -78,9 +78,11 @@ def realistic_snapshot() -> dict:
         ],
         "verdicts": {"pass": 90, "redirect": 173_900, "nat_pass": 0, "drop": 7, "return_nat": 160_750,
                      "heartbeat": 52_000, "ejection": 0, "return_redirect": 160_700,
-                     "stateless": 30, "return_stateless": 25, "return_xdp": 0},
+                     "stateless": 30, "return_stateless": 25, "return_xdp": 0,
+                     "icmp_to_backend": 3, "icmp_return": 1, "dsr": 0},
         "drops": {"malformed": 2, "no_backend": 4, "ip_options": 0, "fragment": 1, "spoofed_heartbeat": 0,
                   "bad_checksum": 0, "untracked": 0, "replayed_heartbeat": 0,
-                  "stale_heartbeat": 0, "other_backend": 0},
+                  "stale_heartbeat": 0, "other_backend": 0, "icmp_malformed": 0, "icmp_nested": 0,
+                  "icmp_no_flow": 0, "dsr_too_big": 0},
         "conntrack_entries": None,
     }

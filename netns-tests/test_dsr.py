@@ -1,0 +1,145 @@
+"""Direct server return (forwarding: dsr): the router encapsulates (IPIP, bpf/include/encap.h),
+the backends decapsulate and answer the clients themselves, from the VIP.
+
+        client ──veth── router ──veth── b0, b1, b2
+                  XDP: IPIP to the backend       backends: tools/dsr-backend setup --decap xdp
+                  (outer source: the router's    (this kernel has no ipip module; the XDP decap
+                  address on that link)          is bpf/dsr_decap.c), VIP on lo, advmss 1440
+
+Replies leave the backend from the VIP and reach the client through the router's kernel
+forwarding, untouched by the router's programs: no reverse NAT (return_nat stays 0). Each backend
+serves the plain HTTP backend on 0.0.0.0:DSR_PORT, so it answers on the VIP too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import hb
+import pytest
+
+from controlplane.lab.heartbeats import agent_argv, start_heartbeats, write_token_file
+from controlplane.lab.mtuhop import BulkServers, bulk_get, bulk_put
+from controlplane.lab.topo import read_line
+from controlplane.lab.traffic import backends_seen, http_get, wait_until
+
+DSR_PORT = 8010
+BULK_PORT = 8011
+TOKENS = (0x5EED0001, 0x5EED0002, 0x5EED0003)
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "dsr-backend"
+ALL = {"b0", "b1", "b2"}
+
+
+def dsr_service(router, port: int = DSR_PORT, heartbeat: bool = True) -> dict:
+    health = {"heartbeat": {"port": hb.HB_PORT, "interval_ms": 1, "timeout_ms": 250, "rise": 3}}
+    svc = router.service("dsr", port=port, backend_port=port, forwarding="dsr",
+                         **({"health": health} if heartbeat else {}))
+    for entry in svc["backends"]:
+        entry["token"] = hex(TOKENS[int(entry["name"][1:])])
+    return svc
+
+
+def dsr_tool(ns, *args: str) -> subprocess.CompletedProcess:
+    return ns.run([sys.executable, str(TOOL), *args], check=False)
+
+
+def start_any_address_backends(net, port: int) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    for i, ns in enumerate(net.backends):
+        proc = ns.popen([sys.executable, "-m", "controlplane.lab.backend", "--name", f"b{i}",
+                         "--listen", f"0.0.0.0:{port}"], stdout=subprocess.PIPE, env=env)
+        line = read_line(proc, 5.0)
+        assert line.startswith(f"listening b{i} "), line
+
+
+@pytest.fixture
+def dsr_net(net):
+    """net with every backend set up for DSR of the VIP and serving on DSR_PORT."""
+    missing = [dsr_tool(ns, "check", "--vip", str(net.vip)) for ns in net.backends]
+    assert all(done.returncode == 1 and done.stderr.startswith("dsr-backend: decap: ") for done in missing), missing
+    for ns in net.backends:
+        done = dsr_tool(ns, "setup", "--vip", str(net.vip), "--decap", "xdp")
+        assert done.returncode == 0, done.stderr
+    start_any_address_backends(net, DSR_PORT)
+    return net
+
+
+def flows(net, n: int = 60) -> dict:
+    return backends_seen(net.client, net.vip, DSR_PORT, n)
+
+
+def test_backends_answer_dsr_flows_directly_from_the_vip(dsr_net, router):
+    net = dsr_net
+    router.deploy([dsr_service(router, heartbeat=False)])
+
+    replies = [http_get(net.client, net.vip, DSR_PORT) for _ in range(30)]
+    seen = flows(net, 150)
+    snap = router.status()
+
+    client = str(net.topo.client_addr.ip)
+    assert {(r.status, r.server_addr) for r in replies} == {(200, f"{net.vip}:{DSR_PORT}")}
+    assert all(r.peer.startswith(f"{client}:") for r in replies)  # the backend sees the client itself
+    assert {r.backend for r in replies} | set(seen) == ALL and sum(seen.values()) == 150, seen
+    (service,) = snap["services"]
+    assert service["new_flows"] == 180 and service["return_packets"] == 0
+    verdicts = snap["verdicts"]
+    assert verdicts["dsr"] == service["packets"] >= 3 * 180
+    assert (verdicts["return_nat"], verdicts["redirect"], verdicts["nat_pass"], verdicts["drop"]) == (0, 0, 0, 0)
+
+
+def test_a_full_size_transfer_fits_through_the_encapsulation(dsr_net, router):
+    """The client -> backend direction is the encapsulated one: clients send segments only as large
+    as the backend's advertised MSS (tools/dsr-backend: advmss = 1500 - 60), so with the 20 bytes of
+    IPIP they still fit its 1500-byte link. 256 KB uploads arrive whole, none dropped as too big;
+    300 KB downloads (straight from the backend) complete too."""
+    net = dsr_net
+    router.deploy([dsr_service(router, port=BULK_PORT, heartbeat=False)])
+    with BulkServers(net, BULK_PORT, 300_000, any_address=True):
+        got = [bulk_get(net.client, str(net.vip), BULK_PORT) for _ in range(3)]
+    with BulkServers(net, BULK_PORT, 0, any_address=True, upload=True):
+        uploads = [bulk_put(net.client, str(net.vip), BULK_PORT, 256_000) for _ in range(3)]
+    counters = router.counters()
+    assert got == [300_000] * 3
+    assert uploads == [256_000] * 3
+    assert counters["drops"]["dsr_too_big"] == 0
+
+
+def test_dsr_flows_fail_over_by_heartbeat_and_the_agent_checks_the_setup(dsr_net, router):
+    """With heartbeats on, a backend whose heartbeats stop gets no new DSR flows; the agents start
+    with --dsr-vip because each backend is set up (a backend that is not: see dsr_net)."""
+    net = dsr_net
+    router.deploy([dsr_service(router)])
+    agents = [start_heartbeats(net, i, token=TOKENS[i], hb_port=hb.HB_PORT, service_port=DSR_PORT,
+                               dsr_vip=str(net.vip)) for i in range(3)]
+    try:
+        wait_until(lambda: set(flows(net, 30)) == ALL, 10.0, "flows reach every backend")
+        agents[0].stop()
+        wait_until(lambda: set(flows(net, 30)) == {"b1", "b2"}, 10.0, "flows avoid b0")
+        after = flows(net, 150)
+    finally:
+        for agent in agents:
+            agent.stop()
+    assert set(after) == {"b1", "b2"} and sum(after.values()) == 150, after
+
+
+def test_the_agent_refuses_to_start_on_a_backend_not_set_up_for_dsr(net):
+    """edge-heartbeat --dsr-vip on a backend without the setup: exit 1, one line naming what is
+    missing (the decap first); after tools/dsr-backend setup it is only the VIP on lo that is not."""
+    directory, token_file = write_token_file(TOKENS[0])
+    try:
+        argv = agent_argv(net, 0, token_file=token_file, check="none", dsr_vip=str(net.vip))
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        first = net.backends[0].run(argv, check=False, env=env)
+        dsr_tool(net.backends[0], "setup", "--vip", str(net.vip), "--decap", "xdp")
+        net.backends[0].run(["ip", "addr", "del", f"{net.vip}/32", "dev", "lo"])
+        second = net.backends[0].run(argv, check=False, env=env)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+    assert first.returncode == 1 and first.stderr.startswith("edge-heartbeat: decap: "), first.stderr
+    assert second.returncode == 1 and second.stderr == f"edge-heartbeat: vip: {net.vip} is not on lo " \
+        f"(ip addr add {net.vip}/32 dev lo)\n", second.stderr
