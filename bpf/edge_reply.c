@@ -20,7 +20,7 @@
 #include "include/stats.h"
 #include "include/nat.h"
 
-#define REPLY_TCP_SLOW	0x07	/* FIN | SYN | RST: the return path notes them */
+#define REPLY_TCP_SLOW 0x07 /* FIN | SYN | RST: the return path notes them */
 
 /* 1 when a UDP datagram may be a heartbeat: its payload starts with the
  * heartbeat magic. tc's consume_heartbeat takes as heartbeats only
@@ -60,7 +60,7 @@ union rnat_tag {
 /* The checksum change of the TTL dropping by one: ~old + new of the 16-bit
  * word it shares with the protocol (TTL in the high byte), whatever the
  * word: 0xfeff in network order. */
-#define TTL_DEC_DELTA	bpf_htons(0xfeff)
+#define TTL_DEC_DELTA bpf_htons(0xfeff)
 
 /* The edge_rnat entry of the backend endpoint rk, from this CPU's copy when
  * it was made under gen, the current node_info.rnat_gen (read before this
@@ -119,7 +119,7 @@ int edge_reply(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *iph = (void *)(eth + 1);
-	struct bpf_fib_lookup fib;	/* filled by reply_hop_at on a cache miss */
+	struct bpf_fib_lookup fib; /* filled by reply_hop_at on a cache miss */
 	struct reply_hop *hop = NULL;
 	struct backend_key rk = {};
 	struct flow_key fk = {};
@@ -158,7 +158,7 @@ int edge_reply(struct xdp_md *ctx)
 	if (partial_csum(iph, *check, bpf_ntohs(iph->tot_len) - sizeof(*iph)))
 		return XDP_PASS;
 
-	node = edge_node.lookup(&zero);	/* rnat_gen; ingress_ifindex below */
+	node = edge_node.lookup(&zero); /* rnat_gen; ingress_ifindex below */
 	if (!node)
 		return XDP_PASS;
 	rk.addr = iph->saddr;
@@ -181,7 +181,8 @@ int edge_reply(struct xdp_md *ctx)
 	 * frames (on veth: whose peer runs NAPI, as the forward direction
 	 * needs of the backends' side). Other egress interfaces go through tc. */
 	if (reply_hop_at(ctx, ctx->ingress_ifindex, len, 0, iph, ri->vip_addr, &fib,
-			 &hop) != BPF_FIB_LKUP_RET_SUCCESS || !hop ||
+			 &hop) != BPF_FIB_LKUP_RET_SUCCESS ||
+	    !hop ||
 	    hop->ifindex != node->ingress_ifindex || len > hop->mtu + sizeof(*eth))
 		return XDP_PASS;
 

@@ -23,7 +23,7 @@
 #include "include/stateless.h"
 #include "include/icmp.h"
 
-#define ANSWER_NONE	(-1)
+#define ANSWER_NONE (-1)
 
 /* Passive detection: the backend answered the SYN passive detection waits
  * for with a SYN-ACK (1) or refused it with a RST (0). */
@@ -60,7 +60,7 @@ static __always_inline int classify_answer(struct flow_info *fi, struct flow_key
 	if (syn_ack && !ours) {
 		if (!is_direct(fk, bk))
 			return TC_ACT_OK;
-		wire_end(fi->flags, fi->backend_id);	/* wire.h: counted closed */
+		wire_end(fi->flags, fi->backend_id); /* wire.h: counted closed */
 		if (ho)
 			edge_half_open.delete(fk);
 		else
@@ -189,14 +189,14 @@ int edge_return(struct __sk_buff *skb)
 	}
 	bpf_l4_csum_replace(skb, csum_off, rk.addr, ri->vip_addr,
 			    BPF_F_PSEUDO_HDR | csum_flags | sizeof(rk.addr));
-	if (rk.port != ri->vip_port)	/* most services keep the port: one helper call less */
+	if (rk.port != ri->vip_port) /* most services keep the port: one helper call less */
 		bpf_l4_csum_replace(skb, csum_off, rk.port, ri->vip_port,
 				    csum_flags | sizeof(rk.port));
 
 	if (answer != ANSWER_NONE)
 		note_answer(ri, answer);
-	if (proto == IPPROTO_TCP && fi)	/* none on the stateless path */
-		wire_reply(skb, fi, ri->backend_id, tcp_flags, l4_off);	/* wire.h */
+	if (proto == IPPROTO_TCP && fi)					/* none on the stateless path */
+		wire_reply(skb, fi, ri->backend_id, tcp_flags, l4_off); /* wire.h */
 	count_return(ri->vip_id, ri->backend_id);
 	count_index(EDGE_CNT_RETURN_NAT);
 	return reply_out(skb, l3_off, l4_off, ri->vip_addr, ri->vip_port);

@@ -18,8 +18,8 @@
 #include "include/icmp.h"
 #include "include/encap.h"
 
-#define EDGE_CONTINUE	(-1)
-#define EDGE_ICMP	(-2)	/* parse_packet: an ICMP packet for icmp_ingress (icmp.h) */
+#define EDGE_CONTINUE (-1)
+#define EDGE_ICMP     (-2) /* parse_packet: an ICMP packet for icmp_ingress (icmp.h) */
 
 /* Verdict for a packet the fast path cannot take (IPv4 options, fragment,
  * L4 header cut short): dropped with its reason when it is for a VIP
@@ -104,13 +104,13 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
  * checksum unanswered, so only checked SYNs may count as unanswered. */
 static __always_inline int syn_csum(struct xdp_md *ctx, const struct pkt *pkt)
 {
-	__u32 buf[15] = {};	/* the longest TCP header */
+	__u32 buf[15] = {}; /* the longest TCP header */
 	__u32 hlen = pkt->tcp_hlen, off;
 	__u64 sum;
 
 	if (pkt->l3_len != sizeof(struct iphdr) + hlen)
 		return -1;
-	hlen &= 0x3c;	/* doff * 4 is at most 60; verifier: a mask keeps the bound */
+	hlen &= 0x3c; /* doff * 4 is at most 60; verifier: a mask keeps the bound */
 	if (hlen < sizeof(struct tcphdr))
 		return 0;
 	off = sizeof(struct ethhdr) + pkt->vlans * sizeof(struct vlan_hdr) + sizeof(struct iphdr);
@@ -172,7 +172,7 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *pkt,
 		return EDGE_CONTINUE;
 	if (sc->flags)
 		now = health_now();
-	if (!backend_alive(be, sc, now))	/* also: valid and up */
+	if (!backend_alive(be, sc, now)) /* also: valid and up */
 		return EDGE_CONTINUE;
 	/* the full path's checks, in its order, now that this is VIP traffic */
 	if ((void *)(pkt->iph + 1) > (void *)(long)ctx->data_end)
@@ -214,9 +214,8 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	int verdict, new_flow, failover, looked;
 
 	verdict = parse_packet(ctx, &pkt);
-	if (verdict == EDGE_ICMP)	/* only the fast path sees ICMP: no tail call takes it on */
-		return stage == EDGE_STAGE_FAST ? icmp_ingress(ctx, &pkt) :
-						  count_verdict(EDGE_CNT_PASS, XDP_PASS);
+	if (verdict == EDGE_ICMP) /* only the fast path sees ICMP: no tail call takes it on */
+		return stage == EDGE_STAGE_FAST ? icmp_ingress(ctx, &pkt) : count_verdict(EDGE_CNT_PASS, XDP_PASS);
 	if (verdict != EDGE_CONTINUE)
 		return verdict;
 
@@ -282,7 +281,7 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	if (!be) {
 		if (drop == EDGE_TO_NEXT_STAGE) {
 			edge_tails.call(ctx, stage);
-			drop = EDGE_DROP_NO_BACKEND;	/* no next stage installed */
+			drop = EDGE_DROP_NO_BACKEND; /* no next stage installed */
 		}
 		return count_drop(drop);
 	}

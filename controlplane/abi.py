@@ -158,10 +158,31 @@ MAP_HALF_OPEN = "edge_half_open"
 MAP_VIP_FILTER = "edge_vip_filter"
 
 MAP_NAMES = (
-    MAP_VIPS, MAP_VIP_ADDRS, MAP_BACKENDS, MAP_MAGLEV, MAP_CT, MAP_RNAT,
-    MAP_VIP_STATS, MAP_BE_STATS, MAP_VERDICTS, MAP_DROPS, MAP_SVC_META,
-    MAP_BE_META, MAP_NODE, MAP_SVC_CFG, MAP_HEALTH, MAP_HB, MAP_HB_PORTS, MAP_NEXTHOP,
-    MAP_BE_PROBE, MAP_CT_BUDGET, MAP_TAILS, MAP_REPLY_HOP, MAP_WIRE, MAP_DIRECT, MAP_VIP_FILTER,
+    MAP_VIPS,
+    MAP_VIP_ADDRS,
+    MAP_BACKENDS,
+    MAP_MAGLEV,
+    MAP_CT,
+    MAP_RNAT,
+    MAP_VIP_STATS,
+    MAP_BE_STATS,
+    MAP_VERDICTS,
+    MAP_DROPS,
+    MAP_SVC_META,
+    MAP_BE_META,
+    MAP_NODE,
+    MAP_SVC_CFG,
+    MAP_HEALTH,
+    MAP_HB,
+    MAP_HB_PORTS,
+    MAP_NEXTHOP,
+    MAP_BE_PROBE,
+    MAP_CT_BUDGET,
+    MAP_TAILS,
+    MAP_REPLY_HOP,
+    MAP_WIRE,
+    MAP_DIRECT,
+    MAP_VIP_FILTER,
     MAP_HALF_OPEN,
 )
 
@@ -178,6 +199,7 @@ def heartbeat(port: int, seq: int, token: int, epoch: int) -> bytes:
     its own clock and newer than the last it took, or a higher seq in the same second)."""
     body = HEARTBEAT_BODY.pack(HB_MAGIC, HB_VERSION, port, seq & 0xFFFFFFFF, epoch & 0xFFFFFFFF)
     return body + siphash24(hb_key(token), body).to_bytes(8, "big")
+
 
 # Program entry points (edge_xdp.c, edge_tc.c).
 PROG_INGRESS = "edge_ingress"

@@ -73,9 +73,7 @@ class Passive:
     syn_timeout_ms: int = option("a SYN unanswered this long counts as a failure", _ms, 200)
     consecutive: int = option("failures in a row that eject the backend", _int(1, 1000), 3)
     ejection_ms: int = option("how long an ejected backend stays out", _ms, 1000)
-    max_ejected_percent: int = option(
-        "never eject more than this share of a service's backends", _int(0, 100), 50
-    )
+    max_ejected_percent: int = option("never eject more than this share of a service's backends", _int(0, 100), 50)
 
 
 RELAXED_FACTOR = 10  # probe.relaxed_interval_ms by default: this many probe intervals,
@@ -93,11 +91,16 @@ class Probe:
     window: int = option("samples kept per backend for RTT and health", _int(1, 1000), 10)
     fall: int = option("failed probes in a row that take a backend out of the weights", _int(1, 100), 3)
     rise: int = option("good probes in a row that bring it back (then slow start)", _int(1, 100), 2)
-    grpc_service: str = option("service name sent in the grpc.health.v1 Check (kind grpc); '' is the server", _string, "")
+    grpc_service: str = option(
+        "service name sent in the grpc.health.v1 Check (kind grpc); '' is the server", _string, ""
+    )
     relaxed_interval_ms: Optional[int] = option(
         "time between two probes of a backend while real traffic measures it (fresh wire signals); a failed "
         f"probe brings interval_ms back until rise probes pass. Absent: {RELAXED_FACTOR} x interval_ms, at most "
-        f"{RELAXED_CAP_MS} (never below interval_ms); equal to interval_ms: the rate never adapts", _ms, None)
+        f"{RELAXED_CAP_MS} (never below interval_ms); equal to interval_ms: the rate never adapts",
+        _ms,
+        None,
+    )
 
     def _validate(self, path: str) -> None:
         # A probe that may outlive its interval lets probes pile up on a slow backend.
@@ -106,8 +109,10 @@ class Probe:
                 f"{path}.timeout_ms: {self.timeout_ms} must not be greater than interval_ms ({self.interval_ms})"
             )
         if self.relaxed_interval_ms is not None and self.relaxed_interval_ms < self.interval_ms:
-            raise ConfigError(f"{path}.relaxed_interval_ms: {self.relaxed_interval_ms} must not be less than "
-                              f"interval_ms ({self.interval_ms})")
+            raise ConfigError(
+                f"{path}.relaxed_interval_ms: {self.relaxed_interval_ms} must not be less than "
+                f"interval_ms ({self.interval_ms})"
+            )
 
     @property
     def relaxed_ms(self) -> int:
@@ -139,7 +144,9 @@ class Health:
     metrics: Optional[MetricsScrape] = option("load signals from the backend", _section(MetricsScrape), None)
     panic_percent: int = option(
         "when fewer than this share of the primaries is usable (and some is, or no standby is), new flows go "
-        "to every admin-up primary by weight, health ignored; 0 is off", _int(0, 100), 0
+        "to every admin-up primary by weight, health ignored; 0 is off",
+        _int(0, 100),
+        0,
     )
 
 
@@ -150,10 +157,16 @@ class Wire:
 
     enabled: bool = option(
         "while a backend's wire signal is fresh, its handshake p50 is the weight policy's RTT input (tcp or no "
-        "probe: instead of the probe's RTT; http/grpc probes: the larger of the two)", _bool, True)
+        "probe: instead of the probe's RTT; http/grpc probes: the larger of the two)",
+        _bool,
+        True,
+    )
     window_ms: int = option("p50/p99 and freshness are taken over this last stretch of time", _ms, 2000)
-    min_samples: int = option("handshakes within window_ms that make a backend's wire signal fresh; with "
-                              "fewer the probe's RTT is used", _int(1, 1000000), 5)
+    min_samples: int = option(
+        "handshakes within window_ms that make a backend's wire signal fresh; with fewer the probe's RTT is used",
+        _int(1, 1000000),
+        5,
+    )
     interval_ms: int = option("how often edged reads the data path's wire histograms; < window_ms", _ms, 250)
 
     def _validate(self, path: str) -> None:
@@ -181,15 +194,18 @@ class Weights:
     decay_ms: int = option("time constant of the RTT smoothing", _ms, 500)
     spike_filter: int = option(
         "RTT samples whose lower median is smoothed: 1 takes every sample (fastest); 2 ignores one "
-        "stray slow sample (a slowdown then counts from its second probe)", _int(1, 5), 2
+        "stray slow sample (a slowdown then counts from its second probe)",
+        _int(1, 5),
+        2,
     )
     rtt_offset_ms: int = option(
         "added to every smoothed RTT before weighting: differences far below it are probe noise", _int(0, MAX_MS), 1
     )
     load_aware: bool = option("scale weights down by queue depth and KV-cache use (needs health.metrics)", _bool, True)
     hung_ms: int = option("work outstanding with no progress this long marks the engine hung", _ms, 2000)
-    slow_start_ms: int = option("a recovered backend ramps from the floor to its weight over this long; 0 is off",
-                                _int(0, MAX_MS), 5000)
+    slow_start_ms: int = option(
+        "a recovered backend ramps from the floor to its weight over this long; 0 is off", _int(0, MAX_MS), 5000
+    )
     wire: Wire = option("latency from real traffic as the RTT input (latency_inverse)", _section(Wire), Wire())
 
 
@@ -209,9 +225,7 @@ class Backend:
     port: int = option("port the backend serves the service on", _port)
     weight: int = option("relative share of new flows; 0 drains (no new flows)", _weight, 1)
     standby: bool = option("gets new flows only while no primary is usable", _bool, False)
-    token: Optional[int] = option(
-        "64-bit value the backend's heartbeats carry, e.g. '0x5eed0001'", _token, None
-    )
+    token: Optional[int] = option("64-bit value the backend's heartbeats carry, e.g. '0x5eed0001'", _token, None)
 
 
 @dataclass(frozen=True)
@@ -219,11 +233,13 @@ class Dns:
     """Backends from DNS: SRV records (target, port, weight) or A records plus a port."""
 
     name: str = option("the name to resolve, e.g. _chat._tcp.fleet.example.", _dns_name)
-    type: str = option("SRV (target, port, weight; lowest priority primary, others standby) or A",
-                       _one_of("SRV", "A"), "SRV")
+    type: str = option(
+        "SRV (target, port, weight; lowest priority primary, others standby) or A", _one_of("SRV", "A"), "SRV"
+    )
     port: Optional[int] = option("port of every backend (type A only)", _port, None)
     servers: tuple[tuple[str, int], ...] = option(
-        "resolvers as IPv4[:PORT]; empty: the system's (/etc/resolv.conf)", _list_of(_server), ())
+        "resolvers as IPv4[:PORT]; empty: the system's (/etc/resolv.conf)", _list_of(_server), ()
+    )
     timeout_ms: int = option("a query not answered this long fails", _ms, 2000)
     min_ttl_ms: int = option("re-resolve no sooner than this, whatever the TTL", _ms, 1000)
     max_ttl_ms: int = option("re-resolve at least this often, whatever the TTL", _ms, 300000)
@@ -240,8 +256,9 @@ class Dns:
 def _user_with_password(path: str, user: Optional[str], password_file: Optional[str]) -> None:
     """An etcd user and its password_file come together or not at all."""
     if (user is None) != (password_file is None):
-        raise ConfigError(f"{path}.{'password_file' if user else 'user'}: required with "
-                          f"{'user' if user else 'password_file'}")
+        raise ConfigError(
+            f"{path}.{'password_file' if user else 'user'}: required with {'user' if user else 'password_file'}"
+        )
 
 
 @dataclass(frozen=True)
@@ -249,12 +266,14 @@ class Etcd:
     """Backends from etcd v3: one key per backend under a prefix, watched."""
 
     endpoints: tuple[tuple[str, int], ...] = option(
-        "etcd client endpoints as IPv4:PORT, tried in turn", _list_of(_server, empty=False))
+        "etcd client endpoints as IPv4:PORT, tried in turn", _list_of(_server, empty=False)
+    )
     prefix: str = option("key prefix; each key under it holds one backend as JSON", _etcd_prefix)
     timeout_ms: int = option("a read or connect not answered this long fails", _ms, 2000)
     user: Optional[str] = option("etcd user (etcd auth on); its role needs read on prefix only", _name, None)
-    password_file: Optional[str] = option("file holding user's password (a regular file of 16..4096 bytes, "
-                                          "read at every connect)", _abs_path, None)
+    password_file: Optional[str] = option(
+        "file holding user's password (a regular file of 16..4096 bytes, read at every connect)", _abs_path, None
+    )
 
     def _validate(self, path: str) -> None:
         _user_with_password(path, self.user, self.password_file)
@@ -270,10 +289,16 @@ class Discovery:
     retry_ms: int = option("after a failure, ask again this soon", _ms, 1000)
     max_backends: int = option(
         "most backends one answer may hold (etcd keys under the prefix, SRV records); a larger answer is "
-        "refused as a failure before anything in it is parsed or resolved", _int(1, 65536), 256)
+        "refused as a failure before anything in it is parsed or resolved",
+        _int(1, 65536),
+        256,
+    )
     token_secret_file: Optional[str] = option(
         "file with the service's secret; heartbeat tokens are HMAC-SHA256(secret, 'ADDR:PORT') cut to 64 "
-        "bits (edge-heartbeat --token-secret-file computes the same)", _abs_path, None)
+        "bits (edge-heartbeat --token-secret-file computes the same)",
+        _abs_path,
+        None,
+    )
 
     def _validate(self, path: str) -> None:
         if (self.dns is None) == (self.etcd is None):
@@ -286,12 +311,16 @@ def _check_dsr(s: "Service", path: str) -> None:
     if s.health and s.health.passive:
         raise ConfigError(f"{path}.health.passive: not with forwarding dsr (the router sees no replies)")
     if s.weights.policy == "latency_inverse" and s.weights.wire.enabled:
-        raise ConfigError(f"{path}.weights.wire.enabled: must be false with forwarding dsr (wire signals time "
-                          "replies, which the router does not see)")
+        raise ConfigError(
+            f"{path}.weights.wire.enabled: must be false with forwarding dsr (wire signals time "
+            "replies, which the router does not see)"
+        )
     for i, backend in enumerate(s.backends):
         if backend.port != s.port:
-            raise ConfigError(f"{path}.backends[{i}].port: {backend.port} must be the service port {s.port} with "
-                              "forwarding dsr (the backend answers from the VIP's port)")
+            raise ConfigError(
+                f"{path}.backends[{i}].port: {backend.port} must be the service port {s.port} with "
+                "forwarding dsr (the backend answers from the VIP's port)"
+            )
 
 
 @dataclass(frozen=True)
@@ -310,20 +339,25 @@ class Service:
     forwarding: str = option(
         "nat (the router rewrites both ways) or dsr (direct server return: packets go to the backend in IPIP "
         "with the VIP kept; the backend answers the client itself: tools/dsr-backend)",
-        _one_of("nat", "dsr"), "nat",
+        _one_of("nat", "dsr"),
+        "nat",
     )
     health: Optional[Health] = option("health checks; none when absent", _section(Health), None)
     weights: Weights = option("weight policy", _section(Weights), Weights())
     sla: Optional[Sla] = option("SLA marks; none when absent", _section(Sla), None)
     drain_timeout_ms: int = option(
         "on reload, connections of a removed backend are kept this long (0: until they end)",
-        _int(0, MAX_MS), 30000,
+        _int(0, MAX_MS),
+        30000,
     )
-    discovery: Optional[Discovery] = option("backends found in DNS or etcd, besides the static ones",
-                                            _section(Discovery), None)
+    discovery: Optional[Discovery] = option(
+        "backends found in DNS or etcd, besides the static ones", _section(Discovery), None
+    )
     backends: tuple[Backend, ...] = option(
-        "the static backends; at least one not standby, unless discovery is set", _sections(Backend, empty=True),
-        (), required=False,
+        "the static backends; at least one not standby, unless discovery is set",
+        _sections(Backend, empty=True),
+        (),
+        required=False,
     )
 
     @property
@@ -356,8 +390,10 @@ class Service:
             raise ConfigError(f"{path}.backends: {len(self.backends)} backends; at most {MAX_PER_SERVICE} per service")
         if self.health and self.health.heartbeat:
             if self.discovery and self.discovery.dns and self.discovery.token_secret_file is None:
-                raise ConfigError(f"{path}.discovery.token_secret_file: required when {path}.health.heartbeat "
-                                  f"is set (discovered backends get their tokens from it)")
+                raise ConfigError(
+                    f"{path}.discovery.token_secret_file: required when {path}.health.heartbeat "
+                    f"is set (discovered backends get their tokens from it)"
+                )
             for i, backend in enumerate(self.backends):
                 if backend.token is None:
                     raise ConfigError(
@@ -390,18 +426,27 @@ class Bgp:
 
     speaker: str = option("the BGP daemon edged runs: bird (BIRD 2)", _one_of("bird"), "bird")
     local_as: int = option("this node's AS number", _int(1, 4294967295, "an AS number"), 0, required=True)
-    router_id: Optional[IPv4Address] = option("BGP router id; absent: the speaker picks one of the node's "
-                                              "addresses", _ipv4("router ids"), None)
-    peers: tuple[BgpPeer, ...] = option("the BGP neighbours the VIPs are announced to", _sections(BgpPeer), (),
-                                        required=True)
-    hold_time_s: int = option("BGP hold time: a silent peer is dropped after this long (3..65535); "
-                              "keepalives every third of it", _int(3, 65535), 3)
-    bfd: bool = option("run BFD with each peer: a dead node is noticed in bfd_interval_ms * "
-                       "bfd_multiplier instead of the hold time", _bool, True)
+    router_id: Optional[IPv4Address] = option(
+        "BGP router id; absent: the speaker picks one of the node's addresses", _ipv4("router ids"), None
+    )
+    peers: tuple[BgpPeer, ...] = option(
+        "the BGP neighbours the VIPs are announced to", _sections(BgpPeer), (), required=True
+    )
+    hold_time_s: int = option(
+        "BGP hold time: a silent peer is dropped after this long (3..65535); keepalives every third of it",
+        _int(3, 65535),
+        3,
+    )
+    bfd: bool = option(
+        "run BFD with each peer: a dead node is noticed in bfd_interval_ms * bfd_multiplier instead of the hold time",
+        _bool,
+        True,
+    )
     bfd_interval_ms: int = option("BFD transmit and receive interval", _int(10, 10000), 100)
     bfd_multiplier: int = option("BFD packets missed in a row that take the session down", _int(2, 255), 3)
-    config_file: str = option("the speaker config edged writes (and rewrites on every change)", _abs_path,
-                              "/run/edge/bird.conf")
+    config_file: str = option(
+        "the speaker config edged writes (and rewrites on every change)", _abs_path, "/run/edge/bird.conf"
+    )
     control_socket: str = option("the speaker's control socket (birdc -s)", _abs_path, "/run/edge/bird.ctl")
 
     def _validate(self, path: str) -> None:
@@ -421,21 +466,29 @@ class Fleet:
     versioned snapshot, and every node applies the same version (controlplane/fleet/)."""
 
     etcd: tuple[tuple[str, int], ...] = option(
-        "etcd client endpoints as IPv4:PORT, tried in turn", _list_of(_server, empty=False))
+        "etcd client endpoints as IPv4:PORT, tried in turn", _list_of(_server, empty=False)
+    )
     name: str = option("this node's name in the fleet; unique among the nodes", _name)
     prefix: str = option("key prefix of the fleet (leader, nodes/, snapshot)", _etcd_prefix, "/edge/fleet/")
-    lease_ttl_s: int = option("the lease of the leader key and of this node's report: a dead leader "
-                              "is replaced, and a dead node's report goes, within this many seconds",
-                              _int(1, 3600), 2)
-    report_ms: int = option("a node reports at least this often (and whenever its own decision changes)",
-                            _ms, 1000)
+    lease_ttl_s: int = option(
+        "the lease of the leader key and of this node's report: a dead leader "
+        "is replaced, and a dead node's report goes, within this many seconds",
+        _int(1, 3600),
+        2,
+    )
+    report_ms: int = option("a node reports at least this often (and whenever its own decision changes)", _ms, 1000)
     stale_ms: int = option("the leader ignores a report older than this", _ms, 5000)
     timeout_ms: int = option("an etcd call not answered this long fails", _ms, 2000)
     retry_ms: int = option("after a failure, etcd is tried again (next endpoint) this long after", _ms, 500)
-    user: Optional[str] = option("etcd user of this node (etcd auth on); its role lets it write its own "
-                                 "report only (nodes/NAME), see the security docs", _name, None)
-    password_file: Optional[str] = option("file holding user's password (a regular file of 16..4096 bytes, "
-                                          "read at every connect)", _abs_path, None)
+    user: Optional[str] = option(
+        "etcd user of this node (etcd auth on); its role lets it write its own "
+        "report only (nodes/NAME), see the security docs",
+        _name,
+        None,
+    )
+    password_file: Optional[str] = option(
+        "file holding user's password (a regular file of 16..4096 bytes, read at every connect)", _abs_path, None
+    )
 
     def _validate(self, path: str) -> None:
         _user_with_password(path, self.user, self.password_file)
@@ -460,31 +513,43 @@ class Node:
     pin_dir: str = option("bpffs directory the maps are pinned under", _abs_path, "/sys/fs/bpf/edge")
     api_socket: str = option("unix socket edged serves edgectl on", _abs_path, "/run/edge/edged.sock")
     api_group: Optional[int | str] = option(
-        "group that may use the API socket (mode 0660); absent: edged's own group", _group, None)
-    api_listen: Optional[str] = option("HOST:PORT to serve the API on over TCP as well; needs api_tls",
-                                       _listen, None)
-    api_tls: Optional[ApiTls] = option("mutual TLS of the TCP API (clients must show a certificate)",
-                                       _section(ApiTls), None)
+        "group that may use the API socket (mode 0660); absent: edged's own group", _group, None
+    )
+    api_listen: Optional[str] = option("HOST:PORT to serve the API on over TCP as well; needs api_tls", _listen, None)
+    api_tls: Optional[ApiTls] = option(
+        "mutual TLS of the TCP API (clients must show a certificate)", _section(ApiTls), None
+    )
     metrics_listen: str = option("HOST:PORT of the Prometheus endpoint", _listen, "127.0.0.1:9470")
     iface: Optional[str] = option("interface edged deploys on when it finds nothing deployed", _ifname, None)
     xdp_mode: str = option("native (driver) or generic (skb) XDP", _one_of("native", "generic"), "native")
-    reply_xdp: str = option("XDP fast path of replies on the backend-facing interfaces (tc takes the rest): "
-                            "auto (where the driver takes it; else tc alone, said in one line), on (deploy "
-                            "fails where it cannot attach), off (tc alone)",
-                            _one_of("auto", "on", "off"), "auto")
-    bgp: Optional[Bgp] = option("announce the VIPs over BGP; absent: routing the VIPs here is someone "
-                                "else's job", _section(Bgp), None)
-    fleet: Optional[Fleet] = option("join a fleet: the same weights on every node, from etcd; absent: "
-                                    "this node decides alone", _section(Fleet), None)
+    reply_xdp: str = option(
+        "XDP fast path of replies on the backend-facing interfaces (tc takes the rest): "
+        "auto (where the driver takes it; else tc alone, said in one line), on (deploy "
+        "fails where it cannot attach), off (tc alone)",
+        _one_of("auto", "on", "off"),
+        "auto",
+    )
+    bgp: Optional[Bgp] = option(
+        "announce the VIPs over BGP; absent: routing the VIPs here is someone else's job", _section(Bgp), None
+    )
+    fleet: Optional[Fleet] = option(
+        "join a fleet: the same weights on every node, from etcd; absent: this node decides alone",
+        _section(Fleet),
+        None,
+    )
 
     def _validate(self, path: str) -> None:
         # The API can reconfigure the router: over TCP, only clients with a certificate get in.
         if self.api_listen and self.api_tls is None:
-            raise ConfigError(f"{_join(path, 'api_listen')}: TCP is served only with mutual TLS; "
-                              f"set {_join(path, 'api_tls')} (cert, key, client_ca)")
+            raise ConfigError(
+                f"{_join(path, 'api_listen')}: TCP is served only with mutual TLS; "
+                f"set {_join(path, 'api_tls')} (cert, key, client_ca)"
+            )
         if self.api_tls and not self.api_listen:
-            raise ConfigError(f"{_join(path, 'api_tls')}: set, but {_join(path, 'api_listen')} is not "
-                              "(TLS is for the TCP listener; the unix socket needs none)")
+            raise ConfigError(
+                f"{_join(path, 'api_tls')}: set, but {_join(path, 'api_listen')} is not "
+                "(TLS is for the TCP listener; the unix socket needs none)"
+            )
 
 
 @dataclass(frozen=True)

@@ -12,19 +12,26 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-KEYS = ("added_services", "removed_services", "updated_services", "added_backends", "removed_backends",
-        "weights")
+KEYS = ("added_services", "removed_services", "updated_services", "added_backends", "removed_backends", "weights")
 
 
 def shape_of_config(cfg) -> dict[str, dict]:
     """The comparable shape of a Config."""
     out = {}
     for s in cfg.services:
-        settings = {"existing_flows": s.existing_flows, "health": asdict(s.health) if s.health else None,
-                    "weights": asdict(s.weights)}
-        out[s.name] = {"vip": f"{s.vip}:{s.port}/{s.protocol}", "settings": settings,
-                       "backends": {b.name: {"address": f"{b.address}:{b.port}", "weight": b.weight,
-                                             "standby": b.standby} for b in s.backends}}
+        settings = {
+            "existing_flows": s.existing_flows,
+            "health": asdict(s.health) if s.health else None,
+            "weights": asdict(s.weights),
+        }
+        out[s.name] = {
+            "vip": f"{s.vip}:{s.port}/{s.protocol}",
+            "settings": settings,
+            "backends": {
+                b.name: {"address": f"{b.address}:{b.port}", "weight": b.weight, "standby": b.standby}
+                for b in s.backends
+            },
+        }
     return out
 
 
@@ -38,11 +45,18 @@ def shape_of_status(snaps: list[dict]) -> dict[str, dict]:
     out = {}
     for snap in snaps:
         for s in snap["services"]:
-            out[s["name"]] = {"vip": f"{s['vip']}:{s['port']}/{s['protocol']}",
-                              "settings": {"existing_flows": s["existing_flows"]},
-                              "backends": {b["name"]: {"address": f"{b['address']}:{b['port']}",
-                                                       "weight": _configured_weight(b), "standby": b["standby"]}
-                                           for b in s["backends"]}}
+            out[s["name"]] = {
+                "vip": f"{s['vip']}:{s['port']}/{s['protocol']}",
+                "settings": {"existing_flows": s["existing_flows"]},
+                "backends": {
+                    b["name"]: {
+                        "address": f"{b['address']}:{b['port']}",
+                        "weight": _configured_weight(b),
+                        "standby": b["standby"],
+                    }
+                    for b in s["backends"]
+                },
+            }
     return out
 
 
@@ -87,9 +101,14 @@ def changed(d: dict[str, list[str]]) -> bool:
     return any(d.values())
 
 
-LABELS = (("added_services", "services added"), ("removed_services", "services removed"),
-          ("updated_services", "services changed"), ("added_backends", "backends added"),
-          ("removed_backends", "backends removed"), ("weights", "weights"))
+LABELS = (
+    ("added_services", "services added"),
+    ("removed_services", "services removed"),
+    ("updated_services", "services changed"),
+    ("added_backends", "backends added"),
+    ("removed_backends", "backends removed"),
+    ("weights", "weights"),
+)
 
 
 def describe(d: dict[str, list[str]]) -> list[str]:

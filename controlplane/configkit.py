@@ -145,8 +145,7 @@ def _name(value: Any, path: str) -> str:
     name = _string(value, path)
     if not _NAME.fullmatch(name):
         raise ConfigError(
-            f"{path}: {_show(name)} is not a name "
-            "(1 to 31 of a-z 0-9 _ . -, starting with a letter or digit)"
+            f"{path}: {_show(name)} is not a name (1 to 31 of a-z 0-9 _ . -, starting with a letter or digit)"
         )
     return name
 
@@ -371,8 +370,10 @@ def _longer_than_interval(section: Any, path: str, key: str) -> None:
 def _dns_name(value: Any, path: str) -> str:
     name = _string(value, path)
     labels = name.rstrip(".").split(".")
-    if not (0 < len(name) <= 253 and all(re.fullmatch(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?", x)
-                                         for x in labels)):
+    if not (
+        0 < len(name) <= 253
+        and all(re.fullmatch(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?", x) for x in labels)
+    ):
         raise ConfigError(f"{path}: {_show(name)} is not a DNS name")
     return name
 

@@ -71,9 +71,7 @@ def adopted(maps: Maps, cfg: Config) -> Config:
     services = []
     for s in cfg.services:
         now = deployed.get(s.name, {})
-        backends = tuple(
-            replace(b, weight=now[b.name]) if b.name in now and b.weight != 0 else b for b in s.backends
-        )
+        backends = tuple(replace(b, weight=now[b.name]) if b.name in now and b.weight != 0 else b for b in s.backends)
         services.append(replace(s, backends=backends))
     return replace(cfg, services=tuple(services))
 
@@ -84,8 +82,9 @@ def params_of(cfg: Config) -> loader.Params:
 
 def open_maps(loaded: loader.Loaded) -> Maps:
     """Maps over a compiled instance, sized by its node record when it has one."""
-    return Maps.sized_by_node(loaded.tables(), loaded.map_fd(abi.MAP_MAGLEV), loaded.params.maglev_m,
-                              loaded.params.max_services)
+    return Maps.sized_by_node(
+        loaded.tables(), loaded.map_fd(abi.MAP_MAGLEV), loaded.params.maglev_m, loaded.params.max_services
+    )
 
 
 def backend_routes(cfg: Config) -> dict:
@@ -113,9 +112,7 @@ def _check_sizes(maps: Maps, cfg: Config) -> None:
     for key in ("maglev_m", "max_services", "max_backends", "ct_size"):
         want, have = getattr(cfg.node, key), node[key]
         if want != have:
-            raise ConfigError(
-                f"node.{key}: {want} differs from the deployed {have}; undeploy first to resize the maps"
-            )
+            raise ConfigError(f"node.{key}: {want} differs from the deployed {have}; undeploy first to resize the maps")
 
 
 def make_pin_path(pin_path: Path, undo: loader.Undo) -> None:
@@ -167,9 +164,15 @@ class _Loaded:
     reply: object | None
 
 
-def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: bool = False,
-           hold: bool = False, amend: Callable[[Maps, Config], Config] | None = None,
-           lock: NodeLock | None = None) -> DeployResult:
+def deploy(
+    cfg: Config,
+    iface: str,
+    progress: Progress = quiet,
+    adopt_weights: bool = False,
+    hold: bool = False,
+    amend: Callable[[Maps, Config], Config] | None = None,
+    lock: NodeLock | None = None,
+) -> DeployResult:
     """Loads, attaches and programs the data path on iface, or changes nothing. Refused
     while edged (or another deploy) owns the router; lock: the caller's own owner NodeLock,
     held together with the write lock (edged), else both are taken here.
@@ -191,8 +194,14 @@ def deploy(cfg: Config, iface: str, progress: Progress = quiet, adopt_weights: b
             raise
 
 
-def _deploy(cfg: Config, iface: str, progress: Progress, adopt_weights: bool, hold: bool,
-            amend: Callable[[Maps, Config], Config] | None) -> DeployResult:
+def _deploy(
+    cfg: Config,
+    iface: str,
+    progress: Progress,
+    adopt_weights: bool,
+    hold: bool,
+    amend: Callable[[Maps, Config], Config] | None,
+) -> DeployResult:
     t = _target(cfg, iface)
     undo = loader.Undo()
     got = None
@@ -230,15 +239,21 @@ def _target(cfg: Config, iface: str) -> _Target:
     routes = backend_routes(cfg)
     return_oifs = list(dict.fromkeys(routes.values()))
     if len(return_oifs) > abi.MAX_RETURN_IFACES:
-        raise ConfigError(f"services: backends sit behind {len(return_oifs)} interfaces; at most {abi.MAX_RETURN_IFACES}")
+        raise ConfigError(
+            f"services: backends sit behind {len(return_oifs)} interfaces; at most {abi.MAX_RETURN_IFACES}"
+        )
     current = loader.xdp_state(ingress)
     if current and current.name == abi.PROG_REPLY:  # removing it would break the router it serves
-        raise LoaderError(f"{iface} is a backend-facing interface of the router deployed here (it runs its "
-                          f"reply path, {abi.PROG_REPLY}); deploy on the client-facing interface "
-                          f"('edgectl status' names it), and leave {iface} as it is")
+        raise LoaderError(
+            f"{iface} is a backend-facing interface of the router deployed here (it runs its "
+            f"reply path, {abi.PROG_REPLY}); deploy on the client-facing interface "
+            f"('edgectl status' names it), and leave {iface} as it is"
+        )
     if current and current.name != abi.PROG_INGRESS:
-        raise LoaderError(f"{iface} already runs XDP program '{current.name}' (id {current.prog_id}), "
-                          f"which is not the router's; remove it first ('ip link set dev {iface} xdp off')")
+        raise LoaderError(
+            f"{iface} already runs XDP program '{current.name}' (id {current.prog_id}), "
+            f"which is not the router's; remove it first ('ip link set dev {iface} xdp off')"
+        )
     instance = loader.instance_name(iface)
     pin_path = loader.instance_dir(pin_dir, instance)
     other = loader.other_abi_pins(pin_dir, instance)
@@ -253,7 +268,9 @@ def _target(cfg: Config, iface: str) -> _Target:
     if not pin_path.exists() and (misfit := sizing.misfit(cfg.node, loader.mem_available())):
         raise ConfigError(misfit)  # an update's maps are in memory already
     if current is not None and not pin_path.exists():
-        raise LoaderError(f"{iface} runs {abi.PROG_INGRESS} but {pin_path} has no pins; run 'edgectl undeploy --iface {iface}' first")
+        raise LoaderError(
+            f"{iface} runs {abi.PROG_INGRESS} but {pin_path} has no pins; run 'edgectl undeploy --iface {iface}' first"
+        )
     return _Target(iface, ingress, instance, pin_path, current is not None, routes, return_oifs)
 
 
@@ -261,8 +278,10 @@ def _load(cfg: Config, t: _Target, undo: loader.Undo, progress: Progress) -> _Lo
     """Compiles the data path (pinning its maps at t.pin_path) and loads its programs."""
     with uninterrupted():
         make_pin_path(t.pin_path, undo)
-    progress(f"compiling the data path (M={cfg.node.maglev_m}, {cfg.node.max_services} services, "
-             f"{cfg.node.max_backends} backends)")
+    progress(
+        f"compiling the data path (M={cfg.node.maglev_m}, {cfg.node.max_services} services, "
+        f"{cfg.node.max_backends} backends)"
+    )
     loaded = loader.compile_datapath(t.pin_path, params_of(cfg))
     try:
         maps = open_maps(loaded)
@@ -286,26 +305,31 @@ def _amended(cfg: Config, t: _Target, maps: Maps, amend) -> Config:
     return applied
 
 
-def _attach(cfg: Config, t: _Target, got: _Loaded, old_node: dict | None, undo: loader.Undo,
-            progress: Progress, report) -> DeployResult:
+def _attach(
+    cfg: Config, t: _Target, got: _Loaded, old_node: dict | None, undo: loader.Undo, progress: Progress, report
+) -> DeployResult:
     """Forwarding, the return path, the replies' fast path and the ingress program, then the
     node record saying what was made (for undeploy)."""
     forward_was = _forwarding(old_node, undo, progress)
     added = _return_path(t, got.tc, old_node, undo)
     names = tuple(loader.ifname(i) for i in t.return_oifs)
     progress(f"return path on {', '.join(names)}")
-    replies = attach_replies(t.return_oifs, t.ingress, got.reply, cfg.node.xdp_mode, cfg.node.reply_xdp,
-                             undo, progress)
+    replies = attach_replies(t.return_oifs, t.ingress, got.reply, cfg.node.xdp_mode, cfg.node.reply_xdp, undo, progress)
     mode = cfg.node.xdp_mode
     with uninterrupted():
         flags = loader.attach_xdp(t.iface, got.xdp, mode, replace=t.updating)
         if not t.updating:
             undo.push(f"detach XDP from {t.iface}", lambda: loader.detach_xdp(t.iface, flags))
     got.maps.write_node(
-        maglev_m=cfg.node.maglev_m, max_services=cfg.node.max_services,
-        max_backends=cfg.node.max_backends, ct_size=cfg.node.ct_size,
-        ingress_ifindex=t.ingress, xdp_flags=flags, ip_forward_was=forward_was,
-        return_ifindex=list(added), return_clsact_added=list(added.values()),
+        maglev_m=cfg.node.maglev_m,
+        max_services=cfg.node.max_services,
+        max_backends=cfg.node.max_backends,
+        ct_size=cfg.node.ct_size,
+        ingress_ifindex=t.ingress,
+        xdp_flags=flags,
+        ip_forward_was=forward_was,
+        return_ifindex=list(added),
+        return_clsact_added=list(added.values()),
     )
     return DeployResult(t.iface, t.instance, t.pin_path, mode, t.updating, names, report, reply_ifindex=replies)
 
@@ -342,8 +366,9 @@ def _return_path(t: _Target, tc_fn, old_node: dict | None, undo: loader.Undo) ->
     return added
 
 
-def attach_replies(return_oifs: list[int], ingress: int, fn, xdp_mode: str, want: str,
-                   undo: loader.Undo, progress: Progress) -> tuple[int, ...]:
+def attach_replies(
+    return_oifs: list[int], ingress: int, fn, xdp_mode: str, want: str, undo: loader.Undo, progress: Progress
+) -> tuple[int, ...]:
     """Puts the XDP fast path of replies (edge_reply) on every return interface, or replaces
     ours there; returns where it runs. want "off" (fn None) removes ours; "auto" leaves an
     interface to tc alone when its driver refuses (one progress line), "on" fails the deploy.
@@ -359,8 +384,10 @@ def attach_replies(return_oifs: list[int], ingress: int, fn, xdp_mode: str, want
         if idx == ingress or (current is not None and current.name != abi.PROG_REPLY):
             holder = abi.PROG_INGRESS if idx == ingress else f"'{current.name}'"
             if want == "on":
-                raise LoaderError(f"node.reply_xdp: on, but {name} runs XDP program {holder}; "
-                                  f"set node.reply_xdp: auto to leave its replies to tc")
+                raise LoaderError(
+                    f"node.reply_xdp: on, but {name} runs XDP program {holder}; "
+                    f"set node.reply_xdp: auto to leave its replies to tc"
+                )
             progress(f"replies on {name} stay with tc: XDP program {holder} holds its hook")
             continue
         try:
@@ -544,8 +571,9 @@ def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False
     return out
 
 
-def describe(maps: Maps, instance: str, pin_path: Path, count_conntrack: bool = False,
-             deadline_ns: int | None = None) -> dict:
+def describe(
+    maps: Maps, instance: str, pin_path: Path, count_conntrack: bool = False, deadline_ns: int | None = None
+) -> dict:
     """One instance as `edgectl status --json` shows it: the maps' snapshot plus
     what is attached where. deadline_ns: see Maps.snapshot."""
     snap = maps.snapshot(count_conntrack, deadline_ns)
@@ -554,12 +582,17 @@ def describe(maps: Maps, instance: str, pin_path: Path, count_conntrack: bool = 
     snap["pin_path"] = str(pin_path)
     snap["iface"] = loader.ifname(node["ingress_ifindex"]) if node["ingress_ifindex"] else None
     xdp = loader.xdp_state(node["ingress_ifindex"]) if node["ingress_ifindex"] else None
-    snap["xdp"] = {"attached": bool(xdp and xdp.name == abi.PROG_INGRESS),
-                   "mode": xdp.mode if xdp else None, "prog_id": xdp.prog_id if xdp else None}
+    snap["xdp"] = {
+        "attached": bool(xdp and xdp.name == abi.PROG_INGRESS),
+        "mode": xdp.mode if xdp else None,
+        "prog_id": xdp.prog_id if xdp else None,
+    }
     snap["return_ifaces"] = [loader.ifname(i) for i in node["return_ifindex"]]
-    snap["reply_xdp_ifaces"] = [loader.ifname(i) for i in node["return_ifindex"]
-                                if (x := loader.xdp_state(i)) is not None and x.name == abi.PROG_REPLY]
+    snap["reply_xdp_ifaces"] = [
+        loader.ifname(i)
+        for i in node["return_ifindex"]
+        if (x := loader.xdp_state(i)) is not None and x.name == abi.PROG_REPLY
+    ]
     since = node_drain(instance)
     snap["node_drained"], snap["node_drained_t"] = since is not None, since
     return snap
-

@@ -51,8 +51,10 @@ class Plan:
     recycled: bool  # a new id is one this change frees: removals must be written first
 
     def ids(self, cfg: Config) -> dict[str, tuple[int, dict[str, int]]]:
-        return {s.name: (self.svc_ids[s.name], {b.name: self.be_ids[(s.name, b.name)] for b in s.backends})
-                for s in cfg.services}
+        return {
+            s.name: (self.svc_ids[s.name], {b.name: self.be_ids[(s.name, b.name)] for b in s.backends})
+            for s in cfg.services
+        }
 
 
 class _Ids:
@@ -69,8 +71,9 @@ class _Ids:
         if self.freed:
             self.recycled = True
             return self.freed.pop(0)
-        raise MapError(f"{self.what}: {need} needed, the maps hold {self.limit} "
-                       f"(node.max_{self.what}); nothing was changed")
+        raise MapError(
+            f"{self.what}: {need} needed, the maps hold {self.limit} (node.max_{self.what}); nothing was changed"
+        )
 
 
 def plan(deployed: Deployed, cfg: Config, max_services: int, max_backends: int) -> Plan:
@@ -79,20 +82,33 @@ def plan(deployed: Deployed, cfg: Config, max_services: int, max_backends: int) 
     svc = _service_ids(deployed, cfg, max_services)
     be = _backend_ids(deployed, cfg, svc, max_backends, n_backends)
     health = _health_ids(deployed, cfg, max_backends)
-    return Plan(svc.ids, be.ids, health.ids, svc.new, be.new, be.moved, health.new,
-                svc.removed, be.removed, svc.renamed,
-                recycled=svc.recycled or be.recycled or health.recycled)
+    return Plan(
+        svc.ids,
+        be.ids,
+        health.ids,
+        svc.new,
+        be.new,
+        be.moved,
+        health.new,
+        svc.removed,
+        be.removed,
+        svc.renamed,
+        recycled=svc.recycled or be.recycled or health.recycled,
+    )
 
 
 def _check_fits(cfg: Config, max_services: int, max_backends: int) -> int:
     """The number of cfg's backends; MapError if cfg has more services or backends than the maps hold."""
     if len(cfg.services) > max_services:
-        raise MapError(f"services: {len(cfg.services)} needed, the maps hold {max_services} "
-                       f"(node.max_services); nothing was changed")
+        raise MapError(
+            f"services: {len(cfg.services)} needed, the maps hold {max_services} "
+            f"(node.max_services); nothing was changed"
+        )
     n_backends = sum(len(s.backends) for s in cfg.services)
     if n_backends > max_backends:
-        raise MapError(f"backends: {n_backends} needed, the maps hold {max_backends} "
-                       f"(node.max_backends); nothing was changed")
+        raise MapError(
+            f"backends: {n_backends} needed, the maps hold {max_backends} (node.max_backends); nothing was changed"
+        )
     for s in cfg.services:
         if len(s.backends) > MAX_PER_SERVICE:
             raise MapError(f"{s.name}: {len(s.backends)} backends, at most {MAX_PER_SERVICE} in one service")
@@ -136,8 +152,9 @@ def _service_ids(deployed: Deployed, cfg: Config, max_services: int) -> _Part:
     return _Part(svc_ids, new_services, ids.recycled, removed, renamed)
 
 
-def _kept_backend_ids(s: Service, old: Mapping[str, tuple[int, Endpoint]],
-                      be_ids: dict[tuple[str, str], int], moved: list[int]) -> None:
+def _kept_backend_ids(
+    s: Service, old: Mapping[str, tuple[int, Endpoint]], be_ids: dict[tuple[str, str], int], moved: list[int]
+) -> None:
     """Into be_ids, the ids service s's backends keep from old: by name, then by endpoint (a rename
     keeps the endpoint under a name the service no longer has). A kept id whose endpoint changed
     goes into moved."""
@@ -204,14 +221,17 @@ def kept_part(deployed: Deployed, cfg: Config, p: Plan) -> Config:
             continue
         backends = tuple(b for b in s.backends if (s.name, b.name) not in p.new_backends)
         if not any(not b.standby for b in backends):
-            raise MapError(f"{s.name}: every primary backend is replaced while the maps are full "
-                           f"(node.max_backends); replace them in two steps or raise node.max_backends; "
-                           f"nothing was changed")
+            raise MapError(
+                f"{s.name}: every primary backend is replaced while the maps are full "
+                f"(node.max_backends); replace them in two steps or raise node.max_backends; "
+                f"nothing was changed"
+            )
         services.append(replace(s, backends=backends))
     return replace(cfg, services=tuple(services))
 
 
 # ---------------------------------------------------------------- edged: what drains out
+
 
 @dataclass
 class Leaving:
@@ -242,8 +262,9 @@ def renames(old: Config, new: Config) -> dict[str, str]:
     return out
 
 
-def leaving_after(old: Config, new: Config, leaving: Mapping[tuple[str, str], Leaving],
-                  now_ns: int) -> dict[tuple[str, str], Leaving]:
+def leaving_after(
+    old: Config, new: Config, leaving: Mapping[tuple[str, str], Leaving], now_ns: int
+) -> dict[tuple[str, str], Leaving]:
     """What drains out after a reload from old to new: backends of old that new has not
     (by name, or by endpoint in the same service), plus what was draining already and
     is still not back. A service renamed on its VIP is the same service."""
@@ -260,8 +281,9 @@ def leaving_after(old: Config, new: Config, leaving: Mapping[tuple[str, str], Le
         kept = new_by_name.get(target)
         for b in s.backends:
             key = (target, b.name)
-            if kept is not None and any(nb.name == b.name or (nb.address, nb.port) == (b.address, b.port)
-                                        for nb in kept.backends):
+            if kept is not None and any(
+                nb.name == b.name or (nb.address, nb.port) == (b.address, b.port) for nb in kept.backends
+            ):
                 out.pop(key, None)
                 continue
             if key not in out:
@@ -273,16 +295,18 @@ def leaving_after(old: Config, new: Config, leaving: Mapping[tuple[str, str], Le
     return out
 
 
-def fit(cfg: Config, leaving: Mapping[tuple[str, str], Leaving]
-        ) -> tuple[Config, dict[tuple[str, str], Leaving], list[tuple[str, str]]]:
+def fit(
+    cfg: Config, leaving: Mapping[tuple[str, str], Leaving]
+) -> tuple[Config, dict[tuple[str, str], Leaving], list[tuple[str, str]]]:
     """with_leaving within cfg's node sizes: (the config to apply, what of leaving stays,
     the keys that cannot)."""
     applied, dropped = with_leaving(cfg, leaving, cfg.node.max_services, cfg.node.max_backends)
     return applied, {k: v for k, v in leaving.items() if k not in dropped}, dropped
 
 
-def with_leaving(cfg: Config, leaving: Mapping[tuple[str, str], Leaving], max_services: int,
-                 max_backends: int) -> tuple[Config, list[tuple[str, str]]]:
+def with_leaving(
+    cfg: Config, leaving: Mapping[tuple[str, str], Leaving], max_services: int, max_backends: int
+) -> tuple[Config, list[tuple[str, str]]]:
     """cfg plus what drains out, each at weight 0, and the keys that cannot stay: their
     endpoint or VIP now belongs to a configured service (replies can name one VIP
     only), or the maps have no room left for them (the config comes first)."""
@@ -292,8 +316,9 @@ def with_leaving(cfg: Config, leaving: Mapping[tuple[str, str], Leaving], max_se
     vips = {s.key for s in cfg.services}
     room = max_backends - sum(len(s.backends) for s in cfg.services)
     dropped = []
-    for (sname, bname), gone in sorted(leaving.items(), key=lambda kv: (kv[1].deadline_ns is None,
-                                                                         kv[1].deadline_ns or 0, kv[0])):
+    for (sname, bname), gone in sorted(
+        leaving.items(), key=lambda kv: (kv[1].deadline_ns is None, kv[1].deadline_ns or 0, kv[0])
+    ):
         b = replace(gone.backend, weight=0, standby=False)
         s = services.get(sname) or gone.service
         ep = (b.address, b.port, s.protocol)
@@ -315,8 +340,12 @@ def with_leaving(cfg: Config, leaving: Mapping[tuple[str, str], Leaving], max_se
     return replace(cfg, services=tuple(services[n] for n in order)), sorted(dropped)
 
 
-def retire(leaving: Mapping[tuple[str, str], Leaving], packets: Mapping[tuple[str, str], Optional[int]],
-           now_ns: int, idle_ns: int) -> list[tuple[tuple[str, str], str]]:
+def retire(
+    leaving: Mapping[tuple[str, str], Leaving],
+    packets: Mapping[tuple[str, str], Optional[int]],
+    now_ns: int,
+    idle_ns: int,
+) -> list[tuple[tuple[str, str], str]]:
     """Which leaving backends are done, and why: gone from the maps, drain timeout passed,
     or no packet for idle_ns. packets: each key's packet count now (None: not deployed).
     Updates each Leaving's packet count and quiet time."""

@@ -46,18 +46,24 @@ from controlplane.netlink import (  # noqa: F401  (re-exported)
 from controlplane.undo import Undo  # noqa: F401  (re-exported: deploy.py names loader.Undo)
 
 # Every program of the data path and its kind (abi.py names them).
-PROGRAMS = {abi.PROG_INGRESS: "xdp", abi.PROG_RETURN: "tc", abi.PROG_REPLY: "xdp",
-            abi.PROG_INGRESS_SLOW: "xdp", abi.PROG_INGRESS_SCAN: "xdp"}
+PROGRAMS = {
+    abi.PROG_INGRESS: "xdp",
+    abi.PROG_RETURN: "tc",
+    abi.PROG_REPLY: "xdp",
+    abi.PROG_INGRESS_SLOW: "xdp",
+    abi.PROG_INGRESS_SCAN: "xdp",
+}
 # Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
-TAILS = {abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW, abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN,
-         abi.TAIL_SCAN_MORE: abi.PROG_INGRESS_SCAN}
+TAILS = {
+    abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW,
+    abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN,
+    abi.TAIL_SCAN_MORE: abi.PROG_INGRESS_SCAN,
+}
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1
 XDP_FLAGS_DRV_MODE = 1 << 2
 XDP_MODES = {"native": XDP_FLAGS_DRV_MODE, "generic": XDP_FLAGS_SKB_MODE}
-
-
 
 
 _NODE = Node()  # the defaults are declared once, in config.Node
@@ -84,6 +90,7 @@ class Params:
 
 
 # ---------------------------------------------------------------- bpffs, pins
+
 
 def _mount_fstype(path: Path) -> tuple[str, str]:
     """(mount point, fs type) of the mount holding path, for this process."""
@@ -117,7 +124,7 @@ def check_pin_dir(pin_dir: str, pin_path: Path) -> None:
     sticky (bpffs is often mounted 1777, like /tmp)."""
     base = Path(pin_dir)
     rel = pin_path.relative_to(base).parts
-    chain = [base, *(base.joinpath(*rel[:i + 1]) for i in range(len(rel)))]
+    chain = [base, *(base.joinpath(*rel[: i + 1]) for i in range(len(rel)))]
     for d in [*reversed(base.parents), *chain]:
         try:
             st = os.lstat(d)
@@ -131,8 +138,7 @@ def check_pin_dir(pin_dir: str, pin_path: Path) -> None:
         loose = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         if loose and (d in chain or not st.st_mode & stat.S_ISVTX):
             who = "others" if st.st_mode & stat.S_IWOTH else "its group"
-            raise LoaderError(f"{where} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); "
-                              f"chmod go-w it")
+            raise LoaderError(f"{where} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); chmod go-w it")
 
 
 def netns_id() -> int:
@@ -163,8 +169,7 @@ def other_abi_pins(pin_dir: str, instance: str) -> list[Path]:
     base = Path(pin_dir)
     if not base.is_dir():
         return []
-    return sorted(p / instance for p in base.glob("v*")
-                  if p.name != f"v{abi.ABI_VERSION}" and (p / instance).is_dir())
+    return sorted(p / instance for p in base.glob("v*") if p.name != f"v{abi.ABI_VERSION}" and (p / instance).is_dir())
 
 
 def other_abi_here(pin_dir: str) -> list[Path]:
@@ -172,8 +177,13 @@ def other_abi_here(pin_dir: str) -> list[Path]:
     base, suffix = Path(pin_dir), f"-{netns_id()}"
     if not base.is_dir():
         return []
-    return sorted(p for v in base.glob("v*") if v.name != f"v{abi.ABI_VERSION}" and v.is_dir()
-                  for p in v.iterdir() if p.name.endswith(suffix))
+    return sorted(
+        p
+        for v in base.glob("v*")
+        if v.name != f"v{abi.ABI_VERSION}" and v.is_dir()
+        for p in v.iterdir()
+        if p.name.endswith(suffix)
+    )
 
 
 def pin_maps(loaded: "Loaded", pin_path: Path) -> None:
@@ -203,6 +213,7 @@ def remove_pins(path: Path) -> None:
 
 
 # ---------------------------------------------------------------- compile
+
 
 @contextlib.contextmanager
 def _captured_stderr(fds: tuple[int, ...] = (2,)) -> Iterator[Callable[[], str]]:
@@ -235,8 +246,12 @@ def _first_error(log: str) -> str:
     return lines[-1] if lines else "no details"
 
 
-_NO_HEADERS = ("Unable to find kernel headers", "chdir(", "linux/kconfig.h' file not found",
-               "asm/types.h' file not found")
+_NO_HEADERS = (
+    "Unable to find kernel headers",
+    "chdir(",
+    "linux/kconfig.h' file not found",
+    "asm/types.h' file not found",
+)
 
 
 def _compile_failure(log: str, e: Exception) -> str:
@@ -245,8 +260,10 @@ def _compile_failure(log: str, e: Exception) -> str:
     first = _first_error(log) if log.strip() else str(e)
     if any(sign in log or sign in str(e) for sign in _NO_HEADERS):
         detail = next((ln.strip() for ln in log.splitlines() if "chdir(" in ln or "file not found" in ln), first)
-        return (f"cannot compile the data path for kernel {release}: its kernel headers are missing "
-                f"({detail}); install them (tools/bootstrap links Debian's) and start edged again")
+        return (
+            f"cannot compile the data path for kernel {release}: its kernel headers are missing "
+            f"({detail}); install them (tools/bootstrap links Debian's) and start edged again"
+        )
     return f"cannot compile the data path for kernel {release}: {first}"
 
 
@@ -408,6 +425,7 @@ class Table:
         global _lookup_elem
         if _lookup_elem is None:
             from bcc import libbcc
+
             _lookup_elem = libbcc.lib.bpf_lookup_elem
         rc = _lookup_elem(self._t.map_fd, ctypes.byref(key), ctypes.c_void_p(address))
         if rc < 0:
@@ -523,13 +541,21 @@ BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
 class _TestRunAttr(ctypes.Structure):
     # the BPF_PROG_TEST_RUN member of union bpf_attr (uapi/linux/bpf.h)
     _fields_ = [
-        ("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
-        ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
-        ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
-        ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
-        ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
-        ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
-        ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32), ("batch_size", ctypes.c_uint32),
+        ("prog_fd", ctypes.c_uint32),
+        ("retval", ctypes.c_uint32),
+        ("data_size_in", ctypes.c_uint32),
+        ("data_size_out", ctypes.c_uint32),
+        ("data_in", ctypes.c_uint64),
+        ("data_out", ctypes.c_uint64),
+        ("repeat", ctypes.c_uint32),
+        ("duration", ctypes.c_uint32),
+        ("ctx_size_in", ctypes.c_uint32),
+        ("ctx_size_out", ctypes.c_uint32),
+        ("ctx_in", ctypes.c_uint64),
+        ("ctx_out", ctypes.c_uint64),
+        ("flags", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("batch_size", ctypes.c_uint32),
         ("_pad", ctypes.c_uint32 * 5),
     ]
 
@@ -541,18 +567,25 @@ class TestRun:
     data_out: bytes
 
 
-def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, ctx: bytes | None = None,
-                  flags: int = 0, batch_size: int = 0) -> TestRun:
+def prog_test_run(
+    prog_fd: int, data: bytes, repeat: int = 1, ctx: bytes | None = None, flags: int = 0, batch_size: int = 0
+) -> TestRun:
     """Runs a loaded program on data through BPF_PROG_TEST_RUN."""
     data_in = ctypes.create_string_buffer(data, len(data))
     live = bool(flags & BPF_F_TEST_XDP_LIVE_FRAMES)
     data_out = ctypes.create_string_buffer(len(data) + 256)
     ctx_in = ctypes.create_string_buffer(ctx, len(ctx)) if ctx else None
     attr = _TestRunAttr(
-        prog_fd=prog_fd, data_size_in=len(data), data_in=ctypes.addressof(data_in),
-        data_size_out=0 if live else len(data_out), data_out=0 if live else ctypes.addressof(data_out),
-        repeat=repeat, flags=flags, batch_size=batch_size,
-        ctx_size_in=len(ctx) if ctx else 0, ctx_in=ctypes.addressof(ctx_in) if ctx_in else 0,
+        prog_fd=prog_fd,
+        data_size_in=len(data),
+        data_in=ctypes.addressof(data_in),
+        data_size_out=0 if live else len(data_out),
+        data_out=0 if live else ctypes.addressof(data_out),
+        repeat=repeat,
+        flags=flags,
+        batch_size=batch_size,
+        ctx_size_in=len(ctx) if ctx else 0,
+        ctx_in=ctypes.addressof(ctx_in) if ctx_in else 0,
     )
     _sys_bpf(_BPF_PROG_TEST_RUN, ctypes.byref(attr), ctypes.sizeof(attr), "BPF_PROG_TEST_RUN")
     return TestRun(attr.retval, attr.duration, data_out.raw[: attr.data_size_out])
@@ -627,6 +660,7 @@ def _sys_bpf(cmd: int, attr, size: int, what: str) -> int:
 
 
 # ---------------------------------------------------------------- XDP attach (bcc)
+
 
 def attach_xdp(iface: str, fn, mode: str, replace: bool) -> int:
     """Attaches (or atomically replaces) the ingress program; returns flags."""

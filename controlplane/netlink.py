@@ -134,15 +134,19 @@ def xdp_state(index: int) -> XdpState | None:
         return None
     attached = xdp.get_attr("IFLA_XDP_ATTACHED")
     # pyroute2 decodes the attach mode to a name; older versions give the number
-    mode = {1: "native", 2: "generic", 3: "offload", "xdp": "native",
-            "xdpgeneric": "generic", "xdpoffload": "offload"}.get(attached, "multi")
+    mode = {
+        1: "native",
+        2: "generic",
+        3: "offload",
+        "xdp": "native",
+        "xdpgeneric": "generic",
+        "xdpoffload": "offload",
+    }.get(attached, "multi")
     return XdpState(prog_id, prog_name(prog_id), mode)
 
 
 def prog_name(prog_id: int) -> str:
-    out = subprocess.run(
-        ["bpftool", "-j", "prog", "show", "id", str(prog_id)], capture_output=True, text=True
-    )
+    out = subprocess.run(["bpftool", "-j", "prog", "show", "id", str(prog_id)], capture_output=True, text=True)
     if out.returncode != 0:
         return "?"
     return json.loads(out.stdout).get("name", "?")
@@ -180,8 +184,16 @@ def attach_tc(index: int, fn, undo) -> bool:
                 undo.push(f"remove clsact from ifindex {index}", lambda: _del_clsact(index))
             had = return_filter(index) is not None
             ipr.tc(
-                "replace-filter", "bpf", index, TC_HANDLE, fd=fn.fd, name=fn.name,
-                parent=TC_INGRESS_PARENT, prio=TC_PRIO, classid=1, direct_action=True,
+                "replace-filter",
+                "bpf",
+                index,
+                TC_HANDLE,
+                fd=fn.fd,
+                name=fn.name,
+                parent=TC_INGRESS_PARENT,
+                prio=TC_PRIO,
+                classid=1,
+                direct_action=True,
             )
             if not had:
                 undo.push(f"remove return filter from ifindex {index}", lambda: detach_tc(index))
@@ -226,4 +238,3 @@ def ip_forward() -> int:
 
 def set_ip_forward(value: int) -> None:
     IP_FORWARD.write_text(f"{value}\n")
-

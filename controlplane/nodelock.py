@@ -81,10 +81,13 @@ class NodeLock:
 
     def _refusal(self, who: str) -> str:
         if self.kind == "owner":
-            return (f"{self.iface}: another writer holds this router ({who}); "
-                    f"while edged runs, change it with 'edgectl reload'")
-        return (f"{self.iface}: another writer is changing this router ({who}) "
-                f"and did not finish within {self.wait_s:g} s")
+            return (
+                f"{self.iface}: another writer holds this router ({who}); "
+                f"while edged runs, change it with 'edgectl reload'"
+            )
+        return (
+            f"{self.iface}: another writer is changing this router ({who}) and did not finish within {self.wait_s:g} s"
+        )
 
     def release(self, remove: bool = False) -> None:
         """Lets go; remove: the router is gone, so is its lock file (while still held)."""
@@ -164,6 +167,7 @@ def _cmdline(pid: str) -> str:
 
 
 # ---------------------------------------------------------------- marks
+
 
 def _mark_time(instance: str, suffix: str, key: str) -> float | None:
     """The time (UNIX, under key) a mark file beside the router's locks (<instance>.<suffix>)

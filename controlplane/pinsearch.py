@@ -16,7 +16,7 @@ def pin_dirs_holding(instance: str, max_depth: int = 4) -> list[str]:
     found = set()
     for mnt in _bpffs_mounts():
         for root, dirs, _ in os.walk(mnt):
-            if root[len(mnt):].count("/") >= max_depth:
+            if root[len(mnt) :].count("/") >= max_depth:
                 dirs[:] = []
                 continue
             if any(re.fullmatch(r"v[0-9]+", d) and os.path.isdir(os.path.join(root, d, instance)) for d in dirs):

@@ -112,9 +112,12 @@ def metrics_reference() -> str:
     for spec in METRICS:
         labels = ", ".join(spec.labels) or "-"
         lines.append(f"| `{spec.name}` | {spec.kind} | {labels} | {_cell(spec.doc)} |")
-    lines += ["", "Values of `reason` (`edge_drops_total`): " + ", ".join(f"`{n}`" for n in abi.DROP_NAMES.values()) + ".",
-              "", "Values of `verdict` (`edge_verdicts_total`): " + ", ".join(f"`{n}`" for n in abi.CNT_NAMES.values())
-              + "."]
+    lines += [
+        "",
+        "Values of `reason` (`edge_drops_total`): " + ", ".join(f"`{n}`" for n in abi.DROP_NAMES.values()) + ".",
+        "",
+        "Values of `verdict` (`edge_verdicts_total`): " + ", ".join(f"`{n}`" for n in abi.CNT_NAMES.values()) + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 

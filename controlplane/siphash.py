@@ -40,8 +40,8 @@ def siphash24(key: bytes, message: bytes) -> int:
     k0, k1 = key_words(key)
     v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
     tail = len(message) % 8
-    blocks = [int.from_bytes(message[i:i + 8], "little") for i in range(0, len(message) - tail, 8)]
-    blocks.append(((len(message) & 0xFF) << 56) | int.from_bytes(message[len(message) - tail:], "little"))
+    blocks = [int.from_bytes(message[i : i + 8], "little") for i in range(0, len(message) - tail, 8)]
+    blocks.append(((len(message) & 0xFF) << 56) | int.from_bytes(message[len(message) - tail :], "little"))
     for m in blocks:
         v[3] ^= m
         _rounds(v, 2)

@@ -42,8 +42,13 @@ def print_status(snap: dict) -> None:
         print(f"  node drained{when}: every VIP withdrawn from BGP (edgectl undrain-node to end it)")
     bgp = snap.get("bgp")
     if bgp and (bgp["announced"] or bgp["withdrawn"]):
-        print("  bgp: " + "; ".join([f"announced {', '.join(bgp['announced'])}"] * bool(bgp["announced"])
-                                    + [f"withdrawn {vip} ({why})" for vip, why in sorted(bgp["withdrawn"].items())]))
+        print(
+            "  bgp: "
+            + "; ".join(
+                [f"announced {', '.join(bgp['announced'])}"] * bool(bgp["announced"])
+                + [f"withdrawn {vip} ({why})" for vip, why in sorted(bgp["withdrawn"].items())]
+            )
+        )
     if snap.get("fleet"):
         print("  " + fmt_fleet(snap["fleet"]))
     ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
@@ -51,26 +56,58 @@ def print_status(snap: dict) -> None:
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
     print("  drops:    " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["drops"].items()))
     for s in snap["services"]:
-        print(f"\n  service {s['name']}  {s['vip']}:{s['port']}/{s['protocol']}  "
-              f"packets {_fmt_count(s['packets'])}  bytes {_fmt_count(s['bytes'])}  "
-              f"new flows {_fmt_count(s['new_flows'])}  returned {_fmt_count(s['return_packets'])}")
+        print(
+            f"\n  service {s['name']}  {s['vip']}:{s['port']}/{s['protocol']}  "
+            f"packets {_fmt_count(s['packets'])}  bytes {_fmt_count(s['bytes'])}  "
+            f"new flows {_fmt_count(s['new_flows'])}  returned {_fmt_count(s['return_packets'])}"
+        )
         if s.get("discovery"):
             print("    " + _fmt_discovery(s["discovery"]))
         total = sum(b["slots"] for b in s["backends"]) or 1
-        rows = [("backend", "address", "weight", "share", "state", "heartbeat", "rtt p50/p99", "load",
-                 "probe", "probe every", "wire hs/fb p50", "active", "packets", "new flows", "failovers", "returned")]
+        rows = [
+            (
+                "backend",
+                "address",
+                "weight",
+                "share",
+                "state",
+                "heartbeat",
+                "rtt p50/p99",
+                "load",
+                "probe",
+                "probe every",
+                "wire hs/fb p50",
+                "active",
+                "packets",
+                "new flows",
+                "failovers",
+                "returned",
+            )
+        ]
         notes = []
         for b in s["backends"]:
             h, p = b["health"], b["probe"]
             age = h["heartbeat_age_s"]
             beat = "-" if not h["heartbeat"] else ("never" if age is None else f"{age * 1000:.0f}ms ago")
-            rows.append((
-                b["name"] + (" (standby)" if b["standby"] else ""), f"{b['address']}:{b['port']}",
-                str(b["weight"]), f"{100 * b['slots'] / total:.1f}%", b["state"], beat,
-                _fmt_rtt(p), _fmt_load(p), p["state"] or "-", fmt_probe_every(b), *_fmt_wire(b),
-                _fmt_count(b["packets"]), _fmt_count(b["new_flows"]), _fmt_count(b["failovers"]),
-                _fmt_count(b["return_packets"]),
-            ))
+            rows.append(
+                (
+                    b["name"] + (" (standby)" if b["standby"] else ""),
+                    f"{b['address']}:{b['port']}",
+                    str(b["weight"]),
+                    f"{100 * b['slots'] / total:.1f}%",
+                    b["state"],
+                    beat,
+                    _fmt_rtt(p),
+                    _fmt_load(p),
+                    p["state"] or "-",
+                    fmt_probe_every(b),
+                    *_fmt_wire(b),
+                    _fmt_count(b["packets"]),
+                    _fmt_count(b["new_flows"]),
+                    _fmt_count(b["failovers"]),
+                    _fmt_count(b["return_packets"]),
+                )
+            )
             if p["reason"]:
                 notes.append(f"{b['name']}: {p['reason']}")
             notes.extend(f"{b['name']}: {note}" for note in _operator_notes(b, bool(snap.get("fleet"))))
@@ -83,8 +120,11 @@ def print_status(snap: dict) -> None:
 
 def fmt_fleet(f: dict) -> str:
     role = "leader" if f["is_leader"] else f"leader {f['leader'] or '(none)'}"
-    applied = (f"snapshot v{f['version']} applied {f['applied_age_s']:.1f}s ago"
-               if f["version"] else "no snapshot yet (local weights)")
+    applied = (
+        f"snapshot v{f['version']} applied {f['applied_age_s']:.1f}s ago"
+        if f["version"]
+        else "no snapshot yet (local weights)"
+    )
     etcd = "" if f["connected"] else f"; etcd LOST ({f['problem']}): keeping the snapshot, forwarding"
     return f"fleet: {f['name']}, {role}, {applied}{etcd}"
 
@@ -92,8 +132,10 @@ def fmt_fleet(f: dict) -> str:
 def _fmt_discovery(d: dict) -> str:
     """One line: source, state, how old the data is, failures and the last error."""
     age = "no data yet" if d.get("age_s") is None else f"data {d['age_s']:.1f}s old"
-    line = (f"discovery: {d['source']} {d['state']}, {d.get('backends', 0)} backends, {age}, "
-            f"{d.get('failures', 0)} failures, {d.get('changes', 0)} changes")
+    line = (
+        f"discovery: {d['source']} {d['state']}, {d.get('backends', 0)} backends, {age}, "
+        f"{d.get('failures', 0)} failures, {d.get('changes', 0)} changes"
+    )
     return line + (f"; last error: {d['error']}" if d.get("error") else "")
 
 
@@ -112,8 +154,9 @@ def _operator_notes(b: dict, fleet: bool = False) -> list[str]:
     if e.get("fleet_drained"):
         notes.append("drained fleet-wide by an operator (edgectl undrain to end it)")
     if e.get("fleet_override") is not None:
-        notes.append(f"weight pinned at {e['fleet_override']} fleet-wide by an operator "
-                     f"(edgectl weight --clear to end it)")
+        notes.append(
+            f"weight pinned at {e['fleet_override']} fleet-wide by an operator (edgectl weight --clear to end it)"
+        )
     local = " on this node only, so its table differs from the fleet's" if fleet else ""
     flag = " --local" if fleet else ""
     if drained:
@@ -149,6 +192,7 @@ def _fmt_wire(b: dict) -> tuple[str, str]:
 
     def ms(x):
         return "-" if x is None else f"{x * 1000:.2f}" if x < 0.01 else f"{x * 1000:.0f}"
+
     hs, fb = src.get("handshake_p50_s"), src.get("first_byte_p50_s")
     text = "-" if hs is None and fb is None else f"{ms(hs)}/{ms(fb)}ms" + ("*" if src.get("fresh") else "")
     active = w.get("active") if w.get("active") is not None else src.get("active")
@@ -159,7 +203,9 @@ def _fmt_load(p: dict) -> str:
     """Queue (waiting+running) and KV-cache use as the backend last reported them."""
     parts = []
     if p["waiting"] is not None or p["running"] is not None:
-        parts.append(f"q {p['waiting'] if p['waiting'] is not None else '?'}+{p['running'] if p['running'] is not None else '?'}")
+        parts.append(
+            f"q {p['waiting'] if p['waiting'] is not None else '?'}+{p['running'] if p['running'] is not None else '?'}"
+        )
     if p["kv_permille"] is not None:
         parts.append(f"kv {p['kv_permille'] / 10:.0f}%")
     return " ".join(parts) or "-"

@@ -126,12 +126,7 @@ def observe_load(tr: Tracker, l: Load, w: config.Weights) -> None:
     hung_ns = w.hung_ms * _NS_PER_MS
     if l.progress is None or _outstanding(l) <= 0:
         tr.stall_since_ns = None
-    elif (
-        tr.stall_since_ns is None
-        or prev is None
-        or prev.progress != l.progress
-        or l.t_ns - prev.t_ns > hung_ns
-    ):
+    elif tr.stall_since_ns is None or prev is None or prev.progress != l.progress or l.t_ns - prev.t_ns > hung_ns:
         tr.stall_since_ns = l.t_ns
     hung = tr.stall_since_ns is not None and l.t_ns - tr.stall_since_ns >= hung_ns
     if tr.hung and not hung:
@@ -331,8 +326,13 @@ def decide(
     push = _push_due(computed, judged, w)
     weights = {**(computed if push or judged is None else judged), **forced}
     push = (push or any(pushed is None or pushed.get(n) != v for n, v in forced.items())) and weights != pushed
-    return Decision(weights=weights if push or pushed is None else dict(pushed), computed=computed,
-                    states=states, reasons=reasons, push=push)
+    return Decision(
+        weights=weights if push or pushed is None else dict(pushed),
+        computed=computed,
+        states=states,
+        reasons=reasons,
+        push=push,
+    )
 
 
 def _fail_open(service: config.Service, trs: dict[str, Tracker]) -> bool:
@@ -421,8 +421,11 @@ def _latency_inverse(
         tr = trs[b.name]
         rtt = rtts[b.name]
         source = "wire rtt" if tr.wire_rtt_s is not None and rtt == tr.wire_rtt_s else "rtt"
-        words = [f"{source} {rtt * 1000:.2f} ms" if rtt is not None else (
-            f"no probe data: median rtt {fill_s * 1000:.2f} ms" if known else "no probe data")]
+        words = [
+            f"{source} {rtt * 1000:.2f} ms"
+            if rtt is not None
+            else (f"no probe data: median rtt {fill_s * 1000:.2f} ms" if known else "no probe data")
+        ]
         state = "fail-open" if tr.down else "up"
         if tr.down:
             words.insert(0, "every backend fails its probes: failing open")
@@ -483,9 +486,7 @@ def _push_due(computed: dict[str, int], pushed: Optional[dict[str, int]], w: con
     if w.policy == "static":
         return computed != pushed
     least = max(pushed.values(), default=0) / w.max_ratio
-    return any(
-        abs(computed[n] - pushed[n]) > w.hysteresis_pct / 100 * max(pushed[n], least) for n in computed
-    )
+    return any(abs(computed[n] - pushed[n]) > w.hysteresis_pct / 100 * max(pushed[n], least) for n in computed)
 
 
 def _round(x: float) -> int:

@@ -36,7 +36,7 @@ ROW_LEN = 2 * WIRE_BUCKETS + 4
 
 def bucket_bounds_s(i: int) -> tuple[float, float]:
     """[low, high) of bucket i in seconds; the last bucket's high is infinite."""
-    low = 0.0 if i == 0 else 2.0 ** i / 1e6
+    low = 0.0 if i == 0 else 2.0**i / 1e6
     high = float("inf") if i >= WIRE_BUCKETS - 1 else 2.0 ** (i + 1) / 1e6
     return low, high
 
@@ -132,17 +132,31 @@ def signal(window: WireStats, window_s: float, active: int, min_samples: int) ->
     """The signals of one window's counts."""
     hs, fb = sum(window.handshake), sum(window.first_byte)
     return Signal(
-        window_s=window_s, handshakes=hs, first_bytes=fb,
-        handshake_p50_s=quantile(window.handshake, 0.5), handshake_p99_s=quantile(window.handshake, 0.99),
-        first_byte_p50_s=quantile(window.first_byte, 0.5), first_byte_p99_s=quantile(window.first_byte, 0.99),
-        active=active, fresh=hs >= min_samples,
+        window_s=window_s,
+        handshakes=hs,
+        first_bytes=fb,
+        handshake_p50_s=quantile(window.handshake, 0.5),
+        handshake_p99_s=quantile(window.handshake, 0.99),
+        first_byte_p50_s=quantile(window.first_byte, 0.5),
+        first_byte_p99_s=quantile(window.first_byte, 0.99),
+        active=active,
+        fresh=hs >= min_samples,
     )
 
 
 def summary(s: Optional[Signal]) -> dict:
     """A Signal as status shows it (JSON-able); an absent one as all None."""
-    keys = ("window_s", "handshakes", "first_bytes", "handshake_p50_s", "handshake_p99_s", "first_byte_p50_s",
-            "first_byte_p99_s", "active", "fresh")
+    keys = (
+        "window_s",
+        "handshakes",
+        "first_bytes",
+        "handshake_p50_s",
+        "handshake_p99_s",
+        "first_byte_p50_s",
+        "first_byte_p99_s",
+        "active",
+        "fresh",
+    )
     return {k: getattr(s, k) if s is not None else None for k in keys}
 
 
@@ -155,18 +169,26 @@ def _window(newest: np.ndarray, oldest: np.ndarray) -> np.ndarray:
     return d
 
 
-def _signals(keys: Sequence, newest: np.ndarray, d: np.ndarray, window_s: Sequence[float],
-             min_samples: int) -> dict:
+def _signals(keys: Sequence, newest: np.ndarray, d: np.ndarray, window_s: Sequence[float], min_samples: int) -> dict:
     """Key -> Signal of window rows d, as signal(difference(new, old), ...) gives for one key."""
     hs, fb = d[:, HANDSHAKE], d[:, FIRST_BYTE]
     hs_n, fb_n = hs.sum(axis=1).tolist(), fb.sum(axis=1).tolist()
-    qs = [[None if math.isnan(x) else x for x in quantiles(h, q).tolist()]
-          for h in (hs, fb) for q in (0.5, 0.99)]
+    qs = [[None if math.isnan(x) else x for x in quantiles(h, q).tolist()] for h in (hs, fb) for q in (0.5, 0.99)]
     active = np.maximum(0, newest[:, OPENED] - newest[:, CLOSED]).tolist()
-    return {key: Signal(window_s=window_s[i], handshakes=hs_n[i], first_bytes=fb_n[i],
-                        handshake_p50_s=qs[0][i], handshake_p99_s=qs[1][i], first_byte_p50_s=qs[2][i],
-                        first_byte_p99_s=qs[3][i], active=active[i], fresh=hs_n[i] >= min_samples)
-            for i, key in enumerate(keys)}
+    return {
+        key: Signal(
+            window_s=window_s[i],
+            handshakes=hs_n[i],
+            first_bytes=fb_n[i],
+            handshake_p50_s=qs[0][i],
+            handshake_p99_s=qs[1][i],
+            first_byte_p50_s=qs[2][i],
+            first_byte_p99_s=qs[3][i],
+            active=active[i],
+            fresh=hs_n[i] >= min_samples,
+        )
+        for i, key in enumerate(keys)
+    }
 
 
 @dataclass
@@ -285,4 +307,3 @@ class Windows:
 def fresh_keys(signals: Mapping[Hashable, Signal]) -> set:
     """The keys whose signal is fresh."""
     return {k for k, s in signals.items() if s.fresh}
-

@@ -56,12 +56,17 @@ def answer(conn) -> str:
 
 def handled(router: Router, before: dict, n: int) -> None:
     """Wait until the router has forwarded or dropped n more VIP packets than in before."""
+
     def count(c: dict) -> int:
         v = c["verdicts"]
         return v["redirect"] + v["nat_pass"] + v["drop"]
 
-    wait_until(lambda: count(router.counters()) - count(before) >= n, 5.0, f"{n} frames handled",
-               observe=lambda: count(router.counters()) - count(before))
+    wait_until(
+        lambda: count(router.counters()) - count(before) >= n,
+        5.0,
+        f"{n} frames handled",
+        observe=lambda: count(router.counters()) - count(before),
+    )
 
 
 @contextmanager
@@ -90,6 +95,7 @@ def syn_acks(capture: Capture, iface: str, dport: int) -> list[tuple[str, int]]:
 
 def two_syn_acks(capture: Capture, iface: str, dport: int, what: str) -> list[tuple[str, int]]:
     """Wait until capture holds a SYN-ACK to CRAFTED_SRC:dport and its retransmission; return them."""
+
     def seen() -> list[tuple[str, int]]:
         return syn_acks(capture, iface, dport)
 

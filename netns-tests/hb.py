@@ -43,8 +43,16 @@ def now_epoch() -> int:
     return clock_ns() // 1_000_000_000
 
 
-def send(sock: socket.socket, dst: IPv4Address, seq: int, token: int, *,
-         hb_port: int = HB_PORT, service_port: int = SERVICE_PORT, epoch: int | None = None) -> None:
+def send(
+    sock: socket.socket,
+    dst: IPv4Address,
+    seq: int,
+    token: int,
+    *,
+    hb_port: int = HB_PORT,
+    service_port: int = SERVICE_PORT,
+    epoch: int | None = None,
+) -> None:
     """One heartbeat (abi.heartbeat) from sock to dst:hb_port; epoch: by default this second of
     the clock heartbeats are stamped with (the router takes a newer epoch, or a higher seq in the
     same one, within abi.HB_WINDOW_S of its clock)."""
@@ -52,12 +60,12 @@ def send(sock: socket.socket, dst: IPv4Address, seq: int, token: int, *,
     sock.sendto(abi.heartbeat(service_port, seq, token, epoch), (str(dst), hb_port))
 
 
-def start_heartbeats(net: Net, i: int, *, token: int, hb_port: int = HB_PORT, interval_ms: float = 1,
-                     service_port: int = SERVICE_PORT):
+def start_heartbeats(
+    net: Net, i: int, *, token: int, hb_port: int = HB_PORT, interval_ms: float = 1, service_port: int = SERVICE_PORT
+):
     """Backend i's heartbeats to the router's address on its link, every interval_ms,
     sent whether or not its server answers."""
-    return agent(net, i, token=token, hb_port=hb_port, interval_ms=interval_ms, check="none",
-                 service_port=service_port)
+    return agent(net, i, token=token, hb_port=hb_port, interval_ms=interval_ms, check="none", service_port=service_port)
 
 
 @contextmanager

@@ -45,9 +45,9 @@ def send_frames(ns: "Ns", ifname: str, frames: Sequence[bytes]) -> None:
 class Capture:
     """IPv4 frames arriving at some interfaces (not those they send), from entering until exit.
 
-        with Capture([(net.backends[0], net.backend_peer_iface(0))]) as cap:
-            ...
-            frames = cap.take()   # {ifname: [frame, ...]} so far
+    with Capture([(net.backends[0], net.backend_peer_iface(0))]) as cap:
+        ...
+        frames = cap.take()   # {ifname: [frame, ...]} so far
     """
 
     def __init__(self, where: Iterable[tuple["Ns", str]]):
@@ -127,6 +127,6 @@ def ping(ns: Ns, addr: Addr, timeout_s: float = 1.0, seq: int = 1) -> float:
             except socket.timeout:
                 continue
             ihl = (data[0] & 0x0F) * 4
-            icmp_type, _, _, got_id, got_seq = struct.unpack("!BBHHH", data[ihl:ihl + 8])
+            icmp_type, _, _, got_id, got_seq = struct.unpack("!BBHHH", data[ihl : ihl + 8])
             if icmp_type == 0 and (got_id, got_seq) == (ident, seq) and src[0] == str(addr):
                 return time.monotonic() - t0

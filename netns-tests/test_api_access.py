@@ -27,9 +27,11 @@ UNIT = REPO / "edge" / "edged.service"
 PREFIX = "edgetest-api"  # every user and group made here starts with it
 GROUP, MEMBER, OTHER = f"{PREFIX}-g", f"{PREFIX}-m", f"{PREFIX}-o"
 
+
 def unit_value(key: str) -> str:
-    values = [line.split("=", 1)[1].strip() for line in UNIT.read_text().splitlines()
-              if line.strip().startswith(f"{key}=")]
+    values = [
+        line.split("=", 1)[1].strip() for line in UNIT.read_text().splitlines() if line.strip().startswith(f"{key}=")
+    ]
     assert len(values) == 1, f"{key}: {values}"
     return values[0]
 
@@ -46,8 +48,16 @@ def accounts():
         _run("groupadd", "--system", GROUP)
         made.append(("groupdel", GROUP))
         for user, groups in ((MEMBER, [GROUP]), (OTHER, [])):
-            _run("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group",
-                 *(["--groups", ",".join(groups)] if groups else []), user)
+            _run(
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--user-group",
+                *(["--groups", ",".join(groups)] if groups else []),
+                user,
+            )
             made.append(("userdel", user))
         yield
     finally:
@@ -85,13 +95,22 @@ def health_as(user: str, socket_path: str) -> subprocess.CompletedProcess:
     """grpc.health.v1 Check on the socket from a process running as user, with the groups the
     user database gives it (as a login would)."""
     pw = pwd.getpwnam(user)
-    code = ("import sys\nfrom controlplane.api.client import Client\nfrom controlplane.errors import EdgeError\n"
-            "try:\n    print(Client(sys.argv[1], timeout_s=10).health())\n"
-            "except EdgeError as e:\n    print(e)\n")
-    return subprocess.run([sys.executable, "-c", code, socket_path], capture_output=True, text=True, timeout=60,
-                          user=pw.pw_uid, group=pw.pw_gid, extra_groups=os.getgrouplist(user, pw.pw_gid),
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"},
-                          cwd="/")
+    code = (
+        "import sys\nfrom controlplane.api.client import Client\nfrom controlplane.errors import EdgeError\n"
+        "try:\n    print(Client(sys.argv[1], timeout_s=10).health())\n"
+        "except EdgeError as e:\n    print(e)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, socket_path],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        user=pw.pw_uid,
+        group=pw.pw_gid,
+        extra_groups=os.getgrouplist(user, pw.pw_gid),
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd="/",
+    )
 
 
 def test_api_group_members_reach_the_socket_and_other_users_do_not(accounts):

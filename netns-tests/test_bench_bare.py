@@ -41,8 +41,10 @@ def macs(hi_lo: bytes) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def bare() -> Iterator[loader.Standalone]:
     (dh, dl), (sh, sl) = macs(DST_MAC), macs(SRC_MAC)
-    obj = loader.compile_standalone(BARE_C, {"BARE_IFINDEX": 7, "BARE_DST_MAC_HI": dh, "BARE_DST_MAC_LO": dl,
-                                             "BARE_SRC_MAC_HI": sh, "BARE_SRC_MAC_LO": sl})
+    obj = loader.compile_standalone(
+        BARE_C,
+        {"BARE_IFINDEX": 7, "BARE_DST_MAC_HI": dh, "BARE_DST_MAC_LO": dl, "BARE_SRC_MAC_HI": sh, "BARE_SRC_MAC_LO": sl},
+    )
     try:
         yield obj
     finally:
@@ -105,8 +107,9 @@ def test_generated_frames_cross_a_veth_into_the_sink_with_a_port_per_flow(net: N
     next of 4 source ports (its counter) and redirects it to the client's veth; the router end's sink counts 8."""
     with net.client.iproute() as ipr:
         c_rt = ipr.link_lookup(ifname=net.client_iface)[0]
-    gen = loader.compile_standalone(BARE_C, {"BARE_IFINDEX": c_rt, "BARE_GEN_PORT_OFF": 34,
-                                             "BARE_GEN_FIRST_PORT": 10000, "BARE_GEN_FLOWS": 4})
+    gen = loader.compile_standalone(
+        BARE_C, {"BARE_IFINDEX": c_rt, "BARE_GEN_PORT_OFF": 34, "BARE_GEN_FIRST_PORT": 10000, "BARE_GEN_FLOWS": 4}
+    )
     sink = loader.compile_standalone(BARE_C)
     flags = None
     try:
@@ -114,8 +117,14 @@ def test_generated_frames_cross_a_veth_into_the_sink_with_a_port_per_flow(net: N
         with net.router.enter():
             flags = loader.attach_xdp(net.router_client_iface, sink_fn, "native", replace=False)
         tmpl, counted = gen.table("bare_tmpl"), sink.table("bare_sink")
-        frame = _e2e.udp_frame(bytes.fromhex(link_mac(net.router, net.router_client_iface).replace(":", "")),
-                               bytes(6), CLIENT, VIP, 1, 8000)
+        frame = _e2e.udp_frame(
+            bytes.fromhex(link_mac(net.router, net.router_client_iface).replace(":", "")),
+            bytes(6),
+            CLIENT,
+            VIP,
+            1,
+            8000,
+        )
         leaf = tmpl.Leaf()
         ctypes.memmove(ctypes.addressof(leaf), frame, len(frame))
         tmpl[tmpl.Key(0)] = leaf
@@ -123,8 +132,12 @@ def test_generated_frames_cross_a_veth_into_the_sink_with_a_port_per_flow(net: N
         with net.client.enter():
             loader.prog_test_run(gen_fn.fd, b"\0" * len(frame), repeat=8, flags=loader.BPF_F_TEST_XDP_LIVE_FRAMES)
 
-        wait_until(lambda: counted.sum(counted.Key(0)).value == 8, 2.0, "8 frames at the sink",
-                   observe=lambda: counted.sum(counted.Key(0)).value)
+        wait_until(
+            lambda: counted.sum(counted.Key(0)).value == 8,
+            2.0,
+            "8 frames at the sink",
+            observe=lambda: counted.sum(counted.Key(0)).value,
+        )
         flows = gen.table("bare_gen")
         assert flows.sum(flows.Key(0)).value == 8  # the next-flow counter moved once per frame
     finally:

@@ -16,16 +16,22 @@ PEERS = {"haproxy-roundrobin", "haproxy-leastconn", "edge-static", "edge-default
 
 def test_a_short_run_completes_every_peer_and_produces_the_figures(tmp_path):
     out, png = tmp_path / "serving.json", tmp_path / "serving.png"
-    done = subprocess.run([sys.executable, str(TOOL), "--short", "--json", str(out), "--plot", str(png)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(TOOL), "--short", "--json", str(out), "--plot", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(out.read_text())
     rows = doc["rows"]
     assert {r["peer"] for r in rows} == PEERS
     for r in rows:
         assert r["offered"] > 0, r
-        assert all(k in r for k in ("ttft_p50", "ttft_p99", "ttft_p999", "e2e_p50", "e2e_p99", "goodput",
-                                    "failed", "router_cpu_s")), r
+        assert all(
+            k in r
+            for k in ("ttft_p50", "ttft_p99", "ttft_p999", "e2e_p50", "e2e_p99", "goodput", "failed", "router_cpu_s")
+        ), r
         assert math.isfinite(r["ttft_p50"]) and 0 <= r["goodput"] <= 1, r
         assert (r["router_cpu_s"] is None) == (r["peer"] == "jsq-bound"), r
     assert set(doc["plot"]) == PEERS

@@ -27,14 +27,16 @@ def test_a_killed_bird_is_restarted_and_announces_again():
         (pid,) = fleet.speaker_pids(0)  # the bird this test's edged started
         mark = len(edged.events)
         os.kill(pid, signal.SIGKILL)
-        died = edged.wait_for(lambda e: e["kind"] == "bgp-speaker" and not e["ok"], 20.0, "bird's death",
-                              after=mark)
+        died = edged.wait_for(lambda e: e["kind"] == "bgp-speaker" and not e["ok"], 20.0, "bird's death", after=mark)
         assert f"bird (pid {pid}) exited with status -9" in died["text"], died["text"]
-        back = edged.wait_for(lambda e: e["kind"] == "bgp-speaker" and e["ok"] and "restarted" in e["text"],
-                              20.0, "bird restarted", after=mark)
+        back = edged.wait_for(
+            lambda e: e["kind"] == "bgp-speaker" and e["ok"] and "restarted" in e["text"],
+            20.0,
+            "bird restarted",
+            after=mark,
+        )
         assert back["pid"] != pid
-        edged.wait_for(lambda e: e["kind"] == "bgp" and "announced" in e["text"], 20.0, "announced again",
-                       after=mark)
+        edged.wait_for(lambda e: e["kind"] == "bgp" and "announced" in e["text"], 20.0, "announced again", after=mark)
         fleet.net.wait_next_hops({0}, 30.0)
         with fleet.client(0) as c:
             assert c.status()["bgp"]["announced"] == [str(fleet.net.vip)]
@@ -72,8 +74,9 @@ def test_a_full_run_dir_withdraws_safely_and_the_announcer_lives_on():
             _fill(conf_dir)
             mark = len(edged.events)
             fleet.edgectl(0, "drain-node")  # the change that rewrites bird.conf; it fails: ENOSPC
-            failed = edged.wait_for(lambda e: e["kind"] == "bgp-speaker" and not e["ok"], 20.0,
-                                    "the speaker failure", after=mark)
+            failed = edged.wait_for(
+                lambda e: e["kind"] == "bgp-speaker" and not e["ok"], 20.0, "the speaker failure", after=mark
+            )
             assert "No space left on device" in failed["error"], failed["text"]
             net.wait_next_hops(set(), 20.0)  # withdrawn without the file
             with fleet.client(0) as c:
@@ -84,7 +87,6 @@ def test_a_full_run_dir_withdraws_safely_and_the_announcer_lives_on():
         mark = len(edged.events)
         out = fleet.edgectl(0, "undrain-node")
         assert out.returncode == 0, out.stderr
-        edged.wait_for(lambda e: e["kind"] == "bgp-speaker" and e["ok"], 20.0, "the speaker works again",
-                       after=mark)
+        edged.wait_for(lambda e: e["kind"] == "bgp-speaker" and e["ok"], 20.0, "the speaker works again", after=mark)
         net.wait_next_hops({0}, 30.0)
         assert edged.proc.poll() is None

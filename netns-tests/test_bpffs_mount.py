@@ -10,18 +10,30 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+
 def in_private_mounts(script: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec", script],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-ec", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
 
 
 def test_bootstrap_mounts_bpffs_mode_0700_when_none_is_there():
-    done = in_private_mounts("umount /sys/fs/bpf 2>/dev/null || true\n"
-                             "tools/mount-bpffs\n"
-                             "stat -f -c %T /sys/fs/bpf; stat -c %a /sys/fs/bpf\n"
-                             "tools/mount-bpffs\n")  # again: nothing to do
+    done = in_private_mounts(
+        "umount /sys/fs/bpf 2>/dev/null || true\n"
+        "tools/mount-bpffs\n"
+        "stat -f -c %T /sys/fs/bpf; stat -c %a /sys/fs/bpf\n"
+        "tools/mount-bpffs\n"
+    )  # again: nothing to do
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["bootstrap: mounted bpffs on /sys/fs/bpf (mode 0700)", "bpf_fs", "1700"]  # the kernel adds the sticky bit
+    assert done.stdout.splitlines() == [
+        "bootstrap: mounted bpffs on /sys/fs/bpf (mode 0700)",
+        "bpf_fs",
+        "1700",
+    ]  # the kernel adds the sticky bit
 
 
 def test_bootstrap_runs_it():

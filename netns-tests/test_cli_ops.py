@@ -66,8 +66,9 @@ def test_diff_and_dry_run_say_what_a_config_would_change_and_change_nothing(net,
         for argv in (("diff", "--config", path), ("deploy", "--dry-run", "--config", path, "--iface", router.iface)):
             d = ctl_json(router, *argv)
             assert d["changed"] and d["weights"] == ["web/b1 1 -> 5"] and d["removed_backends"] == ["web/b2"]
-        assert [b["weight"] for b in router.status()["services"][0]["backends"]] == \
-            [b["weight"] for b in before["services"][0]["backends"]]  # nothing was applied
+        assert [b["weight"] for b in router.status()["services"][0]["backends"]] == [
+            b["weight"] for b in before["services"][0]["backends"]
+        ]  # nothing was applied
     finally:
         router.undeploy()
 
@@ -83,8 +84,8 @@ def test_status_finds_a_router_under_a_custom_pin_dir_through_the_nodes_config(n
         (snap,) = ctl_json(router, "status", "--config", path, "--maps")
         assert snap["iface"] == router.iface and snap["pin_path"].startswith(str(pin_dir))
         env_status = router.net.router.run(
-            ["env", f"EDGE_CONFIG={path}", *router_python(router), "status", "--json", "--maps"],
-            check=False)
+            ["env", f"EDGE_CONFIG={path}", *router_python(router), "status", "--json", "--maps"], check=False
+        )
         assert env_status.returncode == 0 and json.loads(env_status.stdout)[0]["iface"] == router.iface
     finally:
         router.edgectl("-q", "undeploy", "--iface", router.iface, "--config", path)
@@ -98,8 +99,13 @@ def router_python(router) -> list[str]:
 
     from controlplane.lab.router import PACKAGE_ROOT
 
-    return ["env", f"PYTHONPATH={PACKAGE_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            sys.executable, "-m", "controlplane"]
+    return [
+        "env",
+        f"PYTHONPATH={PACKAGE_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        sys.executable,
+        "-m",
+        "controlplane",
+    ]
 
 
 def test_an_operator_drain_outlives_reloads_under_edged(net, router, tmp_path):

@@ -80,7 +80,6 @@ def test_backend_without_a_route_is_refused_naming_it_and_changes_nothing(net, r
         assert node_state(router) == before
 
 
-
 def test_a_deploy_failing_at_its_last_step_rolls_everything_back(net, router):
     """lo has no native XDP, so deploy fails when it attaches XDP, its last step: after it has
     pinned the maps, put clsact and the return filter on rt-b0..2 and turned ip_forward on
@@ -94,12 +93,13 @@ def test_a_deploy_failing_at_its_last_step_rolls_everything_back(net, router):
         assert node_state(router) == before
         assert not router.pin_path_of("lo").exists()
 
+
 # A foreign XDP program, loaded without a compiler: BPF_PROG_LOAD of "r0 = XDP_PASS; exit".
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}
 _BPF_PROG_LOAD = 5
 _BPF_PROG_TYPE_XDP = 6
 _XDP_FLAGS_DRV_MODE = 1 << 2
-_XDP_PASS_PROG = bytes.fromhex("b700000002000000" "9500000000000000")  # mov64 r0, 2; exit
+_XDP_PASS_PROG = bytes.fromhex("b7000000020000009500000000000000")  # mov64 r0, 2; exit
 
 
 @contextmanager
@@ -110,8 +110,15 @@ def foreign_xdp(router: Router, ifname: str, name: bytes = b"foreign") -> Iterat
     insns = ctypes.create_string_buffer(_XDP_PASS_PROG, len(_XDP_PASS_PROG))
     license_ = ctypes.create_string_buffer(b"GPL")
     attr = ctypes.create_string_buffer(128)  # union bpf_attr, the BPF_PROG_LOAD member
-    struct.pack_into("=IIQQ", attr, 0, _BPF_PROG_TYPE_XDP, len(_XDP_PASS_PROG) // 8,
-                     ctypes.addressof(insns), ctypes.addressof(license_))
+    struct.pack_into(
+        "=IIQQ",
+        attr,
+        0,
+        _BPF_PROG_TYPE_XDP,
+        len(_XDP_PASS_PROG) // 8,
+        ctypes.addressof(insns),
+        ctypes.addressof(license_),
+    )
     struct.pack_into("16s", attr, 48, name)  # prog_name
     fd = libc.syscall(nr, _BPF_PROG_LOAD, attr, ctypes.sizeof(attr))
     if fd < 0:
@@ -125,7 +132,9 @@ def foreign_xdp(router: Router, ifname: str, name: bytes = b"foreign") -> Iterat
             yield router.iface_state(ifname).xdp_prog_id
         finally:
             with router.net.router.iproute() as ipr:
-                ipr.link("set", index=index, xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", _XDP_FLAGS_DRV_MODE)]})
+                ipr.link(
+                    "set", index=index, xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", _XDP_FLAGS_DRV_MODE)]}
+                )
     finally:
         os.close(fd)
 
@@ -254,11 +263,15 @@ def _foreign_pin_dir(owner: int, mode: int) -> str:
     return path
 
 
-@pytest.mark.parametrize("owner, mode, says", [
-    (65534, 0o755, "is owned by uid 65534"),
-    (0, 0o777, "is writable by others (mode 0777)"),
-    (0, 0o775, "is writable by its group (mode 0775)"),
-], ids=["another user's", "world-writable", "group-writable"])
+@pytest.mark.parametrize(
+    "owner, mode, says",
+    [
+        (65534, 0o755, "is owned by uid 65534"),
+        (0, 0o777, "is writable by others (mode 0777)"),
+        (0, 0o775, "is writable by its group (mode 0775)"),
+    ],
+    ids=["another user's", "world-writable", "group-writable"],
+)
 def test_deploy_refuses_a_pin_directory_it_does_not_own(net, router, owner, mode, says):
     """Maps pinned where another user can write could be swapped under the router: refused
     in one line naming the directory, and nothing is attached or pinned."""

@@ -19,9 +19,17 @@ NAME = "web.disc.test"
 
 
 def config(router, tmp_path, dns: dict, **service) -> dict:
-    s = {"name": "web", "vip": str(router.net.vip), "port": PORT, "drain_timeout_ms": 60000,
-         "discovery": {"dns": {"servers": ["127.0.0.1:53"], "timeout_ms": 500, "min_ttl_ms": 100,
-                               "max_ttl_ms": 2000, **dns}, "retry_ms": 200}, **service}
+    s = {
+        "name": "web",
+        "vip": str(router.net.vip),
+        "port": PORT,
+        "drain_timeout_ms": 60000,
+        "discovery": {
+            "dns": {"servers": ["127.0.0.1:53"], "timeout_ms": 500, "min_ttl_ms": 100, "max_ttl_ms": 2000, **dns},
+            "retry_ms": 200,
+        },
+        **service,
+    }
     return router.config([s], node={"api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470"})
 
 
@@ -40,8 +48,9 @@ def test_a_records_are_followed_and_a_failing_server_keeps_the_last_known_good_s
     dm = Dnsmasq(net.router, tmp_path, ttl_s=1)
     dm.set_hosts([(addr[0], NAME), (addr[1], NAME)], reload=False)
     dm.start()
-    edged = EdgedProc.start(net.router, config(router, tmp_path, {"name": NAME, "type": "A", "port": PORT}),
-                            router.iface)
+    edged = EdgedProc.start(
+        net.router, config(router, tmp_path, {"name": NAME, "type": "A", "port": PORT}), router.iface
+    )
     conns = []
     try:
         # deployed with what DNS said at start
@@ -78,8 +87,9 @@ def test_a_records_are_followed_and_a_failing_server_keeps_the_last_known_good_s
         dm.set_records(refused=["disc.test"])
         dm.restart()
         failed = edged.wait_for(lambda e: e["kind"] == "discovery-failed", 10.0, "REFUSED seen", after=mark)
-        assert "no server answered" in failed["error"] and "keeping the last known good set (2 backends)" in \
-            failed["text"], failed["text"]
+        assert (
+            "no server answered" in failed["error"] and "keeping the last known good set (2 backends)" in failed["text"]
+        ), failed["text"]
         assert set(backends_seen(net.client, net.vip, PORT, 200)) == {"b0", "b2"}
         assert [c.request().backend for c in conns] == before
 
@@ -116,20 +126,24 @@ def test_srv_records_give_port_weight_and_standby(net, router, tmp_path):
     srv = "_web._tcp.disc.test"
     hosts = [(f"h{i}.disc.test", addr[i]) for i in range(3)]
     dm = Dnsmasq(net.router, tmp_path, ttl_s=1)
-    dm.set_records(srv=[(srv, "h0.disc.test", PORT, 0, 3), (srv, "h1.disc.test", PORT, 0, 1),
-                        (srv, "h2.disc.test", PORT, 1, 1)], host_records=hosts)
+    dm.set_records(
+        srv=[(srv, "h0.disc.test", PORT, 0, 3), (srv, "h1.disc.test", PORT, 0, 1), (srv, "h2.disc.test", PORT, 1, 1)],
+        host_records=hosts,
+    )
     dm.start()
     edged = EdgedProc.start(net.router, config(router, tmp_path, {"name": srv}), router.iface)
     try:
         got = in_maps(router)
         assert {n: (b["weight"], b["standby"]) for n, b in got.items()} == {
-            ep(net, 0): (3, False), ep(net, 1): (1, False), ep(net, 2): (1, True)}
+            ep(net, 0): (3, False),
+            ep(net, 1): (1, False),
+            ep(net, 2): (1, True),
+        }
         seen = backends_seen(net.client, net.vip, PORT, 400)
         assert set(seen) == {"b0", "b1"} and seen["b0"] > seen["b1"], seen  # 3:1, the standby idle
 
         mark = len(edged.events)
-        dm.set_records(srv=[(srv, "h0.disc.test", PORT, 0, 3), (srv, "h2.disc.test", PORT, 0, 1)],
-                       host_records=hosts)
+        dm.set_records(srv=[(srv, "h0.disc.test", PORT, 0, 3), (srv, "h2.disc.test", PORT, 0, 1)], host_records=hosts)
         dm.restart()
         ev = edged.wait_for(lambda e: e["kind"] == "discovery", 10.0, "SRV change", after=mark)
         assert ev["change"] == f"-{ep(net, 1)}, ~{ep(net, 2)}", ev["text"]

@@ -24,9 +24,13 @@ def test_etcd_prefix_is_watched_and_survives_garbage_and_an_etcd_restart(net, ro
     ep = [f"{a}-{PORT}" for a in addr]
     for i in (0, 1):
         etcd.put(f"{PREFIX}b{i}", {"address": addr[i], "port": PORT})
-    s = {"name": "web", "vip": str(net.vip), "port": PORT, "drain_timeout_ms": 60000,
-         "discovery": {"etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": PREFIX, "timeout_ms": 1000},
-                       "retry_ms": 200}}
+    s = {
+        "name": "web",
+        "vip": str(net.vip),
+        "port": PORT,
+        "drain_timeout_ms": 60000,
+        "discovery": {"etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": PREFIX, "timeout_ms": 1000}, "retry_ms": 200},
+    }
     doc = router.config([s], node={"api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470"})
     edged = EdgedProc.start(net.router, doc, router.iface)
     conns = []
@@ -103,8 +107,9 @@ def test_etcd_prefix_is_watched_and_survives_garbage_and_an_etcd_restart(net, ro
         # an empty prefix is a failure (allow_empty is false): the set stays
         mark = len(edged.events)
         etcd.delete_prefix(PREFIX)
-        failed = edged.wait_for(lambda e: e["kind"] == "discovery-failed" and "empty" in e["error"], 10.0,
-                                "empty refused", after=mark)
+        failed = edged.wait_for(
+            lambda e: e["kind"] == "discovery-failed" and "empty" in e["error"], 10.0, "empty refused", after=mark
+        )
         assert set(backends_seen(net.client, net.vip, PORT, 300)) == {"b0", "b1", "b2"}
         assert [c.request().backend for c in conns] == before
     finally:

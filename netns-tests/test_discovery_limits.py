@@ -26,9 +26,23 @@ PREFIX = "/edge/services/web/"
 
 
 def discovery(section: dict, max_backends: int):
-    return parse_config({"version": 1, "services": [{
-        "name": "web", "vip": "198.18.255.1", "port": 8000,
-        "discovery": {**section, "retry_ms": 100, "max_backends": max_backends}}]}).services[0].discovery
+    return (
+        parse_config(
+            {
+                "version": 1,
+                "services": [
+                    {
+                        "name": "web",
+                        "vip": "198.18.255.1",
+                        "port": 8000,
+                        "discovery": {**section, "retry_ms": 100, "max_backends": max_backends},
+                    }
+                ],
+            }
+        )
+        .services[0]
+        .discovery
+    )
 
 
 async def next_result(results: list, after: int, pred, what: str, timeout_s: float = 15.0):
@@ -61,8 +75,12 @@ def test_etcd_source_survives_any_value_and_recovers_once_fixed(etcd):
     }
 
     async def main():
-        source = EtcdSource(discovery({"etcd": {"endpoints": [f"127.0.0.1:{etcd.client_port}"], "prefix": PREFIX,
-                                                "timeout_ms": 1000}}, max_backends=50))
+        source = EtcdSource(
+            discovery(
+                {"etcd": {"endpoints": [f"127.0.0.1:{etcd.client_port}"], "prefix": PREFIX, "timeout_ms": 1000}},
+                max_backends=50,
+            )
+        )
         results: list = []
 
         async def report(r):
@@ -101,6 +119,7 @@ def test_etcd_source_survives_any_value_and_recovers_once_fixed(etcd):
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
     asyncio.run(main())
 
 
@@ -117,14 +136,19 @@ def dnsmasq(tmp_path):
 
 def test_an_srv_answer_is_capped_and_its_targets_resolved_a_few_at_a_time(dnsmasq):
     def serve(n: int) -> None:
-        dnsmasq.set_records(srv=[("_web._tcp.disc.test", f"t{i}.disc.test", 8000, 0, 1) for i in range(n)],
-                            host_records=[(f"t{i}.disc.test", f"198.18.{2 + i // 250}.{1 + i % 250}")
-                                          for i in range(n)])
+        dnsmasq.set_records(
+            srv=[("_web._tcp.disc.test", f"t{i}.disc.test", 8000, 0, 1) for i in range(n)],
+            host_records=[(f"t{i}.disc.test", f"198.18.{2 + i // 250}.{1 + i % 250}") for i in range(n)],
+        )
         dnsmasq.restart() if dnsmasq.proc is not None else dnsmasq.start()
 
     def source(max_backends: int) -> DnsSource:
-        return DnsSource(discovery({"dns": {"name": "_web._tcp.disc.test", "servers": [f"127.0.0.1:{dnsmasq.port}"],
-                                            "timeout_ms": 5000}}, max_backends))
+        return DnsSource(
+            discovery(
+                {"dns": {"name": "_web._tcp.disc.test", "servers": [f"127.0.0.1:{dnsmasq.port}"], "timeout_ms": 5000}},
+                max_backends,
+            )
+        )
 
     async def peak_during(coro) -> tuple[object, int]:
         base, peak = _open_fds(), 0
@@ -143,6 +167,7 @@ def test_an_srv_answer_is_capped_and_its_targets_resolved_a_few_at_a_time(dnsmas
         with pytest.raises(Exception) as refused:
             await source(256).resolve()
         assert "SRV answer of 400 records, more than discovery.max_backends (256)" in str(refused.value)
+
     asyncio.run(main())
 
 
@@ -172,9 +197,11 @@ def test_with_etcd_auth_the_source_reads_as_its_user_and_fails_without_one(etcd,
             await asyncio.gather(task, return_exceptions=True)
 
     async def main():
-        authed = EtcdSource(discovery({"etcd": {**section, "user": "edge-discovery",
-                                                "password_file": str(tmp_path / "password")}}, 50))
+        authed = EtcdSource(
+            discovery({"etcd": {**section, "user": "edge-discovery", "password_file": str(tmp_path / "password")}}, 50)
+        )
         assert is_answer(1)(await first(authed))
         anonymous = await first(EtcdSource(discovery({"etcd": section}, 50)))
         assert isinstance(anonymous, Failure) and "etcdserver: user name is empty" in anonymous.why, anonymous
+
     asyncio.run(main())

@@ -34,12 +34,22 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def config() -> dict:
     # Addresses outside the testbed on purpose: the drill replaces them with its own.
-    return {"version": 1, "services": [{
-        "name": "chat", "vip": "198.18.255.1", "port": 8000, "protocol": "tcp",
-        "health": {"heartbeat": HEARTBEAT, "passive": PASSIVE},
-        "backends": [{"name": name, "address": f"198.19.{i}.2", "port": 9000, "token": hex(0x5EED0001 + i)}
-                     for i, name in enumerate((DEAD, "h100-b", "h100-c"))],
-    }]}
+    return {
+        "version": 1,
+        "services": [
+            {
+                "name": "chat",
+                "vip": "198.18.255.1",
+                "port": 8000,
+                "protocol": "tcp",
+                "health": {"heartbeat": HEARTBEAT, "passive": PASSIVE},
+                "backends": [
+                    {"name": name, "address": f"198.19.{i}.2", "port": 9000, "token": hex(0x5EED0001 + i)}
+                    for i, name in enumerate((DEAD, "h100-b", "h100-c"))
+                ],
+            }
+        ],
+    }
 
 
 def drill(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -48,10 +58,33 @@ def drill(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess, dict]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
     done = subprocess.run(
-        [sys.executable, "-m", "controlplane", "-q", "drill", "failover", "--config", str(cfg), "--backend", DEAD,
-         "--mode", mode, "--rate", str(RATE), "--duration", str(DURATION_S),
-         "--json", str(tmp_path / "drill.json"), "--plot", str(tmp_path / "drill.png")],
-        capture_output=True, text=True, timeout=300, env=env)
+        [
+            sys.executable,
+            "-m",
+            "controlplane",
+            "-q",
+            "drill",
+            "failover",
+            "--config",
+            str(cfg),
+            "--backend",
+            DEAD,
+            "--mode",
+            mode,
+            "--rate",
+            str(RATE),
+            "--duration",
+            str(DURATION_S),
+            "--json",
+            str(tmp_path / "drill.json"),
+            "--plot",
+            str(tmp_path / "drill.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, f"edgectl drill exited {done.returncode}: {done.stderr.strip()}"
     return done, json.loads((tmp_path / "drill.json").read_text())
 

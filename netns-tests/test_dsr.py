@@ -36,8 +36,9 @@ ALL = {"b0", "b1", "b2"}
 
 def dsr_service(router, port: int = DSR_PORT, heartbeat: bool = True) -> dict:
     health = {"heartbeat": {"port": hb.HB_PORT, "interval_ms": 1, "timeout_ms": 250, "rise": 3}}
-    svc = router.service("dsr", port=port, backend_port=port, forwarding="dsr",
-                         **({"health": health} if heartbeat else {}))
+    svc = router.service(
+        "dsr", port=port, backend_port=port, forwarding="dsr", **({"health": health} if heartbeat else {})
+    )
     for entry in svc["backends"]:
         entry["token"] = hex(TOKENS[int(entry["name"][1:])])
     return svc
@@ -50,8 +51,11 @@ def dsr_tool(ns, *args: str) -> subprocess.CompletedProcess:
 def start_any_address_backends(net, port: int) -> None:
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     for i, ns in enumerate(net.backends):
-        proc = ns.popen([sys.executable, "-m", "controlplane.lab.backend", "--name", f"b{i}",
-                         "--listen", f"0.0.0.0:{port}"], stdout=subprocess.PIPE, env=env)
+        proc = ns.popen(
+            [sys.executable, "-m", "controlplane.lab.backend", "--name", f"b{i}", "--listen", f"0.0.0.0:{port}"],
+            stdout=subprocess.PIPE,
+            env=env,
+        )
         line = read_line(proc, 5.0)
         assert line.startswith(f"listening b{i} "), line
 
@@ -113,8 +117,10 @@ def test_dsr_flows_fail_over_by_heartbeat_and_the_agent_checks_the_setup(dsr_net
     with --dsr-vip because each backend is set up (a backend that is not: see dsr_net)."""
     net = dsr_net
     router.deploy([dsr_service(router)])
-    agents = [start_heartbeats(net, i, token=TOKENS[i], hb_port=hb.HB_PORT, service_port=DSR_PORT,
-                               dsr_vip=str(net.vip)) for i in range(3)]
+    agents = [
+        start_heartbeats(net, i, token=TOKENS[i], hb_port=hb.HB_PORT, service_port=DSR_PORT, dsr_vip=str(net.vip))
+        for i in range(3)
+    ]
     try:
         wait_until(lambda: set(flows(net, 30)) == ALL, 10.0, "flows reach every backend")
         agents[0].stop()
@@ -141,5 +147,7 @@ def test_the_agent_refuses_to_start_on_a_backend_not_set_up_for_dsr(net):
         shutil.rmtree(directory, ignore_errors=True)
 
     assert first.returncode == 1 and first.stderr.startswith("edge-heartbeat: decap: "), first.stderr
-    assert second.returncode == 1 and second.stderr == f"edge-heartbeat: vip: {net.vip} is not on lo " \
-        f"(ip addr add {net.vip}/32 dev lo)\n", second.stderr
+    assert (
+        second.returncode == 1
+        and second.stderr == f"edge-heartbeat: vip: {net.vip} is not on lo (ip addr add {net.vip}/32 dev lo)\n"
+    ), second.stderr

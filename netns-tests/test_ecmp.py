@@ -59,8 +59,9 @@ def test_drain_node_undeploy_and_stop_withdraw():
         out = fleet.edgectl(0, "undeploy", "--iface", net.router_iface(0), api=False)
         assert out.returncode == 0, out.stderr
         net.wait_next_hops({1}, 10.0)
-        fleet.edgeds[0].wait_for(lambda e: e["kind"] == "bgp" and "(not serving: " in e["text"], 30.0,
-                                 "r0's withdraw event")
+        fleet.edgeds[0].wait_for(
+            lambda e: e["kind"] == "bgp" and "(not serving: " in e["text"], 30.0, "r0's withdraw event"
+        )
 
         fleet.edgeds[1].signal(signal.SIGTERM)
         net.wait_next_hops(set(), 10.0)
@@ -78,8 +79,9 @@ def test_every_backend_down_withdraws_the_vip():
             server.stop()
         fleet.net.wait_next_hops(set(), 20.0)
         for edged in fleet.edgeds:
-            edged.wait_for(lambda e: e["kind"] == "bgp" and "(no usable backend)" in e["text"], 10.0,
-                           "the withdraw event")
+            edged.wait_for(
+                lambda e: e["kind"] == "bgp" and "(no usable backend)" in e["text"], 10.0, "the withdraw event"
+            )
 
 
 def test_drain_node_and_backend_drains_outlive_an_edged_restart():

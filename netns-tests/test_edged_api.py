@@ -66,8 +66,13 @@ def test_status_drain_weight_events_and_metrics_through_edged(net, router, tmp_p
     edged = start(net, router, sock)
     try:
         assert oct(os.stat(sock).st_mode & 0o777) == "0o660"
-        snap = wait_until(lambda: (s := status(router, sock)) and all(
-            b["edged"]["probes_ok"] >= 5 for b in backends(s).values()) and s, 15.0, "probes counted")
+        snap = wait_until(
+            lambda: (
+                (s := status(router, sock)) and all(b["edged"]["probes_ok"] >= 5 for b in backends(s).values()) and s
+            ),
+            15.0,
+            "probes counted",
+        )
         b = backends(snap)
         assert b["b0"]["edged"]["rtt_p50_s"] > 0 and b["b0"]["state"] == "up"
 
@@ -86,14 +91,30 @@ def test_status_drain_weight_events_and_metrics_through_edged(net, router, tmp_p
         assert value(families["edge_backend_weight"], "edge_backend_weight", service="web", backend="b1") == 0
         assert value(families["edge_new_flows"], "edge_new_flows_total", service="web", backend="b1") == 0
         assert value(families["edge_new_flows"], "edge_new_flows_total", service="web", backend="b0") == seen["b0"]
-        assert value(families["edge_backend_rtt_seconds"], "edge_backend_rtt_seconds_count",
-                     service="web", backend="b2") >= 5
+        assert (
+            value(families["edge_backend_rtt_seconds"], "edge_backend_rtt_seconds_count", service="web", backend="b2")
+            >= 5
+        )
         assert value(families["edge_drops"], "edge_drops_total", reason="no_backend") == 0
         assert value(families["edge_backend_up"], "edge_backend_up", service="web", backend="b0") == 1
 
-        recent = [json.loads(line) for line in
-                  ctl(router, sock, "events", "--recent", "50", "--count", "2", "--json", "--kind", "drain",
-                      "--kind", "override").splitlines()]
+        recent = [
+            json.loads(line)
+            for line in ctl(
+                router,
+                sock,
+                "events",
+                "--recent",
+                "50",
+                "--count",
+                "2",
+                "--json",
+                "--kind",
+                "drain",
+                "--kind",
+                "override",
+            ).splitlines()
+        ]
         assert [(e["kind"], e["backend"]) for e in recent] == [("drain", "b1"), ("override", "b0")]
 
         # the operator's drain outlives edged
@@ -149,8 +170,9 @@ def differences(a: object, b: object, path: str = "") -> list[str]:
     """Paths where shapes a and b differ in their keys; a value of None (nothing known there,
     e.g. edged's view without edged) matches any value."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return ([f"{path}.{k}" for k in sorted(a.keys() ^ b.keys())]
-                + [d for k in a.keys() & b.keys() for d in differences(a[k], b[k], f"{path}.{k}")])
+        return [f"{path}.{k}" for k in sorted(a.keys() ^ b.keys())] + [
+            d for k in a.keys() & b.keys() for d in differences(a[k], b[k], f"{path}.{k}")
+        ]
     if isinstance(a, list) and isinstance(b, list) and a and b:
         return differences(a[0], b[0], f"{path}[]")
     return []
@@ -159,8 +181,11 @@ def differences(a: object, b: object, path: str = "") -> list[str]:
 def test_status_json_has_one_shape_with_or_without_edged(net, router, tmp_path):
     sock = str(tmp_path / "edged.sock")
     with start(net, router, sock):
-        wait_until(lambda: all(b["edged"] and b["edged"]["state"] for b in backends(status(router, sock)).values()),
-                   20.0, "edged's view of every backend")
+        wait_until(
+            lambda: all(b["edged"] and b["edged"]["state"] for b in backends(status(router, sock)).values()),
+            20.0,
+            "edged's view of every backend",
+        )
         from_edged = status(router, sock)
         (from_maps,) = json.loads(ctl(router, sock, "status", "--json", "--maps"))
     assert differences(shape(from_edged), shape(from_maps)) == []

@@ -27,16 +27,22 @@ TOKEN = 0x5EED0001
 
 def doc(router, tmp_path, **node) -> dict:
     service = router.service("web", backends=[0, 1, 2])
-    return router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
-                                          "metrics_listen": "127.0.0.1:9470", **node})
+    return router.config(
+        [service], node={"api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470", **node}
+    )
 
 
 def test_a_data_path_that_cannot_compile_is_one_line_and_a_distinct_exit(net, router, tmp_path):
     """Kernel headers missing (bcc's BCC_KERNEL_SOURCE pointed at nothing, as after a kernel
     update without its headers): edged says so in one line and exits with the status the unit
     tells systemd not to restart on; nothing is attached."""
-    proc = EdgedProc.start(net.router, doc(router, tmp_path), router.iface, wait_deployed=False,
-                           env={"BCC_KERNEL_SOURCE": str(tmp_path / "no-headers")})
+    proc = EdgedProc.start(
+        net.router,
+        doc(router, tmp_path),
+        router.iface,
+        wait_deployed=False,
+        env={"BCC_KERNEL_SOURCE": str(tmp_path / "no-headers")},
+    )
     try:
         code = proc.proc.wait(timeout=120)
         proc._reader.join(10)
@@ -89,11 +95,13 @@ def test_client_interface_deleted_and_made_again_is_attached_again(net, router, 
         assert health(tmp_path) == "SERVING" and metric(net, "edge_datapath_up") == 1.0
         mark = len(edged.events)
         net.recreate_client_link()
-        lost = edged.wait_for(lambda e: e["kind"] == "datapath" and not e["serving"], 10.0,
-                              "edged to notice XDP is gone", after=mark)
+        lost = edged.wait_for(
+            lambda e: e["kind"] == "datapath" and not e["serving"], 10.0, "edged to notice XDP is gone", after=mark
+        )
         assert router.iface in lost["text"], lost["text"]
-        back = edged.wait_for(lambda e: e["kind"] == "datapath" and e["serving"], 30.0,
-                              "edged to attach XDP again", after=mark)
+        back = edged.wait_for(
+            lambda e: e["kind"] == "datapath" and e["serving"], 30.0, "edged to attach XDP again", after=mark
+        )
         assert "attached XDP" in back["text"], back["text"]
         assert router.iface_state(router.iface).xdp_prog_id is not None
         assert wait_for_http(net) in ("b0", "b1", "b2")
@@ -114,8 +122,12 @@ def test_undeploy_under_edged_stays_undeployed(net, router, tmp_path):
         assert wait_for_http(net)
         mark = len(edged.events)
         router.undeploy()
-        said = edged.wait_for(lambda e: e["kind"] == "datapath" and "undeployed" in e["text"], 10.0,
-                              "edged to say the data path was undeployed", after=mark)
+        said = edged.wait_for(
+            lambda e: e["kind"] == "datapath" and "undeployed" in e["text"],
+            10.0,
+            "edged to say the data path was undeployed",
+            after=mark,
+        )
         assert not said["serving"], said
         time.sleep(2.5)  # two more rounds of the watch (1 s): still nothing put back
         assert [e["text"] for e in edged.events[mark:] if e["kind"] == "datapath" and e["serving"]] == []
@@ -154,8 +166,12 @@ def test_bpffs_unmounted_under_edged_is_not_serving_until_it_can_pin_again(net, 
             mark = len(edged.events)
             subprocess.run(["umount", str(mnt)], check=True, timeout=30)
             mounted = False
-            lost = edged.wait_for(lambda e: e["kind"] == "datapath" and not e["serving"], 10.0,
-                                  "edged to notice the pins are gone", after=mark)
+            lost = edged.wait_for(
+                lambda e: e["kind"] == "datapath" and not e["serving"],
+                10.0,
+                "edged to notice the pins are gone",
+                after=mark,
+            )
             assert str(mnt) in lost["text"], lost["text"]
             assert health(tmp_path) == "NOT_SERVING"
             assert metric(net, "edge_datapath_up") == 0.0
@@ -166,13 +182,15 @@ def test_bpffs_unmounted_under_edged_is_not_serving_until_it_can_pin_again(net, 
 
             subprocess.run(["mount", "-t", "bpf", "-o", "mode=0700", "bpf", str(mnt)], check=True, timeout=30)
             mounted = True
-            back = edged.wait_for(lambda e: e["kind"] == "datapath" and e["serving"], 30.0,
-                                  "edged to pin its maps again", after=mark)
+            back = edged.wait_for(
+                lambda e: e["kind"] == "datapath" and e["serving"], 30.0, "edged to pin its maps again", after=mark
+            )
             assert "pinned" in back["text"], back["text"]
             assert health(tmp_path) == "SERVING" and metric(net, "edge_datapath_up") == 1.0
             pinned = [p.name for p in (mnt / f"v{abi.ABI_VERSION}").iterdir()]
-            assert len(pinned) == 1 and sorted(os.listdir(mnt / f"v{abi.ABI_VERSION}" / pinned[0])) == \
-                sorted(abi.MAP_NAMES)
+            assert len(pinned) == 1 and sorted(os.listdir(mnt / f"v{abi.ABI_VERSION}" / pinned[0])) == sorted(
+                abi.MAP_NAMES
+            )
         finally:
             edged.stop()
             if mounted:  # undeploy what this edged left pinned on the test's bpffs
@@ -195,21 +213,37 @@ def udp_replies(net, n: int, attempts: int = 20) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("reply_xdp", ["auto", "off"])
-def test_backend_interface_made_again_gets_the_return_path_and_the_reply_fast_path_again(net, router, tmp_path,
-                                                                                           reply_xdp):
+def test_backend_interface_made_again_gets_the_return_path_and_the_reply_fast_path_again(
+    net, router, tmp_path, reply_xdp
+):
     """The NIC towards b0 goes away and comes back (new ifindex, no tc, no XDP): edged attaches the
     return path (tc) and, as deploy would (node.reply_xdp), the XDP fast path of replies (edge_reply)
     there again: b0's replies are counted by return_xdp again, not only by tc (with "off": tc alone,
     as before). b0's heartbeats, which must arrive on the interface the maps name, keep it usable."""
     xdp = 20 if reply_xdp == "auto" else 0  # of 20 replies, how many XDP carries
-    service = router.service("dns", protocol="udp", backends=[0], health={  # every reply crosses rt-b0
-        "heartbeat": {"port": hb.DEFAULT_HB_PORT, "interval_ms": 10, "timeout_ms": 500, "rise": 3}})
+    service = router.service(
+        "dns",
+        protocol="udp",
+        backends=[0],
+        health={  # every reply crosses rt-b0
+            "heartbeat": {"port": hb.DEFAULT_HB_PORT, "interval_ms": 10, "timeout_ms": 500, "rise": 3}
+        },
+    )
     service["backends"][0]["token"] = hex(TOKEN)
     agent = hb.start_heartbeats(net, 0, token=TOKEN, interval_ms=10)
     try:
-        edged = EdgedProc.start(net.router, router.config([service], node={
-            "api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470",
-            "reply_xdp": reply_xdp}), router.iface)
+        edged = EdgedProc.start(
+            net.router,
+            router.config(
+                [service],
+                node={
+                    "api_socket": str(tmp_path / "edged.sock"),
+                    "metrics_listen": "127.0.0.1:9470",
+                    "reply_xdp": reply_xdp,
+                },
+            ),
+            router.iface,
+        )
         try:
             edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API")
             udp_replies(net, 10)  # the first replies resolve the client's neighbour (tc)
@@ -219,8 +253,12 @@ def test_backend_interface_made_again_gets_the_return_path_and_the_reply_fast_pa
 
             mark = len(edged.events)
             net.recreate_backend_link(0)
-            back = edged.wait_for(lambda e: e["kind"] == "datapath" and e["serving"], 30.0,
-                                  "edged to attach the return path again", after=mark)
+            back = edged.wait_for(
+                lambda e: e["kind"] == "datapath" and e["serving"],
+                30.0,
+                "edged to attach the return path again",
+                after=mark,
+            )
             assert ("reply fast path" in back["text"]) == bool(xdp), back["text"]
             status = router.status()
             assert status["return_ifaces"][-1:] == [net.backend_iface(0)], status["return_ifaces"]

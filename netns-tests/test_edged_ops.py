@@ -27,8 +27,9 @@ def doc(router, tmp_path: Path, backends=(0, 1, 2), policy: str = "latency_inver
     service["health"] = {"probe": {"kind": "tcp", "interval_ms": 50, "timeout_ms": 40, "window": 10}}
     # hysteresis 50 %: RTT noise on veths does not push; the tests look at what edged adopts
     service["weights"] = {"policy": policy, "hysteresis_pct": 50, "max_ratio": 4}
-    return router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
-                                          "metrics_listen": "127.0.0.1:9470"})
+    return router.config(
+        [service], node={"api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470"}
+    )
 
 
 class Traffic(threading.Thread):
@@ -78,26 +79,38 @@ def test_kill_9_and_restart_loses_nothing_and_moves_nothing(net, router, tmp_pat
         conns = open_connections(net.client, net.vip, PORT, 40)
         traffic = Traffic(net, conns, seconds=90.0)  # ended by stop_flag below; the bound if not
         traffic.start()
-        wait_until(lambda: traffic.went_on((0, 0), ROUNDS), 20.0, "traffic under the first edged",
-                   observe=traffic.progress)
+        wait_until(
+            lambda: traffic.went_on((0, 0), ROUNDS), 20.0, "traffic under the first edged", observe=traffic.progress
+        )
         os.kill(first.proc.pid, signal.SIGKILL)
         assert first.proc.wait(timeout=10) == -signal.SIGKILL
         at_kill = traffic.progress()
-        wait_until(lambda: traffic.went_on(at_kill, ROUNDS), 20.0, "traffic with no edged (the data path alone)",
-                   observe=traffic.progress)
+        wait_until(
+            lambda: traffic.went_on(at_kill, ROUNDS),
+            20.0,
+            "traffic with no edged (the data path alone)",
+            observe=traffic.progress,
+        )
         # a push may have landed between the wait above and the kill: the table holds the last one
         last = first.latest_weights("web")
     finally:
         first.stop()
     second = EdgedProc.start(net.router, config, router.iface)
     try:
-        deployed = second.events[-1] if second.events[-1]["kind"] == "deployed" else \
-            second.wait_for(lambda e: e["kind"] == "deployed", 5.0, "deployed")
+        deployed = (
+            second.events[-1]
+            if second.events[-1]["kind"] == "deployed"
+            else second.wait_for(lambda e: e["kind"] == "deployed", 5.0, "deployed")
+        )
         assert deployed["adopted"] is True
         assert deployed["weights"]["web"] == last, (before_weights, last, deployed["weights"])
         at_adopt = traffic.progress()
-        wait_until(lambda: traffic.went_on(at_adopt, ROUNDS), 20.0, "traffic under the restarted edged",
-                   observe=traffic.progress)
+        wait_until(
+            lambda: traffic.went_on(at_adopt, ROUNDS),
+            20.0,
+            "traffic under the restarted edged",
+            observe=traffic.progress,
+        )
         traffic.stop_flag.set()
         traffic.join(timeout=10)
         drops = router.counters()["drops"]
@@ -128,8 +141,9 @@ def test_reload_rejects_a_bad_config_and_applies_a_good_one_as_a_diff(net, route
         edged.rewrite_config(bad)
         mark = len(edged.events)
         edged.signal(signal.SIGHUP)
-        rejected = edged.wait_for(lambda e: e["kind"] in ("reload-rejected", "reload"), 20.0, "reload answer",
-                                  after=mark)
+        rejected = edged.wait_for(
+            lambda e: e["kind"] in ("reload-rejected", "reload"), 20.0, "reload answer", after=mark
+        )
         assert rejected["kind"] == "reload-rejected"
         assert "services[0].port: 70000 is not a port" in rejected["text"]
         assert [c.request().backend for c in conns] == before
@@ -138,8 +152,7 @@ def test_reload_rejects_a_bad_config_and_applies_a_good_one_as_a_diff(net, route
         edged.rewrite_config(good)
         mark = len(edged.events)
         edged.signal(signal.SIGHUP)
-        done = edged.wait_for(lambda e: e["kind"] in ("reload-rejected", "reload"), 60.0, "reload answer",
-                              after=mark)
+        done = edged.wait_for(lambda e: e["kind"] in ("reload-rejected", "reload"), 60.0, "reload answer", after=mark)
         assert done["kind"] == "reload", done["text"]
         assert "web/b1" in done["draining_backends"]
         assert "web/b2" in done["added_backends"]
@@ -208,8 +221,9 @@ def test_edged_talks_to_systemd_through_notify_socket(net, router, tmp_path):
             got.extend((time.monotonic(), line) for line in data.decode().splitlines())
 
     config = doc(router, tmp_path, policy="static")
-    edged = EdgedProc.start(net.router, config, router.iface,
-                            env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"})
+    edged = EdgedProc.start(
+        net.router, config, router.iface, env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"}
+    )
     try:
         drain(1.5)
         edged.signal(signal.SIGHUP)

@@ -47,15 +47,24 @@ FRESH_PORT = 8001  # backends also serve here (fresh_endpoints); no deployment u
 SAMPLE = 30  # flows per readiness poll: one of 3 equal backends is missed with p = (2/3)**30 < 1e-5
 
 
-def service(router: Router, *, timeout_ms: int = TIMEOUT_MS, rise: int = RISE, passive: dict | None = None,
-            existing_flows: str = "reselect", standby: tuple[int, ...] = (), vip: str | None = None,
-            backend_port: int = PORT) -> dict:
+def service(
+    router: Router,
+    *,
+    timeout_ms: int = TIMEOUT_MS,
+    rise: int = RISE,
+    passive: dict | None = None,
+    existing_flows: str = "reselect",
+    standby: tuple[int, ...] = (),
+    vip: str | None = None,
+    backend_port: int = PORT,
+) -> dict:
     """The service "web" (VIP port PORT) on b0..b2, heartbeats on (each backend with its token)."""
     health: dict = {"heartbeat": {"port": hb.HB_PORT, "interval_ms": 1, "timeout_ms": timeout_ms, "rise": rise}}
     if passive:
         health["passive"] = dict(passive)
-    svc = router.service("web", standby=standby, existing_flows=existing_flows, health=health, vip=vip,
-                         backend_port=backend_port)
+    svc = router.service(
+        "web", standby=standby, existing_flows=existing_flows, health=health, vip=vip, backend_port=backend_port
+    )
     for entry in svc["backends"]:
         entry["token"] = hex(TOKENS[int(entry["name"][1:])])
     return svc
@@ -117,6 +126,7 @@ def heartbeats() -> Iterator[Callable[..., object]]:
 
 # ------------------------------------------------------------------ helpers
 
+
 def flows(net: Net, n: int, *, vip: str | None = None, flow_timeout_s: float = 1.0) -> Counter:
     """Backend names (or "error:<why>") over n new connections from the client to the VIP."""
     return backends_seen(net.client, vip or net.vip, PORT, n, flow_timeout_s=flow_timeout_s)
@@ -130,8 +140,7 @@ def wait_flows_reach(net: Net, want: set[str], *, vip: str | None = None, timeou
         last["seen"] = flows(net, SAMPLE, vip=vip, flow_timeout_s=0.5)
         return set(last["seen"]) == want
 
-    wait_until(reached, timeout_s, f"{SAMPLE} new flows reach exactly {sorted(want)}",
-               observe=lambda: last.get("seen"))
+    wait_until(reached, timeout_s, f"{SAMPLE} new flows reach exactly {sorted(want)}", observe=lambda: last.get("seen"))
 
 
 def attempt_is_dropped(net: Net, router: Router) -> bool:
@@ -191,11 +200,13 @@ def link_down(net: Net, ns: Ns, ifname: str) -> Iterator[None]:
     finally:
         with ns.iproute() as ipr:
             ipr.link("set", index=index, state="up")
-        wait_until(lambda: set(net.link_states().values()) == {"UP"}, 5.0, "every veth end UP again",
-                   observe=net.link_states)
+        wait_until(
+            lambda: set(net.link_states().values()) == {"UP"}, 5.0, "every veth end UP again", observe=net.link_states
+        )
 
 
 # ------------------------------------------------------------------ heartbeats and links
+
 
 def test_new_flows_avoid_a_backend_whose_heartbeats_stop(shared_net, shared, heartbeats):
     """b0 has sent no heartbeat since deploy: none of 300 new flows reach it. Once it heartbeats it
@@ -330,8 +341,12 @@ def test_with_every_backend_down_connections_fail_until_one_returns(shared_net, 
 
 # ------------------------------------------------------------------ existing flows
 
-@pytest.mark.parametrize("mode, moved_conns_answer", [("reselect", False), ("keep", True)],
-                         ids=["reselect moves them and they fail", "keep leaves them on b0"])
+
+@pytest.mark.parametrize(
+    "mode, moved_conns_answer",
+    [("reselect", False), ("keep", True)],
+    ids=["reselect moves them and they fail", "keep leaves them on b0"],
+)
 def test_existing_flows_of_a_silent_backend_move_or_stay(shared_net, shared, heartbeats, mode, moved_conns_answer):
     """30 keep-alive connections (about 10 on each backend), then b0's heartbeats stop (its server
     still runs) for longer than twice the timeout, the grace live flows get (status shows the
@@ -408,6 +423,7 @@ def test_a_new_connection_on_a_reused_client_port_avoids_a_down_backend(shared_n
 
 # ------------------------------------------------------------------ standby and rise
 
+
 def test_a_standby_gets_new_flows_only_while_every_primary_is_down(shared_net, shared, heartbeats):
     """b0, b1 primaries, b2 standby, all heartbeating: 300 new flows, none on b2. Both primaries
     silent: all 300 on b2. b0 back: all 300 on b0 (b1 is still down), none on b2. The service
@@ -467,6 +483,7 @@ def test_a_recovered_backend_returns_only_after_rise_heartbeats(shared_net, shar
     router = shared.ensure([service(shared.router, timeout_ms=SLOW_TIMEOUT_MS, backend_port=fresh_endpoints)])
     socks = [hb.hb_socket(net.backends[i], net.backend_addr(i)) for i in range(3)]
     try:
+
         def beat(i: int, seq: int) -> None:
             hb.send(socks[i], net.topo.router_backend_addr(i).ip, seq, TOKENS[i], service_port=fresh_endpoints)
 
@@ -504,8 +521,7 @@ def test_a_recovered_backend_returns_only_after_rise_heartbeats(shared_net, shar
     assert set(after_rise) == ALL, after_rise
 
 
-def test_established_connections_to_a_heartbeating_backend_never_move(shared_net, shared, fresh_endpoints,
-                                                                        heartbeats):
+def test_established_connections_to_a_heartbeating_backend_never_move(shared_net, shared, fresh_endpoints, heartbeats):
     """Every backend heartbeats every 50 us (the more often, the likelier the race above) under the
     60 s timeout of the rise test, so no real silence can make one unusable. 6 keep-alive
     connections make 2000 requests each; each answer must come from the backend that answered the
@@ -536,6 +552,7 @@ def test_established_connections_to_a_heartbeating_backend_never_move(shared_net
 
 
 # ------------------------------------------------------------------ passive detection
+
 
 def test_a_backend_whose_server_dies_is_ejected_by_passive_detection(net, router, heartbeats):
     """b0's server is killed; its heartbeats go on. Flows picked for b0 are refused (RST); after 3

@@ -53,26 +53,36 @@ def test_an_operator_drain_reaches_every_node_and_undrain_restores_it(fleet, rec
     figures = fleet.operator_drain(1, "b1")
     record_property("fleet_operator_drain", json.dumps(figures))
     print("fleet operator drain:", json.dumps(figures))
-    assert figures["said"] == ("drained web/b1 on every node of the fleet (the leader's next snapshot applies it): "
-                               "no new flows; established flows stay")
+    assert figures["said"] == (
+        "drained web/b1 on every node of the fleet (the leader's next snapshot applies it): "
+        "no new flows; established flows stay"
+    )
     assert figures["nodes"] == 3 and figures["same_table"] and figures["same_table_after_undrain"], figures
     assert set(figures["slots"].values()) == {0}, figures["slots"]
     assert all(figures["fleet_drained"].values()), figures["fleet_drained"]
-    assert [(m["service"], m["backend"], m["drain"], m["node"]) for m in figures["fleet_status_marks"]] == \
-        [("web", "b1", True, "r1")]
+    assert [(m["service"], m["backend"], m["drain"], m["node"]) for m in figures["fleet_status_marks"]] == [
+        ("web", "b1", True, "r1")
+    ]
     assert all(figures["has_slots_after_undrain"].values()), figures["has_slots_after_undrain"]
     assert fleet.fleet_status(0)["operator"] == []
 
 
 def test_a_local_drain_acts_on_one_node_and_says_its_table_differs(fleet):
     out = fleet.edgectl(2, "drain", "web", "b0", "--local")
-    assert (out.returncode, out.stdout) == (0, "drained web/b0 on this node only: no new flows; established flows stay\n")
+    assert (out.returncode, out.stdout) == (
+        0,
+        "drained web/b0 on this node only: no new flows; established flows stay\n",
+    )
     assert fleet.backends(2)["b0"]["slots"] == 0
     assert fleet.backends(0)["b0"]["slots"] > 0 and fleet.backends(1)["b0"]["slots"] > 0
     status = fleet.edgectl(2, "status").stdout
     assert "b0: drained by an operator on this node only, so its table differs from the fleet's" in status, status
-    wait_until(lambda: fleet.fleet_status(0)["nodes"][2]["local"] == {"web/b0": "drained"}, 10.0,
-               "r2's report to name its local drain", observe=lambda: fleet.fleet_status(0)["nodes"])
+    wait_until(
+        lambda: fleet.fleet_status(0)["nodes"][2]["local"] == {"web/b0": "drained"},
+        10.0,
+        "r2's report to name its local drain",
+        observe=lambda: fleet.fleet_status(0)["nodes"],
+    )
     out = fleet.edgectl(2, "undrain", "web", "b0")  # fleet-wide: there is no such drain
     assert out.returncode != 0 and "drained on this node only: edgectl undrain --local" in out.stderr, out.stderr
     assert fleet.backends(2)["b0"]["slots"] == 0
@@ -81,9 +91,12 @@ def test_a_local_drain_acts_on_one_node_and_says_its_table_differs(fleet):
     assert fleet.backends(2)["b0"]["slots"] > 0
 
 
-GARBAGE = (("snapshot", '{"version":[],"services":{}}'),
-           ("nodes/evil", '{"node":"evil","t":[],"version":1,"serving":true,"services":{}}'),
-           ("operator/web/b0", "[" * 100000), ("nodes/deep", "[" * 50000 + "]" * 50000))
+GARBAGE = (
+    ("snapshot", '{"version":[],"services":{}}'),
+    ("nodes/evil", '{"node":"evil","t":[],"version":1,"serving":true,"services":{}}'),
+    ("operator/web/b0", "[" * 100000),
+    ("nodes/deep", "[" * 50000 + "]" * 50000),
+)
 
 
 def test_garbage_in_etcd_stops_no_edged_and_the_fleet_works_once_it_is_gone(fleet):
@@ -95,12 +108,20 @@ def test_garbage_in_etcd_stops_no_edged_and_the_fleet_works_once_it_is_gone(flee
     for key, value in GARBAGE:
         fleet.etcd.put(prefix + key, value)
     for i in range(3):  # the snapshot reaches every node: each refuses it, and runs on
-        fleet.edgeds[i].wait_for(lambda e: e["kind"] == "fleet-refused" and e["key"] == prefix + "snapshot", 15.0,
-                                 f"r{i} to refuse the snapshot", after=marks[i])
+        fleet.edgeds[i].wait_for(
+            lambda e: e["kind"] == "fleet-refused" and e["key"] == prefix + "snapshot",
+            15.0,
+            f"r{i} to refuse the snapshot",
+            after=marks[i],
+        )
     leader = fleet.leader()
     for key, _ in GARBAGE[1:]:  # the leader reads every report and mark: it refuses each
-        fleet.edgeds[leader].wait_for(lambda e, k=prefix + key: e["kind"] == "fleet-refused" and e["key"] == k, 15.0,
-                                      f"the leader to refuse {key}", after=marks[leader])
+        fleet.edgeds[leader].wait_for(
+            lambda e, k=prefix + key: e["kind"] == "fleet-refused" and e["key"] == k,
+            15.0,
+            f"the leader to refuse {key}",
+            after=marks[leader],
+        )
     views = []
     for i in range(3):
         with Client(fleet.config(i)["node"]["api_socket"]) as c:
@@ -140,8 +161,9 @@ def test_etcd_stopped_every_node_keeps_its_snapshot_and_forwards(fleet):
     fleet.etcd.stop()
     lost_at = {}
     for i in alive:
-        lost = fleet.edgeds[i].wait_for(lambda e: e["kind"] == "fleet-lost", 15.0, f"r{i} to say etcd is lost",
-                                        after=marks[i])
+        lost = fleet.edgeds[i].wait_for(
+            lambda e: e["kind"] == "fleet-lost", 15.0, f"r{i} to say etcd is lost", after=marks[i]
+        )
         assert "keeping snapshot v" in lost["text"]
         lost_at[i] = fleet.edgeds[i].events.index(lost)
         with Client(fleet.config(i)["node"]["api_socket"]) as c:  # edgectl status says so too
@@ -152,9 +174,8 @@ def test_etcd_stopped_every_node_keeps_its_snapshot_and_forwards(fleet):
         assert all(r.status == 200 for r in replies), (i, replies)
     # nothing was written to the tables since etcd went: the snapshot's weights stay
     for i in alive:
-        later = fleet.edgeds[i].events[lost_at[i]:]
+        later = fleet.edgeds[i].events[lost_at[i] :]
         assert not [e for e in later if e["kind"] == "weights"], later
     fleet.etcd.start()
     for i in alive:
-        fleet.edgeds[i].wait_for(lambda e: e["kind"] == "fleet-recovered", 20.0, f"r{i} to reconnect",
-                                 after=marks[i])
+        fleet.edgeds[i].wait_for(lambda e: e["kind"] == "fleet-recovered", 20.0, f"r{i} to reconnect", after=marks[i])

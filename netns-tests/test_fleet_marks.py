@@ -21,19 +21,36 @@ FLEET = "/edge/fleet/"
 
 
 def doc(router, tmp_path, backends) -> dict:
-    service = router.service("web", backends=backends, health={
-        "probe": {"kind": "http", "path": "/health", "interval_ms": 100, "timeout_ms": 50}})
+    service = router.service(
+        "web",
+        backends=backends,
+        health={"probe": {"kind": "http", "path": "/health", "interval_ms": 100, "timeout_ms": 50}},
+    )
     service["weights"] = {"policy": "latency_inverse"}
-    return router.config([service], node={
-        "api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470",
-        "fleet": {"etcd": ["127.0.0.1:2379"], "name": "r0", "lease_ttl_s": 2, "report_ms": 200,
-                  "stale_ms": 1000, "timeout_ms": 1000, "retry_ms": 200}})
+    return router.config(
+        [service],
+        node={
+            "api_socket": str(tmp_path / "edged.sock"),
+            "metrics_listen": "127.0.0.1:9470",
+            "fleet": {
+                "etcd": ["127.0.0.1:2379"],
+                "name": "r0",
+                "lease_ttl_s": 2,
+                "report_ms": 200,
+                "stale_ms": 1000,
+                "timeout_ms": 1000,
+                "retry_ms": 200,
+            },
+        },
+    )
 
 
 def fleet_marks(net) -> list[tuple[str, str, bool, object]]:
     """`edgectl fleet status --json`'s operator marks as (service, backend, drain, weight)."""
-    out = net.router.run([sys.executable, "-m", "controlplane", "fleet", "status", "--etcd", "127.0.0.1:2379",
-                          "--json"], env=env_with_package())
+    out = net.router.run(
+        [sys.executable, "-m", "controlplane", "fleet", "status", "--etcd", "127.0.0.1:2379", "--json"],
+        env=env_with_package(),
+    )
     return sorted((m["service"], m["backend"], m["drain"], m["weight"]) for m in json.loads(out.stdout)["operator"])
 
 
@@ -55,8 +72,7 @@ def reload(edged: EdgedProc, config: dict) -> dict:
     return done
 
 
-def test_the_leader_deletes_marks_of_backends_nobody_runs_and_a_readded_backend_is_not_drained(net, router,
-                                                                                                 tmp_path):
+def test_the_leader_deletes_marks_of_backends_nobody_runs_and_a_readded_backend_is_not_drained(net, router, tmp_path):
     (tmp_path / "etcd").mkdir()
     etcd = Etcd(net.router, tmp_path / "etcd").start()
     try:
@@ -67,20 +83,28 @@ def test_the_leader_deletes_marks_of_backends_nobody_runs_and_a_readded_backend_
         edged = EdgedProc.start(net.router, doc(router, tmp_path, [0, 1, 2]), router.iface)
         try:
             first = edged.wait_for(lambda e: e["kind"] == "fleet-operator", 60.0, "a stale mark deleted")
-            second = edged.wait_for(lambda e: e["kind"] == "fleet-operator", 60.0, "the other stale mark deleted",
-                                    after=edged.events.index(first) + 1)
+            second = edged.wait_for(
+                lambda e: e["kind"] == "fleet-operator",
+                60.0,
+                "the other stale mark deleted",
+                after=edged.events.index(first) + 1,
+            )
             assert {(e["service"], e["backend"]) for e in (first, second)} == {("web", "ghost"), ("old", "b0")}
             assert fleet_marks(net) == [("web", "b1", True, None)]
-            assert edged.events and not any(e["kind"] == "fleet-operator" and e["backend"] == "b1"
-                                            for e in edged.events)
+            assert edged.events and not any(
+                e["kind"] == "fleet-operator" and e["backend"] == "b1" for e in edged.events
+            )
 
             # b2 drained fleet-wide, removed by a reload, added again by the next one
             out = router.edgectl("drain", "web", "b2", "--socket", tmp_path / "edged.sock")
             assert out.returncode == 0, out.stderr
             assert ("web", "b2", True, None) in fleet_marks(net)
             reload(edged, doc(router, tmp_path, [0, 1]))  # b2 drains out (idle: retired within seconds)
-            gone = edged.wait_for(lambda e: e["kind"] == "fleet-operator" and e["backend"] == "b2", 60.0,
-                                  "b2's mark deleted once no node runs b2")
+            gone = edged.wait_for(
+                lambda e: e["kind"] == "fleet-operator" and e["backend"] == "b2",
+                60.0,
+                "b2's mark deleted once no node runs b2",
+            )
             assert "web/b2" in gone["text"] and "drained" in gone["text"], gone["text"]
             assert fleet_marks(net) == [("web", "b1", True, None)]
 
@@ -108,7 +132,8 @@ def test_marks_of_a_discovered_service_wait_while_its_source_has_said_nothing(ne
         config = doc(router, tmp_path, [0])
         config["services"][0]["discovery"] = {  # nothing listens there: the source never answers
             "etcd": {"endpoints": ["127.0.0.1:23791"], "prefix": "/edge/services/web/", "timeout_ms": 500},
-            "retry_ms": 200}
+            "retry_ms": 200,
+        }
         edged = EdgedProc.start(net.router, config, router.iface)
         try:
             gone = edged.wait_for(lambda e: e["kind"] == "fleet-operator", 60.0, "the gone service's mark deleted")

@@ -29,12 +29,35 @@ DEEP = "[" * 50000 + "]" * 50000
 
 
 def config(port: int, name: str, auth: dict | None = None):
-    return parse_config({"version": 1, "node": {"fleet": {
-        "etcd": [f"127.0.0.1:{port}"], "name": name, "lease_ttl_s": 2, "report_ms": 200, "stale_ms": 1000,
-        "timeout_ms": 1000, "retry_ms": 100, **(auth or {})}}, "services": [{
-            "name": "web", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": "latency_inverse"},
-            "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000},
-                         {"name": "b", "address": "198.18.1.3", "port": 8000}]}]})
+    return parse_config(
+        {
+            "version": 1,
+            "node": {
+                "fleet": {
+                    "etcd": [f"127.0.0.1:{port}"],
+                    "name": name,
+                    "lease_ttl_s": 2,
+                    "report_ms": 200,
+                    "stale_ms": 1000,
+                    "timeout_ms": 1000,
+                    "retry_ms": 100,
+                    **(auth or {}),
+                }
+            },
+            "services": [
+                {
+                    "name": "web",
+                    "vip": "198.18.255.1",
+                    "port": 8000,
+                    "weights": {"policy": "latency_inverse"},
+                    "backends": [
+                        {"name": "a", "address": "198.18.1.2", "port": 8000},
+                        {"name": "b", "address": "198.18.1.3", "port": 8000},
+                    ],
+                }
+            ],
+        }
+    )
 
 
 class Node:
@@ -55,8 +78,9 @@ class Node:
         self.events.append({"kind": kind, "text": text, **fields})
 
     def decide(self, a: int, b: int) -> None:
-        d = policy.Decision(weights={"a": a, "b": b}, computed={"a": a, "b": b}, states={"a": "up", "b": "up"},
-                            reasons={}, push=True)
+        d = policy.Decision(
+            weights={"a": a, "b": b}, computed={"a": a, "b": b}, states={"a": "up", "b": "up"}, reasons={}, push=True
+        )
         self.member.steer(self.cfg.services[0], d, None)
 
     def alive(self) -> bool:
@@ -137,12 +161,18 @@ def test_no_value_stops_a_member_or_makes_two_leaders(etcd, key):
             assert leaders(nodes) == leader and all(n.alive() for n in nodes)
         finally:
             await stop(nodes)
+
     asyncio.run(main())
 
 
 def _forged(version: int, leader: str, lease: int, weights: dict) -> dict:
-    return {"version": version, "leader": leader, "lease": lease, "t": 1.0,
-            "services": {"web": {"digest": "", "weights": weights, "backends": []}}}
+    return {
+        "version": version,
+        "leader": leader,
+        "lease": lease,
+        "t": 1.0,
+        "services": {"web": {"digest": "", "weights": weights, "backends": []}},
+    }
 
 
 def test_only_the_leaders_snapshots_are_applied(etcd):
@@ -161,11 +191,9 @@ def test_only_the_leaders_snapshots_are_applied(etcd):
 
             cases = {
                 "leader nobody, every weight 0": forge(v + 1, "nobody", lease, {"a": 0, "b": 0}),
-                "the leader's name, another lease": forge(v + 1, leader.member.cfg.name, lease + 1,
-                                                          {"a": 1, "b": 1}),
-                "a version of 10^15": forge(10 ** 15, leader.member.cfg.name, lease, {"a": 1, "b": 1}),
-                "the leader's lease, every weight 0": forge(v + 1, leader.member.cfg.name, lease,
-                                                            {"a": 0, "b": 0}),
+                "the leader's name, another lease": forge(v + 1, leader.member.cfg.name, lease + 1, {"a": 1, "b": 1}),
+                "a version of 10^15": forge(10**15, leader.member.cfg.name, lease, {"a": 1, "b": 1}),
+                "the leader's lease, every weight 0": forge(v + 1, leader.member.cfg.name, lease, {"a": 0, "b": 0}),
                 "a weight out of range": forge(v + 1, leader.member.cfg.name, lease, {"a": 70000, "b": 1}),
             }
             for name, value in cases.items():
@@ -180,10 +208,13 @@ def test_only_the_leaders_snapshots_are_applied(etcd):
             # an operator's drain of every backend is an all-zero snapshot that is applied
             for backend in ("a", "b"):
                 await nodes[1].member.operate("web", backend, "drain")
-            await until(lambda: all(n.member.shared.get("web") == {"a": 0, "b": 0} for n in nodes),
-                        "the operator's all-zero snapshot everywhere")
+            await until(
+                lambda: all(n.member.shared.get("web") == {"a": 0, "b": 0} for n in nodes),
+                "the operator's all-zero snapshot everywhere",
+            )
         finally:
             await stop(nodes)
+
     asyncio.run(main())
 
 
@@ -193,7 +224,7 @@ def test_a_new_leader_continues_past_a_deleted_or_forged_snapshot(etcd):
         try:
             old = next(n for n in nodes if n.member.is_leader)
             other = next(n for n in nodes if n is not old)
-            await put(etcd, "snapshot", json.dumps(_forged(10 ** 15, "nobody", 0, {"a": 0, "b": 0})))
+            await put(etcd, "snapshot", json.dumps(_forged(10**15, "nobody", 0, {"a": 0, "b": 0})))
             await asyncio.sleep(0.5)
             applied = other.member.applied
             old.task.cancel()  # the leader stops: its lease is revoked, the other leads
@@ -203,10 +234,13 @@ def test_a_new_leader_continues_past_a_deleted_or_forged_snapshot(etcd):
             await delete(etcd, "snapshot")
             now = other.member.applied
             other.decide(10000, 1500)
-            await until(lambda: other.member.applied > now and other.member.shared["web"]["b"] == 1500,
-                        "the new leader's next version after the delete")
+            await until(
+                lambda: other.member.applied > now and other.member.shared["web"]["b"] == 1500,
+                "the new leader's next version after the delete",
+            )
         finally:
             await stop(nodes)
+
     asyncio.run(main())
 
 
@@ -214,9 +248,13 @@ def node_role(name: str) -> list[tuple[str, str, bool]]:
     """The etcd role of fleet node NAME (docs: security): read the fleet's prefix; write the
     leader key and the snapshot (any node may lead), operator marks (edgectl drain on any node),
     and its own report only."""
-    return [("READ", PREFIX, True), ("READWRITE", PREFIX + "leader", False),
-            ("READWRITE", PREFIX + "snapshot", False), ("READWRITE", PREFIX + "operator/", True),
-            ("READWRITE", f"{PREFIX}nodes/{name}", False)]
+    return [
+        ("READ", PREFIX, True),
+        ("READWRITE", PREFIX + "leader", False),
+        ("READWRITE", PREFIX + "snapshot", False),
+        ("READWRITE", PREFIX + "operator/", True),
+        ("READWRITE", f"{PREFIX}nodes/{name}", False),
+    ]
 
 
 def test_with_etcd_auth_a_fleet_runs_and_each_node_writes_only_its_own_report(etcd, tmp_path):
@@ -254,4 +292,5 @@ def test_with_etcd_auth_a_fleet_runs_and_each_node_writes_only_its_own_report(et
             assert all(n.alive() and n.member.connected for n in nodes)
         finally:
             await stop(nodes)
+
     asyncio.run(main())

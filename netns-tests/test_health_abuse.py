@@ -227,14 +227,20 @@ def test_replayed_heartbeats_do_not_revive_a_silent_backend(net, router):
             for seq in (1, 2, 3):
                 beat(seq)
         beat(1000, epoch - 1)
-        wait_until(lambda: router.counters()["drops"]["replayed_heartbeat"] - before["drops"]["replayed_heartbeat"]
-                   >= 31, 2.0, "31 replays dropped")
+        wait_until(
+            lambda: router.counters()["drops"]["replayed_heartbeat"] - before["drops"]["replayed_heartbeat"] >= 31,
+            2.0,
+            "31 replays dropped",
+        )
         after = router.counters()
         seen = flows(net, 60)
         for seq in (0, 1, 2):
             beat(seq, epoch + 1)
-        wait_until(lambda: router.counters()["verdicts"]["heartbeat"] >= after["verdicts"]["heartbeat"] + 3, 2.0,
-                   "a newer epoch taken")
+        wait_until(
+            lambda: router.counters()["verdicts"]["heartbeat"] >= after["verdicts"]["heartbeat"] + 3,
+            2.0,
+            "a newer epoch taken",
+        )
 
     assert after["drops"]["replayed_heartbeat"] - before["drops"]["replayed_heartbeat"] == 31
     assert set(seen) == {"b1", "b2"}, seen

@@ -38,8 +38,7 @@ def heartbeat_service(router: Router, existing_flows: str = "keep", **heartbeat:
     4+ ms late: with a 5 ms timeout that is a down-and-rising blip of a few ms, and `reselect`
     would move a connection in flight to another backend, which resets it.
     """
-    service = router.service("chat", existing_flows=existing_flows,
-                             health={"heartbeat": {**HEARTBEAT, **heartbeat}})
+    service = router.service("chat", existing_flows=existing_flows, health={"heartbeat": {**HEARTBEAT, **heartbeat}})
     for entry, token in zip(service["backends"], TOKENS):
         entry["token"] = hex(token)
     return service
@@ -52,8 +51,12 @@ def states(router: Router) -> dict[str, str]:
 
 
 def wait_state(router: Router, want: dict[str, str]) -> None:
-    wait_until(lambda: all(states(router).get(name) == state for name, state in want.items()),
-               STATUS_TIMEOUT_S, f"backend states {want}", observe=lambda: states(router))
+    wait_until(
+        lambda: all(states(router).get(name) == state for name, state in want.items()),
+        STATUS_TIMEOUT_S,
+        f"backend states {want}",
+        observe=lambda: states(router),
+    )
 
 
 def kill_backend(net: Net, i: int) -> None:
@@ -68,8 +71,11 @@ def restart_backend(net: Net, i: int) -> Server:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
     name, addr = backend_role(i), net.backend_addr(i)
-    proc = net.backends[i].popen([sys.executable, "-m", "controlplane.lab.backend", "--name", name,
-                                  "--listen", f"{addr}:{PORT}"], stdout=subprocess.PIPE, env=env)
+    proc = net.backends[i].popen(
+        [sys.executable, "-m", "controlplane.lab.backend", "--name", name, "--listen", f"{addr}:{PORT}"],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
     line = read_line(proc, timeout_s=10.0)
     assert line.startswith(f"listening {name} "), line
     net.servers[i] = Server(name, net.backends[i], addr, PORT, proc)

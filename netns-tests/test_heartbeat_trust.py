@@ -57,11 +57,16 @@ def test_a_heartbeat_altered_on_the_wire_is_refused(net, router):
         wait_until(lambda: set(flows(net, 30)) == {"b1", "b2"}, 5.0, "flows on b1 and b2")
         before = router.counters()
         for k in (1, 2, 3):
-            taken[EPOCH_OFFSET:EPOCH_OFFSET + 4] = (epoch + k).to_bytes(4, "big")
+            taken[EPOCH_OFFSET : EPOCH_OFFSET + 4] = (epoch + k).to_bytes(4, "big")
             sock.sendto(bytes(taken), dst)
-        wait_until(lambda: router.counters()["drops"]["spoofed_heartbeat"] + router.counters()["verdicts"]["heartbeat"]
-                   >= before["drops"]["spoofed_heartbeat"] + before["verdicts"]["heartbeat"] + 3, 2.0,
-                   "the three heartbeats judged")
+        wait_until(
+            lambda: (
+                router.counters()["drops"]["spoofed_heartbeat"] + router.counters()["verdicts"]["heartbeat"]
+                >= before["drops"]["spoofed_heartbeat"] + before["verdicts"]["heartbeat"] + 3
+            ),
+            2.0,
+            "the three heartbeats judged",
+        )
         after = router.counters()
         seen = flows(net, 60)
 

@@ -34,7 +34,10 @@ def test_large_responses_through_the_vip_complete_behind_a_lower_mtu_hop(net, ro
     assert got == [SIZE] * TRANSFERS
     assert counters["verdicts"]["icmp_to_backend"] >= 1
     assert {name: n for name, n in counters["drops"].items() if name.startswith("icmp")} == {
-        "icmp_malformed": 0, "icmp_nested": 0, "icmp_no_flow": 0}
+        "icmp_malformed": 0,
+        "icmp_nested": 0,
+        "icmp_no_flow": 0,
+    }
 
 
 def udp_refused(ns, addr: str, port: int, timeout_s: float = 2.0) -> bool:

@@ -70,32 +70,64 @@ class Case:
 
 CASES = [
     Case("ICMP header cut off", lambda w: w.frame(bytes(ICMP(type=3, code=4))[:6]), "icmp_malformed"),
-    Case("frag needed quoting no header", lambda w: w.frame(bytes(ICMP(type=3, code=4, nexthopmtu=1400))),
-         "icmp_malformed"),
-    Case("frag needed quoting 20 bytes of IPv4, no ports",
-         lambda w: w.frame(frag_needed(Raw(bytes(w.quoted())[:20]))), "icmp_malformed"),
-    Case("frag needed quoting a packet with IPv4 options",
-         lambda w: w.frame(frag_needed(w.quoted(options=[IPOption_RR()]))), "icmp_malformed"),
-    Case("frag needed quoting a later fragment",
-         lambda w: w.frame(frag_needed(w.quoted(frag=8, proto=6, l4=Raw(b"12345678")))), "icmp_malformed"),
-    Case("frag needed quoting a packet not from this VIP",
-         lambda w: w.frame(frag_needed(w.quoted(src=w.backend))), "icmp_malformed"),
-    Case("frag needed quoting ICMP (nested)",
-         lambda w: w.frame(frag_needed(w.quoted(l4=ICMP(type=8) / Raw(b"ping")))), "icmp_nested"),
-    Case("frag needed quoting ICMP quoting TCP (nested)",
-         lambda w: w.frame(frag_needed(w.quoted(l4=ICMP(type=3, code=4) / w.quoted()))), "icmp_nested"),
-    Case("frag needed quoting a VIP port no service has",
-         lambda w: w.frame(frag_needed(w.quoted(l4=TCP(sport=9999, dport=40100)))), "icmp_no_flow"),
-    Case("echo request to the VIP (left to the kernel)",
-         lambda w: w.frame(bytes(ICMP(type=8) / Raw(b"ping"))), "pass"),
-    Case("frag needed to a backend address (no VIP)",
-         lambda w: w.frame(frag_needed(w.quoted(src=w.backend)), dst=w.backend), "pass", reaches="b0"),
+    Case(
+        "frag needed quoting no header",
+        lambda w: w.frame(bytes(ICMP(type=3, code=4, nexthopmtu=1400))),
+        "icmp_malformed",
+    ),
+    Case(
+        "frag needed quoting 20 bytes of IPv4, no ports",
+        lambda w: w.frame(frag_needed(Raw(bytes(w.quoted())[:20]))),
+        "icmp_malformed",
+    ),
+    Case(
+        "frag needed quoting a packet with IPv4 options",
+        lambda w: w.frame(frag_needed(w.quoted(options=[IPOption_RR()]))),
+        "icmp_malformed",
+    ),
+    Case(
+        "frag needed quoting a later fragment",
+        lambda w: w.frame(frag_needed(w.quoted(frag=8, proto=6, l4=Raw(b"12345678")))),
+        "icmp_malformed",
+    ),
+    Case(
+        "frag needed quoting a packet not from this VIP",
+        lambda w: w.frame(frag_needed(w.quoted(src=w.backend))),
+        "icmp_malformed",
+    ),
+    Case(
+        "frag needed quoting ICMP (nested)",
+        lambda w: w.frame(frag_needed(w.quoted(l4=ICMP(type=8) / Raw(b"ping")))),
+        "icmp_nested",
+    ),
+    Case(
+        "frag needed quoting ICMP quoting TCP (nested)",
+        lambda w: w.frame(frag_needed(w.quoted(l4=ICMP(type=3, code=4) / w.quoted()))),
+        "icmp_nested",
+    ),
+    Case(
+        "frag needed quoting a VIP port no service has",
+        lambda w: w.frame(frag_needed(w.quoted(l4=TCP(sport=9999, dport=40100)))),
+        "icmp_no_flow",
+    ),
+    Case("echo request to the VIP (left to the kernel)", lambda w: w.frame(bytes(ICMP(type=8) / Raw(b"ping"))), "pass"),
+    Case(
+        "frag needed to a backend address (no VIP)",
+        lambda w: w.frame(frag_needed(w.quoted(src=w.backend)), dst=w.backend),
+        "pass",
+        reaches="b0",
+    ),
     Case("frag needed about a TCP flow of the VIP", lambda w: w.frame(frag_needed(w.quoted())), "to_backend"),
-    Case("time exceeded about a UDP flow of the VIP",
-         lambda w: w.frame(bytes(ICMP(type=11, code=0) / w.quoted(l4=UDP(sport=PORT, dport=40200) / Raw(b"q")))),
-         "to_backend"),
-    Case("port unreachable about a TCP flow, the whole segment quoted",
-         lambda w: w.frame(bytes(ICMP(type=3, code=3) / w.quoted() / Raw(b"x" * 501))), "to_backend"),
+    Case(
+        "time exceeded about a UDP flow of the VIP",
+        lambda w: w.frame(bytes(ICMP(type=11, code=0) / w.quoted(l4=UDP(sport=PORT, dport=40200) / Raw(b"q")))),
+        "to_backend",
+    ),
+    Case(
+        "port unreachable about a TCP flow, the whole segment quoted",
+        lambda w: w.frame(bytes(ICMP(type=3, code=3) / w.quoted() / Raw(b"x" * 501))),
+        "to_backend",
+    ),
 ]
 
 
@@ -141,7 +173,7 @@ def translation_problems(sent: bytes, got: bytes, backends: frozenset[str]) -> l
     if checksum(inner[:20]) != 0:
         problems.append("quoted IPv4 checksum")
     same = (icmp[:2], icmp[4:18], icmp[20:20], inner[16:20], inner[22:])
-    want = (orig_icmp[:2], orig_icmp[4:18], b"", orig_icmp[8 + 16:8 + 20], orig_icmp[8 + 22:])
+    want = (orig_icmp[:2], orig_icmp[4:18], b"", orig_icmp[8 + 16 : 8 + 20], orig_icmp[8 + 22 :])
     if same != want or len(icmp) != len(orig_icmp):
         problems.append("fields other than the quoted source and checksums changed")
     return problems
@@ -168,8 +200,9 @@ def test_crafted_icmp_error_gets_its_verdict_and_nothing_corrupted_is_forwarded(
                 return now if arrived >= COPIES else None
             return now if now["pass"] >= COPIES else None
 
-        got = wait_until(handled, 2.0, f"{case.expect}: {COPIES} copies handled",
-                         observe=lambda: deltas(before, router.counters()))
+        got = wait_until(
+            handled, 2.0, f"{case.expect}: {COPIES} copies handled", observe=lambda: deltas(before, router.counters())
+        )
         reply = http_get(net.client, net.vip, PORT)
         arrived = {ifname: crafted(frames) for ifname, frames in capture.take().items()}
 

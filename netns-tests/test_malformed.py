@@ -94,56 +94,107 @@ def padded(frame: bytes) -> bytes:
 
 
 CASES = [
-    Case("802.1Q tag cut off after the Ethernet header",
-         lambda w: bytes(w.eth(ETH_P_8021Q)), "malformed"),
-    Case("IPv4 header cut off after 10 bytes",
-         lambda w: bytes(w.eth()) + bytes(w.ip() / syn())[:10], "malformed"),
-    Case("IHL 4, shorter than the IPv4 header",
-         lambda w: bytes(w.eth() / w.ip(ihl=4) / syn() / Raw(MARKER)), "malformed"),
-    Case("IPv4 total length shorter than its header",
-         lambda w: bytes(w.eth() / w.ip(len=16) / syn() / Raw(MARKER)), "malformed"),
-    Case("IPv4 total length larger than the frame",
-         lambda w: bytes(w.eth() / w.ip(len=200) / syn() / Raw(MARKER)), "malformed"),
-    Case("IPv4 options to the VIP",
-         lambda w: bytes(w.eth() / w.ip(options=[IPOption_RR()]) / syn() / Raw(MARKER)), "ip_options"),
-    Case("first fragment (MF) to the VIP",
-         lambda w: bytes(w.eth() / w.ip(flags="MF", id=0xED01) / syn() / Raw(MARKER * 4)), "fragment"),
-    Case("non-first fragment to the VIP",
-         lambda w: bytes(w.eth() / w.ip(frag=8, id=0xED02, proto=6) / Raw(MARKER)), "fragment"),
-    Case("TCP header cut off to the VIP",
-         lambda w: bytes(w.eth() / w.ip(proto=6) / Raw(bytes(syn())[:12])), "malformed"),
-    Case("TCP data offset 4 to the VIP",
-         lambda w: bytes(w.eth() / w.ip() / syn(dataofs=4) / Raw(MARKER)), "malformed"),
-    Case("TCP data offset past the IPv4 payload to the VIP",
-         lambda w: bytes(w.eth() / w.ip() / syn(dataofs=15) / Raw(MARKER)), "malformed"),
-    Case("UDP length 0 to a UDP VIP",
-         lambda w: bytes(w.eth() / w.ip() / UDP(sport=40000, dport=PORT, len=0) / Raw(MARKER)), "malformed"),
-    Case("UDP length larger than the payload to a UDP VIP",
-         lambda w: bytes(w.eth() / w.ip() / UDP(sport=40000, dport=PORT, len=200) / Raw(MARKER)), "malformed"),
-    Case("IPv4 header checksum wrong to the VIP",
-         lambda w: bad_ip_checksum(bytes(w.eth() / w.ip() / syn(40005) / Raw(MARKER))), "bad_checksum"),
-    Case("IPv4 header checksum wrong to a UDP VIP",
-         lambda w: bad_ip_checksum(bytes(w.eth() / w.ip() / UDP(sport=40006, dport=PORT) / Raw(MARKER))),
-         "bad_checksum"),
-    Case("TCP SYN with a wrong TCP checksum to the VIP",
-         lambda w: bytes(w.eth() / w.ip() / syn(40007, chksum=0xBAD)), "bad_checksum"),
-    Case("IPv4 header checksum wrong to a backend address (no VIP; the kernel discards it)",
-         lambda w: bad_ip_checksum(bytes(w.eth() / w.ip(w.backend) / UDP(sport=40000, dport=9) / Raw(MARKER))),
-         "pass"),
-    Case("IPv4 options to a backend address (no VIP)",
-         lambda w: bytes(w.eth() / w.ip(w.backend, options=[IPOption_RR()]) / UDP(sport=40000, dport=9) / Raw(MARKER)),
-         "pass", reaches="b0"),
-    Case("first fragment (MF) to a backend address (no VIP)",
-         lambda w: bytes(w.eth() / w.ip(w.backend, flags="MF", id=0xED03) / UDP(sport=40000, dport=9) / Raw(MARKER * 4)),
-         "pass", reaches="b0"),
-    Case("TTL 1 to the VIP (left to the kernel)",
-         lambda w: bytes(w.eth() / w.ip(ttl=1) / syn(40001) / Raw(MARKER)), "pass"),
-    Case("TCP SYN to the VIP padded to the Ethernet minimum",
-         lambda w: padded(bytes(w.eth() / w.ip() / syn(40002))), "nat"),
-    Case("UDP to a UDP VIP with checksum 0 (none)",
-         lambda w: bytes(w.eth() / w.ip() / UDP(sport=40003, dport=PORT, chksum=0) / Raw(MARKER)), "nat"),
-    Case("UDP to a UDP VIP with a checksum",
-         lambda w: bytes(w.eth() / w.ip() / UDP(sport=40004, dport=PORT) / Raw(MARKER)), "nat"),
+    Case("802.1Q tag cut off after the Ethernet header", lambda w: bytes(w.eth(ETH_P_8021Q)), "malformed"),
+    Case("IPv4 header cut off after 10 bytes", lambda w: bytes(w.eth()) + bytes(w.ip() / syn())[:10], "malformed"),
+    Case(
+        "IHL 4, shorter than the IPv4 header", lambda w: bytes(w.eth() / w.ip(ihl=4) / syn() / Raw(MARKER)), "malformed"
+    ),
+    Case(
+        "IPv4 total length shorter than its header",
+        lambda w: bytes(w.eth() / w.ip(len=16) / syn() / Raw(MARKER)),
+        "malformed",
+    ),
+    Case(
+        "IPv4 total length larger than the frame",
+        lambda w: bytes(w.eth() / w.ip(len=200) / syn() / Raw(MARKER)),
+        "malformed",
+    ),
+    Case(
+        "IPv4 options to the VIP",
+        lambda w: bytes(w.eth() / w.ip(options=[IPOption_RR()]) / syn() / Raw(MARKER)),
+        "ip_options",
+    ),
+    Case(
+        "first fragment (MF) to the VIP",
+        lambda w: bytes(w.eth() / w.ip(flags="MF", id=0xED01) / syn() / Raw(MARKER * 4)),
+        "fragment",
+    ),
+    Case(
+        "non-first fragment to the VIP",
+        lambda w: bytes(w.eth() / w.ip(frag=8, id=0xED02, proto=6) / Raw(MARKER)),
+        "fragment",
+    ),
+    Case(
+        "TCP header cut off to the VIP", lambda w: bytes(w.eth() / w.ip(proto=6) / Raw(bytes(syn())[:12])), "malformed"
+    ),
+    Case("TCP data offset 4 to the VIP", lambda w: bytes(w.eth() / w.ip() / syn(dataofs=4) / Raw(MARKER)), "malformed"),
+    Case(
+        "TCP data offset past the IPv4 payload to the VIP",
+        lambda w: bytes(w.eth() / w.ip() / syn(dataofs=15) / Raw(MARKER)),
+        "malformed",
+    ),
+    Case(
+        "UDP length 0 to a UDP VIP",
+        lambda w: bytes(w.eth() / w.ip() / UDP(sport=40000, dport=PORT, len=0) / Raw(MARKER)),
+        "malformed",
+    ),
+    Case(
+        "UDP length larger than the payload to a UDP VIP",
+        lambda w: bytes(w.eth() / w.ip() / UDP(sport=40000, dport=PORT, len=200) / Raw(MARKER)),
+        "malformed",
+    ),
+    Case(
+        "IPv4 header checksum wrong to the VIP",
+        lambda w: bad_ip_checksum(bytes(w.eth() / w.ip() / syn(40005) / Raw(MARKER))),
+        "bad_checksum",
+    ),
+    Case(
+        "IPv4 header checksum wrong to a UDP VIP",
+        lambda w: bad_ip_checksum(bytes(w.eth() / w.ip() / UDP(sport=40006, dport=PORT) / Raw(MARKER))),
+        "bad_checksum",
+    ),
+    Case(
+        "TCP SYN with a wrong TCP checksum to the VIP",
+        lambda w: bytes(w.eth() / w.ip() / syn(40007, chksum=0xBAD)),
+        "bad_checksum",
+    ),
+    Case(
+        "IPv4 header checksum wrong to a backend address (no VIP; the kernel discards it)",
+        lambda w: bad_ip_checksum(bytes(w.eth() / w.ip(w.backend) / UDP(sport=40000, dport=9) / Raw(MARKER))),
+        "pass",
+    ),
+    Case(
+        "IPv4 options to a backend address (no VIP)",
+        lambda w: bytes(w.eth() / w.ip(w.backend, options=[IPOption_RR()]) / UDP(sport=40000, dport=9) / Raw(MARKER)),
+        "pass",
+        reaches="b0",
+    ),
+    Case(
+        "first fragment (MF) to a backend address (no VIP)",
+        lambda w: bytes(w.eth() / w.ip(w.backend, flags="MF", id=0xED03) / UDP(sport=40000, dport=9) / Raw(MARKER * 4)),
+        "pass",
+        reaches="b0",
+    ),
+    Case(
+        "TTL 1 to the VIP (left to the kernel)",
+        lambda w: bytes(w.eth() / w.ip(ttl=1) / syn(40001) / Raw(MARKER)),
+        "pass",
+    ),
+    Case(
+        "TCP SYN to the VIP padded to the Ethernet minimum",
+        lambda w: padded(bytes(w.eth() / w.ip() / syn(40002))),
+        "nat",
+    ),
+    Case(
+        "UDP to a UDP VIP with checksum 0 (none)",
+        lambda w: bytes(w.eth() / w.ip() / UDP(sport=40003, dport=PORT, chksum=0) / Raw(MARKER)),
+        "nat",
+    ),
+    Case(
+        "UDP to a UDP VIP with a checksum",
+        lambda w: bytes(w.eth() / w.ip() / UDP(sport=40004, dport=PORT) / Raw(MARKER)),
+        "nat",
+    ),
 ]
 
 
@@ -193,7 +244,7 @@ def nat_problems(sent: bytes, got: bytes, backends: frozenset[str]) -> list[str]
     if checksum(ip[:ihl]) != 0:
         problems.append("IPv4 header checksum")
     unchanged = (slice(4, 16), slice(18, None)) if proto == 6 else (slice(4, 6), slice(8, None))
-    if [l4[s] for s in unchanged] != [orig[20:20 + len(l4)][s] for s in unchanged]:
+    if [l4[s] for s in unchanged] != [orig[20 : 20 + len(l4)][s] for s in unchanged]:
         problems.append("TCP/UDP fields other than the destination port and checksum changed")
     if proto == 17 and orig[26:28] == b"\0\0":
         if l4[6:8] != b"\0\0":
@@ -225,9 +276,15 @@ def test_crafted_frame_gets_its_verdict_and_nothing_corrupted_is_forwarded(share
                 return now if arrived >= COPIES else None
             return now if now["pass"] >= COPIES else None
 
-        got = wait_until(handled, 2.0, f"{case.expect}: {COPIES} copies handled",
-                         observe=lambda: (deltas(before, router.counters()),
-                                          {i: len(crafted(f)) for i, f in capture.take().items()}))
+        got = wait_until(
+            handled,
+            2.0,
+            f"{case.expect}: {COPIES} copies handled",
+            observe=lambda: (
+                deltas(before, router.counters()),
+                {i: len(crafted(f)) for i, f in capture.take().items()},
+            ),
+        )
         reply = http_get(net.client, net.vip, PORT)
         arrived = {ifname: crafted(frames) for ifname, frames in capture.take().items()}
 
@@ -242,7 +299,7 @@ def test_crafted_frame_gets_its_verdict_and_nothing_corrupted_is_forwarded(share
         assert counts == {ifname: COPIES if ifname == b0 and case.reaches == "b0" else 0 for _, ifname in ends}
         ihl = (frame[14] & 0x0F) * 4
         # Forwarded by the kernel: TTL (and the record-route option) updated, the rest as sent.
-        assert all(f[14 + ihl:] == frame[14 + ihl:] for f in arrived[b0]), "L4 header or payload changed"
+        assert all(f[14 + ihl :] == frame[14 + ihl :] for f in arrived[b0]), "L4 header or payload changed"
     else:
         assert (got["drops"], got["drop"], got["nat"]) == (no_drops, 0, COPIES)
         assert sorted(counts.values()) == [0, 0, COPIES]  # one flow: one backend
@@ -262,8 +319,12 @@ def test_status_reports_the_drop_counters_of_the_pinned_maps(shared_net, deploye
     router = deployed.router
     before = router.counters()
     send_frames(shared_net.client, shared_net.client_iface, [c.build(deployed.wire) for c in by_reason.values()])
-    wait_until(lambda: deltas(before, router.counters())["drop"] >= len(by_reason), 2.0, "drops counted",
-               observe=lambda: deltas(before, router.counters()))
+    wait_until(
+        lambda: deltas(before, router.counters())["drop"] >= len(by_reason),
+        2.0,
+        "drops counted",
+        observe=lambda: deltas(before, router.counters()),
+    )
 
     maps = router.counters()
     snap = router.status()

@@ -43,7 +43,9 @@ HB_ROUND_S = 0.3
 HB_MAX_ROUNDS = 2000  # 10 minutes of heartbeats at most
 TOKEN_BASE = 0x5EED0000
 FLOWS = 4 * N
-FIRST_PORT = 20000  # below the ephemeral ports; the failover test's client ports: FIRST_PORT .. FIRST_PORT + PINNED_FLOWS - 1
+FIRST_PORT = (
+    20000  # below the ephemeral ports; the failover test's client ports: FIRST_PORT .. FIRST_PORT + PINNED_FLOWS - 1
+)
 PINNED_FLOWS = 1024
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # linux/in.h; Python 3.11 lacks the name
 
@@ -90,12 +92,14 @@ class Heartbeats:
 
 
 def service(net: Net) -> dict:
-    health = {"heartbeat": {"port": hb.HB_PORT, "interval_ms": int(HB_ROUND_S * 1000), "timeout_ms": TIMEOUT_MS,
-                            "rise": 1}}
-    backends = [{"name": f"b{i}", "address": str(backend_address(i)), "port": PORT, "token": hex(TOKEN_BASE + i)}
-                for i in range(N)]
-    return {"name": "big", "vip": str(net.vip), "port": PORT, "protocol": "tcp", "health": health,
-            "backends": backends}
+    health = {
+        "heartbeat": {"port": hb.HB_PORT, "interval_ms": int(HB_ROUND_S * 1000), "timeout_ms": TIMEOUT_MS, "rise": 1}
+    }
+    backends = [
+        {"name": f"b{i}", "address": str(backend_address(i)), "port": PORT, "token": hex(TOKEN_BASE + i)}
+        for i in range(N)
+    ]
+    return {"name": "big", "vip": str(net.vip), "port": PORT, "protocol": "tcp", "health": health, "backends": backends}
 
 
 def add_backends(net: Net) -> None:
@@ -115,7 +119,9 @@ def lab() -> Iterator[tuple[Net, Heartbeats]]:
         add_backends(net)
         server = net.backends[0].popen(
             [sys.executable, "-m", "controlplane.lab.backend", "--name", "@local", "--listen", f"0.0.0.0:{PORT}"],
-            stdout=subprocess.PIPE, env=_env())
+            stdout=subprocess.PIPE,
+            env=_env(),
+        )
         try:
             assert read_line(server, 10.0).startswith("listening @local ")
             router = Router(net)
@@ -205,5 +211,6 @@ def test_the_one_live_backend_of_a_thousand_is_found_by_the_scan(lab, last) -> N
     finally:
         beats.alive = set(range(N))
         # new tuples (conntrack keeps the old ones on the backend that took them)
-        wait_until(lambda: len(backends_seen(net.client, net.vip, PORT, 32)) > 16, TIMEOUT_MS / 1000 * 5,
-                   "the others are back")
+        wait_until(
+            lambda: len(backends_seen(net.client, net.vip, PORT, 32)) > 16, TIMEOUT_MS / 1000 * 5, "the others are back"
+        )

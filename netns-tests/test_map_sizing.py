@@ -31,8 +31,9 @@ def possible_cpus() -> int:
 
 
 def pinned(path) -> dict:
-    done = subprocess.run(["bpftool", "-j", "map", "show", "pinned", str(path)],
-                          capture_output=True, text=True, timeout=10.0, check=True)
+    done = subprocess.run(
+        ["bpftool", "-j", "map", "show", "pinned", str(path)], capture_output=True, text=True, timeout=10.0, check=True
+    )
     return json.loads(done.stdout)
 
 
@@ -67,7 +68,16 @@ def memory_cgroup(limit: int) -> Iterator[Path]:
 def edgectl_in(router, procs: Path, *args) -> subprocess.CompletedProcess:
     """edgectl ARGS in the router namespace, as a process of the cgroup whose cgroup.procs is procs."""
     env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
-    argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), sys.executable, "-m", "controlplane", *map(str, args)]
+    argv = [
+        "sh",
+        "-c",
+        'echo $$ > "$0" && exec "$@"',
+        str(procs),
+        sys.executable,
+        "-m",
+        "controlplane",
+        *map(str, args),
+    ]
     return router.net.router.run(argv, check=False, env=env, timeout=DEPLOY_TIMEOUT_S)
 
 

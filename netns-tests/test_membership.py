@@ -76,8 +76,9 @@ def test_an_update_that_cannot_fit_fails_in_one_line_with_traffic_flowing(net, r
 def edged_doc(router, tmp_path, name="web", backends=(0, 1), drain_timeout_ms=0) -> dict:
     service = router.service(name, backends=list(backends), drain_timeout_ms=drain_timeout_ms)
     service["weights"] = {"policy": "static"}
-    return router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
-                                          "metrics_listen": "127.0.0.1:9470"})
+    return router.config(
+        [service], node={"api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470"}
+    )
 
 
 def test_edged_renames_on_the_vip_and_drains_until_the_connections_end(net, router: Router, tmp_path):

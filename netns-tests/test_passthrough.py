@@ -26,8 +26,12 @@ OTHER_PORT = 9000  # on the VIP address, but no service
 
 def untouched(snap: dict) -> None:
     """Nothing was NATed, dropped or reverse-NATed, and no flow was tracked."""
-    assert {k: snap["verdicts"][k] for k in ("redirect", "nat_pass", "drop", "return_nat")} == \
-        {"redirect": 0, "nat_pass": 0, "drop": 0, "return_nat": 0}
+    assert {k: snap["verdicts"][k] for k in ("redirect", "nat_pass", "drop", "return_nat")} == {
+        "redirect": 0,
+        "nat_pass": 0,
+        "drop": 0,
+        "return_nat": 0,
+    }
     assert set(snap["drops"].values()) == {0}
     assert snap["conntrack_entries"] == 0
     for service in snap["services"]:
@@ -94,13 +98,13 @@ def test_vip_traffic_matching_no_service_is_passed_not_natted(net, router):
         frames = capture.take()
 
     assert err in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ETIMEDOUT), errno.errorcode.get(err, err)
-    from_client = {ifname: [f for f in got if f[26:30] == net.topo.client_addr.ip.packed]
-                   for ifname, got in frames.items()}
+    from_client = {
+        ifname: [f for f in got if f[26:30] == net.topo.client_addr.ip.packed] for ifname, got in frames.items()
+    }
     assert from_client == {ifname: [] for _, ifname in backend_ends}
     snap = router.status()
     untouched(snap)
     assert snap["verdicts"]["pass"] >= 3
-
 
 
 def connect_from(net, port: int, addr, timeout_s: float = 2.0) -> Conn:
@@ -129,9 +133,11 @@ def test_a_direct_connection_to_a_backend_passes_from_a_port_a_vip_flow_used_bef
         via_vip = conn.request()
     # The backend's FIN is reverse-NATed after close() returns; count from when it arrived
     # (the client's side of the VIP connection is then in TIME_WAIT).
-    wait_until(lambda: net.client.run(
-        ["ss", "-Htn", "state", "time-wait", "( sport = :45000 )"]).stdout.strip(),
-        timeout_s=5, what="the VIP connection from port 45000 to reach TIME_WAIT")
+    wait_until(
+        lambda: net.client.run(["ss", "-Htn", "state", "time-wait", "( sport = :45000 )"]).stdout.strip(),
+        timeout_s=5,
+        what="the VIP connection from port 45000 to reach TIME_WAIT",
+    )
     backend = net.backend_addr(int(via_vip.backend[1:]))
     before = router.counters()["verdicts"]
 

@@ -19,10 +19,15 @@ PORT = 8000  # conftest.BACKEND_PORT
 # Ejection far shorter than the probes take to call b0 down (3 x 200 ms): the ejection ends while
 # its probes fail but before they reach fall, which is when the old code spent a trial flow.
 PASSIVE = {"syn_timeout_ms": 50, "consecutive": 1, "ejection_ms": 200, "max_ejected_percent": 50}
-PROBE = {"kind": "tcp", "interval_ms": 200, "timeout_ms": 50, "fall": 3, "rise": 2,
-         "relaxed_interval_ms": 200}  # never relaxed: the probes' pace does not depend on the traffic
-POLICIES = {"static": {"policy": "static"},
-            "latency_inverse": {"policy": "latency_inverse", "slow_start_ms": 500}}
+PROBE = {
+    "kind": "tcp",
+    "interval_ms": 200,
+    "timeout_ms": 50,
+    "fall": 3,
+    "rise": 2,
+    "relaxed_interval_ms": 200,
+}  # never relaxed: the probes' pace does not depend on the traffic
+POLICIES = {"static": {"policy": "static"}, "latency_inverse": {"policy": "latency_inverse", "slow_start_ms": 500}}
 
 
 def backend(router, name: str) -> dict:
@@ -57,8 +62,7 @@ class Flows:
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_a_killed_server_is_down_for_new_flows_with_no_trial_and_returns_with_its_server(
-        net, router, tmp_path, policy):
+def test_a_killed_server_is_down_for_new_flows_with_no_trial_and_returns_with_its_server(net, router, tmp_path, policy):
     """b0's server is killed; refused SYNs eject it (detection). From then on: every new
     connection succeeds and b0 gets none (its new_flows counter stands still) while its ejection
     ends and its probes fail, until status calls it down with the probes as the reason (old code:
@@ -69,12 +73,14 @@ def test_a_killed_server_is_down_for_new_flows_with_no_trial_and_returns_with_it
     service["weights"] = POLICIES[policy]
     edged, b0 = start_and_kill_b0(net, router, tmp_path, service)
     try:
+
         def ejected() -> bool:
             backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)  # a refused SYN ejects b0
             return backend(router, "b0")["health"]["state"] in ("ejected", "probation")
 
-        wait_until(ejected, 20.0, "b0 ejected by passive detection",
-                   observe=lambda: backend(router, "b0")["health"]["state"])
+        wait_until(
+            ejected, 20.0, "b0 ejected by passive detection", observe=lambda: backend(router, "b0")["health"]["state"]
+        )
         spent = backend(router, "b0")["new_flows"]
 
         with Flows(net) as flows:  # new connections all along, while the ejection ends and probes fail
@@ -84,8 +90,12 @@ def test_a_killed_server_is_down_for_new_flows_with_no_trial_and_returns_with_it
                 b = backend(router, "b0")
                 return b["state"] == "down" and b["health"]["state"] != "ejected"
 
-            wait_until(down, 20.0, "b0 down by its probes, its ejection over",
-                       observe=lambda: (backend(router, "b0")["state"], flows.failed))
+            wait_until(
+                down,
+                20.0,
+                "b0 down by its probes, its ejection over",
+                observe=lambda: (backend(router, "b0")["state"], flows.failed),
+            )
             rounds = flows.rounds
             wait_until(lambda: flows.rounds >= rounds + 2, 10.0, "new flows sent after b0 is down")
         assert flows.rounds and not flows.failed, flows.failed
@@ -96,8 +106,12 @@ def test_a_killed_server_is_down_for_new_flows_with_no_trial_and_returns_with_it
         assert "failed probes" in b["probe"]["reason"], b["probe"]
 
         restart(net, b0)
-        wait_until(lambda: "b0" in backends_seen(net.client, net.vip, PORT, 60, flow_timeout_s=1.0),
-                   20.0, "new flows on b0 again", observe=lambda: backend(router, "b0")["state"])
+        wait_until(
+            lambda: "b0" in backends_seen(net.client, net.vip, PORT, 60, flow_timeout_s=1.0),
+            20.0,
+            "new flows on b0 again",
+            observe=lambda: backend(router, "b0")["state"],
+        )
         assert backend(router, "b0")["state"] == "up"
     finally:
         edged.stop()

@@ -31,12 +31,16 @@ def state_of(router, backend: str) -> str:
 def start_and_kill_b0(net, router, tmp_path, service: dict) -> tuple[EdgedProc, Server]:
     """edged serving service, once flows reach every backend; then b0's server killed. The caller
     stops the edged returned."""
-    doc = router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
-                                         "metrics_listen": "127.0.0.1:9470"})
+    doc = router.config(
+        [service], node={"api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470"}
+    )
     edged = EdgedProc.start(net.router, doc, router.iface)
     try:
-        wait_until(lambda: set(backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)) == ALL,
-                   10.0, "flows on every backend")
+        wait_until(
+            lambda: set(backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)) == ALL,
+            10.0,
+            "flows on every backend",
+        )
         b0 = net.servers[0]
         b0.proc.kill()
         b0.proc.wait(timeout=5.0)
@@ -51,8 +55,19 @@ def restart(net, server: Server) -> None:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    proc = server.ns.popen([sys.executable, "-m", "controlplane.lab.backend", "--name", server.name,
-                            "--listen", f"{server.address}:{server.port}"], stdout=subprocess.PIPE, env=env)
+    proc = server.ns.popen(
+        [
+            sys.executable,
+            "-m",
+            "controlplane.lab.backend",
+            "--name",
+            server.name,
+            "--listen",
+            f"{server.address}:{server.port}",
+        ],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
     line = read_line(proc, 5.0)
     assert line.startswith(f"listening {server.name} "), line
 
@@ -67,6 +82,7 @@ def test_a_passing_probe_ends_the_probation_of_an_ejected_backend(net, router, t
     service["weights"] = {"policy": "static"}  # probes change no weight: only the data path judges
     edged, b0 = start_and_kill_b0(net, router, tmp_path, service)
     try:
+
         def ejected() -> bool:
             backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)  # refused SYNs eject b0
             return state_of(router, "b0") in ("ejected", "probation")
@@ -74,10 +90,15 @@ def test_a_passing_probe_ends_the_probation_of_an_ejected_backend(net, router, t
         wait_until(ejected, 20.0, "b0 ejected by passive detection", observe=lambda: state_of(router, "b0"))
         restart(net, b0)
         # From here no client sends anything: only edged's probes reach b0.
-        wait_until(lambda: state_of(router, "b0") == "up", 15.0, "b0 up again without a client flow",
-                   observe=lambda: state_of(router, "b0"))
-        event = edged.wait_for(lambda e: e["kind"] == "state" and e.get("new") == "readmitted", 5.0,
-                               "the readmission event")
+        wait_until(
+            lambda: state_of(router, "b0") == "up",
+            15.0,
+            "b0 up again without a client flow",
+            observe=lambda: state_of(router, "b0"),
+        )
+        event = edged.wait_for(
+            lambda e: e["kind"] == "state" and e.get("new") == "readmitted", 5.0, "the readmission event"
+        )
         assert event["backend"] == "b0", event
 
         seen = backends_seen(net.client, net.vip, PORT, 60, flow_timeout_s=1.0)

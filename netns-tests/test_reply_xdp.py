@@ -97,8 +97,11 @@ def _reply_from_backend(net, i: int, client_port: int, payload: bytes) -> None:
     """Backend i sends one UDP datagram from its service port to the client's client_port, as an
     answer on that flow (a raw IP socket: the backend's server owns the port; scapy fills in
     full checksums)."""
-    packet = IP(src=str(net.backend_addr(i)), dst=str(net.topo.client_addr.ip)) / \
-        UDP(sport=PORT, dport=client_port) / payload
+    packet = (
+        IP(src=str(net.backend_addr(i)), dst=str(net.topo.client_addr.ip))
+        / UDP(sport=PORT, dport=client_port)
+        / payload
+    )
     with net.backends[i].enter():
         sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
     with sock:
@@ -120,14 +123,19 @@ def test_udp_replies_that_start_like_a_heartbeat_are_left_to_tc(net, router):
         i = [backend_role(j) for j in range(3)].index(name.decode())
         client_port = sock.getsockname()[1]
         got = {}
-        for label, payload in (("magic", struct.pack("!I", abi.HB_MAGIC) + b"not a heartbeat"),
-                               ("plain", b"an ordinary answer")):
+        for label, payload in (
+            ("magic", struct.pack("!I", abi.HB_MAGIC) + b"not a heartbeat"),
+            ("plain", b"an ordinary answer"),
+        ):
             before = router.status()["verdicts"]
             _reply_from_backend(net, i, client_port, payload)
             data, src = sock.recvfrom(2048)
             after = router.status()["verdicts"]
-            got[label] = (data == payload, f"{src[0]}:{src[1]}",
-                          {k: after[k] - before[k] for k in ("return_xdp", "return_redirect", "return_nat")})
+            got[label] = (
+                data == payload,
+                f"{src[0]}:{src[1]}",
+                {k: after[k] - before[k] for k in ("return_xdp", "return_redirect", "return_nat")},
+            )
 
     vip = f"{net.vip}:{PORT}"
     assert got["magic"] == (True, vip, {"return_xdp": 0, "return_redirect": 1, "return_nat": 1})
@@ -176,8 +184,9 @@ def test_replies_follow_a_vip_that_edged_moves(net, router, tmp_path):
     def doc(vip: IPv4Address) -> dict:
         service = router.service("dns", protocol="udp", vip=str(vip))
         service["weights"] = {"policy": "static"}
-        return router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
-                                              "metrics_listen": "127.0.0.1:9470"})
+        return router.config(
+            [service], node={"api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470"}
+        )
 
     ports = range(41000, 41030)
     edged = EdgedProc.start(net.router, doc(net.vip), router.iface)

@@ -62,10 +62,12 @@ def _stop_timed(edged: EdgedProc) -> float:
     return took
 
 
-def _restart_during_outage(net, router, tmp_path, service: dict, outage, expect: set[str],
-                           node: dict | None = None) -> None:
-    doc = router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
-                                         "metrics_listen": "127.0.0.1:9470", **(node or {})})
+def _restart_during_outage(
+    net, router, tmp_path, service: dict, outage, expect: set[str], node: dict | None = None
+) -> None:
+    doc = router.config(
+        [service], node={"api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470", **(node or {})}
+    )
     edged = EdgedProc.start(net.router, doc, router.iface)
     conns, again = [], None
     try:
@@ -92,8 +94,10 @@ def _restart_during_outage(net, router, tmp_path, service: dict, outage, expect:
             names = {f"{net.backend_addr(i)}-{PORT}": f"b{i}" for i in range(3)}
             assert set(seen) == {names[n] for n in expect}, seen
             status = router.edgectl("status", "--socket", tmp_path / "edged.sock")
-            assert f"discovery: etcd stale, {len(expect)} backends" in status.stdout or \
-                   f"discovery: dns stale, {len(expect)} backends" in status.stdout, status.stdout
+            assert (
+                f"discovery: etcd stale, {len(expect)} backends" in status.stdout
+                or f"discovery: dns stale, {len(expect)} backends" in status.stdout
+            ), status.stdout
         assert arrivals.failures() == {}, arrivals.seen
         assert sum(arrivals.seen.values()) > 0
         assert [c.request().backend for c in conns] == before
@@ -109,9 +113,12 @@ def test_restart_while_etcd_is_down_keeps_the_discovered_backends(net, router, t
     addr = [str(net.backend_addr(i)) for i in range(2)]
     for i, a in enumerate(addr):
         etcd.put(f"{PREFIX}b{i}", {"address": a, "port": PORT})
-    s = {"name": "web", "vip": str(net.vip), "port": PORT,
-         "discovery": {"etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": PREFIX, "timeout_ms": 1000},
-                       "retry_ms": 200}}
+    s = {
+        "name": "web",
+        "vip": str(net.vip),
+        "port": PORT,
+        "discovery": {"etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": PREFIX, "timeout_ms": 1000}, "retry_ms": 200},
+    }
     fleet = {"fleet": {"etcd": ["127.0.0.1:2379"], "name": "n1"}}  # the fleet's etcd goes down with it
     try:
         _restart_during_outage(net, router, tmp_path, s, etcd.stop, {f"{a}-{PORT}" for a in addr}, fleet)
@@ -127,11 +134,20 @@ def test_a_stop_while_starting_during_an_etcd_outage_ends_within_the_bound(net, 
     of the first start forwards on."""
     etcd = Etcd(net.router, tmp_path).start()
     etcd.put(f"{PREFIX}b0", {"address": str(net.backend_addr(0)), "port": PORT})
-    s = {"name": "web", "vip": str(net.vip), "port": PORT,
-         "discovery": {"etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": PREFIX, "timeout_ms": 4000},
-                       "retry_ms": 200}}
-    doc = router.config([s], node={"api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470",
-                                   "fleet": {"etcd": ["127.0.0.1:2379"], "name": "n1"}})
+    s = {
+        "name": "web",
+        "vip": str(net.vip),
+        "port": PORT,
+        "discovery": {"etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": PREFIX, "timeout_ms": 4000}, "retry_ms": 200},
+    }
+    doc = router.config(
+        [s],
+        node={
+            "api_socket": str(tmp_path / "edged.sock"),
+            "metrics_listen": "127.0.0.1:9470",
+            "fleet": {"etcd": ["127.0.0.1:2379"], "name": "n1"},
+        },
+    )
     edged = EdgedProc.start(net.router, doc, router.iface)
     again = None
     try:
@@ -160,9 +176,23 @@ def test_restart_while_dns_is_down_keeps_the_discovered_backends(net, router, tm
     dm = Dnsmasq(net.router, tmp_path, ttl_s=1)
     dm.set_hosts([(a, name) for a in addr], reload=False)
     dm.start()
-    s = {"name": "web", "vip": str(net.vip), "port": PORT,
-         "discovery": {"dns": {"servers": ["127.0.0.1:53"], "name": name, "type": "A", "port": PORT,
-                               "timeout_ms": 500, "min_ttl_ms": 100, "max_ttl_ms": 2000}, "retry_ms": 200}}
+    s = {
+        "name": "web",
+        "vip": str(net.vip),
+        "port": PORT,
+        "discovery": {
+            "dns": {
+                "servers": ["127.0.0.1:53"],
+                "name": name,
+                "type": "A",
+                "port": PORT,
+                "timeout_ms": 500,
+                "min_ttl_ms": 100,
+                "max_ttl_ms": 2000,
+            },
+            "retry_ms": 200,
+        },
+    }
     try:
         _restart_during_outage(net, router, tmp_path, s, dm.stop, {f"{a}-{PORT}" for a in addr})
     finally:

@@ -37,15 +37,20 @@ def spoofed_syns(net, router, n: int, seed: int) -> list[bytes]:
     rng = random.Random(seed)
     eth = Ether(dst=router.mac(), src=link_mac(net.client, net.client_iface))
     base = int(IPv4Address("198.19.0.0"))
-    return [bytes(eth / IP(src=str(IPv4Address(base + 1 + k)), dst=str(net.vip), ttl=64)
-                  / TCP(sport=rng.randrange(1024, 65536), dport=PORT, flags="S", seq=rng.getrandbits(32)))
-            for k in range(n)]
+    return [
+        bytes(
+            eth
+            / IP(src=str(IPv4Address(base + 1 + k)), dst=str(net.vip), ttl=64)
+            / TCP(sport=rng.randrange(1024, 65536), dport=PORT, flags="S", seq=rng.getrandbits(32))
+        )
+        for k in range(n)
+    ]
 
 
 def flood(net, router, frames: list[bytes]) -> None:
     before = router.counters()
     for i in range(0, len(frames), SEND_CHUNK):
-        send_frames(net.client, net.client_iface, frames[i:i + SEND_CHUNK])
+        send_frames(net.client, net.client_iface, frames[i : i + SEND_CHUNK])
     handled(router, before, len(frames))
 
 
@@ -112,13 +117,21 @@ def test_a_backend_cannot_fill_conntrack_through_the_reply_path(net, router):
         iface = net.backend_peer_iface(0)
         eth = Ether(dst=router.mac(net.backend_iface(0)), src=link_mac(b0, iface))
         ip = IP(src=str(net.backend_addr(0)), dst=str(CRAFTED_SRC), ttl=64)
-        forged = [bytes(eth / ip / TCP(sport=PORT, dport=20000 + k, flags="A", seq=5000, ack=7000))
-                  for k in range(4 * CT_SIZE)]
+        forged = [
+            bytes(eth / ip / TCP(sport=PORT, dport=20000 + k, flags="A", seq=5000, ack=7000))
+            for k in range(4 * CT_SIZE)
+        ]
         before = router.counters()
         with crafted_neighbour(net):
             send_frames(b0, iface, forged)
-            wait_until(lambda: router.counters()["verdicts"]["return_stateless"]
-                       > before["verdicts"]["return_stateless"] + CT_SIZE // 4, 5.0, "forged replies reverse-NATed")
+            wait_until(
+                lambda: (
+                    router.counters()["verdicts"]["return_stateless"]
+                    > before["verdicts"]["return_stateless"] + CT_SIZE // 4
+                ),
+                5.0,
+                "forged replies reverse-NATed",
+            )
         after_entries = router.status()["conntrack_entries"]
         router.deploy([router.service("web", weights=[1, 0, 1])], node=NODE)
         again = [answer(c) for c in conns]
@@ -145,8 +158,11 @@ def test_a_syn_ack_from_a_backend_the_connection_left_does_not_reveal_its_addres
 
         def reached() -> list[int]:
             got = backends.take()
-            return [i for i, (_, ifname) in enumerate(links)
-                    if any(TCP in IP(f[14:]) and IP(f[14:])[TCP].sport == 31001 for f in got[ifname])]
+            return [
+                i
+                for i, (_, ifname) in enumerate(links)
+                if any(TCP in IP(f[14:]) and IP(f[14:])[TCP].sport == 31001 for f in got[ifname])
+            ]
 
         [x] = wait_until(lambda: reached() or None, 2.0, "the SYN at a backend", observe=reached)
         weights = [0 if i == x else 1 for i in range(3)]

@@ -32,8 +32,9 @@ TIMEOUT_S = 5.0  # per request: a packet dropped as untracked costs at least one
 def empty_conntrack(router: Router) -> int:
     """Delete every edge_ct entry through bpftool (one batch); returns how many there were."""
     path = router.pin_path / abi.MAP_CT
-    done = subprocess.run(["bpftool", "-j", "map", "dump", "pinned", str(path)],
-                          capture_output=True, text=True, timeout=10.0, check=True)
+    done = subprocess.run(
+        ["bpftool", "-j", "map", "dump", "pinned", str(path)], capture_output=True, text=True, timeout=10.0, check=True
+    )
     keys = [entry["key"] for entry in json.loads(done.stdout)]
     if not keys:
         return 0
@@ -41,14 +42,20 @@ def empty_conntrack(router: Router) -> int:
         for key in keys:
             batch.write(f"map delete pinned {path} key {' '.join(key)}\n")
         batch.flush()
-        subprocess.run(["bpftool", "batch", "file", batch.name], capture_output=True, text=True,
-                       timeout=30.0, check=True)
+        subprocess.run(
+            ["bpftool", "batch", "file", batch.name], capture_output=True, text=True, timeout=30.0, check=True
+        )
     return len(keys)
 
 
 def conntrack_entries(router: Router) -> int:
-    done = subprocess.run(["bpftool", "-j", "map", "dump", "pinned", str(router.pin_path / abi.MAP_CT)],
-                          capture_output=True, text=True, timeout=10.0, check=True)
+    done = subprocess.run(
+        ["bpftool", "-j", "map", "dump", "pinned", str(router.pin_path / abi.MAP_CT)],
+        capture_output=True,
+        text=True,
+        timeout=10.0,
+        check=True,
+    )
     return len(json.loads(done.stdout))
 
 
@@ -95,8 +102,7 @@ def test_direct_connections_to_a_backend_are_not_rewritten_without_conntrack(net
     b0's address, would never see the answer."""
     router.deploy([router.service("web")])
     b0 = net.topo.backend_addr(0).ip
-    conns = (open_connections(net.client, b0, PORT, 30)
-             + open_connections(net.router, b0, PORT, 30))
+    conns = open_connections(net.client, b0, PORT, 30) + open_connections(net.router, b0, PORT, 30)
     try:
         for conn in conns:
             conn.sock.settimeout(TIMEOUT_S)

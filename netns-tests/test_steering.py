@@ -29,8 +29,15 @@ PROBE = {"kind": "http", "path": "/health", "interval_ms": 100, "timeout_ms": 80
 METRICS = {"path": "/metrics", "interval_ms": 100, "stale_ms": 1000}
 # Plain EWMA over a second and 25 % hysteresis: RTTs measured by a Python prober on a busy
 # 2-vCPU VM are noisy, and the shares test wants weights that settle.
-WEIGHTS = {"policy": "latency_inverse", "max_ratio": 50, "hysteresis_pct": 25, "slow_start_ms": 0,
-           "hung_ms": 1000, "smoothing": "ewma", "decay_ms": 1000}
+WEIGHTS = {
+    "policy": "latency_inverse",
+    "max_ratio": 50,
+    "hysteresis_pct": 25,
+    "slow_start_ms": 0,
+    "hung_ms": 1000,
+    "smoothing": "ewma",
+    "decay_ms": 1000,
+}
 IDLE = {"added_latency_ms": 1.0, "fill_queue": 0, "hang": False, "metrics_off": False, "kv_usage": None}
 
 
@@ -168,15 +175,20 @@ def test_a_hung_engine_is_drained_and_its_connections_stay(sim_net, router, tmp_
             before = [c.request().backend for c in conns]
             knobs(sim_net, 2, hang=True)
             body = json.dumps({"prompt": "hello", "max_tokens": 8}).encode()
-            request = (f"POST /v1/completions HTTP/1.1\r\nHost: b2\r\nContent-Type: application/json\r\n"
-                       f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+            request = (
+                f"POST /v1/completions HTTP/1.1\r\nHost: b2\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
             with sim_net.router.enter():
                 for _ in range(3):  # work the hung engine never finishes
                     s = socket.create_connection((str(sim_net.backend_addr(2)), PORT), timeout=5)
                     s.sendall(request)
                     hanging.append(s)
-            hung = edged.wait_for(lambda e: e["kind"] == "state" and e.get("backend") == "b2"
-                                  and e.get("new") == "hung", 15.0, "b2 reported hung")
+            hung = edged.wait_for(
+                lambda e: e["kind"] == "state" and e.get("backend") == "b2" and e.get("new") == "hung",
+                15.0,
+                "b2 reported hung",
+            )
             w = settled(edged)
             seen = backends_seen(sim_net.client, sim_net.vip, PORT, 1000)
             # the operator's view through edged's API: state, reason and the load signals
@@ -205,7 +217,11 @@ def test_metrics_that_disappear_are_unknown_not_idle(sim_net, router, tmp_path):
         saturated = settled(edged)
         mark = len(edged.events)
         knobs(sim_net, 1, metrics_off=True)
-        edged.wait_for(lambda e: e["kind"] == "state" and e.get("backend") == "b1"
-                       and e.get("new") == "unknown-load", 10.0, "b1's load unknown", after=mark)
+        edged.wait_for(
+            lambda e: e["kind"] == "state" and e.get("backend") == "b1" and e.get("new") == "unknown-load",
+            10.0,
+            "b1's load unknown",
+            after=mark,
+        )
         unknown = settled(edged)
     assert saturated["b1"] < unknown["b1"] < min(unknown["b0"], unknown["b2"]), (saturated, unknown)

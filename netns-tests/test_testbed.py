@@ -38,8 +38,7 @@ def leftovers(prefix: str) -> list[str]:
     """Namespaces and root-namespace interfaces whose name starts with prefix."""
     names = [name for name in netns.listnetns() if name.startswith(f"{prefix}-")]
     with IPRoute() as ipr:
-        names += [link.get("ifname") for link in ipr.get_links()
-                  if link.get("ifname", "").startswith(f"{prefix}-")]
+        names += [link.get("ifname") for link in ipr.get_links() if link.get("ifname", "").startswith(f"{prefix}-")]
     return names
 
 
@@ -48,6 +47,7 @@ def thread_netns() -> int:
 
 
 # Pure description: no kernel involved.
+
 
 def test_topo_address_plan_follows_the_roles():
     topo = Topo()
@@ -60,12 +60,16 @@ def test_topo_address_plan_follows_the_roles():
     assert str(topo.vip_route) == "198.18.255.0/24"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"backends": 0}, "backends: 0 is not in 1..254"),
-    ({"backends": 255}, "backends: 255 is not in 1..254"),
-    ({"vip": "198.20.0.1"}, "not in 198.18.0.0/15"),
-    ({"vip": "198.18.2.9"}, "overlaps link network 198.18.2.0/24"),
-], ids=["no backends", "too many backends", "vip outside the test range", "vip on a link"])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"backends": 0}, "backends: 0 is not in 1..254"),
+        ({"backends": 255}, "backends: 255 is not in 1..254"),
+        ({"vip": "198.20.0.1"}, "not in 198.18.0.0/15"),
+        ({"vip": "198.18.2.9"}, "overlaps link network 198.18.2.0/24"),
+    ],
+    ids=["no backends", "too many backends", "vip outside the test range", "vip on a link"],
+)
 def test_topo_rejects_impossible_plans(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Topo(**kwargs)
@@ -101,6 +105,7 @@ def test_close_ignores_only_already_gone_errors():
 
 
 # Real namespaces and traffic.
+
 
 def test_client_reaches_each_backend_through_the_router(net):
     for i in range(3):
@@ -255,7 +260,9 @@ def test_a_failed_build_leaves_nothing_behind(monkeypatch):
 
 
 def test_terminate_kills_a_process_that_ignores_sigterm(net):
-    stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); signal.pause()"
+    stubborn = (
+        "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); signal.pause()"
+    )
     proc = net.client.popen([sys.executable, "-c", stubborn], stdout=subprocess.PIPE)
     assert read_line(proc, timeout_s=5.0) == "ready"
 

@@ -62,9 +62,12 @@ def _interrupted_deploy(net, router, after: str) -> subprocess.CompletedProcess:
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(router.config([router.service("web")]), f)
     try:
-        proc = net.router.popen([sys.executable, "-m", "controlplane", "deploy", "--iface", router.iface,
-                                 "--config", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env_with_package())
+        proc = net.router.popen(
+            [sys.executable, "-m", "controlplane", "deploy", "--iface", router.iface, "--config", path],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env_with_package(),
+        )
         lines = []
         for raw in proc.stderr:
             lines.append(raw.decode(errors="replace"))
@@ -72,8 +75,9 @@ def _interrupted_deploy(net, router, after: str) -> subprocess.CompletedProcess:
                 proc.send_signal(signal.SIGINT)  # the edgectl this test started
                 break
         out, err = proc.communicate(timeout=120)
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(),
-                                           "".join(lines) + err.decode(errors="replace"))
+        return subprocess.CompletedProcess(
+            proc.args, proc.returncode, out.decode(), "".join(lines) + err.decode(errors="replace")
+        )
     finally:
         os.unlink(path)
 

@@ -81,9 +81,12 @@ VERDICTS = {
 }
 VERDICTS[REP] = VERDICTS[ING]
 
+
 def hb_at(backend: str, *, seq: int, ahead: int = 0) -> Callable[[World], bytes]:
     """backend's heartbeat seq, its epoch ahead seconds from the row's (World.epoch)."""
     return lambda w: heartbeat(backend, seq=seq, epoch=w.epoch + ahead)
+
+
 SAME = "unchanged"  # the frame leaves as it came
 TO_BACKEND = (HOP_DMAC, HOP_SMAC)  # the MACs of the cached next hop towards the backends
 TO_CLIENT = (REPLY_DMAC, REPLY_SMAC)  # the MACs of the cached reply hop
@@ -141,8 +144,9 @@ def failing(backend: str, *, syns: int = 0, rsts: int = 0) -> Callable[[World], 
 
 def heard(backend: str, *, seq: int) -> Callable[[World], None]:
     """backend's last heartbeat taken had seq in the row's epoch."""
-    return lambda w: w.set_health(backend, last_seen_ns=time.monotonic_ns(), rise_count=100, hb_seq=seq,
-                                  hb_epoch=w.epoch)
+    return lambda w: w.set_health(
+        backend, last_seen_ns=time.monotonic_ns(), rise_count=100, hb_seq=seq, hb_epoch=w.epoch
+    )
 
 
 UP = abi.BE_F_VALID | abi.BE_F_UP

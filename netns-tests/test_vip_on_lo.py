@@ -56,8 +56,11 @@ def client_neighbour_states(net) -> list[int]:
     """NUD states of the router's neighbour entries for the client (none: [])."""
     with net.router.iproute() as ipr:
         index = ipr.link_lookup(ifname=net.router_client_iface)[0]
-        return [n["state"] for n in ipr.get_neighbours(ifindex=index)
-                if n.get_attr("NDA_DST") == str(net.topo.client_addr.ip)]
+        return [
+            n["state"]
+            for n in ipr.get_neighbours(ifindex=index)
+            if n.get_attr("NDA_DST") == str(net.topo.client_addr.ip)
+        ]
 
 
 def test_replies_to_a_client_the_router_has_no_neighbour_entry_for_are_answered(net, router):
@@ -70,8 +73,7 @@ def test_replies_to_a_client_the_router_has_no_neighbour_entry_for_are_answered(
     mac = link_mac(net.router, net.router_client_iface)
     with net.client.iproute() as ipr:
         index = ipr.link_lookup(ifname=net.client_iface)[0]
-        ipr.neigh("replace", dst=str(net.topo.router_client_addr.ip), lladdr=mac, ifindex=index,
-                  state=NUD_PERMANENT)
+        ipr.neigh("replace", dst=str(net.topo.router_client_addr.ip), lladdr=mac, ifindex=index, state=NUD_PERMANENT)
     with net.router.iproute() as ipr:
         index = ipr.link_lookup(ifname=net.router_client_iface)[0]
         for n in ipr.get_neighbours(ifindex=index):

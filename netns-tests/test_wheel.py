@@ -39,14 +39,14 @@ class WheelRouter(Router):
 
     def edgectl(self, *args: object, timeout_s: float = DEPLOY_TIMEOUT_S) -> subprocess.CompletedProcess:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        return self.net.router.run([str(self.venv / "bin" / "edgectl"), *map(str, args)], check=False, env=env,
-                                   cwd=self.cwd, timeout=timeout_s)
+        return self.net.router.run(
+            [str(self.venv / "bin" / "edgectl"), *map(str, args)], check=False, env=env, cwd=self.cwd, timeout=timeout_s
+        )
 
 
 def _run(argv: list, cwd: Path, timeout: float = 300) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{argv[:3]}: {done.stderr.strip()[-2000:]}"
     return done.stdout
 
@@ -74,9 +74,15 @@ def installed(tmp_path_factory) -> Path:
 
 def test_a_wheel_installed_in_a_fresh_venv_deploys_and_forwards(installed, net, router, tmp_path):
     """`router` (the checkout's edgectl) only undeploys in teardown, should the test fail midway."""
-    where = _run([installed / "bin" / "python", "-I", "-c",
-                  "import controlplane, controlplane.bpfsource as b; print(controlplane.__file__); print(b.BPF_DIR)"],
-                 tmp_path).split()
+    where = _run(
+        [
+            installed / "bin" / "python",
+            "-I",
+            "-c",
+            "import controlplane, controlplane.bpfsource as b; print(controlplane.__file__); print(b.BPF_DIR)",
+        ],
+        tmp_path,
+    ).split()
     assert all(Path(p).is_relative_to(installed) for p in where), where
     assert not any(Path(p).is_relative_to(REPO) for p in where)
     wheel_router = WheelRouter(net, installed, tmp_path)

@@ -76,6 +76,7 @@ def slow_handshakes(net: Net, i: int, on: bool) -> None:
 
 def requests(net: Net, n: int) -> None:
     """n new connections to the VIP at once (b1's take a second), one request each, closed by the client."""
+
     def one(_):
         with connect(net.client, net.vip, PORT, timeout_s=5.0) as conn:
             conn.request()
@@ -101,31 +102,44 @@ def test_histograms_reflect_the_path_and_the_server_and_active_flows_count_open_
     slow_handshakes(net, 1, True)
     try:
         requests(net, 40)
-        b = by_name(wait_until(lambda: (s := router.status()) and sum(
-            x["wire"]["first_bytes"] for x in by_name(s).values()) == 40 and s, 10.0, "40 first-byte samples"))
+        b = by_name(
+            wait_until(
+                lambda: (
+                    (s := router.status()) and sum(x["wire"]["first_bytes"] for x in by_name(s).values()) == 40 and s
+                ),
+                10.0,
+                "40 first-byte samples",
+            )
+        )
         for name in ("b0", "b1"):
             w = b[name]["wire"]
             assert w["handshakes"] == w["first_bytes"] == b[name]["new_flows"] > 0, (name, w)
         fast, slow = b["b0"]["wire"], b["b1"]["wire"]
         # every b1 handshake waits for the client's SYN retransmission; b0's typical one is the kernel's
         assert lowest(slow["handshake_buckets"]) >= SLOW_HS_BUCKET
-        assert fast["handshake_p50_s"] < 2 ** SLOW_HS_BUCKET / 1e6 <= slow["handshake_p50_s"]
+        assert fast["handshake_p50_s"] < 2**SLOW_HS_BUCKET / 1e6 <= slow["handshake_p50_s"]
         # b0's server waits 100 ms for every answer; b1 answers at once
         assert lowest(fast["first_byte_buckets"]) >= WAIT_BUCKET
-        assert slow["first_byte_p50_s"] < 2 ** WAIT_BUCKET / 1e6 <= fast["first_byte_p50_s"]
+        assert slow["first_byte_p50_s"] < 2**WAIT_BUCKET / 1e6 <= fast["first_byte_p50_s"]
 
         # every connection so far was closed by the client (FIN): none is active
         assert fast["active"] == slow["active"] == 0
         conns = open_connections(net.client, net.vip, PORT, 6, timeout_s=5.0)
         try:
-            active = wait_until(lambda: sum(x["wire"]["active"] for x in by_name(router.status()).values()) == 6,
-                                10.0, "6 active flows",
-                                observe=lambda: {n: x["wire"] for n, x in by_name(router.status()).items()})
+            active = wait_until(
+                lambda: sum(x["wire"]["active"] for x in by_name(router.status()).values()) == 6,
+                10.0,
+                "6 active flows",
+                observe=lambda: {n: x["wire"] for n, x in by_name(router.status()).items()},
+            )
             assert active
         finally:
             close_all(conns)
-        wait_until(lambda: sum(x["wire"]["active"] for x in by_name(router.status()).values()) == 0,
-                   10.0, "no active flows after closing")
+        wait_until(
+            lambda: sum(x["wire"]["active"] for x in by_name(router.status()).values()) == 0,
+            10.0,
+            "no active flows after closing",
+        )
     finally:
         slow_handshakes(net, 1, False)
 
@@ -134,10 +148,14 @@ def edged_config(router, tmp_path) -> dict:
     service = router.service("chat")
     # probes far apart: whatever moves the weights within the test is the wire signal
     service["health"] = {"probe": {"kind": "tcp", "interval_ms": 60000, "timeout_ms": 1000}}
-    service["weights"] = {"policy": "latency_inverse", "slow_start_ms": 0,
-                          "wire": {"window_ms": 2000, "min_samples": 5, "interval_ms": 250}}
-    return router.config([service], node={"api_socket": str(tmp_path / "edged.sock"),
-                                          "metrics_listen": "127.0.0.1:9470"})
+    service["weights"] = {
+        "policy": "latency_inverse",
+        "slow_start_ms": 0,
+        "wire": {"window_ms": 2000, "min_samples": 5, "interval_ms": 250},
+    }
+    return router.config(
+        [service], node={"api_socket": str(tmp_path / "edged.sock"), "metrics_listen": "127.0.0.1:9470"}
+    )
 
 
 def edged_status(router, tmp_path) -> dict:
@@ -161,14 +179,15 @@ def test_edged_moves_weight_off_a_backend_whose_handshakes_got_slow_between_prob
             w = edged.latest_weights("chat")
             if w and w["b1"] * 4 < w["b0"]:
                 break
-        weights = edged.wait_for(lambda e: e["kind"] == "weights" and e["weights"]["b1"] * 4 < e["weights"]["b0"],
-                                 5.0, "weight moved off b1")["weights"]
+        weights = edged.wait_for(
+            lambda e: e["kind"] == "weights" and e["weights"]["b1"] * 4 < e["weights"]["b0"], 5.0, "weight moved off b1"
+        )["weights"]
         assert weights["b1"] * 4 < weights["b0"]
 
         b = by_name(edged_status(router, tmp_path))
         assert "wire rtt" in b["b1"]["edged"]["reason"], b["b1"]["edged"]
         assert b["b1"]["edged"]["probes_ok"] + b["b1"]["edged"]["probes_failed"] <= 1
-        assert b["b1"]["edged"]["wire"]["handshake_p50_s"] >= 2 ** SLOW_HS_BUCKET / 1e6
+        assert b["b1"]["edged"]["wire"]["handshake_p50_s"] >= 2**SLOW_HS_BUCKET / 1e6
 
         with net.router.enter():
             with urllib.request.urlopen("http://127.0.0.1:9470/metrics", timeout=5) as resp:
@@ -177,8 +196,11 @@ def test_edged_moves_weight_off_a_backend_whose_handshakes_got_slow_between_prob
         assert fams["edge_backend_handshake_seconds"].type == "histogram"
         assert fams["edge_backend_first_byte_seconds"].type == "histogram"
         assert fams["edge_backend_active_flows"].type == "gauge"
-        counts = {s.labels["backend"]: s.value for s in fams["edge_backend_handshake_seconds"].samples
-                  if s.name.endswith("_count")}
+        counts = {
+            s.labels["backend"]: s.value
+            for s in fams["edge_backend_handshake_seconds"].samples
+            if s.name.endswith("_count")
+        }
         assert counts["b1"] > 0 and counts["b0"] > 0
     finally:
         slow_handshakes(net, 1, False)

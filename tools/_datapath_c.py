@@ -168,7 +168,7 @@ def template_writer(name: str, template: bytes, hdr_len: int) -> str:
     off = 0
     for size, ctype in ((8, "__u64"), (4, "__u32"), (2, "__u16")):
         while hdr_len - off >= size:
-            value = int.from_bytes(template[off:off + size], sys.byteorder)
+            value = int.from_bytes(template[off : off + size], sys.byteorder)
             lines.append(f"\t*({ctype} *)(data + {off}) = {value:#x}ULL;")
             off += size
     lines.append("}")

@@ -19,8 +19,7 @@ IPPROTO_TCP = 6
 
 def extra_backends(n: int, port: int) -> list[tuple[str, IPv4Address, int]]:
     """The n backends beyond the bench's three: (name, address, port)."""
-    return [(f"x{k}", EXTRA_BLOCK.network_address + 256 * (k // PER_BLOCK) + k % PER_BLOCK + 1, port)
-            for k in range(n)]
+    return [(f"x{k}", EXTRA_BLOCK.network_address + 256 * (k // PER_BLOCK) + k % PER_BLOCK + 1, port) for k in range(n)]
 
 
 def _mix(h: int) -> int:
@@ -48,8 +47,9 @@ def hash_flow(src: IPv4Address, dst: IPv4Address, sport: int, dport: int, proto:
     return _mix(h ^ proto)
 
 
-def client_port(names: list[str], m: int, wanted: set[str], src: IPv4Address, dst: IPv4Address, dport: int,
-                first: int = 40000) -> int:
+def client_port(
+    names: list[str], m: int, wanted: set[str], src: IPv4Address, dst: IPv4Address, dport: int, first: int = 40000
+) -> int:
     """The first client port from `first` on whose flow's Maglev pick (equal weights) is in wanted."""
     from controlplane import maglev  # here: bench-datapath imports this module before it re-execs in .venv
 

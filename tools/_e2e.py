@@ -21,14 +21,14 @@ def ipv4_checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def udp_frame(dst_mac: bytes, src_mac: bytes, src: IPv4Address, dst: IPv4Address,
-              sport: int, dport: int, size: int = FRAME_SIZE) -> bytes:
+def udp_frame(
+    dst_mac: bytes, src_mac: bytes, src: IPv4Address, dst: IPv4Address, sport: int, dport: int, size: int = FRAME_SIZE
+) -> bytes:
     """An Ethernet/IPv4/UDP frame of size bytes; UDP checksum 0 (none, valid for IPv4)."""
     payload = size - 14 - 20 - 8
     if payload < 0:
         raise ValueError(f"size {size} is below the 42 bytes of the headers")
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + 8 + payload, 0, 0x4000, 64, 17, 0,
-                     src.packed, dst.packed)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + 8 + payload, 0, 0x4000, 64, 17, 0, src.packed, dst.packed)
     ip = ip[:10] + struct.pack("!H", ipv4_checksum(ip)) + ip[12:]
     udp = struct.pack("!HHHH", sport, dport, 8 + payload, 0)
     return dst_mac + src_mac + b"\x08\x00" + ip + udp + bytes(payload)
@@ -91,6 +91,7 @@ def table(paths: list[Path], results: dict[str, Summary]) -> list[str]:
         s = results.get(path.key)
         if s is None:
             continue
-        lines.append(f"  {path.direction:<8} {path.label:<44} {s.min:>8,.0f} {s.median:>10,.0f} {s.runs:>5} "
-                     f"{s.delivered:>9.0%}")
+        lines.append(
+            f"  {path.direction:<8} {path.label:<44} {s.min:>8,.0f} {s.median:>10,.0f} {s.runs:>5} {s.delivered:>9.0%}"
+        )
     return lines

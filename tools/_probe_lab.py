@@ -51,19 +51,23 @@ def service_doc(p: pt.Planned, hz: float, relaxed_ms: int | None, window_ms: int
     probe = {"kind": "tcp", "interval_ms": interval_ms, "timeout_ms": max(1, interval_ms // 2)}
     if relaxed_ms is not None:
         probe["relaxed_interval_ms"] = relaxed_ms
-    return {"name": p.name, "vip": str(p.vip), "port": PORT, "protocol": "tcp",
-            "health": {"probe": probe} if relaxed_ms != NO_PROBES else {},
-            "weights": {"wire": {"window_ms": window_ms, "min_samples": min_samples}},
-            "backends": [{"name": f"b{i}", "address": str(pt.backend_address(i)), "port": PORT}
-                         for i in p.backends]}
+    return {
+        "name": p.name,
+        "vip": str(p.vip),
+        "port": PORT,
+        "protocol": "tcp",
+        "health": {"probe": probe} if relaxed_ms != NO_PROBES else {},
+        "weights": {"wire": {"window_ms": window_ms, "min_samples": min_samples}},
+        "backends": [{"name": f"b{i}", "address": str(pt.backend_address(i)), "port": PORT} for i in p.backends],
+    }
 
 
 def config_doc(services: list[pt.Planned], args, relaxed_ms: int | None, sock: str) -> dict:
     n = sum(len(p.backends) for p in services)
-    node = {"api_socket": sock, "maglev_m": 65537, "max_services": max(16, len(services)),
-            "max_backends": max(1024, n)}
-    return Router.config([service_doc(p, args.hz, relaxed_ms, args.wire_window_ms, args.min_samples)
-                          for p in services], node)
+    node = {"api_socket": sock, "maglev_m": 65537, "max_services": max(16, len(services)), "max_backends": max(1024, n)}
+    return Router.config(
+        [service_doc(p, args.hz, relaxed_ms, args.wire_window_ms, args.min_samples) for p in services], node
+    )
 
 
 class Counted:
@@ -101,8 +105,9 @@ def edged_view(sock: str) -> tuple[int, int, int]:
     return probes, fresh, total
 
 
-def measure(phase: str, relaxed_ms: int, edged: EdgedProc, client: Counted, servers: list, sock: str,
-            seconds: float) -> dict:
+def measure(
+    phase: str, relaxed_ms: int, edged: EdgedProc, client: Counted, servers: list, sock: str, seconds: float
+) -> dict:
     clk = os.sysconf("SC_CLK_TCK")
     probes0, fresh0, total = edged_view(sock)
     t_status0 = time.monotonic()
@@ -118,13 +123,22 @@ def measure(phase: str, relaxed_ms: int, edged: EdgedProc, client: Counted, serv
     probes1, fresh1, _ = edged_view(sock)
     t_status1 = time.monotonic()
     wall = w1 - w0
-    return {"phase": phase, "relaxed_ms": relaxed_ms, "seconds": wall, "backends": total,
-            "edged_cpu_pct": pt.cpu_pct(e0, e1, wall, clk), "edged_sys_pct": pt.cpu_pct(es0, es1, wall, clk),
-            "probes_per_s": pt.rate(probes0, probes1, t_status1 - t_status0),
-            "fresh": min(fresh0, fresh1), "fresh_start": fresh0, "fresh_end": fresh1,
-            "conns_per_s": pt.rate(c0.get("ok", 0), c1.get("ok", 0), c1.get("t", 0) - c0.get("t", 0)),
-            "conns_failed": c1.get("failed", 0) - c0.get("failed", 0),
-            "client_cpu_pct": pt.cpu_pct(cl0, cl1, wall, clk), "servers_cpu_pct": pt.cpu_pct(sv0, sv1, wall, clk)}
+    return {
+        "phase": phase,
+        "relaxed_ms": relaxed_ms,
+        "seconds": wall,
+        "backends": total,
+        "edged_cpu_pct": pt.cpu_pct(e0, e1, wall, clk),
+        "edged_sys_pct": pt.cpu_pct(es0, es1, wall, clk),
+        "probes_per_s": pt.rate(probes0, probes1, t_status1 - t_status0),
+        "fresh": min(fresh0, fresh1),
+        "fresh_start": fresh0,
+        "fresh_end": fresh1,
+        "conns_per_s": pt.rate(c0.get("ok", 0), c1.get("ok", 0), c1.get("t", 0) - c0.get("t", 0)),
+        "conns_failed": c1.get("failed", 0) - c0.get("failed", 0),
+        "client_cpu_pct": pt.cpu_pct(cl0, cl1, wall, clk),
+        "servers_cpu_pct": pt.cpu_pct(sv0, sv1, wall, clk),
+    }
 
 
 def add_backends(net: Net, n: int) -> None:
@@ -148,10 +162,13 @@ def run(args) -> int:
     lifetime_s = 2 * args.seconds + args.traffic_warmup + RELAX_SETTLE_S + 240  # the children end by themselves
     sock = os.path.join(tempfile.gettempdir(), f"bench-probe-{os.getpid()}.sock")
     load0 = os.getloadavg()
-    print(f"{args.backends} backends in {len(services)} services (VIPs {vips[0]}..{vips[-1]}), tcp probes every "
-          f"{interval_ms} ms; client {args.traffic_rate:g} conn/s; weights.wire window_ms {args.wire_window_ms}, "
-          f"min_samples {args.min_samples}; {args.seconds:g} s measured per phase; load average "
-          f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"{args.backends} backends in {len(services)} services (VIPs {vips[0]}..{vips[-1]}), tcp probes every "
+        f"{interval_ms} ms; client {args.traffic_rate:g} conn/s; weights.wire window_ms {args.wire_window_ms}, "
+        f"min_samples {args.min_samples}; {args.seconds:g} s measured per phase; load average "
+        f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs",
+        flush=True,
+    )
     results = []
     with Net(Topo(backends=1), prefix=args.prefix) as net:
         net.build()
@@ -161,8 +178,9 @@ def run(args) -> int:
         child = [sys.executable, str(HERE / "_probe_traffic.py")]
         servers = []
         for _ in range(SERVERS):
-            proc = net.backends[0].popen([*child, "serve", "--port", str(PORT), "--seconds", str(lifetime_s)],
-                                         stdout=subprocess.PIPE, env=env)
+            proc = net.backends[0].popen(
+                [*child, "serve", "--port", str(PORT), "--seconds", str(lifetime_s)], stdout=subprocess.PIPE, env=env
+            )
             servers.append(proc)
             read_line(proc, 10.0)
         edged = None
@@ -170,15 +188,33 @@ def run(args) -> int:
             t0 = time.monotonic()
             edged = EdgedProc.start(net.router, config_doc(services, args, interval_ms, sock), router.iface)
             print(f"edged (pid {edged.proc.pid}) deployed in {time.monotonic() - t0:.0f} s", flush=True)
-            client = Counted(net.client.popen(
-                [*child, "connect", "--vips", ",".join(vips), "--port", str(PORT), "--rate",
-                 str(args.traffic_rate), "--seconds", str(lifetime_s)], stdout=subprocess.PIPE, text=True, env=env))
+            client = Counted(
+                net.client.popen(
+                    [
+                        *child,
+                        "connect",
+                        "--vips",
+                        ",".join(vips),
+                        "--port",
+                        str(PORT),
+                        "--rate",
+                        str(args.traffic_rate),
+                        "--seconds",
+                        str(lifetime_s),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                )
+            )
             time.sleep(args.traffic_warmup)  # the wire windows fill; the loops settle
             print(pt.HEADER, flush=True)
             results.append(measure("before", interval_ms, edged, client, servers, sock, args.seconds))
             print(pt.row(results[-1]), flush=True)
             relaxed_ms = args.relaxed_ms or max(interval_ms, min(10 * interval_ms, 2000))  # else Probe's default
-            phases = [("after", args.relaxed_ms, relaxed_ms)] + ([("none", NO_PROBES, "-")] if args.no_probes_phase else [])
+            phases = [("after", args.relaxed_ms, relaxed_ms)] + (
+                [("none", NO_PROBES, "-")] if args.no_probes_phase else []
+            )
             for phase, key, shown in phases:
                 with Client(sock, timeout_s=60.0) as c:
                     c.reload(yaml.safe_dump(config_doc(services, args, key, sock), sort_keys=False))
@@ -198,15 +234,21 @@ def run(args) -> int:
             continue
         if base is not None:
             r["probing_cpu_pct"] = r["edged_cpu_pct"] - base["edged_cpu_pct"]
-            print(f"probing's share of edged {r['phase']} (edged minus edged without probes): "
-                  f"{pt.verdict(r['probing_cpu_pct'])}")
-        print(f"target <= {pt.TARGET_CPU_PCT:g}% of one core, edged {r['phase']} (relaxed {r['relaxed_ms']} ms, "
-              f"{r['fresh']}/{r['backends']} fresh): {pt.verdict(r['edged_cpu_pct'])}")
+            print(
+                f"probing's share of edged {r['phase']} (edged minus edged without probes): "
+                f"{pt.verdict(r['probing_cpu_pct'])}"
+            )
+        print(
+            f"target <= {pt.TARGET_CPU_PCT:g}% of one core, edged {r['phase']} (relaxed {r['relaxed_ms']} ms, "
+            f"{r['fresh']}/{r['backends']} fresh): {pt.verdict(r['edged_cpu_pct'])}"
+        )
     load1 = os.getloadavg()
     print(f"load average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     if args.json:
-        text = json.dumps({"load_average_before": load0, "load_average_after": load1, "cpus": os.cpu_count(),
-                           "results": results}, indent=2)
+        text = json.dumps(
+            {"load_average_before": load0, "load_average_after": load1, "cpus": os.cpu_count(), "results": results},
+            indent=2,
+        )
         if args.json == "-":
             print(text)
         else:

@@ -98,16 +98,20 @@ def verdict(pct: float, target: float = TARGET_CPU_PCT) -> str:
     return f"{'met' if pct <= target else 'NOT met'} ({pct:.1f}% of one core; target <= {target:g}%)"
 
 
-HEADER = (f"{'phase':<7} {'relaxed ms':>10} {'edged cpu%':>10} {'sys%':>5} {'probes/s':>8} {'fresh':>9} "
-          f"{'conns/s':>7} {'failed':>6} {'client%':>7} {'servers%':>8}")
+HEADER = (
+    f"{'phase':<7} {'relaxed ms':>10} {'edged cpu%':>10} {'sys%':>5} {'probes/s':>8} {'fresh':>9} "
+    f"{'conns/s':>7} {'failed':>6} {'client%':>7} {'servers%':>8}"
+)
 
 
 def row(r: dict) -> str:
     """One line of the table for a phase's result (see _probe_lab.measure)."""
-    return (f"{r['phase']:<7} {r['relaxed_ms']:>10} {r['edged_cpu_pct']:>10.1f} {r['edged_sys_pct']:>5.1f} "
-            f"{r['probes_per_s']:>8.0f} "
-            f"{r['fresh']:>4}/{r['backends']:<4} {r['conns_per_s']:>7.0f} {r['conns_failed']:>6} "
-            f"{r['client_cpu_pct']:>7.1f} {r['servers_cpu_pct']:>8.1f}")
+    return (
+        f"{r['phase']:<7} {r['relaxed_ms']:>10} {r['edged_cpu_pct']:>10.1f} {r['edged_sys_pct']:>5.1f} "
+        f"{r['probes_per_s']:>8.0f} "
+        f"{r['fresh']:>4}/{r['backends']:<4} {r['conns_per_s']:>7.0f} {r['conns_failed']:>6} "
+        f"{r['client_cpu_pct']:>7.1f} {r['servers_cpu_pct']:>8.1f}"
+    )
 
 
 # ---------------------------------------------------------------- children (in namespaces)
@@ -134,8 +138,9 @@ def serve(port: int, seconds: float) -> None:
 _RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST (no TIME_WAIT)
 
 
-def connect(vips: list[str], port: int, per_s: float, seconds: float, timeout_s: float = 1.0,
-            max_open: int = 4000) -> None:
+def connect(
+    vips: list[str], port: int, per_s: float, seconds: float, timeout_s: float = 1.0, max_open: int = 4000
+) -> None:
     """Open per_s connections a second round-robin over vips for seconds (at most per_s * seconds),
     never more than max_open at once; each is closed with an RST once it is established. Prints
     one JSON line a second: {"t": monotonic, "ok": n, "failed": n, "skipped": n}, cumulative."""

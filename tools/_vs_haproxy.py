@@ -34,10 +34,15 @@ class Conn:
 
 def edge_service(vip: str, backends: Sequence[str], policy: str = "static") -> dict:
     """The router's service: passive detection plus tcp probes (edged), the given weight policy."""
-    return {"name": "web", "vip": vip, "port": PORT, "protocol": "tcp",
-            "health": {"passive": dict(PASSIVE), "probe": dict(PROBE)},
-            "weights": {"policy": policy},
-            "backends": [{"name": f"b{i}", "address": a, "port": PORT} for i, a in enumerate(backends)]}
+    return {
+        "name": "web",
+        "vip": vip,
+        "port": PORT,
+        "protocol": "tcp",
+        "health": {"passive": dict(PASSIVE), "probe": dict(PROBE)},
+        "weights": {"policy": policy},
+        "backends": [{"name": f"b{i}", "address": a, "port": PORT} for i, a in enumerate(backends)],
+    }
 
 
 def haproxy_config(vip: str, backends: Sequence[str]) -> str:
@@ -62,7 +67,7 @@ frontend vip
 
 backend web
     balance roundrobin
-    default-server check inter {PROBE['interval_ms']} fall {PROBE['fall']} rise {PROBE['rise']} observe layer4 error-limit {PASSIVE['consecutive']} on-error mark-down
+    default-server check inter {PROBE["interval_ms"]} fall {PROBE["fall"]} rise {PROBE["rise"]} observe layer4 error-limit {PASSIVE["consecutive"]} on-error mark-down
 {servers}
 """
 
@@ -101,18 +106,40 @@ def _ms(x) -> str:
 
 def table(results: dict[str, list[dict]]) -> str:
     """The side-by-side table: one row per run of each system, then how many runs met the goal."""
-    head = ("system", "run", "flows", "failed", "after kill", "first ms", "last ms", f"> {GOAL_MS:g} ms", "goal",
-            "exit ms", f"> exit+{GOAL_MS:g}")
+    head = (
+        "system",
+        "run",
+        "flows",
+        "failed",
+        "after kill",
+        "first ms",
+        "last ms",
+        f"> {GOAL_MS:g} ms",
+        "goal",
+        "exit ms",
+        f"> exit+{GOAL_MS:g}",
+    )
     rows = [head]
     for system, runs in results.items():
         for i, r in enumerate(runs, 1):
             if "error" in r:
                 rows.append((system, str(i), "-", "-", "-", "-", "-", "-", f"ERROR: {r['error']}", "-", "-"))
                 continue
-            rows.append((system, str(i), str(r["flows"]), str(r["failed"]), str(r["failed_after_kill"]),
-                         _ms(r["first_failure_ms"]), _ms(r["last_failure_ms"]), str(r["late"]),
-                         "met" if r["goal_met"] else "MISSED", _ms(r.get("exit_ms")),
-                         str(r.get("late_after_exit", "-"))))
+            rows.append(
+                (
+                    system,
+                    str(i),
+                    str(r["flows"]),
+                    str(r["failed"]),
+                    str(r["failed_after_kill"]),
+                    _ms(r["first_failure_ms"]),
+                    _ms(r["last_failure_ms"]),
+                    str(r["late"]),
+                    "met" if r["goal_met"] else "MISSED",
+                    _ms(r.get("exit_ms")),
+                    str(r.get("late_after_exit", "-")),
+                )
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = []
     for k, row in enumerate(rows):
@@ -121,6 +148,8 @@ def table(results: dict[str, list[dict]]) -> str:
             lines.append("  " + "  ".join("-" * w for w in widths))
     for system, runs in results.items():
         met = sum(1 for r in runs if r.get("goal_met"))
-        lines.append(f"  {system}: no failed new connection later than {GOAL_MS:g} ms after the kill in "
-                     f"{met} of {len(runs)} runs")
+        lines.append(
+            f"  {system}: no failed new connection later than {GOAL_MS:g} ms after the kill in "
+            f"{met} of {len(runs)} runs"
+        )
     return "\n".join(lines)

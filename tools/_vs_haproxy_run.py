@@ -122,8 +122,11 @@ def generate(net: Net, rate: int, duration_s: float, server) -> tuple[list[Conn]
 
 
 def _warm(net: Net) -> None:
-    wait_until(lambda: set(backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)) == ALL,
-               60.0, "flows on every backend")
+    wait_until(
+        lambda: set(backends_seen(net.client, net.vip, PORT, 30, flow_timeout_s=1.0)) == ALL,
+        60.0,
+        "flows on every backend",
+    )
 
 
 def run_edge(rate: int, duration_s: float, policy: str, progress: Callable[[str], None]) -> dict:
@@ -135,8 +138,10 @@ def run_edge(rate: int, duration_s: float, policy: str, progress: Callable[[str]
         net.build()
         servers = net.start_backends(port=PORT)
         with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
-            doc = router.config([edge_service(str(net.vip), [str(s.address) for s in servers], policy)],
-                                node={"api_socket": str(Path(tmp) / "edged.sock"), "metrics_listen": "127.0.0.1:9470"})
+            doc = router.config(
+                [edge_service(str(net.vip), [str(s.address) for s in servers], policy)],
+                node={"api_socket": str(Path(tmp) / "edged.sock"), "metrics_listen": "127.0.0.1:9470"},
+            )
             progress(f"testbed {net.prefix}: edged ({policy}), passive detection plus probes")
             edged = EdgedProc.start(net.router, doc, router.iface)
             _warm(net)
@@ -171,7 +176,9 @@ def run_haproxy(rate: int, duration_s: float, progress: Callable[[str], None]) -
             conns, kill_ns, exit_ns = generate(net, rate, duration_s, servers[0])
             servers[0].proc.wait(timeout=5.0)
             if proc.poll() is not None:
-                raise RuntimeError(f"haproxy exited {proc.returncode}: {(Path(tmp) / 'haproxy.log').read_text()[-300:]}")
+                raise RuntimeError(
+                    f"haproxy exited {proc.returncode}: {(Path(tmp) / 'haproxy.log').read_text()[-300:]}"
+                )
             return analyse(conns, kill_ns, exit_ns)
     finally:
         try:

@@ -26,29 +26,29 @@
 #include <linux/udp.h>
 
 #ifndef BARE_IFINDEX
-#define BARE_IFINDEX	0
+#define BARE_IFINDEX 0
 #endif
 #ifndef BARE_DST_MAC_HI
-#define BARE_DST_MAC_HI	0
-#define BARE_DST_MAC_LO	0
-#define BARE_SRC_MAC_HI	0
-#define BARE_SRC_MAC_LO	0
+#define BARE_DST_MAC_HI 0
+#define BARE_DST_MAC_LO 0
+#define BARE_SRC_MAC_HI 0
+#define BARE_SRC_MAC_LO 0
 #endif
 
 #ifndef BARE_GEN_PORT_OFF
-#define BARE_GEN_PORT_OFF	34
-#define BARE_GEN_FIRST_PORT	10000
-#define BARE_GEN_FLOWS		1024
+#define BARE_GEN_PORT_OFF   34
+#define BARE_GEN_FIRST_PORT 10000
+#define BARE_GEN_FLOWS	    1024
 #endif
 
-BPF_PERCPU_ARRAY(bare_sink, u64, 1);	/* frames the sink dropped, per CPU */
-BPF_PERCPU_ARRAY(bare_gen, u32, 1);	/* the generator's next flow, per CPU */
+BPF_PERCPU_ARRAY(bare_sink, u64, 1); /* frames the sink dropped, per CPU */
+BPF_PERCPU_ARRAY(bare_gen, u32, 1);  /* the generator's next flow, per CPU */
 
-#define BARE_FRAME_SIZE	64
+#define BARE_FRAME_SIZE 64
 struct bare_frame {
 	__u8 bytes[BARE_FRAME_SIZE];
 };
-BPF_ARRAY(bare_tmpl, struct bare_frame, 1);	/* the frame the generator sends */
+BPF_ARRAY(bare_tmpl, struct bare_frame, 1); /* the frame the generator sends */
 
 /* 1 when data..data_end holds Ethernet + IPv4 (no options) + UDP. */
 static __always_inline int is_udp4(void *data, void *data_end)

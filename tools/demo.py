@@ -43,8 +43,15 @@ ADDED_MS = [1, 5, 15]
 # weights settle although a Python prober's RTTs on a small, busy machine are noisy.
 PROBE = {"kind": "http", "path": "/health", "interval_ms": 100, "timeout_ms": 80, "window": 10}
 METRICS = {"path": "/metrics", "interval_ms": 100, "stale_ms": 1000}
-WEIGHTS = {"policy": "latency_inverse", "max_ratio": 50, "hysteresis_pct": 25, "slow_start_ms": 0,
-           "hung_ms": 1000, "smoothing": "ewma", "decay_ms": 1000}
+WEIGHTS = {
+    "policy": "latency_inverse",
+    "max_ratio": 50,
+    "hysteresis_pct": 25,
+    "slow_start_ms": 0,
+    "hung_ms": 1000,
+    "smoothing": "ewma",
+    "decay_ms": 1000,
+}
 SIM_FLAGS = ["--max-running", "4", "--ttft-ms", "5", "--tpot-ms", "1"]
 CONCURRENCY = 16  # flows in flight: gentle enough that the count barely moves the RTTs it is steered by
 METRIC_LINES = ("edge_backend_weight{", "edge_backend_rtt_seconds_count{", "edge_backend_queue_waiting{")
@@ -64,8 +71,13 @@ def section(title: str) -> None:
     say(f"\n== [{time.monotonic() - T0:5.1f}s] {title}")
 
 
-def bar(counts: Counter, names: list[str], total: int, weights: dict[str, int] | None = None,
-        table: dict[str, float] | None = None) -> None:
+def bar(
+    counts: Counter,
+    names: list[str],
+    total: int,
+    weights: dict[str, int] | None = None,
+    table: dict[str, float] | None = None,
+) -> None:
     """One line per backend: its weight and share of the table (if given), its flows and their
     share of total, as a bar."""
     for name in names:
@@ -92,8 +104,10 @@ def stuck_requests(net: Net, i: int, n: int) -> list[socket.socket]:
     """n completion requests sent straight to backend i (not through the VIP), left open:
     work outstanding that a hung engine never finishes."""
     body = json.dumps({"prompt": "hello", "max_tokens": 8}).encode()
-    request = (f"POST /v1/completions HTTP/1.1\r\nHost: {NAMES[i]}\r\nContent-Type: application/json\r\n"
-               f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {NAMES[i]}\r\nContent-Type: application/json\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     socks: list[socket.socket] = []
     with net.router.enter():
         try:
@@ -200,14 +214,17 @@ class Watch:
                 i += 1
             if self.edged.proc.poll() is not None:
                 self.show()
-                raise DemoError(f"waiting for {what}: edged exited with {self.edged.proc.returncode}; "
-                                f"its last lines: {self.edged.other_lines[-5:]}")
+                raise DemoError(
+                    f"waiting for {what}: edged exited with {self.edged.proc.returncode}; "
+                    f"its last lines: {self.edged.other_lines[-5:]}"
+                )
             if time.monotonic() >= deadline:
                 raise DemoError(f"{what}: not seen within {timeout_s:g} s")
             time.sleep(0.05)
 
-    def weights_where(self, pred: Callable[[dict[str, int]], bool], timeout_s: float, what: str,
-                      after: int = 0) -> dict[str, int]:
+    def weights_where(
+        self, pred: Callable[[dict[str, int]], bool], timeout_s: float, what: str, after: int = 0
+    ) -> dict[str, int]:
         return self.until(lambda e: e["kind"] == "weights" and pred(e["weights"]), timeout_s, what, after)["weights"]
 
     def settle(self, quiet_s: float = 1.0, timeout_s: float = 15.0) -> dict[str, int]:
@@ -221,8 +238,7 @@ class Watch:
             while time.monotonic() < quiet_until:
                 self.show()
                 if self.edged.proc.poll() is not None:
-                    raise DemoError(f"edged exited with {self.edged.proc.returncode} "
-                                    f"({self.edged.other_lines[-5:]})")
+                    raise DemoError(f"edged exited with {self.edged.proc.returncode} ({self.edged.other_lines[-5:]})")
                 time.sleep(0.05)
             if not any(e["kind"] == "weights" for e in self.edged.events[n:]):
                 say(f"    settled: no push for {quiet_s:g} s ({time.monotonic() - t0:.1f} s)")
@@ -259,9 +275,14 @@ def shares(net: Net, watch: "Watch", flows: int) -> Counter:
     t1 = time.monotonic()
     watch.show()  # pushes that came during the count
     pushes = sum(1 for e in watch.edged.events[mark:] if e["kind"] == "weights")
-    say(f"    {flows} new connections through the VIP (one GET each) in {t1 - t0:.1f} s"
-        + (f"; edged pushed {pushes}x meanwhile (weight: at the start; table share: averaged over the count)"
-           if pushes else ""))
+    say(
+        f"    {flows} new connections through the VIP (one GET each) in {t1 - t0:.1f} s"
+        + (
+            f"; edged pushed {pushes}x meanwhile (weight: at the start; table share: averaged over the count)"
+            if pushes
+            else ""
+        )
+    )
     say(f"    {'':<10} {'weight':>6}  {'table share':>11}  {'flows':>6}  share")
     bar(seen, NAMES, flows, start, table_shares(watch, start, mark, t0, t1))
     return seen
@@ -271,8 +292,7 @@ def shares(net: Net, watch: "Watch", flows: int) -> Counter:
 
 
 def steer(net: Net, router: Router, args: argparse.Namespace, sock_path: str) -> None:
-    section(f"start edged on {router.iface}: probe GET /health every 100 ms, scrape /metrics, "
-            f"weights latency_inverse")
+    section(f"start edged on {router.iface}: probe GET /health every 100 ms, scrape /metrics, weights latency_inverse")
     say("    (edged compiles and attaches the XDP data path first: a few seconds)")
     edged = start_edged(net, router, sock_path)
     watch = Watch(edged)
@@ -305,29 +325,36 @@ def steer(net: Net, router: Router, args: argparse.Namespace, sock_path: str) ->
         watch.weights_where(lambda w: w["b0"] > 2 * queued, 10.0, "b0's weight coming back", after=mark)
         w = watch.settle()
 
-        step(f"an engine hangs: {LEGEND['b0']} (b0) stops producing tokens with work queued; "
-             f"/health still answers 200")
+        step(f"an engine hangs: {LEGEND['b0']} (b0) stops producing tokens with work queued; /health still answers 200")
         conns = open_connections(net.client, net.vip, PORT, args.keep)
         stuck: list[socket.socket] = []
         try:
             placed = [c.request().backend for c in conns]
             spread = Counter(placed)
-            say(f"    {args.keep} keep-alive connections opened through the VIP first: "
-                + ", ".join(f"{n} {spread.get(n, 0)}" for n in NAMES))
+            say(
+                f"    {args.keep} keep-alive connections opened through the VIP first: "
+                + ", ".join(f"{n} {spread.get(n, 0)}" for n in NAMES)
+            )
             mark = watch.mark
             knobs(net, 0, hang=True)
             stuck = stuck_requests(net, 0, 3)
             t = time.monotonic()
             say("    b0 hangs; 3 completion requests sent straight to it never finish")
-            watch.until(lambda e: e["kind"] == "state" and e.get("backend") == "b0" and e.get("new") == "hung",
-                        15.0, "edged reporting b0 hung", after=mark)
+            watch.until(
+                lambda e: e["kind"] == "state" and e.get("backend") == "b0" and e.get("new") == "hung",
+                15.0,
+                "edged reporting b0 hung",
+                after=mark,
+            )
             w = watch.weights_where(lambda w: w["b0"] <= 1, 5.0, "b0 weighted down to the floor", after=mark)
             say(f"    drained {time.monotonic() - t:.1f} s after the hang (hung_ms 1000)")
             w = watch.settle()
             shares(net, watch, args.flows)
             moved = sum(1 for c, b in zip(conns, placed) if c.request().backend != b)
-            say(f"    {moved} of {args.keep} connections moved; the {spread.get('b0', 0)} on b0 are still "
-                f"answered there (established flows are never rebalanced)")
+            say(
+                f"    {moved} of {args.keep} connections moved; the {spread.get('b0', 0)} on b0 are still "
+                f"answered there (established flows are never rebalanced)"
+            )
 
             step("what the operator sees while b0 hangs: edgectl status, through edged's API")
             for line in status(router, sock_path).splitlines():
@@ -354,20 +381,40 @@ def steer(net: Net, router: Router, args: argparse.Namespace, sock_path: str) ->
         watch.show()
         say(f"    edged exited with {code}")
         reply = http_get(net.client, net.vip, PORT)
-        say(f"    GET http://{net.vip}:{PORT}/ with edged stopped -> {reply.backend} "
-            f"({LEGEND.get(reply.backend or '', '?')}), HTTP {reply.status}")
+        say(
+            f"    GET http://{net.vip}:{PORT}/ with edged stopped -> {reply.backend} "
+            f"({LEGEND.get(reply.backend or '', '?')}), HTTP {reply.status}"
+        )
     finally:
         edged.stop()
 
 
 def failover_drill(rate: int, duration_s: float) -> None:
     """Heartbeats every 1 ms, down after 5 ms: stop h100-b's and watch its new flows move."""
-    cfg = parse_config({"version": 1, "services": [{
-        "name": "chat", "vip": "198.18.255.1", "port": PORT, "protocol": "tcp",
-        "health": {"heartbeat": {"interval_ms": 1, "timeout_ms": 5, "rise": 3}},
-        "backends": [{"name": f"h100-{c}", "address": f"198.18.{i + 1}.2", "port": PORT, "token": hex(0x5EED0001 + i)}
-                     for i, c in enumerate("abc")],
-    }]}, "demo")
+    cfg = parse_config(
+        {
+            "version": 1,
+            "services": [
+                {
+                    "name": "chat",
+                    "vip": "198.18.255.1",
+                    "port": PORT,
+                    "protocol": "tcp",
+                    "health": {"heartbeat": {"interval_ms": 1, "timeout_ms": 5, "rise": 3}},
+                    "backends": [
+                        {
+                            "name": f"h100-{c}",
+                            "address": f"198.18.{i + 1}.2",
+                            "port": PORT,
+                            "token": hex(0x5EED0001 + i),
+                        }
+                        for i, c in enumerate("abc")
+                    ],
+                }
+            ],
+        },
+        "demo",
+    )
     plan = drill.Plan(backend="h100-b", mode="heartbeat", rate=rate, duration_s=duration_s)
     try:
         report = drill.failover(cfg, plan, progress=lambda line: say(f"    {line}"))
@@ -384,8 +431,9 @@ def terminated(signum, _frame) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--flows", type=int, default=2000, help="new connections per round (default %(default)s)")
-    p.add_argument("--keep", type=int, default=20,
-                   help="keep-alive connections held while an engine hangs (default %(default)s)")
+    p.add_argument(
+        "--keep", type=int, default=20, help="keep-alive connections held while an engine hangs (default %(default)s)"
+    )
     p.add_argument("--drill-rate", type=int, default=2000, help="new flows/s of the closing failover drill; 0 skips it")
     p.add_argument("--skip-drill", action="store_true", help="leave out the closing failover drill")
     args = p.parse_args()
@@ -397,11 +445,11 @@ def main() -> int:
 
     try:
         with Net(Topo(backends=3)) as net, tempfile.TemporaryDirectory(prefix="edge-demo-") as tmp:
-            section(f"testbed {net.prefix}: client -> router -> 3 simulated inference servers; "
-                    f"VIP {net.vip}:{PORT}")
+            section(f"testbed {net.prefix}: client -> router -> 3 simulated inference servers; VIP {net.vip}:{PORT}")
             net.build()
-            net.start_inference(port=PORT, common=SIM_FLAGS,
-                                per_backend=[["--added-latency-ms", str(ms)] for ms in ADDED_MS])
+            net.start_inference(
+                port=PORT, common=SIM_FLAGS, per_backend=[["--added-latency-ms", str(ms)] for ms in ADDED_MS]
+            )
             for i, name in enumerate(NAMES):
                 say(f"    {name} = {LEGEND[name]}  {net.backend_addr(i)}:{PORT}  +{ADDED_MS[i]} ms per response")
             router = Router(net)
@@ -419,8 +467,10 @@ def main() -> int:
         return 130
 
     if args.drill_rate and not args.skip_drill:
-        section(f"failover drill: h100-b's heartbeats stop under {args.drill_rate} new flows/s "
-                f"(a testbed of its own; edgectl drill failover does the same from a config)")
+        section(
+            f"failover drill: h100-b's heartbeats stop under {args.drill_rate} new flows/s "
+            f"(a testbed of its own; edgectl drill failover does the same from a config)"
+        )
         try:
             failover_drill(args.drill_rate, 1.0)
         except KeyboardInterrupt:

@@ -23,10 +23,10 @@
 #include "stats.h"
 
 #ifndef BPF_FIB_LOOKUP_SRC
-#define BPF_FIB_LOOKUP_SRC	(1U << 4)	/* uapi/linux/bpf.h, kernel 6.7 */
+#define BPF_FIB_LOOKUP_SRC (1U << 4) /* uapi/linux/bpf.h, kernel 6.7 */
 #endif
 
-#define ENCAP_TTL	64
+#define ENCAP_TTL 64
 
 /* Egress interface, MACs, source address and MTU towards backend be: the
  * cache, or a FIB lookup that refills it (src 0 marks an entry the NAT
@@ -111,7 +111,7 @@ static __always_inline int dsr_forward(struct xdp_md *ctx, struct pkt *pkt,
 	eth = (void *)(long)ctx->data;
 	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
 		return count_drop(EDGE_DROP_MALFORMED);
-	__builtin_memcpy(macs, eth, sizeof(macs));	/* for the stack: to the router, as it came */
+	__builtin_memcpy(macs, eth, sizeof(macs)); /* for the stack: to the router, as it came */
 	decrease_ttl(in);
 	tos = in->tos;
 	df = in->frag_off & bpf_htons(0x4000);
@@ -125,7 +125,7 @@ static __always_inline int dsr_forward(struct xdp_md *ctx, struct pkt *pkt,
 		return count_drop(EDGE_DROP_MALFORMED);
 	__builtin_memcpy(eth, macs, sizeof(macs));
 	eth->h_proto = bpf_htons(ETH_P_IP);
-	*(__u16 *)o = bpf_htons(0x4500 | tos);	/* version 4, IHL 5, the inner TOS */
+	*(__u16 *)o = bpf_htons(0x4500 | tos); /* version 4, IHL 5, the inner TOS */
 	o->tot_len = bpf_htons(len + sizeof(struct iphdr));
 	o->id = 0;
 	o->frag_off = df;

@@ -10,21 +10,21 @@
 #include "maps.h"
 #include "wire.h"
 
-#define EDGE_HASH_SEED	0x9e3779b9
+#define EDGE_HASH_SEED 0x9e3779b9
 
 /* What parsing learned about a VIP-bound packet. */
 struct pkt {
-	struct flow_key flow;	/* client 5-tuple, as received */
+	struct flow_key flow; /* client 5-tuple, as received */
 	struct iphdr *iph;
-	__u32 l3_len;		/* IPv4 total length, for byte counters */
-	int vlans;		/* 802.1Q tags in front of IPv4 */
-	int syn;		/* TCP SYN without ACK, RST or FIN: a connection attempt */
-	int syn_counted;	/* that SYN counts for passive detection (checksum checked) */
-	__be32 seq;		/* TCP sequence number */
-	__be32 ack_seq;		/* TCP acknowledgment number */
-	__u32 tcp_hlen;		/* TCP header length in bytes */
-	int end;		/* TCP FIN or RST */
-	struct flow_info *ct;	/* the conntrack entry select_backend found (wire.h), else NULL */
+	__u32 l3_len;	      /* IPv4 total length, for byte counters */
+	int vlans;	      /* 802.1Q tags in front of IPv4 */
+	int syn;	      /* TCP SYN without ACK, RST or FIN: a connection attempt */
+	int syn_counted;      /* that SYN counts for passive detection (checksum checked) */
+	__be32 seq;	      /* TCP sequence number */
+	__be32 ack_seq;	      /* TCP acknowledgment number */
+	__u32 tcp_hlen;	      /* TCP header length in bytes */
+	int end;	      /* TCP FIN or RST */
+	struct flow_info *ct; /* the conntrack entry select_backend found (wire.h), else NULL */
 };
 
 /* 32-bit finaliser of MurmurHash3 (public domain): full avalanche. */
@@ -77,7 +77,7 @@ static __always_inline __u32 *maglev_slot(__u32 idx)
 }
 
 #ifndef EDGE_CT_MISS_PER_S
-#define EDGE_CT_MISS_PER_S	64	/* entries per CPU and second TCP packets other than SYNs may create */
+#define EDGE_CT_MISS_PER_S 64 /* entries per CPU and second TCP packets other than SYNs may create */
 #endif
 
 /* 1 when a TCP packet that is no SYN may create a conntrack entry: this

@@ -10,7 +10,7 @@
 #include "stats.h"
 
 #ifndef EDGE_MAX_EJECT_SHIFT
-#define EDGE_MAX_EJECT_SHIFT	4	/* ejection time doubles at most 4 times (x16) */
+#define EDGE_MAX_EJECT_SHIFT 4 /* ejection time doubles at most 4 times (x16) */
 #endif
 
 static __always_inline struct backend_health *health_of(const struct backend_info *be)
@@ -20,9 +20,9 @@ static __always_inline struct backend_health *health_of(const struct backend_inf
 	return edge_health.lookup(&hid);
 }
 
-#define HEALTH_ALIVE	0	/* an established flow: no rise asked again, probation ignored */
-#define HEALTH_NEW	1	/* a new flow: risen, not on probation */
-#define HEALTH_TRIAL	2	/* a new flow's own Maglev pick: risen; on probation passive_ok decides */
+#define HEALTH_ALIVE 0 /* an established flow: no rise asked again, probation ignored */
+#define HEALTH_NEW   1 /* a new flow: risen, not on probation */
+#define HEALTH_TRIAL 2 /* a new flow's own Maglev pick: risen; on probation passive_ok decides */
 
 /* Admin-up, not ejected, and (when the service uses heartbeats) heard from
  * within silence_mult timeouts, with rise heartbeats in a row unless
@@ -73,7 +73,7 @@ static __always_inline int backend_alive(const struct backend_info *be,
 }
 
 #ifndef EDGE_EJECT_SAMPLE
-#define EDGE_EJECT_SAMPLE	64	/* backends looked at for the ejection cap */
+#define EDGE_EJECT_SAMPLE 64 /* backends looked at for the ejection cap */
 #endif
 
 /* Ejects h unless that would take out more than max_ejected_pct of the
@@ -112,7 +112,7 @@ static __always_inline int try_eject(const struct service_cfg *sc,
 		ejected = (__u64)ejected * n / seen;
 	h->trial_ns = 0;
 	if ((ejected + 1) * 100 > (__u64)sc->max_ejected_pct * n) {
-		h->probation = 0;	/* kept in service, as without a trial */
+		h->probation = 0; /* kept in service, as without a trial */
 		return 0;
 	}
 	shift = h->ejections < EDGE_MAX_EJECT_SHIFT ? h->ejections : EDGE_MAX_EJECT_SHIFT;
@@ -183,7 +183,7 @@ static __always_inline int passive_ok(const struct backend_info *be,
 	if (!h->probation)
 		return 1;
 	if (h->trial_ns || (sc->flags & EDGE_SVC_F_PROBED))
-		return 0;	/* the trial is out, or the probes decide */
+		return 0; /* the trial is out, or the probes decide */
 	return __sync_val_compare_and_swap(&h->trial_ns, 0, now) == 0;
 }
 

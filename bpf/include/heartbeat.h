@@ -15,7 +15,7 @@
 #include "stats.h"
 #include "siphash.h"
 
-#define EDGE_HB_RISE_CAP	1000000	/* rise_count stops counting here */
+#define EDGE_HB_RISE_CAP 1000000 /* rise_count stops counting here */
 
 static __always_inline __u64 be64_to_host(__u64 x)
 {
@@ -106,7 +106,7 @@ static __always_inline int consume_heartbeat(struct __sk_buff *skb,
 		return TC_ACT_UNSPEC;
 	if (bpf_skb_load_bytes(skb, l4_off + sizeof(struct udphdr), &hb, sizeof(hb)) < 0 ||
 	    hb.magic != bpf_htonl(EDGE_HB_MAGIC))
-		return TC_ACT_UNSPEC;	/* not a heartbeat after all */
+		return TC_ACT_UNSPEC; /* not a heartbeat after all */
 	t = hb_lookup(&hb, iph->saddr, dport);
 	if (!t || t->ifindex != skb->ingress_ifindex || !hb_mac_ok(&hb, t))
 		goto spoofed;
@@ -125,7 +125,7 @@ static __always_inline int consume_heartbeat(struct __sk_buff *skb,
 		return TC_ACT_SHOT;
 	}
 	now = bpf_ktime_get_ns();
-	if (h->last_seen_ns + t->timeout_ns < now)	/* not now - last: see health.h */
+	if (h->last_seen_ns + t->timeout_ns < now) /* not now - last: see health.h */
 		h->rise_count = 1;
 	else if (h->rise_count < EDGE_HB_RISE_CAP)
 		h->rise_count++;

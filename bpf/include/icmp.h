@@ -103,7 +103,7 @@ static __always_inline void icmp4_to_backend(struct iphdr *iph, struct icmp4_err
 
 	e->icmp.checksum = csum_apply(e->icmp.checksum,
 				      addr + csum_delta16(e->sport, be->port) +
-				      csum_delta16(e->inner.check, inner_check));
+					      csum_delta16(e->inner.check, inner_check));
 	e->inner.check = inner_check;
 	e->inner.saddr = be->addr;
 	e->sport = be->port;
@@ -135,7 +135,7 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 	why = icmp4_quote(&e->inner);
 	if (why)
 		return count_drop(why);
-	if (e->inner.saddr != iph->daddr)	/* not about a packet from this VIP */
+	if (e->inner.saddr != iph->daddr) /* not about a packet from this VIP */
 		return count_drop(EDGE_DROP_ICMP_MALFORMED);
 	if (!ipv4_csum_ok(iph))
 		return count_drop(EDGE_DROP_BAD_CSUM);
@@ -151,7 +151,7 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 	if (!be || !(be->flags & EDGE_BE_F_VALID))
 		return count_drop(EDGE_DROP_ICMP_NO_FLOW);
 	count_index(EDGE_CNT_ICMP_TO_BACKEND);
-	if (icmp_dsr(be))	/* the backend's socket is the VIP's: the error goes as it is */
+	if (icmp_dsr(be)) /* the backend's socket is the VIP's: the error goes as it is */
 		return dsr_forward(ctx, pkt, be, bid);
 	icmp4_to_backend(iph, e, be);
 	return forward(ctx, pkt, bid);

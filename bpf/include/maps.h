@@ -34,7 +34,7 @@
 #error "EDGE_HALF_OPEN_SIZE must be set by the loader"
 #endif
 
-#define EDGE_PIN(name)		EDGE_PIN_DIR "/" #name
+#define EDGE_PIN(name) EDGE_PIN_DIR "/" #name
 
 /* (VIP address, port, protocol) -> vip_info. */
 BPF_TABLE_PINNED("hash", struct vip_key, struct vip_info, edge_vips,
@@ -66,12 +66,12 @@ BPF_TABLE_PINNED("hash", __be16, __u32, edge_hb_ports,
  * flip, and sees one plain u32 array. */
 _Static_assert(EDGE_MAGLEV_PER_VALUE == 2, "maps: edge_maglev's size assumes 2 slots a value");
 BPF_TABLE_PINNED("array", __u32, struct maglev_slots, edge_maglev,
-		 EDGE_MAX_SERVICES * EDGE_MAGLEV_M, EDGE_PIN(edge_maglev),
+		 EDGE_MAX_SERVICES *EDGE_MAGLEV_M, EDGE_PIN(edge_maglev),
 		 BPF_F_MMAPABLE);
 /* Conntrack: client 5-tuple -> backend. EDGE_CT_FLAGS: 0, one LRU list for
  * all CPUs; tools/bench-datapath also measures BPF_F_NO_COMMON_LRU. */
 #ifndef EDGE_CT_FLAGS
-#define EDGE_CT_FLAGS	0
+#define EDGE_CT_FLAGS 0
 #endif
 BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow_info, edge_ct,
 		 EDGE_CT_SIZE, EDGE_PIN(edge_ct), EDGE_CT_FLAGS);
@@ -99,36 +99,36 @@ BPF_TABLE_PINNED("prog", __u32, __u32, edge_tails,
 /* Per-CPU state of the fallback scan between its runs over one packet
  * (select.h, scan_backends); kernel only, not pinned. */
 struct scan_state {
-	__u32 hash;		/* the flow hash of the packet being scanned for */
-	__u32 vip_id;		/* its service; EDGE_NO_BACKEND: no scan under way */
-	__u32 pos;		/* next index of service_cfg.backends to look at */
-	__u32 primaries;	/* usable primaries seen so far */
-	__u32 standbys;		/* usable standbys seen so far */
-	__u32 best_p;		/* of those primaries, the one of the highest score */
+	__u32 hash;	 /* the flow hash of the packet being scanned for */
+	__u32 vip_id;	 /* its service; EDGE_NO_BACKEND: no scan under way */
+	__u32 pos;	 /* next index of service_cfg.backends to look at */
+	__u32 primaries; /* usable primaries seen so far */
+	__u32 standbys;	 /* usable standbys seen so far */
+	__u32 best_p;	 /* of those primaries, the one of the highest score */
 	__u32 score_p;
-	__u32 best_s;		/* of those standbys, the one of the highest score */
+	__u32 best_s; /* of those standbys, the one of the highest score */
 	__u32 score_s;
 };
 BPF_PERCPU_ARRAY(edge_scan_state, struct scan_state, 1);
 /* Per-CPU clock of the fast path's health decisions (edge_xdp.c,
  * health_now); kernel only, not pinned. */
 struct clock_cache {
-	__u64 jiffies;	/* bpf_jiffies64() when ns was read */
-	__u64 ns;	/* bpf_ktime_get_ns() then */
+	__u64 jiffies; /* bpf_jiffies64() when ns was read */
+	__u64 ns;      /* bpf_ktime_get_ns() then */
 };
 BPF_PERCPU_ARRAY(edge_clock, struct clock_cache, 1);
 /* Per-CPU copies of edge_rnat entries for edge_reply, direct-mapped by a hash
  * of the backend endpoint (edge_reply.c, rnat_cached); kernel only, not
  * pinned. A copy is used only while node_info.rnat_gen is the one it was
  * made under; the checksum changes of the reverse NAT come with it. */
-#define EDGE_RNAT_CACHE_SLOTS	1024	/* a power of two */
+#define EDGE_RNAT_CACHE_SLOTS 1024 /* a power of two */
 struct rnat_slot {
-	__u64	key;		/* the struct backend_key it copies, as one word */
-	__u64	gen;		/* node_info.rnat_gen when copied */
-	struct rnat_info info;	/* the edge_rnat entry */
-	__u16	csum_ip;	/* IPv4 checksum change: source address -> VIP, TTL - 1 (folded) */
-	__u16	csum_l4;	/* L4 checksum change: source address and port -> the VIP's (folded) */
-	__u32	pad;
+	__u64 key;	       /* the struct backend_key it copies, as one word */
+	__u64 gen;	       /* node_info.rnat_gen when copied */
+	struct rnat_info info; /* the edge_rnat entry */
+	__u16 csum_ip;	       /* IPv4 checksum change: source address -> VIP, TTL - 1 (folded) */
+	__u16 csum_l4;	       /* L4 checksum change: source address and port -> the VIP's (folded) */
+	__u32 pad;
 };
 BPF_PERCPU_ARRAY(edge_rnat_cache, struct rnat_slot, EDGE_RNAT_CACHE_SLOTS);
 /* hash(client, VIP) -> cached egress interface and MACs of replies (per CPU). */

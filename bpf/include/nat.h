@@ -17,7 +17,7 @@
 #include "stats.h"
 
 #ifndef AF_INET
-#define AF_INET		2
+#define AF_INET 2
 #endif
 
 /* Rewrites destination address and port, fixing IPv4 and L4 checksums (the
@@ -84,7 +84,7 @@ static __always_inline void decrease_ttl(struct iphdr *iph)
 }
 
 #ifndef EDGE_NEXTHOP_TTL_JIFFIES
-#define EDGE_NEXTHOP_TTL_JIFFIES 100	/* a cached FIB result is used this long: 0.1 s at HZ=1000 .. 1 s at HZ=100 */
+#define EDGE_NEXTHOP_TTL_JIFFIES 100 /* a cached FIB result is used this long: 0.1 s at HZ=1000 .. 1 s at HZ=100 */
 #endif
 
 /* The caches' clock is bpf_jiffies64(), which the verifier turns into one
@@ -214,7 +214,7 @@ static __always_inline int reply_hop_at(void *ctx, __u32 in_ifindex, __u32 len, 
 		*out = hop;
 		return BPF_FIB_LKUP_RET_SUCCESS;
 	}
-	__builtin_memset(fib, 0, sizeof(*fib));	/* the caller's: zeroed on a miss only */
+	__builtin_memset(fib, 0, sizeof(*fib)); /* the caller's: zeroed on a miss only */
 	fib->family = AF_INET;
 	fib->tos = iph->tos;
 	fib->l4_protocol = iph->protocol;
@@ -232,7 +232,7 @@ static __always_inline int reply_hop_at(void *ctx, __u32 in_ifindex, __u32 len, 
 		return rc;
 	}
 	hop->ifindex = fib->ifindex;
-	hop->mtu = fib->mtu_result;	/* the egress device's (tot_len was 0) */
+	hop->mtu = fib->mtu_result; /* the egress device's (tot_len was 0) */
 	__builtin_memcpy(hop->smac, fib->smac, ETH_ALEN);
 	__builtin_memcpy(hop->dmac, fib->dmac, ETH_ALEN);
 	hop->expires = now + EDGE_NEXTHOP_TTL_JIFFIES;
@@ -259,7 +259,7 @@ static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct iphdr *iph = data + sizeof(struct ethhdr);
-	struct bpf_fib_lookup fib;	/* filled by reply_hop on a cache miss */
+	struct bpf_fib_lookup fib; /* filled by reply_hop on a cache miss */
 	struct reply_hop *hop = NULL;
 	struct ethhdr *eth;
 	int rc;
@@ -284,7 +284,7 @@ static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 
 		struct bpf_redir_neigh nb = {};
 
 		nb.nh_family = AF_INET;
-		nb.ipv4_nh = fib.ipv4_dst;	/* the gateway, or the client */
+		nb.ipv4_nh = fib.ipv4_dst; /* the gateway, or the client */
 		return count_verdict(EDGE_CNT_RETURN_REDIRECT,
 				     redirect_neigh(fib.ifindex, &nb, sizeof(nb), 0));
 	}

@@ -16,11 +16,11 @@
 #include <uapi/linux/udp.h>
 
 #ifndef VLAN_MAX_DEPTH
-#define VLAN_MAX_DEPTH	1	/* 802.1Q tags parsed; deeper stacks are passed */
+#define VLAN_MAX_DEPTH 1 /* 802.1Q tags parsed; deeper stacks are passed */
 #endif
 
-#define IP_MF		0x2000
-#define IP_OFFSET	0x1fff
+#define IP_MF	  0x2000
+#define IP_OFFSET 0x1fff
 
 struct hdr_cursor {
 	void *pos;

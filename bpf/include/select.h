@@ -25,18 +25,18 @@
 #include "stats.h"
 
 #ifndef EDGE_MAX_WALK
-#define EDGE_MAX_WALK	4	/* extra Maglev slots tried before the fallback scan */
+#define EDGE_MAX_WALK 4 /* extra Maglev slots tried before the fallback scan */
 #endif
 
 /* The three programs of the ingress, each tail-calling the next through
  * edge_tails[its own stage]: the fast path; the slow path (first pick with
  * passive bookkeeping, the walk); the fallback scan. */
-#define EDGE_STAGE_FAST		0
-#define EDGE_STAGE_SLOW		1
-#define EDGE_STAGE_SCAN		2
+#define EDGE_STAGE_FAST 0
+#define EDGE_STAGE_SLOW 1
+#define EDGE_STAGE_SCAN 2
 
 /* *drop of select_backend: the next stage decides (never counted). */
-#define EDGE_TO_NEXT_STAGE	0xffffffff
+#define EDGE_TO_NEXT_STAGE 0xffffffff
 
 /* Admin-up and not draining, whatever its health. */
 static __always_inline int in_service(const struct backend_info *be)
@@ -53,11 +53,11 @@ static __always_inline int takes_new_flows(const struct backend_info *be,
 }
 
 #ifndef EDGE_SCAN_CHUNK
-#define EDGE_SCAN_CHUNK	64	/* backends one run of the scan program looks at */
+#define EDGE_SCAN_CHUNK 64 /* backends one run of the scan program looks at */
 #endif
 
 /* scan_backends: not done, the scan program runs again (tail call). */
-#define EDGE_SCAN_MORE		0xfffffffe
+#define EDGE_SCAN_MORE 0xfffffffe
 
 /* Score of backend id for a flow of this hash: rendezvous (highest random
  * weight) hashing, so the pick among usable backends needs no count first
@@ -144,7 +144,7 @@ scan_backends(const struct service_cfg *sc, __u32 vip_id, __u32 hash, __u64 now,
 	if (!st)
 		return EDGE_NO_BACKEND;
 	if (st->hash != hash || st->vip_id != vip_id)
-		scan_begin(hash, vip_id);	/* not begun by the slow path: from the start */
+		scan_begin(hash, vip_id); /* not begun by the slow path: from the start */
 	pos = st->pos;
 	if (n > EDGE_MAX_PER_SERVICE)
 		n = EDGE_MAX_PER_SERVICE;
@@ -164,7 +164,7 @@ scan_backends(const struct service_cfg *sc, __u32 vip_id, __u32 hash, __u64 now,
 		st->pos = pos;
 		return EDGE_SCAN_MORE;
 	}
-	st->vip_id = EDGE_NO_BACKEND;	/* done: the next packet begins anew */
+	st->vip_id = EDGE_NO_BACKEND; /* done: the next packet begins anew */
 	if (st->primaries < sc->panic_below && (st->primaries || !st->standbys)) {
 		pick = edge_backends.lookup(&pick_id);
 		if (pick && in_service(pick))
@@ -172,7 +172,7 @@ scan_backends(const struct service_cfg *sc, __u32 vip_id, __u32 hash, __u64 now,
 	}
 	if (st->primaries)
 		return st->best_p;
-	return st->best_s;	/* EDGE_NO_BACKEND without a usable standby */
+	return st->best_s; /* EDGE_NO_BACKEND without a usable standby */
 }
 
 /* Backend for a flow without a (usable) conntrack entry. Passive detection
@@ -275,9 +275,9 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 			 * one is a new connection, held to the new-flow rules
 			 * (a standby is re-picked: maybe a primary is back). */
 			if (pkt->syn ? !(be->flags & EDGE_BE_F_STANDBY) &&
-				       takes_new_flows(be, sc, now) :
-			    ((vip->flags & EDGE_VIP_F_KEEP_FLOWS) ||
-			     backend_alive(be, sc, now)))
+					       takes_new_flows(be, sc, now)
+				     : ((vip->flags & EDGE_VIP_F_KEEP_FLOWS) ||
+					backend_alive(be, sc, now)))
 				return be;
 		}
 	}
@@ -291,7 +291,7 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 		if (stateless)
 			*drop = EDGE_DROP_UNTRACKED;
 		else if (stage != EDGE_STAGE_SCAN || *bid == EDGE_SCAN_MORE)
-			*drop = EDGE_TO_NEXT_STAGE;	/* the scan's next run: itself */
+			*drop = EDGE_TO_NEXT_STAGE; /* the scan's next run: itself */
 		return NULL;
 	}
 	if (stateless) {

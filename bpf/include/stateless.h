@@ -17,15 +17,15 @@
 #include "flow.h"
 #include "stats.h"
 
-#define TCP_FLAG_FIN_	0x01
-#define TCP_FLAG_SYN_	0x02
-#define TCP_FLAG_RST_	0x04
-#define TCP_FLAG_ACK_	0x10
+#define TCP_FLAG_FIN_ 0x01
+#define TCP_FLAG_SYN_ 0x02
+#define TCP_FLAG_RST_ 0x04
+#define TCP_FLAG_ACK_ 0x10
 
 /* The key of edge_direct for client fk (as the ingress sees it: client ->
  * VIP) and backend endpoint bk. */
 static __always_inline struct direct_key direct_key_of(const struct flow_key *fk,
-							const struct backend_key *bk)
+						       const struct backend_key *bk)
 {
 	struct direct_key dk = {
 		.backend = bk->addr,
@@ -76,7 +76,7 @@ static __always_inline int to_router(struct __sk_buff *skb, __be32 saddr, __be32
 {
 	struct bpf_fib_lookup fib = {};
 
-	fib.family = 2;	/* AF_INET */
+	fib.family = 2; /* AF_INET */
 	fib.l4_protocol = IPPROTO_TCP;
 	fib.ipv4_src = saddr;
 	fib.ipv4_dst = daddr;

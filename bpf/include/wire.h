@@ -14,10 +14,10 @@
 
 #include "maps.h"
 
-#define WIRE_TCP_FIN	0x01
-#define WIRE_TCP_SYN	0x02
-#define WIRE_TCP_RST	0x04
-#define WIRE_TCP_ACK	0x10
+#define WIRE_TCP_FIN 0x01
+#define WIRE_TCP_SYN 0x02
+#define WIRE_TCP_RST 0x04
+#define WIRE_TCP_ACK 0x10
 
 /* Histogram bucket of a duration: floor(log2(microseconds)), 0 below 2 us,
  * the last bucket for everything from 2^(EDGE_WIRE_BUCKETS - 1) us up. */
@@ -57,7 +57,7 @@ static __always_inline void wire_sample(__u32 bid, int first_byte, __u64 start_n
 	__u64 took = bpf_ktime_get_ns() - start_ns;
 	__u32 b = wire_bucket(took);
 
-	if (!ws || b >= EDGE_WIRE_BUCKETS)	/* verifier: b bounded for the index */
+	if (!ws || b >= EDGE_WIRE_BUCKETS) /* verifier: b bounded for the index */
 		return;
 	if (first_byte) {
 		ws->first_byte[b] += 1;

@@ -62,8 +62,14 @@ class Gate:
     finishing; closed once none finished for stale_ns (a checker that hangs). While closed
     for that reason, gone() is asked each tick and a checker that died raises CheckerGone."""
 
-    def __init__(self, readiness: Readiness, stale_ns: Optional[int], say: Callable[[str], None],
-                 now_ns: int, gone: Callable[[], Optional[str]] = lambda: None):
+    def __init__(
+        self,
+        readiness: Readiness,
+        stale_ns: Optional[int],
+        say: Callable[[str], None],
+        now_ns: int,
+        gone: Callable[[], Optional[str]] = lambda: None,
+    ):
         self.readiness = readiness
         self.stale_ns = stale_ns  # None: never stale (no checker)
         self.say = say
@@ -94,8 +100,7 @@ class Checker(threading.Thread):
     in between: when it closes, one extra check runs at once (at most one per interval).
     The agent calls run() in its checker process; tests may start() it as a thread."""
 
-    def __init__(self, check: Check, readiness: Readiness, interval_ms: float, timeout_ms: float,
-                 stop: StopFlag):
+    def __init__(self, check: Check, readiness: Readiness, interval_ms: float, timeout_ms: float, stop: StopFlag):
         super().__init__(name="edge-heartbeat-check", daemon=True)
         self.check = check
         self.readiness = readiness

@@ -139,8 +139,9 @@ class HttpCheck(Check):
         self.sock: Optional[socket.socket] = None
         self.connections = 0  # made so far (a test checks they are reused)
         self.reply = Response(MAX_RESPONSE_BYTES, keep_body=False)
-        self.request = (f"GET {target.path} HTTP/1.1\r\nHost: {target.hostport}\r\n"
-                        f"User-Agent: {PROG}\r\nAccept: */*\r\n\r\n").encode()
+        self.request = (
+            f"GET {target.path} HTTP/1.1\r\nHost: {target.hostport}\r\nUser-Agent: {PROG}\r\nAccept: */*\r\n\r\n"
+        ).encode()
 
     def check(self, timeout_s: float) -> Result:
         deadline = Deadline(timeout_s)

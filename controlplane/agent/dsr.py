@@ -54,18 +54,24 @@ def wanted_advmss(link_mtu: int) -> int:
 def problems(state: State, vip: IPv4Address) -> str | None:
     """The first thing missing for direct server return of vip, as one line; None when all is there."""
     if not state.decap_up:
-        return (f"decap: neither {DECAP} up (modprobe ipip; ip link set {DECAP} up) nor {DECAP_PROG} "
-                "attached to the default route's device (tools/dsr-backend setup --decap xdp)")
+        return (
+            f"decap: neither {DECAP} up (modprobe ipip; ip link set {DECAP} up) nor {DECAP_PROG} "
+            "attached to the default route's device (tools/dsr-backend setup --decap xdp)"
+        )
     if vip not in state.lo_addrs:
         return f"vip: {vip} is not on lo (ip addr add {vip}/32 dev lo)"
     if state.arp_ignore != 1 or state.arp_announce != 2:
-        return (f"arp: net.ipv4.conf.all.arp_ignore is {state.arp_ignore} and arp_announce "
-                f"{state.arp_announce}; want 1 and 2")
+        return (
+            f"arp: net.ipv4.conf.all.arp_ignore is {state.arp_ignore} and arp_announce "
+            f"{state.arp_announce}; want 1 and 2"
+        )
     if max(state.rp_filter_all, state.rp_filter_decap) != 0:
         return f"rp_filter: net.ipv4.conf.all and {DECAP}.rp_filter must be 0"
     if state.link_mtu is not None and (state.advmss is None or state.advmss > wanted_advmss(state.link_mtu)):
-        return (f"advmss: the default route's is {state.advmss or 'unset'}; want at most "
-                f"{wanted_advmss(state.link_mtu)} (link MTU {state.link_mtu} - 60)")
+        return (
+            f"advmss: the default route's is {state.advmss or 'unset'}; want at most "
+            f"{wanted_advmss(state.link_mtu)} (link MTU {state.link_mtu} - 60)"
+        )
     return None
 
 
@@ -92,8 +98,9 @@ def _default_route() -> dict | None:
 def read_state() -> State:
     links = {link["ifname"]: link for link in _ip("link", "show")}
     decap = links.get(DECAP)
-    lo_addrs = frozenset(IPv4Address(a["local"]) for entry in _ip("-4", "addr", "show", "dev", "lo")
-                         for a in entry.get("addr_info", []))
+    lo_addrs = frozenset(
+        IPv4Address(a["local"]) for entry in _ip("-4", "addr", "show", "dev", "lo") for a in entry.get("addr_info", [])
+    )
     route = _default_route()
     link_mtu = advmss = None
     if route is not None:
@@ -147,5 +154,8 @@ def setup(vip: IPv4Address, decap: str = "tunl0") -> None:
     mtu = read_state().link_mtu
     if route is not None and mtu is not None:
         via = ["via", route["gateway"]] if route.get("gateway") else []
-        subprocess.run(["ip", "route", "change", "default", *via, "dev", route["dev"],
-                        "advmss", str(wanted_advmss(mtu))], check=True, timeout=10.0)
+        subprocess.run(
+            ["ip", "route", "change", "default", *via, "dev", route["dev"], "advmss", str(wanted_advmss(mtu))],
+            check=True,
+            timeout=10.0,
+        )

@@ -48,8 +48,7 @@ def parse_router(text: str) -> tuple[IPv4Address, int]:
     if text.count(":") > 1:
         raise UsageError(f"--router: {text!r} is not an IPv4 address (with an optional :PORT)")
     addr, sep, port = text.partition(":")
-    return (parse_ipv4(addr, "--router"),
-            parse_port(port, "--router port") if sep else DEFAULT_ROUTER_PORT)
+    return (parse_ipv4(addr, "--router"), parse_port(port, "--router port") if sep else DEFAULT_ROUTER_PORT)
 
 
 def parse_token(text: str) -> int:
@@ -139,8 +138,9 @@ class Options:
     quiet: bool
 
 
-def secret_token(path: str, source: Optional[IPv4Address], router: IPv4Address, router_port: int,
-                 service_port: int) -> int:
+def secret_token(
+    path: str, source: Optional[IPv4Address], router: IPv4Address, router_port: int, service_port: int
+) -> int:
     """The token the router derives for this backend (a discovered one) from the service secret:
     keyed by this backend's address (--source, else the one the kernel sends to the router from)."""
     from controlplane.discovery.tokens import derive_token, read_secret
@@ -163,8 +163,11 @@ def secret_token(path: str, source: Optional[IPv4Address], router: IPv4Address, 
 def warn_secret_file() -> None:
     """--token-secret-file hands this agent the service secret, from which every backend's key
     follows: still accepted (older set-ups), with a warning naming the replacement."""
-    print("edge-heartbeat: warning: --token-secret-file gives this agent every backend's key; "
-          "give it only its own: --token-file with the output of `edgectl heartbeat-key`", file=sys.stderr)
+    print(
+        "edge-heartbeat: warning: --token-secret-file gives this agent every backend's key; "
+        "give it only its own: --token-file with the output of `edgectl heartbeat-key`",
+        file=sys.stderr,
+    )
 
 
 def options(args: argparse.Namespace) -> Options:
@@ -173,11 +176,16 @@ def options(args: argparse.Namespace) -> Options:
     source = parse_ipv4(args.source, "--source") if args.source is not None else None
     service_port = parse_port(args.service_port, "--service-port")
     interval_ms = parse_ms(args.interval_ms, "--interval-ms")
-    check_interval_ms = (parse_ms(args.check_interval_ms, "--check-interval-ms")
-                         if args.check_interval_ms is not None else max(interval_ms, MIN_CHECK_INTERVAL_MS))
-    check_timeout_ms = (parse_ms(args.check_timeout_ms, "--check-timeout-ms")
-                        if args.check_timeout_ms is not None
-                        else max(2 * check_interval_ms, MIN_CHECK_TIMEOUT_MS))
+    check_interval_ms = (
+        parse_ms(args.check_interval_ms, "--check-interval-ms")
+        if args.check_interval_ms is not None
+        else max(interval_ms, MIN_CHECK_INTERVAL_MS)
+    )
+    check_timeout_ms = (
+        parse_ms(args.check_timeout_ms, "--check-timeout-ms")
+        if args.check_timeout_ms is not None
+        else max(2 * check_interval_ms, MIN_CHECK_TIMEOUT_MS)
+    )
     duration_s = None
     if args.duration_s is not None:
         duration_s = parse_number(args.duration_s, "--duration-s", 0.0, MAX_INTERVAL_MS / 1000, "seconds")
@@ -200,9 +208,21 @@ def options(args: argparse.Namespace) -> Options:
     else:
         warn_secret_file()
         token = secret_token(args.token_secret_file, source, router, router_port, service_port)
-    return Options(router, router_port, source, service_port, token, interval_ms,
-                   args.check, target, check_interval_ms, check_timeout_ms, duration_s,
-                   args.rt_priority, args.quiet)
+    return Options(
+        router,
+        router_port,
+        source,
+        service_port,
+        token,
+        interval_ms,
+        args.check,
+        target,
+        check_interval_ms,
+        check_timeout_ms,
+        duration_s,
+        args.rt_priority,
+        args.quiet,
+    )
 
 
 def fmt_ms(ms: float) -> str:
@@ -216,49 +236,93 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Send the edge router UDP heartbeats for one backend while "
-                "its inference server's health check passes, and none while it fails. Exits 0 on "
-                "SIGTERM or SIGINT.")
+    p = _Parser(
+        prog=PROG,
+        description="Send the edge router UDP heartbeats for one backend while "
+        "its inference server's health check passes, and none while it fails. Exits 0 on "
+        "SIGTERM or SIGINT.",
+    )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    p.add_argument("--router", required=True, metavar="ADDR[:PORT]",
-                   help=f"the router's address on this backend's link, and the service's "
-                        f"health.heartbeat.port (default {DEFAULT_ROUTER_PORT})")
-    p.add_argument("--source", metavar="ADDR",
-                   help="send from this address: the backend's address in the router's config "
-                        "(heartbeats from any other address are rejected); default: the kernel's choice")
-    p.add_argument("--service-port", required=True, metavar="PORT",
-                   help="the backend's service port in the router's config, written into each heartbeat")
-    p.add_argument("--token-file", metavar="FILE",
-                   help="file holding the backend's heartbeat key: its token in the router's config, or "
-                        "for a discovered backend what `edgectl heartbeat-key` prints; decimal or 0x hex "
-                        "(a file, not an argument: command lines are readable by every local user)")
-    p.add_argument("--token-secret-file", metavar="FILE",
-                   help="deprecated: the service's secret (discovery.token_secret_file), from which this "
-                        "agent derives its key, and could derive every other backend's; use --token-file")
-    p.add_argument("--interval-ms", default=f"{DEFAULT_INTERVAL_MS:g}", metavar="MS",
-                   help="heartbeat interval, the service's health.heartbeat.interval_ms; fractions "
-                        "allowed (default: %(default)s)")
-    p.add_argument("--check", choices=("none", "tcp", "http"), default="http",
-                   help="how to tell the server is ready: an http GET answering 2xx, a tcp connect, "
-                        "or none: always send (default: %(default)s)")
-    p.add_argument("--check-url", metavar="URL",
-                   help=f"http: the health endpoint (vLLM and TGI: /health); tcp: its host and port "
-                        f"are connected to. Default: http://SOURCE:SERVICE_PORT{DEFAULT_CHECK_PATH} "
-                        f"(SOURCE 127.0.0.1 without --source)")
-    p.add_argument("--check-interval-ms", metavar="MS",
-                   help=f"how often to check; default: the heartbeat interval, at least "
-                        f"{MIN_CHECK_INTERVAL_MS:g} ms")
-    p.add_argument("--check-timeout-ms", metavar="MS",
-                   help=f"a check not answered within this fails; default: twice the check interval, "
-                        f"at least {MIN_CHECK_TIMEOUT_MS:g} ms")
-    p.add_argument("--duration-s", metavar="S",
-                   help="stop after this many seconds (tests); default: run until signalled")
-    p.add_argument("--rt-priority", type=int, default=0, metavar="N",
-                   help="run the sender and the checker as SCHED_FIFO threads of this priority "
-                        "(1..99, needs CAP_SYS_NICE) for low jitter on a busy host; 0: normal scheduling "
-                        "(default)")
-    p.add_argument("--dsr-vip", metavar="VIP",
-                   help="this backend serves VIP by direct server return: at start, check it is set up "
-                        "for it (tools/dsr-backend) and exit 1 with one line naming what is missing")
+    p.add_argument(
+        "--router",
+        required=True,
+        metavar="ADDR[:PORT]",
+        help=f"the router's address on this backend's link, and the service's "
+        f"health.heartbeat.port (default {DEFAULT_ROUTER_PORT})",
+    )
+    p.add_argument(
+        "--source",
+        metavar="ADDR",
+        help="send from this address: the backend's address in the router's config "
+        "(heartbeats from any other address are rejected); default: the kernel's choice",
+    )
+    p.add_argument(
+        "--service-port",
+        required=True,
+        metavar="PORT",
+        help="the backend's service port in the router's config, written into each heartbeat",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="file holding the backend's heartbeat key: its token in the router's config, or "
+        "for a discovered backend what `edgectl heartbeat-key` prints; decimal or 0x hex "
+        "(a file, not an argument: command lines are readable by every local user)",
+    )
+    p.add_argument(
+        "--token-secret-file",
+        metavar="FILE",
+        help="deprecated: the service's secret (discovery.token_secret_file), from which this "
+        "agent derives its key, and could derive every other backend's; use --token-file",
+    )
+    p.add_argument(
+        "--interval-ms",
+        default=f"{DEFAULT_INTERVAL_MS:g}",
+        metavar="MS",
+        help="heartbeat interval, the service's health.heartbeat.interval_ms; fractions allowed (default: %(default)s)",
+    )
+    p.add_argument(
+        "--check",
+        choices=("none", "tcp", "http"),
+        default="http",
+        help="how to tell the server is ready: an http GET answering 2xx, a tcp connect, "
+        "or none: always send (default: %(default)s)",
+    )
+    p.add_argument(
+        "--check-url",
+        metavar="URL",
+        help=f"http: the health endpoint (vLLM and TGI: /health); tcp: its host and port "
+        f"are connected to. Default: http://SOURCE:SERVICE_PORT{DEFAULT_CHECK_PATH} "
+        f"(SOURCE 127.0.0.1 without --source)",
+    )
+    p.add_argument(
+        "--check-interval-ms",
+        metavar="MS",
+        help=f"how often to check; default: the heartbeat interval, at least {MIN_CHECK_INTERVAL_MS:g} ms",
+    )
+    p.add_argument(
+        "--check-timeout-ms",
+        metavar="MS",
+        help=f"a check not answered within this fails; default: twice the check interval, "
+        f"at least {MIN_CHECK_TIMEOUT_MS:g} ms",
+    )
+    p.add_argument(
+        "--duration-s", metavar="S", help="stop after this many seconds (tests); default: run until signalled"
+    )
+    p.add_argument(
+        "--rt-priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the sender and the checker as SCHED_FIFO threads of this priority "
+        "(1..99, needs CAP_SYS_NICE) for low jitter on a busy host; 0: normal scheduling "
+        "(default)",
+    )
+    p.add_argument(
+        "--dsr-vip",
+        metavar="VIP",
+        help="this backend serves VIP by direct server return: at start, check it is set up "
+        "for it (tools/dsr-backend) and exit 1 with one line naming what is missing",
+    )
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p

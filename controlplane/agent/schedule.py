@@ -46,8 +46,12 @@ class StopFlag:
         return self._set
 
 
-def sleep_until(deadline_ns: int, stop: StopFlag, clock: Callable[[], int] = time.monotonic_ns,
-                nap: Callable[[float], None] = time.sleep) -> bool:
+def sleep_until(
+    deadline_ns: int,
+    stop: StopFlag,
+    clock: Callable[[], int] = time.monotonic_ns,
+    nap: Callable[[float], None] = time.sleep,
+) -> bool:
     """Sleep until deadline_ns on the monotonic clock in naps of at most MAX_NAP_S; False if
     stop was set first. (time.sleep is clock_nanosleep here: precise to the timer slack.)"""
     while not stop.is_set():

@@ -31,9 +31,17 @@ class SendStats:
     errors: int = 0
 
 
-def send_loop(sock: socket.socket, dest: tuple[str, int], service_port: int, token: int,
-              interval_ns: int, gate: Gate, stop: StopFlag,
-              end_ns: Optional[int], say: Callable[[str], None]) -> SendStats:
+def send_loop(
+    sock: socket.socket,
+    dest: tuple[str, int],
+    service_port: int,
+    token: int,
+    interval_ns: int,
+    gate: Gate,
+    stop: StopFlag,
+    end_ns: Optional[int],
+    say: Callable[[str], None],
+) -> SendStats:
     """Send one heartbeat per tick while the gate is open, until stop is set or end_ns."""
     stats = SendStats()
     ticker = Ticker(time.monotonic_ns(), interval_ns)
@@ -93,10 +101,15 @@ def run(opts: Options, stop: StopFlag, say: Callable[[str], None]) -> SendStats:
             what = f"while {opts.target.hostport} accepts tcp connections"
         else:
             what = "always (no check)"
-        checking = (f", checked every {fmt_ms(opts.check_interval_ms)}, "
-                    f"timeout {fmt_ms(opts.check_timeout_ms)}") if opts.check != "none" else ""
-        say(f"sending to {opts.router}:{opts.router_port} from {opts.source or 'any address'} every "
-            f"{fmt_ms(opts.interval_ms)} for service port {opts.service_port}, {what}{checking}")
+        checking = (
+            (f", checked every {fmt_ms(opts.check_interval_ms)}, timeout {fmt_ms(opts.check_timeout_ms)}")
+            if opts.check != "none"
+            else ""
+        )
+        say(
+            f"sending to {opts.router}:{opts.router_port} from {opts.source or 'any address'} every "
+            f"{fmt_ms(opts.interval_ms)} for service port {opts.service_port}, {what}{checking}"
+        )
         stale_ns = None
         if opts.check == "none":
             readiness.update(check.check(0.0))
@@ -110,13 +123,23 @@ def run(opts: Options, stop: StopFlag, say: Callable[[str], None]) -> SendStats:
             try:
                 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(opts.rt_priority))
             except OSError as e:
-                raise UsageError(f"--rt-priority {opts.rt_priority}: {os.strerror(e.errno).lower()} "
-                                 f"(needs CAP_SYS_NICE)") from None
+                raise UsageError(
+                    f"--rt-priority {opts.rt_priority}: {os.strerror(e.errno).lower()} (needs CAP_SYS_NICE)"
+                ) from None
         now = time.monotonic_ns()
         end_ns = now + int(opts.duration_s * 1e9) if opts.duration_s is not None else None
         gate = Gate(readiness, stale_ns, say, now, checker.gone if checker is not None else lambda: None)
-        return send_loop(sock, (str(opts.router), opts.router_port), opts.service_port, opts.token,
-                         int(opts.interval_ms * 1e6), gate, stop, end_ns, say)
+        return send_loop(
+            sock,
+            (str(opts.router), opts.router_port),
+            opts.service_port,
+            opts.token,
+            int(opts.interval_ms * 1e6),
+            gate,
+            stop,
+            end_ns,
+            say,
+        )
     finally:
         sock.close()
         check.close()
@@ -164,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         print(f"{PROG}: {os.strerror(e.errno).lower() if e.errno else e}", file=sys.stderr)
         return 1
-    say(f"stopped: {stats.sent} heartbeats sent, {stats.missed_ticks} ticks missed, "
-        f"{stats.errors} send errors, woke at most {stats.max_late_ns / 1e6:.3f} ms late")
+    say(
+        f"stopped: {stats.sent} heartbeats sent, {stats.missed_ticks} ticks missed, "
+        f"{stats.errors} send errors, woke at most {stats.max_late_ns / 1e6:.3f} ms late"
+    )
     return 0

@@ -36,8 +36,16 @@ def generate(dest: Path) -> None:
 
     include = resources.files("grpc_tools") / "_proto"  # google/protobuf/*.proto
     with tempfile.TemporaryDirectory(prefix="edge-api-gen-") as stage:
-        rc = protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"-I{include}",
-                          f"--python_out={stage}", f"--grpc_python_out={stage}", PROTO_NAME])
+        rc = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{HERE}",
+                f"-I{include}",
+                f"--python_out={stage}",
+                f"--grpc_python_out={stage}",
+                PROTO_NAME,
+            ]
+        )
         if rc != 0:
             raise SystemExit(f"protoc failed on {HERE / PROTO_NAME} (exit {rc}; its messages are above)")
         out = Path(stage) / Path(PROTO_NAME).parent

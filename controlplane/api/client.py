@@ -50,17 +50,26 @@ def _one_line(text: str) -> str:
 class Client:
     """One channel to one edged. socket_path, or api (HOST:PORT) with tls."""
 
-    def __init__(self, socket_path: str | None = None, *, api: str | None = None, tls: Tls | None = None,
-                 timeout_s: float = TIMEOUT_S):
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        *,
+        api: str | None = None,
+        tls: Tls | None = None,
+        timeout_s: float = TIMEOUT_S,
+    ):
         self.socket_path = None if api else socket_path
         self.timeout_s = timeout_s
         if api:
             if tls is None:
-                raise EdgeError(f"{api}: TCP needs a client certificate, its key and the CA "
-                                "(edged serves TCP with mutual TLS only)")
-            creds = grpc.ssl_channel_credentials(root_certificates=_read(tls.ca, "CA certificate"),
-                                                 private_key=_read(tls.key, "client key"),
-                                                 certificate_chain=_read(tls.cert, "client certificate"))
+                raise EdgeError(
+                    f"{api}: TCP needs a client certificate, its key and the CA (edged serves TCP with mutual TLS only)"
+                )
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls.ca, "CA certificate"),
+                private_key=_read(tls.key, "client key"),
+                certificate_chain=_read(tls.cert, "client certificate"),
+            )
             self.target = api
             self.channel = grpc.secure_channel(api, creds)
         else:
@@ -149,15 +158,17 @@ class Client:
 
     def set_weight(self, service: str, backend: str, weight: int | None, local: bool = False) -> str:
         """Pins backend's weight; None clears the override."""
-        msg = self._call("SetWeight", edge_pb2.SetWeightRequest(service=service, backend=backend, weight=weight,
-                                                                local=local))
+        msg = self._call(
+            "SetWeight", edge_pb2.SetWeightRequest(service=service, backend=backend, weight=weight, local=local)
+        )
         return msg.scope or "node"
 
     def reload(self, config_text: str | None = None) -> dict:
         """Applies config_text, or else edged's own config file read again. What changed:
         added_services, removed_services, ... (lists of names)."""
-        msg = self._call("Reload", edge_pb2.ReloadRequest(config_text=config_text),
-                         max(self.timeout_s, RELOAD_TIMEOUT_S))
+        msg = self._call(
+            "Reload", edge_pb2.ReloadRequest(config_text=config_text), max(self.timeout_s, RELOAD_TIMEOUT_S)
+        )
         return convert.to_dict(msg)
 
     def drain_node(self, drained: bool = True) -> dict:

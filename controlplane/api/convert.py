@@ -115,8 +115,11 @@ def status_from_proto(msg: edge_pb2.GetStatusResponse) -> dict:
         if snap[key] is None:
             del snap[key]
     if msg.HasField("edged"):
-        snap["edged"] = {"version": msg.edged.version, "pid": msg.edged.pid,
-                         "t": _seconds(msg.edged.time) if msg.edged.HasField("time") else None}
+        snap["edged"] = {
+            "version": msg.edged.version,
+            "pid": msg.edged.pid,
+            "t": _seconds(msg.edged.time) if msg.edged.HasField("time") else None,
+        }
         if msg.edged.not_serving:
             snap["edged"]["not_serving"] = msg.edged.not_serving
     return snap
@@ -124,8 +127,12 @@ def status_from_proto(msg: edge_pb2.GetStatusResponse) -> dict:
 
 def event_to_proto(event: dict) -> edge_pb2.Event:
     """An edged event dict as an Event: fields it does not name go to `fields`, JSON-encoded."""
-    msg = edge_pb2.Event(kind=str(event.get("kind", "")), text=str(event.get("text", "")),
-                         service=str(event.get("service") or ""), backend=str(event.get("backend") or ""))
+    msg = edge_pb2.Event(
+        kind=str(event.get("kind", "")),
+        text=str(event.get("text", "")),
+        service=str(event.get("service") or ""),
+        backend=str(event.get("backend") or ""),
+    )
     if event.get("t") is not None:
         _set_time(msg.time, event["t"])
     for key, value in event.items():

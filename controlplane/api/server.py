@@ -82,8 +82,9 @@ class Edged(Protocol):
 
     def snapshot(self, count_conntrack: bool = False) -> Awaitable[dict] | dict: ...
 
-    def operate(self, kind: str, service: str, backend: str, weight: Optional[int] = None,
-                local: bool = False) -> Awaitable[str]: ...
+    def operate(
+        self, kind: str, service: str, backend: str, weight: Optional[int] = None, local: bool = False
+    ) -> Awaitable[str]: ...
 
     def reload(self, text: Optional[str] = None) -> Awaitable[dict]: ...
 
@@ -97,8 +98,7 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
         self.daemon = daemon
         self._watchers: set[asyncio.Queue] = set()
 
-    async def _answer(self, context: grpc.aio.ServicerContext, method: str,
-                      work: Callable[[], Awaitable[Any]]) -> Any:
+    async def _answer(self, context: grpc.aio.ServicerContext, method: str, work: Callable[[], Awaitable[Any]]) -> Any:
         try:
             return await work()
         except Exception as e:  # every failure becomes a status code; none escapes as a bare UNKNOWN
@@ -111,15 +111,23 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
     async def GetStatus(self, request, context):
         async def work():
             snap = await _maybe_await(self.daemon.snapshot(count_conntrack=request.count_conntrack))
-            return convert.status_to_proto(snap, {"version": __version__, "pid": os.getpid(), "t": time.time(),
-                                                  "not_serving": self.daemon.not_serving})
+            return convert.status_to_proto(
+                snap,
+                {"version": __version__, "pid": os.getpid(), "t": time.time(), "not_serving": self.daemon.not_serving},
+            )
 
         return await self._answer(context, "GetStatus", work)
 
     async def _operate(self, kind: str, request, weight: int | None = None) -> str:
-        return await _maybe_await(self.daemon.operate(kind, _required(request.service, "service"),
-                                                      _required(request.backend, "backend"), weight=weight,
-                                                      local=request.local))
+        return await _maybe_await(
+            self.daemon.operate(
+                kind,
+                _required(request.service, "service"),
+                _required(request.backend, "backend"),
+                weight=weight,
+                local=request.local,
+            )
+        )
 
     async def Drain(self, request, context):
         async def work():
@@ -147,15 +155,16 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
             if request.HasField("config_text"):
                 size = len(request.config_text.encode("utf-8"))
                 if size > MAX_CONFIG_BYTES:
-                    raise ConfigError(f"config_text: {size} bytes, more than the {MAX_CONFIG_BYTES} "
-                                      f"a config may have")
+                    raise ConfigError(f"config_text: {size} bytes, more than the {MAX_CONFIG_BYTES} a config may have")
                 summary = await self.daemon.reload(request.config_text)
             else:
                 # Older clients name a file; edged reads no file a client names but its own.
                 own = self.daemon.config_path
                 if request.HasField("config_path") and request.config_path != own:
-                    raise ConfigError(f"config_path: edged reloads only the file it was started with "
-                                      f"({own or 'none'}); send the config's text instead")
+                    raise ConfigError(
+                        f"config_path: edged reloads only the file it was started with "
+                        f"({own or 'none'}); send the config's text instead"
+                    )
                 summary = await self.daemon.reload()
             return convert.fill(edge_pb2.ReloadResponse(), summary or {})
 
@@ -178,7 +187,7 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
         events = self.daemon.events
         q = events.subscribe(WATCH_QUEUE)
         # No await between subscribe() and copying recent: every event is in exactly one.
-        replay = list(events.recent)[-request.recent:] if request.recent else []
+        replay = list(events.recent)[-request.recent :] if request.recent else []
         self._watchers.add(q)
         try:
             for event in replay:
@@ -328,8 +337,9 @@ async def start(daemon: Edged, node: Any, *, unix: bool = True) -> ApiServer:
     """
     # SO_REUSEPORT (grpc's default) would let a second edged share the TCP port silently.
     # The largest request is a Reload with a config's text (at most MAX_CONFIG_BYTES).
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
-                                      ("grpc.max_receive_message_length", MAX_CONFIG_BYTES + 64 * 1024)])
+    server = grpc.aio.server(
+        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_CONFIG_BYTES + 64 * 1024)]
+    )
     servicer = EdgeServicer(daemon)
     edge_pb2_grpc.add_EdgeServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()

@@ -53,7 +53,8 @@ def tables(parser: argparse.ArgumentParser) -> str:
         flags.append((key, " ".join(_flags(p))))
         values += _values(key, p)
     values_fn = _case("_edgectl_value", [(k, w) for k, w in values]).replace(
-        "    esac", '        *) return 1 ;;\n    esac')
+        "    esac", "        *) return 1 ;;\n    esac"
+    )
     return _case("_edgectl_subs", subs) + _case("_edgectl_flags", flags) + values_fn
 
 
@@ -103,5 +104,7 @@ if [[ ${{zsh_eval_context[-1]}} == loadautofunc ]]; then _edgectl "$@"; else com
 
 def script(parser: argparse.ArgumentParser, shell: str) -> str:
     if shell == "bash":
-        return BASH.format(tables=tables(parser), walk=_PATH_WALK.format(first=1, last="COMP_CWORD", words="COMP_WORDS"))
+        return BASH.format(
+            tables=tables(parser), walk=_PATH_WALK.format(first=1, last="COMP_CWORD", words="COMP_WORDS")
+        )
     return ZSH.format(tables=tables(parser), walk=_PATH_WALK.format(first=2, last="CURRENT", words="words"))

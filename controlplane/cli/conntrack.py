@@ -30,8 +30,9 @@ def _filters(maps, args) -> tuple[int | None, int | None]:
         return None, None
     vid, bids = maps.ids(args.service)
     if args.backend and args.backend not in bids:
-        raise EdgeError(f"--backend: no backend {args.backend!r} in service {args.service} "
-                        f"(have: {', '.join(sorted(bids))})")
+        raise EdgeError(
+            f"--backend: no backend {args.backend!r} in service {args.service} (have: {', '.join(sorted(bids))})"
+        )
     return vid, bids.get(args.backend) if args.backend else None
 
 
@@ -47,8 +48,10 @@ def entries(maps, args, limit: int, deadline_ns: int) -> tuple[list[dict], bool]
 
 def _table(rows: list[dict], complete: bool, limit: int) -> str:
     head = ("pro", "client", "vip", "service", "backend", "flags")
-    lines = [head] + [(r["protocol"].upper(), r["client"], r["vip"], r["service"], r["backend"],
-                       ",".join(r["flags"]) or "-") for r in rows]
+    lines = [head] + [
+        (r["protocol"].upper(), r["client"], r["vip"], r["service"], r["backend"], ",".join(r["flags"]) or "-")
+        for r in rows
+    ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     more = "" if complete else f" (stopped at --limit {limit} or after {WALK_S:g} s: there are more)"
@@ -78,7 +81,7 @@ def cmd_conntrack(args) -> int:
         rows += got
         complete = complete and done
     if not names:
-        return emit(args, {"entries": [], "complete": True, "limit": args.limit},
-                    "nothing deployed in this network namespace")
-    return emit(args, {"entries": rows, "complete": complete, "limit": args.limit},
-                _table(rows, complete, args.limit))
+        return emit(
+            args, {"entries": [], "complete": True, "limit": args.limit}, "nothing deployed in this network namespace"
+        )
+    return emit(args, {"entries": rows, "complete": complete, "limit": args.limit}, _table(rows, complete, args.limit))

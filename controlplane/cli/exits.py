@@ -1,11 +1,11 @@
 """edgectl's exit codes, and which failure gets which. Pure: exceptions in, numbers out.
 
-    0  ok
-    1  refused: a bad config or input (the message names the field or the argument)
-    2  usage: the command line itself is wrong (argparse's own code)
-    3  environment: this host lacks what the command needs (root or the API group, a
-       kernel feature or its headers, a bpffs, a running edged)
-    4  internal: a bug; run again with --debug and report the traceback
+0  ok
+1  refused: a bad config or input (the message names the field or the argument)
+2  usage: the command line itself is wrong (argparse's own code)
+3  environment: this host lacks what the command needs (root or the API group, a
+   kernel feature or its headers, a bpffs, a running edged)
+4  internal: a bug; run again with --debug and report the traceback
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ class UsageError(EdgeError):
     """A command line argparse accepted but the command cannot use (exit 2)."""
 
 
-NEEDS_ROOT = ("edgectl needs root for the data path (bpffs, netlink, /run/edge); "
-              "commands edged serves also work for members of node.api_group")
+NEEDS_ROOT = (
+    "edgectl needs root for the data path (bpffs, netlink, /run/edge); "
+    "commands edged serves also work for members of node.api_group"
+)
 
 
 def classify(exc: BaseException) -> tuple[int, str]:

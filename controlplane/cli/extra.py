@@ -48,8 +48,9 @@ def cmd_drill_failover(args) -> int:
     cfg = load_config(nodeconf.config_path(args.config, required=True))
     if args.plot:
         drill.require_matplotlib()
-    plan = drill.Plan(backend=args.backend, mode=args.mode, rate=args.rate, duration_s=args.duration,
-                      service=args.service)
+    plan = drill.Plan(
+        backend=args.backend, mode=args.mode, rate=args.rate, duration_s=args.duration, service=args.service
+    )
     report = drill.failover(cfg, plan, progress=progress(args))
     if args.json_out:
         drill.write_json(report, args.json_out)

@@ -51,10 +51,11 @@ def cmd_validate(args) -> int:
     cfg = parse_config(doc, path)
     backends = sum(len(s.backends) for s in cfg.services)
     pinned = sizing.node_bytes(cfg.node)
-    return emit(args, {"config": path, "ok": True, "services": len(cfg.services), "backends": backends,
-                       "pinned_bytes": pinned},
-                f"{path}: ok ({len(cfg.services)} services, {backends} backends; "
-                f"the maps pin {sizing.describe(pinned)})")
+    return emit(
+        args,
+        {"config": path, "ok": True, "services": len(cfg.services), "backends": backends, "pinned_bytes": pinned},
+        f"{path}: ok ({len(cfg.services)} services, {backends} backends; the maps pin {sizing.describe(pinned)})",
+    )
 
 
 def running(args, iface: str | None = None) -> list[dict]:
@@ -111,13 +112,29 @@ def cmd_deploy(args) -> int:
     res = deploy.deploy(cfg, _iface(args), progress=progress(args))
     r = res.report
     verb = "updated" if res.updated else "deployed"
-    changes = {"added_services": r.added_services, "removed_services": r.removed_services,
-               "added_backends": r.added_backends, "removed_backends": r.removed_backends}
+    changes = {
+        "added_services": r.added_services,
+        "removed_services": r.removed_services,
+        "added_backends": r.added_backends,
+        "removed_backends": r.removed_backends,
+    }
     said = [f"{k.replace('_', ' ')}: {', '.join(v)}" for k, v in changes.items() if v and res.updated]
-    text = (f"{verb} on {res.iface} (XDP {res.mode}, return path on {', '.join(res.return_ifaces)}): "
-            f"{len(cfg.services)} services" + (f"; {'; '.join(said)}" if said else ""))
-    return emit(args, {"result": verb, "iface": res.iface, "xdp_mode": res.mode,
-                       "return_ifaces": list(res.return_ifaces), "services": len(cfg.services), **changes}, text)
+    text = (
+        f"{verb} on {res.iface} (XDP {res.mode}, return path on {', '.join(res.return_ifaces)}): "
+        f"{len(cfg.services)} services" + (f"; {'; '.join(said)}" if said else "")
+    )
+    return emit(
+        args,
+        {
+            "result": verb,
+            "iface": res.iface,
+            "xdp_mode": res.mode,
+            "return_ifaces": list(res.return_ifaces),
+            "services": len(cfg.services),
+            **changes,
+        },
+        text,
+    )
 
 
 def cmd_undeploy(args) -> int:
@@ -125,8 +142,11 @@ def cmd_undeploy(args) -> int:
 
     iface = _iface(args)
     done = deploy.undeploy(iface, nodeconf.pin_dir(args), progress=progress(args))
-    return emit(args, {"iface": iface, "undeployed": done},
-                f"undeployed from {iface}" if done else f"nothing deployed on {iface}")
+    return emit(
+        args,
+        {"iface": iface, "undeployed": done},
+        f"undeployed from {iface}" if done else f"nothing deployed on {iface}",
+    )
 
 
 def cmd_status(args) -> int:
@@ -138,8 +158,10 @@ def cmd_status(args) -> int:
         from controlplane import abi, loader
 
         for path in loader.other_abi_here(nodeconf.pin_dir(args)):
-            print(f"  (pins of ABI {path.parent.name} at {path}: this edgectl uses v{abi.ABI_VERSION}; "
-                  f"migrate with 'edgectl undeploy --iface {path.name.rsplit('-', 1)[0]}' and deploy again)")
+            print(
+                f"  (pins of ABI {path.parent.name} at {path}: this edgectl uses v{abi.ABI_VERSION}; "
+                f"migrate with 'edgectl undeploy --iface {path.name.rsplit('-', 1)[0]}' and deploy again)"
+            )
         return 0
     for i, snap in enumerate(snaps):
         if i:

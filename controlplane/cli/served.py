@@ -40,16 +40,21 @@ def _scope(scope: str, local: bool) -> str:
 def cmd_drain(args) -> int:
     with client(args) as edged:
         scope = edged.drain(args.service, args.backend, local=args.local)
-    return emit(args, {"service": args.service, "backend": args.backend, "drained": True, "scope": scope},
-                f"drained {args.service}/{args.backend}{_scope(scope, args.local)}: no new flows; "
-                f"established flows stay")
+    return emit(
+        args,
+        {"service": args.service, "backend": args.backend, "drained": True, "scope": scope},
+        f"drained {args.service}/{args.backend}{_scope(scope, args.local)}: no new flows; established flows stay",
+    )
 
 
 def cmd_undrain(args) -> int:
     with client(args) as edged:
         scope = edged.undrain(args.service, args.backend, local=args.local)
-    return emit(args, {"service": args.service, "backend": args.backend, "drained": False, "scope": scope},
-                f"undrained {args.service}/{args.backend}{_scope(scope, args.local)}")
+    return emit(
+        args,
+        {"service": args.service, "backend": args.backend, "drained": False, "scope": scope},
+        f"undrained {args.service}/{args.backend}{_scope(scope, args.local)}",
+    )
 
 
 def cmd_drain_node(args) -> int:
@@ -104,11 +109,17 @@ def cmd_weight(args) -> int:
         scope = _scope(edged.set_weight(args.service, args.backend, weight, local=args.local), args.local)
     name = f"{args.service}/{args.backend}"
     if args.clear:
-        return emit(args, {"service": args.service, "backend": args.backend, "weight": None, "scale": scale},
-                    f"{name}: weight override cleared{scope}")
+        return emit(
+            args,
+            {"service": args.service, "backend": args.backend, "weight": None, "scale": scale},
+            f"{name}: weight override cleared{scope}",
+        )
     share = f" ({100 * weight / scale:.3g}% of the best backend's {scale})" if scale else ""
-    return emit(args, {"service": args.service, "backend": args.backend, "weight": weight, "scale": scale},
-                f"{name}: weight pinned at {weight}{share}{scope}")
+    return emit(
+        args,
+        {"service": args.service, "backend": args.backend, "weight": weight, "scale": scale},
+        f"{name}: weight pinned at {weight}{share}{scope}",
+    )
 
 
 RELOAD_CHANGES = configdiff.LABELS + (("draining_backends", "backends draining"),)

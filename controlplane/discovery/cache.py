@@ -51,8 +51,15 @@ class Cached:
 
     def view(self, now_s: float) -> dict:
         age = self.age_s(now_s)
-        return {"source": self.source, "state": self.state(), "age_s": age, "failures": self.failures,
-                "backends": len(self.backends or ()), "changes": self.changes, "error": self.error or ""}
+        return {
+            "source": self.source,
+            "state": self.state(),
+            "age_s": age,
+            "failures": self.failures,
+            "backends": len(self.backends or ()),
+            "changes": self.changes,
+            "error": self.error or "",
+        }
 
 
 @dataclass(frozen=True)
@@ -65,9 +72,12 @@ class Verdict:
     previous: Optional[tuple[Backend, ...]] = field(default=None, compare=False)
 
 
-NOT_BACKENDS = ((IPv4Network("169.254.0.0/16"), "link-local"),
-                (IPv4Network("100.64.0.0/10"), "in 100.64.0.0/10 (shared address space)"),
-                (IPv4Network("0.0.0.0/8"), "in 0.0.0.0/8"), (IPv4Network("255.255.255.255/32"), "broadcast"))
+NOT_BACKENDS = (
+    (IPv4Network("169.254.0.0/16"), "link-local"),
+    (IPv4Network("100.64.0.0/10"), "in 100.64.0.0/10 (shared address space)"),
+    (IPv4Network("0.0.0.0/8"), "in 0.0.0.0/8"),
+    (IPv4Network("255.255.255.255/32"), "broadcast"),
+)
 
 
 def not_a_backend(address: IPv4Address, vips) -> Optional[str]:
@@ -88,8 +98,9 @@ def with_tokens(c: Cached, backends: tuple[Backend, ...]) -> tuple[Backend, ...]
     """Backends without a token get the one derived from the service secret."""
     if c.secret is None:
         return backends
-    return tuple(b if b.token is not None else replace(b, token=derive_token(c.secret, b.address, b.port))
-                 for b in backends)
+    return tuple(
+        b if b.token is not None else replace(b, token=derive_token(c.secret, b.address, b.port)) for b in backends
+    )
 
 
 def merge(cfg: Config, found: dict[str, tuple[Backend, ...]]) -> Config:
@@ -132,15 +143,24 @@ def offer(c: Cached, result: Result, now_s: float, fits=None) -> Verdict:
         c.failures += 1
         first = c.error is None or c.error != why
         c.error = why
-        kept = (f"keeping the last known good set ({len(c.backends)} backends)" if c.backends is not None
-                else "no backends discovered yet")
+        kept = (
+            f"keeping the last known good set ({len(c.backends)} backends)"
+            if c.backends is not None
+            else "no backends discovered yet"
+        )
         event = ("discovery-failed", f"{c.service}: {c.source} discovery failed: {why}; {kept}") if first else None
         return Verdict(failed=True, event=event)
     recovered = c.error is not None
     c.error, c.good_at_s, c.ttl_s = None, now_s, result.ttl_s
     if backends == c.backends:
-        event = ("discovery-recovered", f"{c.service}: {c.source} discovery answers again; "
-                                        f"{len(backends)} backends, unchanged") if recovered else None
+        event = (
+            (
+                "discovery-recovered",
+                f"{c.service}: {c.source} discovery answers again; {len(backends)} backends, unchanged",
+            )
+            if recovered
+            else None
+        )
         return Verdict(event=event)
     previous, c.backends = c.backends, backends
     c.changes += 1

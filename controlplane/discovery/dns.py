@@ -58,8 +58,10 @@ class DnsSource:
 
     def _cap(self, n: int, what: str) -> None:
         if n > self.max_backends:
-            raise ConfigError(f"{what} of {n} records, more than discovery.max_backends "
-                              f"({self.max_backends}); over the cap, nothing in it used")
+            raise ConfigError(
+                f"{what} of {n} records, more than discovery.max_backends "
+                f"({self.max_backends}); over the cap, nothing in it used"
+            )
 
     async def resolve(self) -> Answer:
         """One full resolution; raises dns.exception.DNSException or ConfigError (garbage)."""
@@ -130,8 +132,16 @@ class DnsSource:
 
 def _backend(address: str, port: int, weight: int, standby: bool, where: str) -> Backend:
     """A record's endpoint as a Backend; ConfigError (garbage) if the address is no backend's."""
-    return parse_backend({"name": endpoint_name(address, port), "address": address, "port": port,
-                          "weight": min(weight, WEIGHT_MAX), "standby": standby}, where)
+    return parse_backend(
+        {
+            "name": endpoint_name(address, port),
+            "address": address,
+            "port": port,
+            "weight": min(weight, WEIGHT_MAX),
+            "standby": standby,
+        },
+        where,
+    )
 
 
 def _servfail(e: Exception) -> str:

@@ -69,14 +69,20 @@ def parse_value(key: bytes, value: bytes) -> Backend:
         raise ConfigError(f"{where}: not a backend ({type(e).__name__})") from None
 
 
-def client(host: str, port: int, timeout_ms: int, user: Optional[str] = None,
-           password: Optional[bytes] = None) -> aetcd.Client:
+def client(
+    host: str, port: int, timeout_ms: int, user: Optional[str] = None, password: Optional[bytes] = None
+) -> aetcd.Client:
     """An aetcd client whose calls time out after timeout_ms and whose connection is kept alive
     (a dead etcd is noticed within KEEPALIVE_MS + timeout_ms); also the fleet's (fleet/member.py)."""
-    options = {"grpc.keepalive_time_ms": KEEPALIVE_MS, "grpc.keepalive_timeout_ms": timeout_ms,
-               "grpc.keepalive_permit_without_calls": 1, "grpc.http2.max_pings_without_data": 0,
-               "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 1000,
-               "grpc.max_receive_message_length": MAX_RECEIVE_BYTES}
+    options = {
+        "grpc.keepalive_time_ms": KEEPALIVE_MS,
+        "grpc.keepalive_timeout_ms": timeout_ms,
+        "grpc.keepalive_permit_without_calls": 1,
+        "grpc.http2.max_pings_without_data": 0,
+        "grpc.initial_reconnect_backoff_ms": 100,
+        "grpc.max_reconnect_backoff_ms": 1000,
+        "grpc.max_receive_message_length": MAX_RECEIVE_BYTES,
+    }
     credentials = {"username": user, "password": password.decode(errors="replace")} if user and password else {}
     return aetcd.Client(host=host, port=port, timeout=timeout_ms / 1000, options=options, **credentials)
 
@@ -116,8 +122,7 @@ class EtcdSource:
         read off the loop at every connect; ConfigError naming the field when it cannot be)."""
         password = None
         if self.cfg.password_file is not None:
-            password = await asyncio.to_thread(read_secret, self.cfg.password_file,
-                                               "discovery.etcd.password_file")
+            password = await asyncio.to_thread(read_secret, self.cfg.password_file, "discovery.etcd.password_file")
         return client(host, port, self.cfg.timeout_ms, self.cfg.user, password)
 
     async def _count(self, client: aetcd.Client) -> int:
@@ -133,8 +138,10 @@ class EtcdSource:
         timeout_s = self.cfg.timeout_ms / 1000
         count = await asyncio.wait_for(self._count(client), timeout_s)
         if count > self.max_keys:
-            raise ConfigError(f"etcd {self.cfg.prefix}: {count} keys, more than discovery.max_backends "
-                              f"({self.max_keys}); over the cap, nothing read")
+            raise ConfigError(
+                f"etcd {self.cfg.prefix}: {count} keys, more than discovery.max_backends "
+                f"({self.max_keys}); over the cap, nothing read"
+            )
         got = await asyncio.wait_for(client.get_prefix(self.prefix), timeout_s)
         kvs = await asyncio.to_thread(lambda: {kv.key: _parsed(kv.key, kv.value) for kv in got})
         return kvs, got.header.revision
@@ -181,8 +188,12 @@ class EtcdSource:
 
     async def _report(self, kvs: dict, report: Report) -> None:
         if len(kvs) > self.max_keys:
-            await report(Failure(f"etcd {self.cfg.prefix}: {len(kvs)} keys, more than discovery.max_backends "
-                                 f"({self.max_keys}); over the cap"))
+            await report(
+                Failure(
+                    f"etcd {self.cfg.prefix}: {len(kvs)} keys, more than discovery.max_backends "
+                    f"({self.max_keys}); over the cap"
+                )
+            )
             return
         bad = next((kvs[k] for k in sorted(kvs) if isinstance(kvs[k], ConfigError)), None)
         if bad is not None:
@@ -231,8 +242,10 @@ MAX_RETRY_S = 30.0
 
 def _noting(source: EtcdSource, report: Report) -> Report:
     """report, noting on source whether an answer (not a failure) got through."""
+
     async def wrapped(result) -> None:
         if isinstance(result, Answer):
             source.answered = True
         await report(result)
+
     return wrapped

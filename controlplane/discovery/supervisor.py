@@ -29,8 +29,10 @@ def make_source(s: Service) -> Source:
     """The source a service's discovery section names (imported here: only edged needs the libraries)."""
     if s.discovery.dns is not None:
         from controlplane.discovery.dns import DnsSource
+
         return DnsSource(s.discovery)
     from controlplane.discovery.etcd import EtcdSource
+
     return EtcdSource(s.discovery)
 
 
@@ -48,9 +50,13 @@ def secrets_of(cfg: Config) -> dict[str, Optional[bytes]]:
 class Supervisor:
     """Every discovery source of one edged, their caches, and the hook into edged's apply."""
 
-    def __init__(self, apply: Callable[[], Awaitable[None]], emit: Emit,
-                 clock: Callable[[], float] = time.monotonic,
-                 is_local: Optional[Callable[[list[str]], set[str]]] = None):
+    def __init__(
+        self,
+        apply: Callable[[], Awaitable[None]],
+        emit: Emit,
+        clock: Callable[[], float] = time.monotonic,
+        is_local: Optional[Callable[[list[str]], set[str]]] = None,
+    ):
         """is_local(addresses): those this node routes as local (its own addresses, routes of
         type local), run in a worker thread; None: not checked (no router here)."""
         self.apply = apply  # programs merge(static config, found()) into the maps; raises EdgeError
@@ -92,10 +98,15 @@ class Supervisor:
             if c is None or c.backends is not None:
                 continue
             c.backends = backends
-            self.emit("discovery-adopted",
-                      f"{name}: {c.source} discovery has not answered since the start; kept the "
-                      f"{len(backends)} discovered backends the pinned maps hold as the last known good set",
-                      service=name, source=c.source, backends=[b.name for b in backends], error=c.error or "")
+            self.emit(
+                "discovery-adopted",
+                f"{name}: {c.source} discovery has not answered since the start; kept the "
+                f"{len(backends)} discovered backends the pinned maps hold as the last known good set",
+                service=name,
+                source=c.source,
+                backends=[b.name for b in backends],
+                error=c.error or "",
+            )
 
     def configure(self, cfg: Config, secrets: dict[str, Optional[bytes]]) -> None:
         """Takes the (new) static config: sources of services whose discovery section changed start
@@ -121,6 +132,7 @@ class Supervisor:
     async def first(self, timeout_s: float) -> None:
         """One answer (or failure) from every source that has none yet, waited for at most timeout_s:
         what edged deploys with, so a restart does not begin with an empty set."""
+
         async def one(name: str) -> None:
             result = await _first_result(self.sources[name])
             self._offer(name, await self._screen(result))
@@ -154,8 +166,11 @@ class Supervisor:
         self._tasks.clear()
         left = await cancel_all(tasks, within_s)
         if left:
-            self.emit("error", f"discovery: {', '.join(t.get_name() for t in left)} did not end within "
-                               f"{within_s:g} s of the stop; left behind")
+            self.emit(
+                "error",
+                f"discovery: {', '.join(t.get_name() for t in left)} did not end within "
+                f"{within_s:g} s of the stop; left behind",
+            )
 
     def unsettled(self) -> set[str]:
         """Services whose source has given nothing usable since edged started (no last known
@@ -175,6 +190,7 @@ class Supervisor:
     def _fits(self, name: str):
         def check(backends) -> None:
             merge(self.cfg, {**self.found(), name: with_tokens(self.caches[name], backends)})
+
         return check
 
     async def _screen(self, result: Result) -> Result:
@@ -193,8 +209,14 @@ class Supervisor:
             local = await asyncio.to_thread(self.is_local, sorted({str(b.address) for b in backends}))
         except Exception as e:  # noqa: BLE001 -- netlink failed: nothing is known, nothing is taken
             return f"not checked against this node's routes ({type(e).__name__}: {e})"
-        return next((f"{b.name}: {b.address} is this node's own (a route of type local)"
-                     for b in backends if str(b.address) in local), None)
+        return next(
+            (
+                f"{b.name}: {b.address} is this node's own (a route of type local)"
+                for b in backends
+                if str(b.address) in local
+            ),
+            None,
+        )
 
     def _offer(self, name: str, result: Result):
         c = self.caches[name]
@@ -221,9 +243,15 @@ class Supervisor:
                 why = str(e) if isinstance(e, EdgeError) else f"{type(e).__name__}: {e}"
                 self._offer(name, Failure(f"cannot apply ({text}): {why}"))
                 return
-            self.emit("discovery", f"{name}: {source.kind} discovery: {text}; now {len(c.backends)} backends "
-                                   f"({(time.perf_counter() - t0) * 1000:.1f} ms to the maps)",
-                      service=name, source=source.kind, change=text, backends=[b.name for b in c.backends])
+            self.emit(
+                "discovery",
+                f"{name}: {source.kind} discovery: {text}; now {len(c.backends)} backends "
+                f"({(time.perf_counter() - t0) * 1000:.1f} ms to the maps)",
+                service=name,
+                source=source.kind,
+                change=text,
+                backends=[b.name for b in c.backends],
+            )
 
         delay = RESTART_S
         while True:  # a source never ends; if one raises all the same, it is a failure and it starts over

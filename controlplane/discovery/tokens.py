@@ -81,6 +81,8 @@ def heartbeat_key(cfg: "Config", service: str, endpoint: str) -> int:
             return b.token
     path = s.discovery.token_secret_file if s.discovery else None
     if path is None:
-        raise ConfigError(f"--backend: {endpoint} has no token in service {service!r} and the service has "
-                          f"no discovery.token_secret_file to derive one from")
+        raise ConfigError(
+            f"--backend: {endpoint} has no token in service {service!r} and the service has "
+            f"no discovery.token_secret_file to derive one from"
+        )
     return derive_token(read_secret(path, f"services[{service}].discovery.token_secret_file"), address, number)

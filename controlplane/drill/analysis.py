@@ -77,8 +77,9 @@ def _dead_run(flows: list[Flow], dead: int, t0_ns: int, last_ns: float, gap_ns: 
     return run
 
 
-def analyse(flows: list[Flow], names: list[str], dead: int, mode: str, t0_ns: int,
-            late_from_ns: int | None, health: HealthSeen) -> dict:
+def analyse(
+    flows: list[Flow], names: list[str], dead: int, mode: str, t0_ns: int, late_from_ns: int | None, health: HealthSeen
+) -> dict:
     """The drill's findings from per-flow observations.
 
     Flow k is one TCP SYN (UDP datagram) from client source port FIRST_SPORT + k, sent at s_k; a_k is
@@ -142,8 +143,11 @@ def analyse(flows: list[Flow], names: list[str], dead: int, mode: str, t0_ns: in
         windows.append([])
 
     def all_others_down(t: float) -> bool:
-        return all(not (health.takes_new[i] if health.takes_new else True) or _inside(t, windows[i])
-                   for i in range(len(names)) if i != dead)
+        return all(
+            not (health.takes_new[i] if health.takes_new else True) or _inside(t, windows[i])
+            for i in range(len(names))
+            if i != dead
+        )
 
     lost = [f for f in flows if f.backend is None]
     lost_run = [f for f in lost if f.sport in in_run]
@@ -153,8 +157,14 @@ def analyse(flows: list[Flow], names: list[str], dead: int, mode: str, t0_ns: in
     if timeout_ns is not None and late_from_ns is not None:
         deadline_ns = late_from_ns + timeout_ns + LATE_MARGIN_MS * 1e6
         readmitted_ports = {f.sport for f in readmitted}
-        late = [f for f in flows if (f.backend == dead or f.sport in in_run) and f.sent_ns >= t0_ns
-                and decided(f) > deadline_ns and f.sport not in readmitted_ports]
+        late = [
+            f
+            for f in flows
+            if (f.backend == dead or f.sport in in_run)
+            and f.sent_ns >= t0_ns
+            and decided(f) > deadline_ns
+            and f.sport not in readmitted_ports
+        ]
     refused = [f for f in flows if f.backend == dead and f.refused] if mode == "kill" else None
 
     gaps = {}
@@ -164,11 +174,18 @@ def analyse(flows: list[Flow], names: list[str], dead: int, mode: str, t0_ns: in
             beats = tuple(t for t in beats if t <= t0_ns)
         if len(beats) >= 2 and timeout_ns:
             diffs = [beats[k] - beats[k - 1] for k in range(1, len(beats))]
-            gaps[name] = {"heartbeats": len(beats), "max_gap_ms": ns_to_ms(max(diffs)),
-                          "over_timeout": sum(1 for d in diffs if d > timeout_ns)}
-    per_backend = {name: {"before": sum(1 for f in before if f.backend == i),
-                          "after": sum(1 for f in flows if f.sent_ns >= t0_ns and f.backend == i)}
-                   for i, name in enumerate(names)}
+            gaps[name] = {
+                "heartbeats": len(beats),
+                "max_gap_ms": ns_to_ms(max(diffs)),
+                "over_timeout": sum(1 for d in diffs if d > timeout_ns),
+            }
+    per_backend = {
+        name: {
+            "before": sum(1 for f in before if f.backend == i),
+            "after": sum(1 for f in flows if f.sent_ns >= t0_ns and f.backend == i),
+        }
+        for i, name in enumerate(names)
+    }
     share = len(dead_before) / len(before) if before else None
     expected_rerouted = None
     if detected and share is not None:

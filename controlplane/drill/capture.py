@@ -74,8 +74,16 @@ class _Match:
     offset_ns: int  # CLOCK_REALTIME - CLOCK_MONOTONIC
 
 
-def _capture_main(conn, where: list[tuple[str, str]], client: str, proto: int, port: int, hb_port: int | None,
-                  max_frames: int, deadline_s: float) -> None:
+def _capture_main(
+    conn,
+    where: list[tuple[str, str]],
+    client: str,
+    proto: int,
+    port: int,
+    hb_port: int | None,
+    max_frames: int,
+    deadline_s: float,
+) -> None:
     """Child process: capture on each (netns path, ifname) until told to stop or deadline_s passes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     from controlplane.lab.topo import _setns
@@ -170,7 +178,7 @@ def _read(sock: socket.socket, seen: Seen, m: _Match) -> None:
             elif proto == 6 == m.proto and sport == m.port and data[l4 + 13] & TCP_RST:
                 seen.refused.setdefault(dport, stamp)
             continue
-        if proto != m.proto or dport != m.port or data[ip + 12:ip + 16] != m.client_ip:
+        if proto != m.proto or dport != m.port or data[ip + 12 : ip + 16] != m.client_ip:
             continue
         if proto == 6 and data[l4 + 13] & (TCP_SYN | TCP_ACK) != TCP_SYN:
             continue  # the client's RSTs and ACKs of a flow already seen
@@ -180,14 +188,16 @@ def _read(sock: socket.socket, seen: Seen, m: _Match) -> None:
 class Capture:
     """The capture child process: started before the traffic, stopped and read after it."""
 
-    def __init__(self, net: "Net", proto: int, port: int, hb_port: int | None, max_frames: int,
-                 deadline_s: float):
+    def __init__(self, net: "Net", proto: int, port: int, hb_port: int | None, max_frames: int, deadline_s: float):
         ctx = multiprocessing.get_context("fork")
         self._conn, child = ctx.Pipe()
         where = [(str(ns.path), net.backend_peer_iface(i)) for i, ns in enumerate(net.backends)]
-        self._proc = ctx.Process(target=_capture_main, name="edge-drill-capture", daemon=True,
-                                 args=(child, where, str(net.topo.client_addr.ip), proto, port, hb_port,
-                                       max_frames, deadline_s))
+        self._proc = ctx.Process(
+            target=_capture_main,
+            name="edge-drill-capture",
+            daemon=True,
+            args=(child, where, str(net.topo.client_addr.ip), proto, port, hb_port, max_frames, deadline_s),
+        )
         self._proc.start()
         child.close()
         self._deadline_s = deadline_s
@@ -205,8 +215,9 @@ class Capture:
                 raise DrillError(f"capture process (pid {self._proc.pid}) sent nothing within {timeout_s}s")
             return self._conn.recv()
         except (EOFError, OSError) as e:
-            raise DrillError(f"capture process (pid {self._proc.pid}) ended early "
-                             f"(exit code {self._proc.exitcode}): {e}") from e
+            raise DrillError(
+                f"capture process (pid {self._proc.pid}) ended early (exit code {self._proc.exitcode}): {e}"
+            ) from e
 
     def close(self) -> None:
         """End the child (by its pid, through multiprocessing) if it still runs."""
@@ -218,4 +229,3 @@ class Capture:
             if self._proc.is_alive():
                 self._proc.kill()
                 self._proc.join()
-

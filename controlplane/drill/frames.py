@@ -20,8 +20,9 @@ def csum_replace16(csum: int, old: int, new: int) -> int:
     return ~s & 0xFFFF
 
 
-def build_frames(protocol: str, src_mac: str, dst_mac: str, src: IPv4Address, dst: IPv4Address,
-                 dport: int, n: int) -> list[bytes]:
+def build_frames(
+    protocol: str, src_mac: str, dst_mac: str, src: IPv4Address, dst: IPv4Address, dport: int, n: int
+) -> list[bytes]:
     """n frames of new flows to dst:dport, flow k from source port FIRST_SPORT + k.
 
     scapy builds the first; the others differ in the source port and its checksum only.
@@ -29,8 +30,11 @@ def build_frames(protocol: str, src_mac: str, dst_mac: str, src: IPv4Address, ds
     from scapy.layers.inet import IP, TCP, UDP  # imported here: importing the drill stays fast
     from scapy.layers.l2 import Ether
 
-    l4 = (TCP(sport=FIRST_SPORT, dport=dport, flags="S", seq=0x5eed0000, window=64240, options=[("MSS", 1460)])
-          if protocol == "tcp" else UDP(sport=FIRST_SPORT, dport=dport) / b"edge-drill")
+    l4 = (
+        TCP(sport=FIRST_SPORT, dport=dport, flags="S", seq=0x5EED0000, window=64240, options=[("MSS", 1460)])
+        if protocol == "tcp"
+        else UDP(sport=FIRST_SPORT, dport=dport) / b"edge-drill"
+    )
     template = bytearray(bytes(Ether(src=src_mac, dst=dst_mac) / IP(src=str(src), dst=str(dst), ttl=64) / l4))
     l4_off = ETH_HLEN + (template[ETH_HLEN] & 0x0F) * 4
     csum_off = l4_off + (16 if protocol == "tcp" else 6)

@@ -72,14 +72,17 @@ def check_plan(cfg: Config, plan: Plan) -> tuple[Service, int]:
     dead = names.index(plan.backend)
     b = svc.backends[dead]
     if b.standby or b.weight == 0:
-        raise DrillError(f"--backend: {b.name} is {'standby' if b.standby else 'draining (weight 0)'}: "
-                         f"it gets no new flows, so there is nothing to fail over")
+        raise DrillError(
+            f"--backend: {b.name} is {'standby' if b.standby else 'draining (weight 0)'}: "
+            f"it gets no new flows, so there is nothing to fail over"
+        )
     if not any(i != dead and (x.standby or x.weight > 0) for i, x in enumerate(svc.backends)):
         raise DrillError(f"service {svc.name}: no other backend takes new flows, so there is nowhere to fail over to")
     hb = svc.health.heartbeat if svc.health else None
     if plan.mode == "heartbeat" and hb is None:
-        raise DrillError(f"--mode heartbeat: service {svc.name} has no health.heartbeat section, so there are "
-                         f"no heartbeats to stop")
+        raise DrillError(
+            f"--mode heartbeat: service {svc.name} has no health.heartbeat section, so there are no heartbeats to stop"
+        )
     return svc, dead
 
 
@@ -101,8 +104,13 @@ def testbed_document(cfg: Config, svc: Service, net: "Net") -> dict:
         if b.token is not None:
             entry["token"] = hex(b.token)
         backends.append(entry)
-    service: dict = {"name": svc.name, "vip": str(net.vip), "port": svc.port, "protocol": svc.protocol,
-                     "existing_flows": svc.existing_flows}
+    service: dict = {
+        "name": svc.name,
+        "vip": str(net.vip),
+        "port": svc.port,
+        "protocol": svc.protocol,
+        "existing_flows": svc.existing_flows,
+    }
     if svc.health is not None:
         service["health"] = _without_nones(asdict(svc.health))
     service["weights"] = asdict(svc.weights)

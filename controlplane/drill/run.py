@@ -65,8 +65,9 @@ def realtime(priority: int) -> Iterator[bool]:
             os.sched_setscheduler(0, old_policy, old_param)
 
 
-def send_paced(sock: socket.socket, frames: Sequence[bytes], rate: int, start_ns: int,
-               spin_ns: int = 100_000) -> list[int]:
+def send_paced(
+    sock: socket.socket, frames: Sequence[bytes], rate: int, start_ns: int, spin_ns: int = 100_000
+) -> list[int]:
     """Send frame k at start_ns + k/rate (monotonic ns) and return when each actually left.
 
     spin_ns: sleep until this close to a deadline, then spin (a sleep may overshoot by that much).
@@ -208,16 +209,27 @@ def _failover(cfg: Config, plan: Plan, svc: Service, dead: int, progress: Progre
     capture = silencer = None
     switch = sys.getswitchinterval()
     try:
-        progress(f"testbed {net.prefix}: client, router, {len(names)} backends; VIP {net.vip}:{svc.port}/{svc.protocol}")
+        progress(
+            f"testbed {net.prefix}: client, router, {len(names)} backends; VIP {net.vip}:{svc.port}/{svc.protocol}"
+        )
         net.build()
         servers = net.start_backends(port=port)
         if hb is not None:
             from controlplane.lab.heartbeats import start_heartbeats
 
             for i, b in enumerate(svc.backends):
-                agents.append(start_heartbeats(net, i, token=b.token, hb_port=hb.port, interval_ms=hb.interval_ms,
-                                               check="none" if plan.mode == "kill" else "tcp",
-                                               service_port=port, rt_priority=RT_PRIORITY))
+                agents.append(
+                    start_heartbeats(
+                        net,
+                        i,
+                        token=b.token,
+                        hb_port=hb.port,
+                        interval_ms=hb.interval_ms,
+                        check="none" if plan.mode == "kill" else "tcp",
+                        service_port=port,
+                        rt_priority=RT_PRIORITY,
+                    )
+                )
         progress(f"deploying service {svc.name} on {net.router_client_iface}")
         deployed = True  # from here on undeploy (it says so and exits 0 when nothing got deployed)
         router.deploy_document(testbed_document(cfg, svc, net))
@@ -226,20 +238,30 @@ def _failover(cfg: Config, plan: Plan, svc: Service, dead: int, progress: Progre
         finally:
             _check_agents(agents, names)
 
-        frames = build_frames(svc.protocol, link_mac(net.client, net.client_iface), router.mac(),
-                              net.topo.client_addr.ip, net.vip, svc.port, plan.n_flows)
+        frames = build_frames(
+            svc.protocol,
+            link_mac(net.client, net.client_iface),
+            router.mac(),
+            net.topo.client_addr.ip,
+            net.vip,
+            svc.port,
+            plan.n_flows,
+        )
         beats_per_s = 1000 / hb.interval_ms if hb else 0
         max_frames = 8 * plan.n_flows + int(2 * len(names) * beats_per_s * (plan.duration_s + 10))
-        capture = Capture(net, PROTO[svc.protocol], port, hb.port if hb else None, max_frames,
-                          deadline_s=plan.duration_s + 30.0)
+        capture = Capture(
+            net, PROTO[svc.protocol], port, hb.port if hb else None, max_frames, deadline_s=plan.duration_s + 30.0
+        )
         capture.wait_ready()
         silencer = Silencer(net, dead, plan.mode, agents, servers)
         with net.client.enter():
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)  # protocol 0: send only
         with sock:
             sock.bind((net.client_iface, 0))
-            progress(f"{plan.n_flows} new flows at {plan.rate}/s for {plan.duration_s:g}s; "
-                     f"silencing {plan.backend} ({plan.mode}) at {plan.duration_s * SILENCE_AT:.3f}s")
+            progress(
+                f"{plan.n_flows} new flows at {plan.rate}/s for {plan.duration_s:g}s; "
+                f"silencing {plan.backend} ({plan.mode}) at {plan.duration_s * SILENCE_AT:.3f}s"
+            )
             sys.setswitchinterval(0.0005)  # the silencing thread must not wait 5 ms for the sender
             with realtime(RT_PRIORITY) as rt:  # first: a busy host may keep a normal thread off the CPU
                 start_ns = time.monotonic_ns() + int(LEAD_S * 1e9)

@@ -107,8 +107,9 @@ class Announcer:
     emit(kind, text, **fields): edged's event log.
     """
 
-    def __init__(self, speaker: Speaker, state: Callable[[], NodeState],
-                 emit: Callable[..., object], poll_s: float = POLL_S):
+    def __init__(
+        self, speaker: Speaker, state: Callable[[], NodeState], emit: Callable[..., object], poll_s: float = POLL_S
+    ):
         self.speaker = speaker
         self.state = state
         self.emit = emit
@@ -156,8 +157,12 @@ class Announcer:
                 if self.problem:
                     self.emit("bgp-speaker", f"bgp: the speaker works again (was: {self.problem})", ok=True)
                     self.problem = ""
-                self.emit("bgp", f"bgp: {text}", announced=sorted(map(str, d.announce)),
-                          withdrawn={str(k): v for k, v in d.withdrawn.items()})
+                self.emit(
+                    "bgp",
+                    f"bgp: {text}",
+                    announced=sorted(map(str, d.announce)),
+                    withdrawn={str(k): v for k, v in d.withdrawn.items()},
+                )
             return d
 
     async def _failed(self, e: BaseException) -> None:
@@ -172,9 +177,14 @@ class Announcer:
             how = f"and withdrawing failed too: {w}"
         was, self.announced = self.announced, frozenset()
         if why != self.problem:
-            self.emit("bgp-speaker", f"bgp: the speaker failed: {why}; withdrew "
-                                     f"{', '.join(map(str, sorted(was))) or 'nothing announced'} ({how})",
-                      ok=False, error=why, withdrawn=sorted(map(str, was)))
+            self.emit(
+                "bgp-speaker",
+                f"bgp: the speaker failed: {why}; withdrew "
+                f"{', '.join(map(str, sorted(was))) or 'nothing announced'} ({how})",
+                ok=False,
+                error=why,
+                withdrawn=sorted(map(str, was)),
+            )
         self.problem = why
 
     async def keep_speaker(self, now: float) -> None:
@@ -187,14 +197,23 @@ class Announcer:
         was, self.announced = self.announced, frozenset()
         why = f"bird (pid {self.speaker.pid}) exited with status {status}"
         if why != self.problem:
-            self.emit("bgp-speaker", f"bgp: {why}; the upstream withdraws "
-                                     f"{', '.join(map(str, sorted(was))) or 'nothing'}; restarting it",
-                      ok=False, error=why, withdrawn=sorted(map(str, was)))
+            self.emit(
+                "bgp-speaker",
+                f"bgp: {why}; the upstream withdraws {', '.join(map(str, sorted(was))) or 'nothing'}; restarting it",
+                ok=False,
+                error=why,
+                withdrawn=sorted(map(str, was)),
+            )
         self.problem = why
         await self.speaker.restart()
         self.restarts += 1
-        self.emit("bgp-speaker", f"bgp: bird restarted (pid {self.speaker.pid}, restart {self.restarts})",
-                  ok=True, pid=self.speaker.pid, restarts=self.restarts)
+        self.emit(
+            "bgp-speaker",
+            f"bgp: bird restarted (pid {self.speaker.pid}, restart {self.restarts})",
+            ok=True,
+            pid=self.speaker.pid,
+            restarts=self.restarts,
+        )
 
     async def run(self) -> None:
         """keep_speaker() and sync() every poll_s or when poked, until cancelled. Any error is
@@ -226,7 +245,10 @@ class Announcer:
                 except Exception as e:  # noqa: BLE001 - withdrawn all the same, another way
                     await self._failed(e)
                     raise SpeakerError(self.problem) from e
-                self.emit("bgp", f"bgp: withdrew {', '.join(map(str, sorted(self.announced)))} ({why})",
-                          announced=[], withdrawn={str(v): why for v in self.announced})
+                self.emit(
+                    "bgp",
+                    f"bgp: withdrew {', '.join(map(str, sorted(self.announced)))} ({why})",
+                    announced=[],
+                    withdrawn={str(v): why for v in self.announced},
+                )
                 self.announced = frozenset()
-

@@ -44,19 +44,38 @@ def render(bgp: Bgp, vips: Iterable[IPv4Address], header: str = "node.bgp") -> s
     out += [f"\troute {vip}/32 blackhole;" for vip in sorted(set(vips))]
     out.append("}")
     for i, peer in enumerate(bgp.peers):
-        out.append(bgp_protocol(f"edge_peer{i}", bgp.local_as, peer.address, peer.remote_as,
-                                bgp.hold_time_s, bgp.bfd, import_="none",
-                                export=f'where proto = "{STATIC}"'))
+        out.append(
+            bgp_protocol(
+                f"edge_peer{i}",
+                bgp.local_as,
+                peer.address,
+                peer.remote_as,
+                bgp.hold_time_s,
+                bgp.bfd,
+                import_="none",
+                export=f'where proto = "{STATIC}"',
+            )
+        )
     return "\n".join(out) + "\n"
 
 
 def bfd_protocol(interval_ms: int, multiplier: int) -> str:
-    return (f"protocol bfd edge_bfd {{\n\tinterface \"*\" {{\n\t\tmin rx interval {interval_ms} ms;\n"
-            f"\t\tmin tx interval {interval_ms} ms;\n\t\tmultiplier {multiplier};\n\t}};\n}}")
+    return (
+        f'protocol bfd edge_bfd {{\n\tinterface "*" {{\n\t\tmin rx interval {interval_ms} ms;\n'
+        f"\t\tmin tx interval {interval_ms} ms;\n\t\tmultiplier {multiplier};\n\t}};\n}}"
+    )
 
 
-def bgp_protocol(name: str, local_as: int, neighbor: IPv4Address, remote_as: int, hold_time_s: int,
-                 bfd: bool, import_: str, export: str) -> str:
+def bgp_protocol(
+    name: str,
+    local_as: int,
+    neighbor: IPv4Address,
+    remote_as: int,
+    hold_time_s: int,
+    bfd: bool,
+    import_: str,
+    export: str,
+) -> str:
     """One directly connected eBGP session; retries every second after a failure."""
     lines = [
         f"protocol bgp {name} {{",
@@ -99,8 +118,15 @@ async def birdc(socket_path: str, *command: str, timeout_s: float = BIRDC_TIMEOU
     Raises SpeakerError on a failure code (8xxx, 9xxx) or an unreachable socket."""
     try:
         proc = await asyncio.create_subprocess_exec(
-            "birdc", "-s", socket_path, "-v", *command,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            "birdc",
+            "-s",
+            socket_path,
+            "-v",
+            *command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
     except FileNotFoundError:
         raise SpeakerError("node.bgp.speaker: birdc not found (install bird2: tools/bootstrap)") from None
     try:
@@ -145,23 +171,26 @@ class Bird:
         os.makedirs(os.path.dirname(sock), mode=0o755, exist_ok=True)
         argv = [*self.argv0, "-f", "-c", self.bgp.config_file, "-s", sock]
         try:
-            self.proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                             preexec_fn=_die_with_parent)
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent
+            )
         except FileNotFoundError:
             raise SpeakerError(f"node.bgp.speaker: {argv[0]} not found (install bird2: tools/bootstrap)") from None
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if self.proc.returncode is not None:
-                raise SpeakerError(f"node.bgp: bird exited with status {self.proc.returncode} on start "
-                                   f"(config {self.bgp.config_file})")
+                raise SpeakerError(
+                    f"node.bgp: bird exited with status {self.proc.returncode} on start (config {self.bgp.config_file})"
+                )
             try:
                 await birdc(sock, "show", "status", timeout_s=1.0)
                 return
             except SpeakerError:
                 if time.monotonic() > deadline:
                     await self.stop()
-                    raise SpeakerError(f"node.bgp.control_socket: bird did not answer on {sock} "
-                                       f"within {START_TIMEOUT_S}s") from None
+                    raise SpeakerError(
+                        f"node.bgp.control_socket: bird did not answer on {sock} within {START_TIMEOUT_S}s"
+                    ) from None
             await asyncio.sleep(0.05)  # polling the socket bird is about to create
 
     async def announce(self, vips: Iterable[IPv4Address]) -> None:
@@ -211,12 +240,16 @@ class Bird:
         """ConfigError unless a reload may go from old to new with the running bird (peers,
         AS numbers, timers and BFD may change; starting, stopping or moving bird may not)."""
         if (old is None) != (new is None):
-            raise ConfigError(f"node.bgp: {'added' if new else 'removed'}; a reload cannot "
-                              f"{'start' if new else 'stop'} the BGP speaker (restart edged)")
+            raise ConfigError(
+                f"node.bgp: {'added' if new else 'removed'}; a reload cannot "
+                f"{'start' if new else 'stop'} the BGP speaker (restart edged)"
+            )
         for key in ("speaker", "config_file", "control_socket"):
             if old is not None and getattr(old, key) != getattr(new, key):
-                raise ConfigError(f"node.bgp.{key}: changed from {getattr(old, key)} to {getattr(new, key)}; "
-                                  f"a reload cannot move the running speaker (restart edged)")
+                raise ConfigError(
+                    f"node.bgp.{key}: changed from {getattr(old, key)} to {getattr(new, key)}; "
+                    f"a reload cannot move the running speaker (restart edged)"
+                )
 
     async def reconfigure(self, bgp: Bgp) -> None:
         """New peers, timers or BFD for the running bird; announces what it announced."""

@@ -61,9 +61,11 @@ class Changes:
         bird.Bird.check_change(state.cfg.node.bgp, new.node.bgp)
         for key in ("maglev_m", "max_services", "max_backends", "ct_size", "pin_dir", "xdp_mode", "reply_xdp"):
             if getattr(new.node, key) != getattr(state.cfg.node, key):
-                raise ConfigError(f"node.{key}: changed from {getattr(state.cfg.node, key)} to "
-                                  f"{getattr(new.node, key)}; a reload cannot resize the data path "
-                                  f"(restart edged after 'edgectl undeploy')")
+                raise ConfigError(
+                    f"node.{key}: changed from {getattr(state.cfg.node, key)} to "
+                    f"{getattr(new.node, key)}; a reload cannot resize the data path "
+                    f"(restart edged after 'edgectl undeploy')"
+                )
         if new.node.fleet != state.cfg.node.fleet:
             raise ConfigError("node.fleet: changed; joining, leaving or changing the fleet needs an edged restart")
         secrets = await asyncio.to_thread(secrets_of, new)  # an unreadable secret file refuses the reload
@@ -74,13 +76,18 @@ class Changes:
         self.discovery.configure(new, secrets)
         self.discovery.start()
         # what the operator changed in the file: the config against the config (configdiff)
-        summary = {**configdiff.diff(configdiff.shape_of_config(old), configdiff.shape_of_config(new)),
-                   "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving)}
+        summary = {
+            **configdiff.diff(configdiff.shape_of_config(old), configdiff.shape_of_config(new)),
+            "draining_backends": sorted(f"{k[0]}/{k[1]}" for k in leaving),
+        }
         said = configdiff.describe(summary)
         if summary["draining_backends"]:
             said.append(f"draining: {', '.join(summary['draining_backends'])}")
-        state.events.emit("reload", f"reloaded {source}: {'; '.join(said) or 'no changes'}",
-                          **{k: ",".join(v) for k, v in summary.items()})
+        state.events.emit(
+            "reload",
+            f"reloaded {source}: {'; '.join(said) or 'no changes'}",
+            **{k: ",".join(v) for k, v in summary.items()},
+        )
         return summary
 
     async def apply_discovered(self) -> None:
@@ -106,9 +113,13 @@ class Changes:
                 state.events.emit("error", f"bgp: the reloaded node.bgp is not in force: {e}")
         self.status.write_status(time.monotonic_ns())  # what is draining out must outlive a restart
         for key in dropped:
-            state.events.emit("removed", f"{key[0]}/{key[1]}: removed at once (its endpoint, VIP or room "
-                                         f"is taken by the new config)", service=key[0], backend=key[1],
-                              why="taken")
+            state.events.emit(
+                "removed",
+                f"{key[0]}/{key[1]}: removed at once (its endpoint, VIP or room is taken by the new config)",
+                service=key[0],
+                backend=key[1],
+                why="taken",
+            )
         return report, leaving
 
     def _repush_operator_marks(self) -> None:
@@ -138,8 +149,9 @@ class Changes:
         if set(routes.values()) <= set(node["return_ifindex"]):
             report = state.maps.apply(deploy.adopted(state.maps, applied), routes)
         else:  # new backend-facing interface: deploy attaches the return path there
-            res = await asyncio.to_thread(deploy.deploy, applied, state.iface, adopt_weights=True, hold=True,
-                                          lock=state.node_lock)
+            res = await asyncio.to_thread(
+                deploy.deploy, applied, state.iface, adopt_weights=True, hold=True, lock=state.node_lock
+            )
             old_held, old_maps = state.held, state.maps
             state.held, state.maps, state.reply_ifindex = res.held, res.maps, res.reply_ifindex
             old_maps.close()
@@ -173,5 +185,6 @@ class Changes:
             await self._apply(applied)
             state.leaving = kept
         for key, why in done:
-            state.events.emit("removed", f"{key[0]}/{key[1]}: removed after draining ({why})",
-                              service=key[0], backend=key[1], why=why)
+            state.events.emit(
+                "removed", f"{key[0]}/{key[1]}: removed after draining ({why})", service=key[0], backend=key[1], why=why
+            )

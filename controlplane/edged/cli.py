@@ -41,8 +41,13 @@ def pick_iface(cfg: Config, given: str | None) -> str:
     raise ConfigError("node.iface: not set, and no --iface given (edged needs the interface to deploy on)")
 
 
-async def serve(cfg: Config, iface: str, events: Events | None = None, config_path: str | None = None,
-                ready: Callable[[Daemon], None] | None = None) -> int:
+async def serve(
+    cfg: Config,
+    iface: str,
+    events: Events | None = None,
+    config_path: str | None = None,
+    ready: Callable[[Daemon], None] | None = None,
+) -> int:
     """Runs edged until SIGTERM/SIGINT, telling systemd (NOTIFY_SOCKET) how it goes."""
     daemon = Daemon(cfg, iface, events, config_path)
     notify = daemon.state.notify
@@ -57,8 +62,10 @@ async def serve(cfg: Config, iface: str, events: Events | None = None, config_pa
         if not daemon.stopping:  # a SIGTERM while starting: straight to close()
             api = await api_server.start(daemon, cfg.node)
             daemon.on_serving = api.set_serving
-            daemon.events.emit("api", f"API on {cfg.node.api_socket}"
-                                      + (f" and {cfg.node.api_listen} (mTLS)" if cfg.node.api_listen else ""))
+            daemon.events.emit(
+                "api",
+                f"API on {cfg.node.api_socket}" + (f" and {cfg.node.api_listen} (mTLS)" if cfg.node.api_listen else ""),
+            )
             if ready:
                 ready(daemon)
             notify.ready(f"steering {len(cfg.services)} services on {iface}")
@@ -88,17 +95,25 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="The edge router's daemon: deploys (or adopts) the data path, probes every backend "
-                    "and steers new flows by latency and GPU load. Runs in the foreground; stop it with "
-                    "SIGTERM. The data path keeps forwarding while edged is down.",
+        "and steers new flows by latency and GPU load. Runs in the foreground; stop it with "
+        "SIGTERM. The data path keeps forwarding while edged is down.",
     )
     p.add_argument("--config", required=True, metavar="FILE", help="YAML config (see edge/edge.yaml)")
     p.add_argument("--iface", help="client-facing interface (default: node.iface, or the one deployed here)")
-    p.add_argument("--log-format", choices=("text", "json"), default="text",
-                   help="stderr lines: text, or one JSON event per line (default %(default)s)")
-    p.add_argument("--log-level", choices=tuple(LEVELS), default="info",
-                   help="leave out lines less severe than this; notice leaves out routine ones such as "
-                        "weight pushes (default %(default)s). Under systemd each line carries its level "
-                        "for journald (journalctl -p err)")
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="stderr lines: text, or one JSON event per line (default %(default)s)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=tuple(LEVELS),
+        default="info",
+        help="leave out lines less severe than this; notice leaves out routine ones such as "
+        "weight pushes (default %(default)s). Under systemd each line carries its level "
+        "for journald (journalctl -p err)",
+    )
     p.add_argument("--debug", action="store_true", help="tracebacks on errors")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p

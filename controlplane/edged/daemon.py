@@ -75,8 +75,9 @@ class Daemon:
         """`edgectl status --json`, with edged's view of every backend (status.Status.snapshot)."""
         return await self.status.snapshot(self.changes.discovery.view, count_conntrack)
 
-    async def operate(self, kind: str, service: str, backend: str, weight: int | None = None,
-                      local: bool = False) -> str:
+    async def operate(
+        self, kind: str, service: str, backend: str, weight: int | None = None, local: bool = False
+    ) -> str:
         """An operator action (operations.Operations.operate); returns its scope."""
         return await self.operations.operate(kind, service, backend, weight, local)
 
@@ -95,7 +96,9 @@ class Daemon:
         EdgeError; must run on the loop that will run run()."""
         state, loop = self.state, asyncio.get_running_loop()
         collector = metrics.EdgeCollector(
-            metrics.LoopSource(loop, self.snapshot), state.observer, iface=state.iface,
+            metrics.LoopSource(loop, self.snapshot),
+            state.observer,
+            iface=state.iface,
             serving=lambda: not state.not_serving,
             # scrapes run on prometheus_client's thread; Events belongs to the loop
             on_error=lambda text: loop.call_soon_threadsafe(state.events.emit, "error", f"metrics: {text}"),
@@ -110,8 +113,11 @@ class Daemon:
         discovery = self.changes.discovery
         discovery.configure(state.static_cfg, await asyncio.to_thread(secrets_of, state.static_cfg))
         if discovery.sources:
-            state.events.emit("discovery-waiting", f"waiting up to {DISCOVERY_START_S:g} s for the first answers "
-                                                   f"of {len(discovery.sources)} discovery sources")
+            state.events.emit(
+                "discovery-waiting",
+                f"waiting up to {DISCOVERY_START_S:g} s for the first answers "
+                f"of {len(discovery.sources)} discovery sources",
+            )
         if not await self._unless_stopped(discovery.first(DISCOVERY_START_S)):
             return  # a stop while the sources are waited for: nothing deployed, nothing to undo
         state.cfg = discovery.effective(state.static_cfg)
@@ -126,10 +132,14 @@ class Daemon:
         if state.cfg.node.fleet is not None:  # joins at run(); until a snapshot applies, weights are local
             state.fleet = self._member()
         verb = "adopted the data path on" if res.updated else "deployed on"
-        state.events.emit("deployed", f"{verb} {res.iface} (XDP {res.mode}, return path on "
-                                      f"{', '.join(res.return_ifaces)}), {len(state.cfg.services)} services",
-                          iface=res.iface, adopted=res.updated,
-                          weights={name: dict(st.pushed or {}) for name, st in state.services.items()})
+        state.events.emit(
+            "deployed",
+            f"{verb} {res.iface} (XDP {res.mode}, return path on "
+            f"{', '.join(res.return_ifaces)}), {len(state.cfg.services)} services",
+            iface=res.iface,
+            adopted=res.updated,
+            weights={name: dict(st.pushed or {}) for name, st in state.services.items()},
+        )
         discovery.start()
 
     async def _deploy(self, loop: asyncio.AbstractEventLoop) -> deploy.DeployResult:
@@ -139,9 +149,15 @@ class Daemon:
         await asyncio.to_thread(state.write_lock.acquire)
         try:
             res = await asyncio.to_thread(
-                deploy.deploy, state.cfg, state.iface, adopt_weights=True, hold=True, amend=self._amend_at_start,
+                deploy.deploy,
+                state.cfg,
+                state.iface,
+                adopt_weights=True,
+                hold=True,
+                amend=self._amend_at_start,
                 progress=lambda line: loop.call_soon_threadsafe(state.events.emit, "progress", line),
-                lock=state.node_lock)
+                lock=state.node_lock,
+            )
         finally:
             state.write_lock.release()
         state.held, state.maps, state.reply_ifindex = res.held, res.maps, res.reply_ifindex
@@ -153,20 +169,34 @@ class Daemon:
         speaker = bird.Bird(bgp)
         await speaker.start()
         state.announcer = announce.Announcer(speaker, self.status.node_state, state.events.emit)
-        state.events.emit("bgp", f"bgp: bird (pid {speaker.pid}) speaking to "
-                                 f"{', '.join(str(p.address) for p in bgp.peers)}")
+        state.events.emit(
+            "bgp", f"bgp: bird (pid {speaker.pid}) speaking to {', '.join(str(p.address) for p in bgp.peers)}"
+        )
         if state.node_drained:
-            state.events.emit("drain-node", "node drained before this start: every VIP stays withdrawn "
-                                            "(edgectl undrain-node to end it)", drained=True)
+            state.events.emit(
+                "drain-node",
+                "node drained before this start: every VIP stays withdrawn (edgectl undrain-node to end it)",
+                drained=True,
+            )
 
     def _member(self) -> fleet_member.Member:
         """node.fleet: this node's fleet member, over the state's services and signals."""
         state = self.state
-        return fleet_member.Member(state.cfg.node.fleet, fleet_member.Hooks(
-            services=lambda: [st.service for st in state.services.values()], apply=self.steering.fleet_apply,
-            emit=state.events.emit, serving=lambda: not state.not_serving, local=self.operations.local_marks,
-            wire=lambda: {n: {b: wiresignals.summary(g) for b, g in st.wire_signals.items()} for n, st in state.services.items()},
-            unsettled=self.changes.discovery.unsettled))
+        return fleet_member.Member(
+            state.cfg.node.fleet,
+            fleet_member.Hooks(
+                services=lambda: [st.service for st in state.services.values()],
+                apply=self.steering.fleet_apply,
+                emit=state.events.emit,
+                serving=lambda: not state.not_serving,
+                local=self.operations.local_marks,
+                wire=lambda: {
+                    n: {b: wiresignals.summary(g) for b, g in st.wire_signals.items()}
+                    for n, st in state.services.items()
+                },
+                unsettled=self.changes.discovery.unsettled,
+            ),
+        )
 
     def _amend_at_start(self, maps, cfg: Config) -> Config:
         """What a restarted edged programs over the data path it adopts: cfg plus, for a
@@ -205,10 +235,13 @@ class Daemon:
                 if p.override is not None:
                     state.overrides[(s.name, name)] = p.override
         if state.drained or state.overrides or state.leaving:
-            state.events.emit("adopted", f"kept {len(state.drained)} drains, {len(state.overrides)} weight "
-                                         f"overrides and {len(state.leaving)} backends draining out from "
-                                         f"before the restart",
-                              leaving=sorted(f"{k[0]}/{k[1]}" for k in state.leaving))
+            state.events.emit(
+                "adopted",
+                f"kept {len(state.drained)} drains, {len(state.overrides)} weight "
+                f"overrides and {len(state.leaving)} backends draining out from "
+                f"before the restart",
+                leaving=sorted(f"{k[0]}/{k[1]}" for k in state.leaving),
+            )
 
     async def run(self) -> None:
         """Steers until stop() is called."""
@@ -216,9 +249,12 @@ class Daemon:
         self.steering.start_loops()
         state.tasks.append(asyncio.create_task(self._status_loop()))
         # faults of the node (interface gone, bpffs unmounted): reported through _serving()
-        state.tasks.append(asyncio.create_task(
-            watch.run(self._watched, self._serving, _worker, WATCH_EVERY_S, self._writing, self._repaired),
-            name="watch"))
+        state.tasks.append(
+            asyncio.create_task(
+                watch.run(self._watched, self._serving, _worker, WATCH_EVERY_S, self._writing, self._repaired),
+                name="watch",
+            )
+        )
         if state.announcer is not None:
             state.tasks.append(asyncio.create_task(state.announcer.run(), name="announce"))
         if state.fleet is not None:
@@ -245,7 +281,8 @@ class Daemon:
     def healthy(self) -> bool:
         """For the systemd watchdog: no loop of ours died with an exception."""
         return self.changes.discovery.healthy() and not any(
-            t.done() and not t.cancelled() and t.exception() is not None for t in self.state.tasks)
+            t.done() and not t.cancelled() and t.exception() is not None for t in self.state.tasks
+        )
 
     async def close(self) -> None:
         state = self.state
@@ -255,8 +292,11 @@ class Daemon:
             self._metrics = None
         left = await cancel_all(state.tasks, TASKS_END_WITHIN_S)  # whatever etcd or a source does
         if left:
-            state.events.emit("error", f"{', '.join(t.get_name() for t in left)}: did not end within "
-                                       f"{TASKS_END_WITHIN_S:g} s of the stop; left behind")
+            state.events.emit(
+                "error",
+                f"{', '.join(t.get_name() for t in left)}: did not end within "
+                f"{TASKS_END_WITHIN_S:g} s of the stop; left behind",
+            )
         state.tasks.clear()
         if state.announcer is not None:  # first: the upstream moves flows away while we still forward
             try:
@@ -294,9 +334,17 @@ class Daemon:
         if state.maps is None or state.held is None:  # starting, stopping, or mid-redeploy
             return None
         backends = tuple(dict.fromkeys(str(b.address) for st in state.services.values() for b in st.service.backends))
-        return watch.Watched(state.held, state.maps, state.iface, state.cfg.node.xdp_mode,
-                             state.cfg.node.pin_dir, state.pin_path, state.reply_ifindex, backends,
-                             state.cfg.node.reply_xdp)
+        return watch.Watched(
+            state.held,
+            state.maps,
+            state.iface,
+            state.cfg.node.xdp_mode,
+            state.cfg.node.pin_dir,
+            state.pin_path,
+            state.reply_ifindex,
+            backends,
+            state.cfg.node.reply_xdp,
+        )
 
     @contextlib.asynccontextmanager
     async def _writing(self):
@@ -334,8 +382,9 @@ class Daemon:
             state.events.emit("datapath", f"NOT SERVING: {problem}", serving=False, problem=problem)
             state.notify.status(f"NOT SERVING: {problem}")
         else:
-            state.events.emit("datapath", f"serving again: {did or 'the data path is whole'} (was: {was})",
-                              serving=True, did=did)
+            state.events.emit(
+                "datapath", f"serving again: {did or 'the data path is whole'} (was: {was})", serving=True, did=did
+            )
             state.notify.status(f"steering {len(state.cfg.services)} services on {state.iface}")
         if self.on_serving is not None:
             asyncio.ensure_future(_maybe_await(self.on_serving(not problem)))

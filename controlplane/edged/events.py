@@ -31,10 +31,22 @@ LEVELS = {"error": ERR, "warning": WARNING, "notice": NOTICE, "info": INFO, "deb
 LEVEL_NAMES = {n: name for name, n in LEVELS.items()}
 # routine events (weights pushed, progress, discovery results, fleet snapshots) are info:
 # --log-level notice leaves them out of the log
-KIND_LEVELS = {"error": ERR, "fatal": ERR, "reload-rejected": ERR, "fleet-lost": ERR,
-               "reload": NOTICE, "deployed": NOTICE, "adopted": NOTICE, "stopped": NOTICE, "api": NOTICE,
-               "removed": NOTICE, "drain-node": NOTICE, "fleet-leader": NOTICE, "fleet-recovered": NOTICE,
-               "fleet-operator": NOTICE}
+KIND_LEVELS = {
+    "error": ERR,
+    "fatal": ERR,
+    "reload-rejected": ERR,
+    "fleet-lost": ERR,
+    "reload": NOTICE,
+    "deployed": NOTICE,
+    "adopted": NOTICE,
+    "stopped": NOTICE,
+    "api": NOTICE,
+    "removed": NOTICE,
+    "drain-node": NOTICE,
+    "fleet-leader": NOTICE,
+    "fleet-recovered": NOTICE,
+    "fleet-operator": NOTICE,
+}
 
 
 def level_of(kind: str, fields: dict) -> int:
@@ -80,8 +92,9 @@ class Events:
     """What edged did and saw, in order: for the log, tests and API watchers.
     Each event is a dict with t (UNIX time), kind, and fields of its own."""
 
-    def __init__(self, json_lines: bool = False, keep: int = EVENTS_KEPT, level: int = INFO,
-                 journal: bool | None = None):
+    def __init__(
+        self, json_lines: bool = False, keep: int = EVENTS_KEPT, level: int = INFO, journal: bool | None = None
+    ):
         self.recent: deque[dict] = deque(maxlen=keep)
         self.queues: set[asyncio.Queue] = set()
         self.json_lines = json_lines

@@ -77,71 +77,124 @@ METRICS = (
     Spec("edge_bytes_total", "counter", "L3 bytes of the forwarded client-to-backend packets", BE),
     Spec("edge_new_flows_total", "counter", "Flows (conntrack misses) that were sent to this backend", BE),
     Spec("edge_return_packets_total", "counter", "Backend-to-client packets reverse-NATed", BE),
-    Spec("edge_failovers_total", "counter",
-         "New flows this backend took because their Maglev pick was unusable", BE),
+    Spec("edge_failovers_total", "counter", "New flows this backend took because their Maglev pick was unusable", BE),
     Spec("edge_drops_total", "counter", "Packets the data path dropped, by reason", ("reason",)),
     Spec("edge_verdicts_total", "counter", "Packets by the data path's verdict", ("verdict",)),
     Spec("edge_backend_up", "gauge", "1 when the data path considers the backend usable for new flows", BE),
-    Spec("edge_backend_probe_down", "gauge",
-         "1 while the backend's probes keep it out of new flows (probe.fall failed in a row), any weight policy", BE),
+    Spec(
+        "edge_backend_probe_down",
+        "gauge",
+        "1 while the backend's probes keep it out of new flows (probe.fall failed in a row), any weight policy",
+        BE,
+    ),
     Spec("edge_backend_weight", "gauge", "Weight the backend's slots in the active Maglev table were built with", BE),
     Spec("edge_backend_config_weight", "gauge", "Weight the config gives the backend", BE),
-    Spec("edge_backend_heartbeat_age_seconds", "gauge",
-         "Time since the backend's last valid heartbeat (absent without heartbeats)", BE),
+    Spec(
+        "edge_backend_heartbeat_age_seconds",
+        "gauge",
+        "Time since the backend's last valid heartbeat (absent without heartbeats)",
+        BE,
+    ),
     # wire signals of real connections (edge_wire: log2 buckets of microseconds, in seconds)
-    Spec("edge_backend_handshake_seconds", "histogram",
-         "Handshake RTT of client connections: SYN forwarded to SYN-ACK seen by the return path", BE),
-    Spec("edge_backend_first_byte_seconds", "histogram",
-         "A connection's first request packet to the backend's first reply byte (about time to first token)", BE),
-    Spec("edge_backend_active_flows", "gauge",
-         "Connections begun with a SYN and not yet ended by FIN or RST (LRU evictions not counted)", BE),
+    Spec(
+        "edge_backend_handshake_seconds",
+        "histogram",
+        "Handshake RTT of client connections: SYN forwarded to SYN-ACK seen by the return path",
+        BE,
+    ),
+    Spec(
+        "edge_backend_first_byte_seconds",
+        "histogram",
+        "A connection's first request packet to the backend's first reply byte (about time to first token)",
+        BE,
+    ),
+    Spec(
+        "edge_backend_active_flows",
+        "gauge",
+        "Connections begun with a SYN and not yet ended by FIN or RST (LRU evictions not counted)",
+        BE,
+    ),
     # what edged measured, in the snapshot (absent when unknown)
     Spec("edge_backend_rtt_smoothed_seconds", "gauge", "Smoothed probe RTT the weights are computed from", BE),
     Spec("edge_backend_queue_waiting", "gauge", "Requests waiting in the backend's queue, as it reports", BE),
     Spec("edge_backend_queue_running", "gauge", "Requests the backend is running, as it reports", BE),
     Spec("edge_backend_kv_cache_usage_ratio", "gauge", "KV-cache use the backend reports, 0..1", BE),
     Spec("edge_backend_hung", "gauge", "1 when work is outstanding and the engine makes no progress", BE),
-    Spec("edge_backend_probe_interval_seconds", "gauge",
-         "Interval of the backend's health probes now: probe.interval_ms, or probe.relaxed_interval_ms "
-         "while real traffic measures it (adaptive probing)", BE),
-    Spec("edge_backend_probe_relaxed", "gauge",
-         "1 while the backend's health probes run at the relaxed interval (adaptive probing)", BE),
+    Spec(
+        "edge_backend_probe_interval_seconds",
+        "gauge",
+        "Interval of the backend's health probes now: probe.interval_ms, or probe.relaxed_interval_ms "
+        "while real traffic measures it (adaptive probing)",
+        BE,
+    ),
+    Spec(
+        "edge_backend_probe_relaxed",
+        "gauge",
+        "1 while the backend's health probes run at the relaxed interval (adaptive probing)",
+        BE,
+    ),
     # kept by Observer
     Spec("edge_backend_rtt_seconds", "histogram", "RTT of successful probes", BE),
     Spec("edge_probes_total", "counter", "Probes of the backend, by result", BE + ("result",)),
-    Spec("edge_sla_windows_total", "counter",
-         "Probe windows judged against the service's sla.p99_rtt_ms (windows with a successful probe)",
-         ("service",)),
-    Spec("edge_sla_violations_total", "counter",
-         "Probe windows whose p99 RTT was over the service's sla.p99_rtt_ms", ("service",)),
+    Spec(
+        "edge_sla_windows_total",
+        "counter",
+        "Probe windows judged against the service's sla.p99_rtt_ms (windows with a successful probe)",
+        ("service",),
+    ),
+    Spec(
+        "edge_sla_violations_total",
+        "counter",
+        "Probe windows whose p99 RTT was over the service's sla.p99_rtt_ms",
+        ("service",),
+    ),
     Spec("edge_weight_pushes_total", "counter", "Maglev table rebuilds with new computed weights", ("service",)),
     # discovery (services with a discovery section, from the snapshot)
-    Spec("edge_discovery_failures_total", "counter",
-         "Answers of the service's discovery source that failed (down, timeout, garbage, empty)",
-         ("service", "source")),
-    Spec("edge_discovery_age_seconds", "gauge",
-         "Age of the discovered set (0 while a watch is up); absent before the first good answer",
-         ("service", "source")),
+    Spec(
+        "edge_discovery_failures_total",
+        "counter",
+        "Answers of the service's discovery source that failed (down, timeout, garbage, empty)",
+        ("service", "source"),
+    ),
+    Spec(
+        "edge_discovery_age_seconds",
+        "gauge",
+        "Age of the discovered set (0 while a watch is up); absent before the first good answer",
+        ("service", "source"),
+    ),
     Spec("edge_discovery_backends", "gauge", "Backends in the last known good discovered set", ("service", "source")),
     # the fleet (node.fleet, from the snapshot)
     Spec("edge_fleet_connected", "gauge", "1 while this node reaches the fleet's etcd; 0: it keeps its last snapshot"),
     Spec("edge_fleet_leader", "gauge", "1 while this node is the fleet's leader"),
     Spec("edge_fleet_snapshot_version", "gauge", "Version of the fleet snapshot this node applied (0: none yet)"),
     Spec("edge_fleet_faults_total", "counter", "Fleet sessions that ended in a fault (etcd lost, a call failed)"),
-    Spec("edge_fleet_refused_total", "counter",
-         "Documents read from the fleet's etcd prefix and refused (garbage, not from the leader, unsafe weights)"),
+    Spec(
+        "edge_fleet_refused_total",
+        "counter",
+        "Documents read from the fleet's etcd prefix and refused (garbage, not from the leader, unsafe weights)",
+    ),
     # the BGP speaker (node.bgp, from the snapshot)
-    Spec("edge_bgp_speaker_up", "gauge", "1 while bird runs and announces what edged decided; 0: it failed "
-                                         "(everything withdrawn) and edged is restarting or retrying it"),
+    Spec(
+        "edge_bgp_speaker_up",
+        "gauge",
+        "1 while bird runs and announces what edged decided; 0: it failed "
+        "(everything withdrawn) and edged is restarting or retrying it",
+    ),
     Spec("edge_bgp_speaker_restarts_total", "counter", "Times edged started bird again after it died"),
     # of the exporter itself
-    Spec("edge_conntrack_entries", "gauge", "Connections the data path tracks (edge_ct), counted by walking "
-         "the table at most every 30 s"),
+    Spec(
+        "edge_conntrack_entries",
+        "gauge",
+        "Connections the data path tracks (edge_ct), counted by walking the table at most every 30 s",
+    ),
     Spec("edge_conntrack_capacity", "gauge", "Entries edge_ct holds before its LRU evicts (node.ct_size)"),
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
-    Spec("edge_datapath_up", "gauge",
-         "1 while edged finds its data path whole (XDP and return path attached, maps pinned), else 0"),
+    Spec(
+        "edge_datapath_up",
+        "gauge",
+        "1 while edged finds its data path whole (XDP and return path attached, maps pinned), else 0",
+    ),
     Spec("edge_map_errors_total", "counter", "Failed reads or writes of a map by edged's loops", ("map",)),
 )
 
@@ -196,8 +249,7 @@ class Observer:
         self._services: dict[str, _ServiceStats] = {}
         self._map_errors: dict[str, int] = {}
 
-    def observe_sample(self, service: str, backend: str, sample: Sample, window: int,
-                       sla_p99_s: float | None) -> None:
+    def observe_sample(self, service: str, backend: str, sample: Sample, window: int, sla_p99_s: float | None) -> None:
         """One probe result. window: the service's probe.window (>= 1);
         sla_p99_s: its sla.p99_rtt_ms in seconds, or None without an SLA."""
         if window < 1:
@@ -281,8 +333,14 @@ class EdgeCollector(Collector):
     (on the scrape thread), and the scrape carries everything that does not
     come from the maps."""
 
-    def __init__(self, source, observer: Observer | None = None, iface: str = "",
-                 on_error: Callable[[str], None] | None = None, serving: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        source,
+        observer: Observer | None = None,
+        iface: str = "",
+        on_error: Callable[[str], None] | None = None,
+        serving: Callable[[], bool] | None = None,
+    ):
         self.source = source
         self.serving = serving  # edge_datapath_up; absent without it
         self.observer = observer or Observer()
@@ -313,8 +371,7 @@ class EdgeCollector(Collector):
             with self._lock:
                 self._last_error = None
         _add_observed(fams, self.observer.read(), services)
-        fams["edge_info"].add_metric([], {"version": __version__, "iface": self.iface,
-                                          "abi": str(abi.ABI_VERSION)})
+        fams["edge_info"].add_metric([], {"version": __version__, "iface": self.iface, "abi": str(abi.ABI_VERSION)})
         with self._lock:
             fams["edge_scrape_errors_total"].add_metric([], self._errors)
         if self.serving is not None:
@@ -367,13 +424,22 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
         fams["edge_drops_total"].add_metric([reason], n)
     for verdict, n in snap["verdicts"].items():
         fams["edge_verdicts_total"].add_metric([verdict], n)
-    counters = (("edge_packets_total", "packets"), ("edge_bytes_total", "bytes"),
-                ("edge_new_flows_total", "new_flows"), ("edge_return_packets_total", "return_packets"),
-                ("edge_failovers_total", "failovers"))
-    gauges = (("edge_backend_rtt_smoothed_seconds", "rtt_smoothed_s"), ("edge_backend_queue_waiting", "waiting"),
-              ("edge_backend_queue_running", "running"), ("edge_backend_kv_cache_usage_ratio", "kv_usage"),
-              ("edge_backend_hung", "hung"), ("edge_backend_probe_interval_seconds", "probe_interval_s"),
-              ("edge_backend_probe_relaxed", "probe_relaxed"))
+    counters = (
+        ("edge_packets_total", "packets"),
+        ("edge_bytes_total", "bytes"),
+        ("edge_new_flows_total", "new_flows"),
+        ("edge_return_packets_total", "return_packets"),
+        ("edge_failovers_total", "failovers"),
+    )
+    gauges = (
+        ("edge_backend_rtt_smoothed_seconds", "rtt_smoothed_s"),
+        ("edge_backend_queue_waiting", "waiting"),
+        ("edge_backend_queue_running", "running"),
+        ("edge_backend_kv_cache_usage_ratio", "kv_usage"),
+        ("edge_backend_hung", "hung"),
+        ("edge_backend_probe_interval_seconds", "probe_interval_s"),
+        ("edge_backend_probe_relaxed", "probe_relaxed"),
+    )
     _add_conntrack(fams, snap)
     fleet = snap.get("fleet")
     if fleet:
@@ -422,8 +488,10 @@ _WIRE_LES = [floatToGoString(le) for le in wiresignals.upper_bounds_s()] + ["+In
 
 def _add_wire(fams: dict[str, Metric], labels: list[str], w: dict) -> None:
     """One backend's wire signals (maps' wire_view) as two histograms and a gauge."""
-    for metric, key in (("edge_backend_handshake_seconds", "handshake"), ("edge_backend_first_byte_seconds",
-                                                                         "first_byte")):
+    for metric, key in (
+        ("edge_backend_handshake_seconds", "handshake"),
+        ("edge_backend_first_byte_seconds", "first_byte"),
+    ):
         total, cumulative = 0, []
         for n in w[f"{key}_buckets"]:
             total += n
@@ -465,8 +533,12 @@ class LoopSource:
     be a coroutine function: the loop runs it without blocking on it (edged walks
     the maps on a worker thread). Never call snapshot() on the loop's own thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], dict | Awaitable[dict]],
-                 timeout_s: float = LOOP_TIMEOUT_S):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fn: Callable[[], dict | Awaitable[dict]],
+        timeout_s: float = LOOP_TIMEOUT_S,
+    ):
         self.loop, self.fn, self.timeout_s = loop, fn, timeout_s
 
     def snapshot(self, **kw) -> dict:
@@ -578,14 +650,14 @@ def start_http(listen: str, registry: CollectorRegistry, idle_timeout_s: float =
     host, port = split_listen(listen)
     handler = type("EdgeMetricsHandler", (MetricsHandler.factory(registry),), {"timeout": idle_timeout_s})
     try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                   flags=socket.AI_PASSIVE)[0]
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         server = _Server6 if family == socket.AF_INET6 else _Server4
         httpd = server(addr[:2], handler)
     except OSError as e:
         raise EdgeError(f"metrics: cannot listen on {listen}: {e.strerror or e}") from None
     # a short poll keeps close() quick
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                              name=f"metrics {listen}", daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"metrics {listen}", daemon=True
+    )
     thread.start()
     return MetricsServer(httpd, thread)

@@ -35,16 +35,19 @@ class Operations:
             raise EdgeError("node.bgp: not configured; drain-node withdraws the VIPs' BGP routes")
         deploy.set_node_drain(state.instance, drained)
         state.node_drained = drained
-        state.events.emit("drain-node", "node drained: withdrawing every VIP" if drained
-                          else "node undrained: announcing the VIPs again", drained=drained)
+        state.events.emit(
+            "drain-node",
+            "node drained: withdrawing every VIP" if drained else "node undrained: announcing the VIPs again",
+            drained=drained,
+        )
         d = await state.announcer.sync()
-        return {"announced": sorted(map(str, d.announce)),
-                "withdrawn": {str(k): v for k, v in d.withdrawn.items()}}
+        return {"announced": sorted(map(str, d.announce)), "withdrawn": {str(k): v for k, v in d.withdrawn.items()}}
 
     # ------------------------------------------------------------ operator actions (API)
 
-    async def operate(self, kind: str, service: str, backend: str, weight: int | None = None,
-                      local: bool = False) -> str:
+    async def operate(
+        self, kind: str, service: str, backend: str, weight: int | None = None, local: bool = False
+    ) -> str:
         """An operator action from the API (kind drain, undrain, or weight: None clears the
         override). In a fleet it is recorded in etcd for every node (the leader's next snapshot
         applies it) unless local; else, and with local, it acts on this node (drain(),
@@ -63,8 +66,9 @@ class Operations:
             self.set_override(service, backend, weight)
         return "node"
 
-    async def _in_fleet(self, fleet: fleet_member.Member, kind: str, service: str, backend: str,
-                        weight: int | None) -> None:
+    async def _in_fleet(
+        self, fleet: fleet_member.Member, kind: str, service: str, backend: str, weight: int | None
+    ) -> None:
         """operate() in a fleet: the mark recorded in etcd (fleet.operate), or why not."""
         removing = kind == "undrain" or (kind == "weight" and weight is None)
         try:
@@ -84,11 +88,17 @@ class Operations:
             raise unknown
         self._refuse_local_only(kind, service, backend, weight, before or {})
         text = {"drain": "drained", "undrain": "undrained"}.get(kind) or (
-            "weight override cleared" if weight is None else f"weight overridden to {int(weight)}")
-        self.state.events.emit(kind if kind != "weight" else "override",
-                               f"{service}/{backend}: {text} fleet-wide (in etcd; the leader's next snapshot "
-                               f"applies it on every node)", service=service, backend=backend, scope="fleet",
-                               mark=after, **({"weight": weight} if kind == "weight" else {}))
+            "weight override cleared" if weight is None else f"weight overridden to {int(weight)}"
+        )
+        self.state.events.emit(
+            kind if kind != "weight" else "override",
+            f"{service}/{backend}: {text} fleet-wide (in etcd; the leader's next snapshot applies it on every node)",
+            service=service,
+            backend=backend,
+            scope="fleet",
+            mark=after,
+            **({"weight": weight} if kind == "weight" else {}),
+        )
 
     def _refuse_local_only(self, kind: str, service: str, backend: str, weight: int | None, before: dict) -> None:
         """An undrain or a cleared weight that found no fleet-wide mark (before) to remove, for a
@@ -97,15 +107,14 @@ class Operations:
         if kind == "undrain" and not before.get("drain") and key in self.state.drained:
             raise EdgeError(f"{service}/{backend} is drained on this node only: edgectl undrain --local")
         if kind == "weight" and weight is None and before.get("weight") is None and key in self.state.overrides:
-            raise EdgeError(f"{service}/{backend}'s weight is pinned on this node only: "
-                            f"edgectl weight --clear --local")
+            raise EdgeError(f"{service}/{backend}'s weight is pinned on this node only: edgectl weight --clear --local")
 
     def local_marks(self) -> dict[str, dict[str, str]]:
         """What an operator set on this node only, for the fleet report: service -> backend ->
         'drained' / 'weight 7'."""
         drained, overrides = self.state.drained, self.state.overrides
         out: dict[str, dict[str, str]] = {}
-        for (service, backend) in sorted(set(drained) | set(overrides)):
+        for service, backend in sorted(set(drained) | set(overrides)):
             mark = {"drain": (service, backend) in drained, "weight": overrides.get((service, backend))}
             out.setdefault(service, {})[backend] = fleet_operator.describe(mark)
         return out
@@ -120,27 +129,45 @@ class Operations:
 
     def drain(self, service: str, backend: str) -> None:
         """Weight 0 for backend until undrained: no new flows, its connections stay."""
-        self._operator(service, backend, "drain", "drained by the operator",
-                       lambda: self.state.drained.add((service, backend)))
+        self._operator(
+            service, backend, "drain", "drained by the operator", lambda: self.state.drained.add((service, backend))
+        )
 
     def undrain(self, service: str, backend: str) -> None:
-        self._operator(service, backend, "undrain", "undrained by the operator",
-                       lambda: self.state.drained.discard((service, backend)))
+        self._operator(
+            service,
+            backend,
+            "undrain",
+            "undrained by the operator",
+            lambda: self.state.drained.discard((service, backend)),
+        )
 
     def set_override(self, service: str, backend: str, weight: int | None) -> None:
         """A fixed weight for backend, beating the policy; None gives it back to the policy."""
         if weight is None:
-            self._operator(service, backend, "override", "weight override cleared",
-                           lambda: self.state.overrides.pop((service, backend), None), weight=None)
+            self._operator(
+                service,
+                backend,
+                "override",
+                "weight override cleared",
+                lambda: self.state.overrides.pop((service, backend), None),
+                weight=None,
+            )
             return
         if not limits.is_weight(int(weight)):
             raise ValueError(f"weight: {weight} is out of range {limits.WEIGHTS}")
-        self._operator(service, backend, "override", f"weight overridden to {int(weight)}",
-                       lambda: self.state.overrides.__setitem__((service, backend), int(weight)),
-                       weight=int(weight))
+        self._operator(
+            service,
+            backend,
+            "override",
+            f"weight overridden to {int(weight)}",
+            lambda: self.state.overrides.__setitem__((service, backend), int(weight)),
+            weight=int(weight),
+        )
 
-    def _operator(self, service: str, backend: str, kind: str, text: str, change: Callable[[], object],
-                  **fields) -> None:
+    def _operator(
+        self, service: str, backend: str, kind: str, text: str, change: Callable[[], object], **fields
+    ) -> None:
         """One operator action: change edged's marks and apply them at once; when the maps
         refuse, the marks are as before (the caller gets the error, the loops retry nothing)."""
         state = self.state
@@ -155,7 +182,12 @@ class Operations:
         fleet = state.fleet
         if fleet is not None:  # the report says this node's table differs from the fleet's
             fleet.report_now()
-        state.events.emit(kind, f"{service}/{backend}: {text}" + (" on this node only" if fleet is not None else ""),
-                          service=service, backend=backend, scope="node", **fields)
+        state.events.emit(
+            kind,
+            f"{service}/{backend}: {text}" + (" on this node only" if fleet is not None else ""),
+            service=service,
+            backend=backend,
+            scope="node",
+            **fields,
+        )
         self.status.write_status(time.monotonic_ns())
-

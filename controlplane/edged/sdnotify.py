@@ -98,7 +98,9 @@ class Notifier:
         try:
             if self._sock is None:
                 # Non-blocking: a full receive queue must not stall the event loop.
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+                self._sock = socket.socket(
+                    socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+                )
             self._sock.sendto(data, self.address)
         except OSError as e:
             shown = self.address.replace("\0", "@", 1)

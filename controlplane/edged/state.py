@@ -88,18 +88,22 @@ class State:
     fleet: Optional[fleet_member.Member] = None  # with node.fleet: the fleet's shared weights
 
     @classmethod
-    def new(cls, cfg: Config, iface: str, events: Events | None = None,
-            config_path: str | None = None) -> State:
+    def new(cls, cfg: Config, iface: str, events: Events | None = None, config_path: str | None = None) -> State:
         """The state of an edged on iface before start(): nothing deployed, nothing adopted."""
         events = events or Events()
         instance = loader.instance_name(iface)
         return cls(
-            iface=iface, instance=instance, pin_path=loader.instance_dir(cfg.node.pin_dir, instance),
-            config_path=config_path, events=events,
+            iface=iface,
+            instance=instance,
+            pin_path=loader.instance_dir(cfg.node.pin_dir, instance),
+            config_path=config_path,
+            events=events,
             notify=sdnotify.Notifier(log=lambda line: events.emit("error", f"sd_notify: {line}")),
             node_lock=deploy.NodeLock(instance, iface),
             write_lock=deploy.NodeLock(instance, iface, "write", deploy.WRITE_WAIT_S),
-            cfg=cfg, static_cfg=cfg)
+            cfg=cfg,
+            static_cfg=cfg,
+        )
 
     def failed(self, text: str, e: EdgeError, before: str | None, **fields) -> str:
         """A loop's step failed and the loop goes on: counted every time when a map is to

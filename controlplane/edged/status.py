@@ -54,14 +54,20 @@ class Status:
             usable = 0
             if state.maps is not None:
                 try:
-                    usable = sum(ok and not (b in st.trackers and st.trackers[b].down)
-                                 for b, ok in state.maps.usable(name).items())
+                    usable = sum(
+                        ok and not (b in st.trackers and st.trackers[b].down)
+                        for b, ok in state.maps.usable(name).items()
+                    )
                 except EdgeError:
                     usable = 0
             services.append(announce.ServiceState(name, st.service.vip, usable))
-        return announce.NodeState(attached=state.maps is not None, serving=not state.stopping.is_set(),
-                                  drained=state.node_drained, services=tuple(services),
-                                  problem=state.not_serving)
+        return announce.NodeState(
+            attached=state.maps is not None,
+            serving=not state.stopping.is_set(),
+            drained=state.node_drained,
+            services=tuple(services),
+            problem=state.not_serving,
+        )
 
     async def snapshot(self, discovered: Callable[[], dict], count_conntrack: bool = False) -> dict:
         """This instance as `edgectl status --json` shows it, plus edged's view per backend and
@@ -79,8 +85,12 @@ class Status:
         announcer = state.announcer
         if announcer is not None and announcer.last is not None:  # node.bgp: what bird announces, and why not
             view = announcer.view()
-            snap["bgp"] = {"announced": view["announced"], "withdrawn": view["withdrawn"],
-                           "speaker_up": not announcer.problem, "speaker_restarts": announcer.restarts}
+            snap["bgp"] = {
+                "announced": view["announced"],
+                "withdrawn": view["withdrawn"],
+                "speaker_up": not announcer.problem,
+                "speaker_restarts": announcer.restarts,
+            }
         for svc in snap["services"]:
             st = state.services.get(svc["name"])
             svc["pushes"] = st.pushes if st else 0
@@ -95,15 +105,17 @@ class Status:
         """deploy.describe on the walker thread (State.walks holds it while it runs)."""
         state = self.state
         deadline_ns = time.monotonic_ns() + int(WALK_DEADLINE_S * 1e9)
-        walk = asyncio.wrap_future(_walker.submit(deploy.describe, state.maps, state.instance, state.pin_path,
-                                                  count_conntrack, deadline_ns))
+        walk = asyncio.wrap_future(
+            _walker.submit(deploy.describe, state.maps, state.instance, state.pin_path, count_conntrack, deadline_ns)
+        )
         state.walks.add(walk)
         walk.add_done_callback(state.walks.discard)
         try:
             return await asyncio.wait_for(asyncio.shield(walk), WALK_DEADLINE_S + WALK_GRACE_S)
         except asyncio.TimeoutError:
-            raise EdgeError(f"status: walking the maps took over {WALK_DEADLINE_S + WALK_GRACE_S:g}s; "
-                            f"try again") from None
+            raise EdgeError(
+                f"status: walking the maps took over {WALK_DEADLINE_S + WALK_GRACE_S:g}s; try again"
+            ) from None
 
     async def wait_walks(self) -> None:
         """Until the walks in progress end (at most their deadline and grace): a walk must not
@@ -124,26 +136,29 @@ class Status:
         ok, failed = state.observer.probes(name, backend)
         probe = health.probe if health else None
         relaxed = self.prober.relaxed((name, backend)) if probe is not None else None  # adaptive probing
-        view.update({
-            # engines export gauges as floats; requests are counted in whole numbers
-            "waiting": None if view.get("waiting") is None else int(view["waiting"]),
-            "running": None if view.get("running") is None else int(view["running"]),
-            "rtt_p50_s": p50,
-            "rtt_p99_s": p99,
-            **({"rtt_window": rtts} if full else {}),
-            "probes_ok": ok,
-            "probes_failed": failed,
-            "weight": (st.pushed or {}).get(backend),
-            **({"config_weight": next(b.weight for b in st.service.backends if b.name == backend)} if full else {}),
-            "state": st.states.get(backend, "static" if not st.computed else ""),
-            "reason": st.reasons.get(backend, ""),
-            "drained": (name, backend) in state.drained,
-            "override": state.overrides.get((name, backend)),
-            "leaving": (name, backend) in state.leaving,
-            "probe_relaxed": relaxed,
-            "probe_interval_s": None if probe is None else
-            (max(probe.relaxed_ms, probe.interval_ms) if relaxed else probe.interval_ms) / 1000,
-        })
+        view.update(
+            {
+                # engines export gauges as floats; requests are counted in whole numbers
+                "waiting": None if view.get("waiting") is None else int(view["waiting"]),
+                "running": None if view.get("running") is None else int(view["running"]),
+                "rtt_p50_s": p50,
+                "rtt_p99_s": p99,
+                **({"rtt_window": rtts} if full else {}),
+                "probes_ok": ok,
+                "probes_failed": failed,
+                "weight": (st.pushed or {}).get(backend),
+                **({"config_weight": next(b.weight for b in st.service.backends if b.name == backend)} if full else {}),
+                "state": st.states.get(backend, "static" if not st.computed else ""),
+                "reason": st.reasons.get(backend, ""),
+                "drained": (name, backend) in state.drained,
+                "override": state.overrides.get((name, backend)),
+                "leaving": (name, backend) in state.leaving,
+                "probe_relaxed": relaxed,
+                "probe_interval_s": None
+                if probe is None
+                else (max(probe.relaxed_ms, probe.interval_ms) if relaxed else probe.interval_ms) / 1000,
+            }
+        )
         if full:
             view["wire"] = wiresignals.summary(st.wire_signals.get(backend))  # over weights.wire.window_ms
         self._explain(view, name, backend)
@@ -158,8 +173,11 @@ class Status:
         if view["leaving"]:
             view["state"], view["reason"] = "leaving", "removed by reload; draining its connections"
         elif view["drained"]:
-            view["state"], view["reason"] = "drained", "drained by the operator" + (
-                " on this node only (the fleet's table differs)" if fleet is not None else "")
+            view["state"], view["reason"] = (
+                "drained",
+                "drained by the operator"
+                + (" on this node only (the fleet's table differs)" if fleet is not None else ""),
+            )
         elif view.get("fleet_drained"):
             view["state"], view["reason"] = "drained", "drained fleet-wide by the operator"
 
@@ -171,11 +189,23 @@ class Status:
             for b in st.service.backends:
                 v = self.backend_view(name, b.name, now_ns, full=False)
                 gone = state.leaving.get((name, b.name))
-                state.maps.write_status(bids[b.name], ProbeStatus(
-                    updated_ns=now_ns, config_weight=b.weight,
-                    rtt_p50_s=v["rtt_p50_s"], rtt_p99_s=v["rtt_p99_s"], rtt_smoothed_s=v.get("rtt_smoothed_s"),
-                    waiting=v.get("waiting"), running=v.get("running"), kv_usage=v.get("kv_usage"),
-                    probes_ok=v["probes_ok"], probes_failed=v["probes_failed"],
-                    state=v["state"], reason=v["reason"], drained=v["drained"], override=v["override"],
-                    leave_until_s=_leave_until_s(gone),
-                ))
+                state.maps.write_status(
+                    bids[b.name],
+                    ProbeStatus(
+                        updated_ns=now_ns,
+                        config_weight=b.weight,
+                        rtt_p50_s=v["rtt_p50_s"],
+                        rtt_p99_s=v["rtt_p99_s"],
+                        rtt_smoothed_s=v.get("rtt_smoothed_s"),
+                        waiting=v.get("waiting"),
+                        running=v.get("running"),
+                        kv_usage=v.get("kv_usage"),
+                        probes_ok=v["probes_ok"],
+                        probes_failed=v["probes_failed"],
+                        state=v["state"],
+                        reason=v["reason"],
+                        drained=v["drained"],
+                        override=v["override"],
+                        leave_until_s=_leave_until_s(gone),
+                    ),
+                )

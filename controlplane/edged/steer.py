@@ -82,8 +82,7 @@ class Steering:
         for s in cfg.services:
             st = old.get(s.name) or Steered(s)
             st.service = s
-            st.trackers = {b.name: st.trackers.get(b.name) or _new_tracker(s, s.name in old)
-                           for b in s.backends}
+            st.trackers = {b.name: st.trackers.get(b.name) or _new_tracker(s, s.name in old) for b in s.backends}
             st.wire_applied = False  # new trackers get the wire's RTT at the next step
             # what the tables hold now: an apply (reload, discovery) wrote the weights it was given,
             # and a drain or pin it did not know of is pushed again by the next step
@@ -112,8 +111,9 @@ class Steering:
         tr = st.trackers[backend]
         was_down = tr.down
         weights.observe_sample(tr, sample, st.service.weights, probe)
-        self.state.observer.observe_sample(name, backend, sample, probe.window if probe else 1,
-                                           sla.p99_rtt_ms / 1000 if sla else None)
+        self.state.observer.observe_sample(
+            name, backend, sample, probe.window if probe else 1, sla.p99_rtt_ms / 1000 if sla else None
+        )
         if sample.ok and st.service.health.passive is not None:
             st.passed.add(backend)  # evidence for readmission after a passive ejection (step)
             st.wake.set()
@@ -178,10 +178,15 @@ class Steering:
             state_now, reason = d.states.get(b.name, ""), d.reasons.get(b.name, "")
             if state_now != st.states.get(b.name):
                 if b.name in st.states:
-                    state.events.emit("state", f"{s.name}/{b.name}: {st.states[b.name]} -> {state_now}"
-                                               + (f" ({reason})" if reason else ""),
-                                      service=s.name, backend=b.name, old=st.states[b.name], new=state_now,
-                                      reason=reason)
+                    state.events.emit(
+                        "state",
+                        f"{s.name}/{b.name}: {st.states[b.name]} -> {state_now}" + (f" ({reason})" if reason else ""),
+                        service=s.name,
+                        backend=b.name,
+                        old=st.states[b.name],
+                        new=state_now,
+                        reason=reason,
+                    )
                 st.states[b.name] = state_now
             st.reasons[b.name] = reason
         if state.fleet is not None:  # the fleet's snapshot, once one applies, instead of this node's view
@@ -202,8 +207,14 @@ class Steering:
         previous, st.pushed = st.pushed, dict(new)
         st.pushes += 1
         state.observer.weight_pushed(s.name)
-        state.events.emit("weights", f"{s.name}: weights {changes} ({took_ms:.1f} ms)",
-                          service=s.name, weights=dict(new), previous=previous, took_ms=took_ms)
+        state.events.emit(
+            "weights",
+            f"{s.name}: weights {changes} ({took_ms:.1f} ms)",
+            service=s.name,
+            weights=dict(new),
+            previous=previous,
+            took_ms=took_ms,
+        )
 
     def _read_wire(self, st: Steered, now_ns: int) -> None:
         """The data path's wire signals of st's backends into its window (every wire.interval_ms);
@@ -253,9 +264,14 @@ class Steering:
         passed, st.passed = st.passed, set()
         for name in sorted(passed):
             if self.state.maps.readmit(st.service.name, name):
-                self.state.events.emit("state", f"{st.service.name}/{name}: probation -> readmitted (a probe "
-                                                f"passed)", service=st.service.name, backend=name,
-                                       old="probation", new="readmitted")
+                self.state.events.emit(
+                    "state",
+                    f"{st.service.name}/{name}: probation -> readmitted (a probe passed)",
+                    service=st.service.name,
+                    backend=name,
+                    old="probation",
+                    new="readmitted",
+                )
 
     def _operator_weights(self, s: Service) -> dict[str, int]:
         """Backend name -> the weight the operator forces (drain, reload removal, override)."""
@@ -263,5 +279,7 @@ class Steering:
         if not (state.drained or state.leaving or state.overrides):
             return {}
         return weights.forced(
-            s, (b.name for b in s.backends if (s.name, b.name) in state.drained or (s.name, b.name) in state.leaving),
-            {b: w for (n, b), w in state.overrides.items() if n == s.name})
+            s,
+            (b.name for b in s.backends if (s.name, b.name) in state.drained or (s.name, b.name) in state.leaving),
+            {b: w for (n, b), w in state.overrides.items() if n == s.name},
+        )

@@ -35,8 +35,15 @@ def _ifindex(iface: str) -> int | None:
         return None
 
 
-def check(maps: Maps, iface: str, pin_dir: str, pin_path: Path, replies: tuple[int, ...] = (),
-          backends: tuple[str, ...] = (), reply_xdp: str = "auto") -> str:
+def check(
+    maps: Maps,
+    iface: str,
+    pin_dir: str,
+    pin_path: Path,
+    replies: tuple[int, ...] = (),
+    backends: tuple[str, ...] = (),
+    reply_xdp: str = "auto",
+) -> str:
     """'' when the data path is whole; else one line saying what is missing. replies: the return
     interfaces deploy put the XDP fast path of replies on (with reply_xdp "on": every one);
     backends: every backend address (the interface routing to one needs the return path)."""
@@ -56,8 +63,15 @@ def undeployed(pin_path: Path) -> str:
     return f"undeployed by 'edgectl undeploy' at {when}; edged puts nothing back until it is restarted"
 
 
-def _check(maps: Maps, iface: str, pin_dir: str, pin_path: Path, replies: tuple[int, ...],
-           backends: tuple[str, ...] = (), reply_xdp: str = "auto") -> str:
+def _check(
+    maps: Maps,
+    iface: str,
+    pin_dir: str,
+    pin_path: Path,
+    replies: tuple[int, ...],
+    backends: tuple[str, ...] = (),
+    reply_xdp: str = "auto",
+) -> str:
     stopped = undeployed(pin_path)
     if stopped:
         return stopped
@@ -96,8 +110,17 @@ class Repaired:
     return_ifindex: tuple[int, ...] = ()  # backend-facing interfaces it attached the return path to
 
 
-def repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir: str, pin_path: Path,
-           replies: tuple[int, ...] = (), backends: tuple[str, ...] = (), reply_xdp: str = "auto") -> Repaired:
+def repair(
+    held: loader.Loaded,
+    maps: Maps,
+    iface: str,
+    xdp_mode: str,
+    pin_dir: str,
+    pin_path: Path,
+    replies: tuple[int, ...] = (),
+    backends: tuple[str, ...] = (),
+    reply_xdp: str = "auto",
+) -> Repaired:
     """Puts back what it can and says what it did. Raises LoaderError."""
     try:
         return _repair(held, maps, iface, xdp_mode, pin_dir, pin_path, replies, backends, reply_xdp)
@@ -105,8 +128,17 @@ def repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir: 
         raise LoaderError(f"netlink: {os.strerror(e.code)} while putting the data path back") from e
 
 
-def _repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir: str, pin_path: Path,
-            replies: tuple[int, ...], backends: tuple[str, ...], reply_xdp: str) -> Repaired:
+def _repair(
+    held: loader.Loaded,
+    maps: Maps,
+    iface: str,
+    xdp_mode: str,
+    pin_dir: str,
+    pin_path: Path,
+    replies: tuple[int, ...],
+    backends: tuple[str, ...],
+    reply_xdp: str,
+) -> Repaired:
     if undeployed(pin_path):  # read under the write lock, which undeploy held while it wrote the mark
         return Repaired("", replies)
     done = []
@@ -140,12 +172,22 @@ def _repair(held: loader.Loaded, maps: Maps, iface: str, xdp_mode: str, pin_dir:
             done.append(f"attached the reply fast path on {loader.ifname(idx)} again")
     # deploy's rules: auto leaves a refused interface to tc, on fails (another program's hook, the
     # driver), and every return interface of "on" must have it
-    lacking = [idx for idx in (maps.node()["return_ifindex"] if reply_xdp == "on" else fresh)
-               if idx not in replies and _ifname(idx) is not None]
+    lacking = [
+        idx
+        for idx in (maps.node()["return_ifindex"] if reply_xdp == "on" else fresh)
+        if idx not in replies and _ifname(idx) is not None
+    ]
     if whole and lacking and reply_xdp != "off":
         said: list[str] = []
-        got = deploy.attach_replies(lacking, maps.node()["ingress_ifindex"], held.load(abi.PROG_REPLY, "xdp"),
-                                    xdp_mode, reply_xdp, Undo(), said.append)
+        got = deploy.attach_replies(
+            lacking,
+            maps.node()["ingress_ifindex"],
+            held.load(abi.PROG_REPLY, "xdp"),
+            xdp_mode,
+            reply_xdp,
+            Undo(),
+            said.append,
+        )
         done += [line for line in said if "stay with tc" in line]
         if got:
             done.append(f"attached the reply fast path on {', '.join(map(loader.ifname, got))} again")
@@ -171,17 +213,24 @@ def _reattach_return(held: loader.Loaded, maps: Maps, backends: tuple[str, ...],
     fresh = _new_return_ifaces(node, backends)
     if not fresh:
         return []
-    kept = [(idx, added) for idx, added in zip(node["return_ifindex"], node["return_clsact_added"])
-            if _ifname(idx) is not None]
+    kept = [
+        (idx, added)
+        for idx, added in zip(node["return_ifindex"], node["return_clsact_added"])
+        if _ifname(idx) is not None
+    ]
     if len(kept) + len(fresh) > abi.MAX_RETURN_IFACES:
-        raise LoaderError(f"backends sit behind {len(kept) + len(fresh)} interfaces; at most "
-                          f"{abi.MAX_RETURN_IFACES}")
+        raise LoaderError(f"backends sit behind {len(kept) + len(fresh)} interfaces; at most {abi.MAX_RETURN_IFACES}")
     undo = Undo()
     try:
         fn = held.load(abi.PROG_RETURN, "tc")
         added = [loader.attach_tc(idx, fn, undo) for idx in fresh]
-        maps.write_node(**{**node, "return_ifindex": [i for i, _ in kept] + fresh,
-                           "return_clsact_added": [a for _, a in kept] + added})
+        maps.write_node(
+            **{
+                **node,
+                "return_ifindex": [i for i, _ in kept] + fresh,
+                "return_clsact_added": [a for _, a in kept] + added,
+            }
+        )
     except BaseException:
         undo.rollback()
         raise
@@ -210,10 +259,14 @@ class Watched:
     reply_xdp: str = "auto"  # node.reply_xdp
 
 
-async def run(watched: Callable[[], Watched | None], report: Callable[[str, str], None],
-              executor: Executor, every_s: float,
-              locked: Callable[[], AsyncContextManager] = contextlib.nullcontext,
-              repaired: Callable[[Repaired], Awaitable[None]] | None = None) -> None:
+async def run(
+    watched: Callable[[], Watched | None],
+    report: Callable[[str, str], None],
+    executor: Executor,
+    every_s: float,
+    locked: Callable[[], AsyncContextManager] = contextlib.nullcontext,
+    repaired: Callable[[Repaired], Awaitable[None]] | None = None,
+) -> None:
     """Every every_s: check the data path, repair what can be repaired, and call
     report(problem, did) (problem '' when whole). Netlink runs on executor, off the loop.
     A repair runs inside locked() (edged: its write lock), and repaired(result) is awaited
@@ -228,23 +281,43 @@ async def run(watched: Callable[[], Watched | None], report: Callable[[str, str]
             continue
         did = ""
         try:
-            problem = await loop.run_in_executor(executor, check, w.maps, w.iface, w.pin_dir, w.pin_path,
-                                                 w.reply_ifindex, w.backends, w.reply_xdp)
+            problem = await loop.run_in_executor(
+                executor, check, w.maps, w.iface, w.pin_dir, w.pin_path, w.reply_ifindex, w.backends, w.reply_xdp
+            )
             if problem:
                 report(problem, "")
                 async with locked():
                     w = watched()  # what edged holds may have changed while the lock was waited for
                     if w is None:
                         continue
-                    got = await loop.run_in_executor(executor, repair, w.held, w.maps, w.iface, w.xdp_mode,
-                                                     w.pin_dir, w.pin_path, w.reply_ifindex, w.backends,
-                                                     w.reply_xdp)
+                    got = await loop.run_in_executor(
+                        executor,
+                        repair,
+                        w.held,
+                        w.maps,
+                        w.iface,
+                        w.xdp_mode,
+                        w.pin_dir,
+                        w.pin_path,
+                        w.reply_ifindex,
+                        w.backends,
+                        w.reply_xdp,
+                    )
                     did = got.did
                     if did and repaired is not None:
                         await repaired(got)
                 if did:
-                    problem = await loop.run_in_executor(executor, check, w.maps, w.iface, w.pin_dir,
-                                                         w.pin_path, got.reply_ifindex, w.backends, w.reply_xdp)
+                    problem = await loop.run_in_executor(
+                        executor,
+                        check,
+                        w.maps,
+                        w.iface,
+                        w.pin_dir,
+                        w.pin_path,
+                        got.reply_ifindex,
+                        w.backends,
+                        w.reply_xdp,
+                    )
         except LoaderError as e:  # a repair that failed: still not serving, tried again next time
             report(f"{problem} (putting it back failed: {e})" if problem else f"data path: {e}", "")
             continue

@@ -90,8 +90,11 @@ class Member:
     def __init__(self, cfg: Fleet, hooks: Hooks):
         self.cfg, self.hooks, self.emit = cfg, hooks, hooks.emit
         p = cfg.prefix
-        self.k_leader, self.k_nodes, self.k_snapshot = (p + fs.LEADER).encode(), (p + fs.NODES).encode(), \
-            (p + fs.SNAPSHOT).encode()
+        self.k_leader, self.k_nodes, self.k_snapshot = (
+            (p + fs.LEADER).encode(),
+            (p + fs.NODES).encode(),
+            (p + fs.SNAPSHOT).encode(),
+        )
         self.k_me = self.k_nodes + cfg.name.encode()
         self.k_operator = (p + op.OPERATOR).encode()
         self.computed: dict[str, dict[str, int]] = {}  # this node's own decision, per service
@@ -118,8 +121,9 @@ class Member:
 
     # ------------------------------------------------------------ edged's side (its loop)
 
-    def steer(self, s: Service, d: policy.Decision, pushed: Optional[dict[str, int]],
-              forced: Optional[dict[str, int]] = None) -> policy.Decision:
+    def steer(
+        self, s: Service, d: policy.Decision, pushed: Optional[dict[str, int]], forced: Optional[dict[str, int]] = None
+    ) -> policy.Decision:
         """Records the node's own decision (the policy's, without the operator's) for its report;
         returns the decision to push: the snapshot's weights, with this node's operator weights
         (forced) on top, while one applies to s, else d unchanged."""
@@ -130,8 +134,9 @@ class Member:
         if shared is None or set(shared) != set(d.computed):
             return d
         wanted = {**shared, **(forced or {})}
-        return policy.Decision(weights=wanted, computed=d.computed, states=d.states, reasons=d.reasons,
-                               push=wanted != pushed)
+        return policy.Decision(
+            weights=wanted, computed=d.computed, states=d.states, reasons=d.reasons, push=wanted != pushed
+        )
 
     def report_now(self) -> None:
         """Report at once (an operator changed what this node runs)."""
@@ -139,10 +144,18 @@ class Member:
 
     def view(self) -> dict:
         """For `edgectl status` and the metrics."""
-        return {"name": self.cfg.name, "leader": self.leader, "is_leader": self.is_leader,
-                "connected": self.connected, "problem": self.problem, "version": self.applied,
-                "applied_age_s": round(time.time() - self.applied_t, 3) if self.applied_t else None,
-                "services": sorted(self.shared), "faults": self.faults, "refused": self.refused}
+        return {
+            "name": self.cfg.name,
+            "leader": self.leader,
+            "is_leader": self.is_leader,
+            "connected": self.connected,
+            "problem": self.problem,
+            "version": self.applied,
+            "applied_age_s": round(time.time() - self.applied_t, 3) if self.applied_t else None,
+            "services": sorted(self.shared),
+            "faults": self.faults,
+            "refused": self.refused,
+        }
 
     # ------------------------------------------------------------ sessions
 
@@ -193,8 +206,13 @@ class Member:
         was_leader, self.is_leader = self.is_leader, False
         if self.connected or not self.problem:
             self.lost_since = time.time()
-            self.emit("fleet-lost", f"fleet: {why}; keeping snapshot v{self.applied}, forwarding with it"
-                      + (" (no longer leader)" if was_leader else ""), version=self.applied, error=why)
+            self.emit(
+                "fleet-lost",
+                f"fleet: {why}; keeping snapshot v{self.applied}, forwarding with it"
+                + (" (no longer leader)" if was_leader else ""),
+                version=self.applied,
+                error=why,
+            )
         self.connected, self.problem = False, why
 
     async def _call(self, coro):
@@ -209,12 +227,16 @@ class Member:
             if kv.key == self.k_snapshot:
                 await self._take(c, kv)
         if self.problem:
-            self.emit("fleet-recovered", f"fleet: etcd reachable again after "
-                                         f"{time.time() - self.lost_since:.1f} s (was: {self.problem})")
+            self.emit(
+                "fleet-recovered",
+                f"fleet: etcd reachable again after {time.time() - self.lost_since:.1f} s (was: {self.problem})",
+            )
         self.connected, self.problem = True, ""
         self._wake_report.set()
-        tasks = [asyncio.create_task(t) for t in (self._keepalive(), self._report_loop(c),
-                                                  self._follow_snapshot(c, start), self._campaign(c))]
+        tasks = [
+            asyncio.create_task(t)
+            for t in (self._keepalive(), self._report_loop(c), self._follow_snapshot(c, start), self._campaign(c))
+        ]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
@@ -236,8 +258,17 @@ class Member:
         while True:
             self._wake_report.clear()
             h = self.hooks
-            doc = fs.report(self.cfg.name, time.time(), self.applied, h.serving(), self.services(),
-                            self.computed, self.states, h.local(), h.wire())
+            doc = fs.report(
+                self.cfg.name,
+                time.time(),
+                self.applied,
+                h.serving(),
+                self.services(),
+                self.computed,
+                self.states,
+                h.local(),
+                h.wire(),
+            )
             await self._call(c.put(self.k_me, fs.encode(doc), lease=self._lease))
             self.reported = {k: dict(v) for k, v in self.computed.items()}
             try:
@@ -250,8 +281,7 @@ class Member:
         self.refused += 1
         if key not in self._bad:
             self._bad.add(key)
-            self.emit("fleet-refused", f"fleet: {why}; ignored", key=key.decode(errors="replace"), error=why,
-                      **fields)
+            self.emit("fleet-refused", f"fleet: {why}; ignored", key=key.decode(errors="replace"), error=why, **fields)
 
     def _good(self, key: bytes) -> None:
         self._bad.discard(key)
@@ -266,8 +296,11 @@ class Member:
         if got is None:
             return
         for name, why in sorted(got.refused.items()):  # unsafe weights: the last ones stay
-            self._refuse(kv.key + b"#" + name.encode(), f"snapshot v{snap['version']}: {name}: {why}; its "
-                                                        f"weights of v{self.applied} stay", service=name)
+            self._refuse(
+                kv.key + b"#" + name.encode(),
+                f"snapshot v{snap['version']}: {name}: {why}; its weights of v{self.applied} stay",
+                service=name,
+            )
         for name in got.weights:
             self._good(kv.key + b"#" + name.encode())
         kept = {n: self.shared[n] for n in got.refused if n in self.shared}
@@ -275,11 +308,20 @@ class Member:
         self.marks = {**{n: self.marks[n] for n in kept if n in self.marks}, **got.operator}
         tables = self.hooks.apply(got) or {}
         self.applied_t = time.time()
-        self.emit("fleet", f"fleet: applied snapshot v{got.version} from {snap['leader']}"
-                  + "".join(f"; {n} not taken: {why}" for n, why in sorted({**got.skipped, **got.refused}.items())),
-                  version=got.version, leader=snap["leader"], published_t=snap["t"],
-                  trigger_t=snap.get("trigger_t"), applied_t=self.applied_t,
-                  weights=got.weights, skipped=got.skipped, tables=tables, operator=got.operator)
+        self.emit(
+            "fleet",
+            f"fleet: applied snapshot v{got.version} from {snap['leader']}"
+            + "".join(f"; {n} not taken: {why}" for n, why in sorted({**got.skipped, **got.refused}.items())),
+            version=got.version,
+            leader=snap["leader"],
+            published_t=snap["t"],
+            trigger_t=snap.get("trigger_t"),
+            applied_t=self.applied_t,
+            weights=got.weights,
+            skipped=got.skipped,
+            tables=tables,
+            operator=got.operator,
+        )
         self._wake_report.set()
 
     async def _trusted(self, c: aetcd.Client, kv) -> Optional[dict]:
@@ -293,8 +335,12 @@ class Member:
         name = holder.value.decode(errors="replace") if holder is not None else None
         why = fs.refused(snap, name, holder.lease if holder is not None else 0, kv.mod_revision)
         if why is not None:
-            return self._refuse(kv.key, f"snapshot v{snap['version']} {why}; the applied snapshot "
-                                        f"v{self.applied} stays", version=snap["version"], leader=snap["leader"])
+            return self._refuse(
+                kv.key,
+                f"snapshot v{snap['version']} {why}; the applied snapshot v{self.applied} stays",
+                version=snap["version"],
+                leader=snap["leader"],
+            )
         self._good(kv.key)
         return snap
 
@@ -306,10 +352,13 @@ class Member:
     async def _campaign(self, c: aetcd.Client) -> None:
         t = c.transactions
         while True:
-            won, responses = await self._call(c.transaction(
-                compare=[t.create(self.k_leader) == 0],
-                success=[t.put(self.k_leader, self.cfg.name.encode(), lease=self._lease)],
-                failure=[t.get(self.k_leader)]))
+            won, responses = await self._call(
+                c.transaction(
+                    compare=[t.create(self.k_leader) == 0],
+                    success=[t.put(self.k_leader, self.cfg.name.encode(), lease=self._lease)],
+                    failure=[t.get(self.k_leader)],
+                )
+            )
             if won:
                 self.leader, self.is_leader = self.cfg.name, True
                 self.emit("fleet-leader", f"fleet: {self.cfg.name} is the leader", leader=self.cfg.name)
@@ -322,8 +371,9 @@ class Member:
             if value.decode(errors="replace") != self.leader:
                 self.leader = value.decode(errors="replace")
                 self.emit("fleet-leader", f"fleet: {self.leader} is the leader", leader=self.leader)
-            async for event in _events(c, self.k_leader, None, self.cfg.timeout_ms,
-                                       start_revision=meta.mod_revision + 1):
+            async for event in _events(
+                c, self.k_leader, None, self.cfg.timeout_ms, start_revision=meta.mod_revision + 1
+            ):
                 if event.kind == aetcd.EventKind.DELETE:
                     break
 
@@ -334,8 +384,10 @@ class Member:
         leader), then whenever the reports move one past the hysteresis, checking at every
         report_ms (a report not put again within stale_ms drops out)."""
         term, revisions = await self._open_term(c)
-        pumps = [asyncio.create_task(self._pump(c, k, rev, term.queue))
-                 for k, rev in ((self.k_nodes, revisions[0]), (self.k_operator, revisions[1]))]
+        pumps = [
+            asyncio.create_task(self._pump(c, k, rev, term.queue))
+            for k, rev in ((self.k_nodes, revisions[0]), (self.k_operator, revisions[1]))
+        ]
         force = True
         try:
             while True:
@@ -375,8 +427,9 @@ class Member:
         still holds the leader key."""
         fresh = term.fresh(self.cfg.stale_ms / 1000)
         now = time.time()
-        nxt = fs.next_snapshot(self.services(), fresh, term.last, self.cfg.name, now, math.inf,
-                               op.collect(term.marks.values()))
+        nxt = fs.next_snapshot(
+            self.services(), fresh, term.last, self.cfg.name, now, math.inf, op.collect(term.marks.values())
+        )
         if nxt is None and force and term.last is not None and term.last.get("services"):
             nxt = {**term.last, "version": term.last["version"] + 1, "leader": self.cfg.name, "t": now}
         if nxt is None:
@@ -385,9 +438,13 @@ class Member:
         nxt["version"], nxt["lease"] = max(nxt["version"], self.applied + 1), self._lease.id
         nxt["trigger_t"] = max((r["t"] for r in fresh), default=now)
         t = c.transactions
-        ok, _ = await self._call(c.transaction(
-            compare=[t.value(self.k_leader) == self.cfg.name.encode()],
-            success=[t.put(self.k_snapshot, fs.encode(nxt))], failure=[]))
+        ok, _ = await self._call(
+            c.transaction(
+                compare=[t.value(self.k_leader) == self.cfg.name.encode()],
+                success=[t.put(self.k_snapshot, fs.encode(nxt))],
+                failure=[],
+            )
+        )
         if not ok:
             raise ConnectionError("no longer the leader (its key is gone)")
         term.last = nxt
@@ -418,8 +475,9 @@ class Member:
         stale_ms: the leader's own config may be a reload behind the node that set one. Each
         delete is guarded by the leadership and by the mark's revision (a mark set again stays)."""
         stale_s, now, since = self.cfg.stale_ms / 1000, time.monotonic(), term.unknown_since
-        unknown = set(op.unknown(term.marks, self.services(), term.fresh(stale_s), now, math.inf,
-                                 self.hooks.unsettled()))
+        unknown = set(
+            op.unknown(term.marks, self.services(), term.fresh(stale_s), now, math.inf, self.hooks.unsettled())
+        )
         for k in [k for k in since if k not in unknown]:
             del since[k]
         for k in sorted(unknown):
@@ -431,14 +489,23 @@ class Member:
     async def _delete_mark(self, c: aetcd.Client, k: bytes, entry: tuple, rev: int) -> None:
         service, backend, mark = entry
         t = c.transactions
-        ok, _ = await self._call(c.transaction(
-            compare=[t.value(self.k_leader) == self.cfg.name.encode(), t.mod(k) == rev],
-            success=[t.delete(k)], failure=[]))
+        ok, _ = await self._call(
+            c.transaction(
+                compare=[t.value(self.k_leader) == self.cfg.name.encode(), t.mod(k) == rev],
+                success=[t.delete(k)],
+                failure=[],
+            )
+        )
         if ok:
-            self.emit("fleet-operator", f"fleet: deleted the operator mark of {service}/{backend} "
-                                        f"({op.describe(mark)}, set by {mark.get('node') or '?'}): no node runs "
-                                        f"that backend any more", service=service, backend=backend,
-                      mark={"drain": mark.get("drain"), "weight": mark.get("weight")})
+            self.emit(
+                "fleet-operator",
+                f"fleet: deleted the operator mark of {service}/{backend} "
+                f"({op.describe(mark)}, set by {mark.get('node') or '?'}): no node runs "
+                f"that backend any more",
+                service=service,
+                backend=backend,
+                mark={"drain": mark.get("drain"), "weight": mark.get("weight")},
+            )
 
     def _put_report(self, term: _Term, key: bytes, value: bytes) -> None:
         term.reports.pop(key, None)  # garbage counts as no report
@@ -462,8 +529,9 @@ class Member:
 
     # ------------------------------------------------------------ operator actions (edged's API)
 
-    async def operate(self, service: str, backend: str, kind: str, weight: Optional[int] = None
-                      ) -> tuple[Optional[dict], Optional[dict]]:
+    async def operate(
+        self, service: str, backend: str, kind: str, weight: Optional[int] = None
+    ) -> tuple[Optional[dict], Optional[dict]]:
         """Records an operator action for the whole fleet (operator.change: drain, undrain, or
         weight with None clearing it) under operator/SERVICE/BACKEND, in a transaction against
         the key's revision (two nodes acting at once both count). Returns the mark before and
@@ -545,11 +613,11 @@ def _marks_of(prefix: str, kvs) -> list[dict]:
     return out
 
 
-async def _events(c: aetcd.Client, key: bytes, range_end: Optional[bytes], timeout_ms: int,
-                  start_revision: Optional[int] = None):
+async def _events(
+    c: aetcd.Client, key: bytes, range_end: Optional[bytes], timeout_ms: int, start_revision: Optional[int] = None
+):
     """The watch's events one by one; ConnectionError when the stream ends."""
-    watch = await asyncio.wait_for(c.watch(key, range_end=range_end, start_revision=start_revision),
-                                   timeout_ms / 1000)
+    watch = await asyncio.wait_for(c.watch(key, range_end=range_end, start_revision=start_revision), timeout_ms / 1000)
     try:
         async for event in watch:
             yield event
@@ -583,8 +651,11 @@ async def read_status(cfg: Fleet) -> dict:
         except ValueError:
             snapshot = None
         leader_name = leader.value.decode(errors="replace") if leader is not None else ""
-        return {"leader": leader_name, "version": int(snapshot["version"]) if snapshot else 0,
-                "published_t": snapshot.get("t") if snapshot else None,
-                "nodes": fs.status_rows(leader_name, snapshot, reports.values(), time.time()),
-                "operator": _marks_of(cfg.prefix, marked)}
+        return {
+            "leader": leader_name,
+            "version": int(snapshot["version"]) if snapshot else 0,
+            "published_t": snapshot.get("t") if snapshot else None,
+            "nodes": fs.status_rows(leader_name, snapshot, reports.values(), time.time()),
+            "operator": _marks_of(cfg.prefix, marked),
+        }
     raise ConnectionError("etcd: " + "; ".join(errors))

@@ -42,7 +42,7 @@ def split_key(prefix: str, k: bytes) -> Optional[tuple[str, str]]:
     head = prefix + OPERATOR
     if not text.startswith(head):
         return None
-    parts = text[len(head):].split("/")
+    parts = text[len(head) :].split("/")
     return (parts[0], parts[1]) if len(parts) == 2 and all(parts) else None
 
 
@@ -80,13 +80,21 @@ def collect(entries: Iterable[tuple[str, str, Mapping]]) -> Marks:
 def of_service(s: Service, marks: Optional[Mapping]) -> dict[str, dict]:
     """s's marks, limited to backends s has (a mark for a backend a config dropped waits)."""
     names = {b.name for b in s.backends}
-    return {b: {"drain": bool(m.get("drain")), "weight": m.get("weight")}
-            for b, m in sorted(((marks or {}).get(s.name) or {}).items()) if b in names}
+    return {
+        b: {"drain": bool(m.get("drain")), "weight": m.get("weight")}
+        for b, m in sorted(((marks or {}).get(s.name) or {}).items())
+        if b in names
+    }
 
 
-def unknown(marks: Mapping[bytes, tuple[str, str, Mapping]], services: Iterable[Service],
-            reports: Iterable[Mapping], now: float, stale_s: float,
-            unsettled: Iterable[str] = ()) -> list[bytes]:
+def unknown(
+    marks: Mapping[bytes, tuple[str, str, Mapping]],
+    services: Iterable[Service],
+    reports: Iterable[Mapping],
+    now: float,
+    stale_s: float,
+    unsettled: Iterable[str] = (),
+) -> list[bytes]:
     """Keys of the marks (key -> (service, backend, mark)) whose backend neither services (the
     leader's, backends draining out included) nor any report fresher than stale_s names: a
     node running a newer config keeps the marks it set alive by reporting them. Never one of
@@ -98,8 +106,9 @@ def unknown(marks: Mapping[bytes, tuple[str, str, Mapping]], services: Iterable[
         for name, doc in (r.get("services") or {}).items():
             known.update((name, b) for b in (doc.get("weights") or {}))
     waiting = set(unsettled)
-    return [k for k, (service, backend, _) in marks.items()
-            if (service, backend) not in known and service not in waiting]
+    return [
+        k for k, (service, backend, _) in marks.items() if (service, backend) not in known and service not in waiting
+    ]
 
 
 def fold(weights: Mapping[str, int], marks: Mapping[str, Mapping]) -> dict[str, int]:

@@ -89,15 +89,18 @@ def _optional(doc: Mapping, key: str, where: str, each: Callable[[Any, str], Any
 
 # ------------------------------------------------------------ reports
 
+
 def _wire(doc: Any, where: str) -> dict:
     return mapping(doc, where, lambda w, at: mapping(w, at, number))
 
 
 def _report_service(doc: Any, where: str) -> dict:
     doc = obj(doc, where)
-    out = {"digest": text(doc.get("digest"), f"{where}.digest"),
-           "weights": mapping(doc.get("weights"), f"{where}.weights", weight),
-           "states": mapping(doc.get("states", {}), f"{where}.states", text)}
+    out = {
+        "digest": text(doc.get("digest"), f"{where}.digest"),
+        "weights": mapping(doc.get("weights"), f"{where}.weights", weight),
+        "states": mapping(doc.get("states", {}), f"{where}.states", text),
+    }
     _optional(doc, "wire", where, _wire, out)
     return out
 
@@ -105,20 +108,26 @@ def _report_service(doc: Any, where: str) -> dict:
 def report(value: bytes, what: str) -> dict:
     """A node's report (snapshot.report's format), checked."""
     doc = obj(load(value, what), what)
-    out = {"node": text(doc.get("node"), f"{what}.node"), "t": number(doc.get("t"), f"{what}.t"),
-           "version": integer(doc.get("version"), f"{what}.version"),
-           "serving": flag(doc.get("serving"), f"{what}.serving"),
-           "services": mapping(doc.get("services"), f"{what}.services", _report_service)}
+    out = {
+        "node": text(doc.get("node"), f"{what}.node"),
+        "t": number(doc.get("t"), f"{what}.t"),
+        "version": integer(doc.get("version"), f"{what}.version"),
+        "serving": flag(doc.get("serving"), f"{what}.serving"),
+        "services": mapping(doc.get("services"), f"{what}.services", _report_service),
+    }
     _optional(doc, "local", what, lambda v, at: mapping(v, at, lambda x, a: mapping(x, a, text)), out)
     return out
 
 
 # ------------------------------------------------------------ snapshots
 
+
 def _mark(doc: Any, where: str) -> dict:
     doc = obj(doc, where)
-    return {"drain": flag(doc.get("drain", False), f"{where}.drain"),
-            "weight": opt_weight(doc.get("weight"), f"{where}.weight")}
+    return {
+        "drain": flag(doc.get("drain", False), f"{where}.drain"),
+        "weight": opt_weight(doc.get("weight"), f"{where}.weight"),
+    }
 
 
 def _backends(doc: Any, where: str) -> list:
@@ -135,9 +144,11 @@ def _backends(doc: Any, where: str) -> list:
 
 def _snapshot_service(doc: Any, where: str) -> dict:
     doc = obj(doc, where)
-    out = {"digest": text(doc.get("digest"), f"{where}.digest"),
-           "weights": mapping(doc.get("weights"), f"{where}.weights", weight),
-           "backends": _backends(doc.get("backends", []), f"{where}.backends")}
+    out = {
+        "digest": text(doc.get("digest"), f"{where}.digest"),
+        "weights": mapping(doc.get("weights"), f"{where}.weights", weight),
+        "backends": _backends(doc.get("backends", []), f"{where}.backends"),
+    }
     _optional(doc, "operator", where, lambda v, at: mapping(v, at, _mark), out)
     _optional(doc, "computed", where, lambda v, at: mapping(v, at, weight), out)
     return out
@@ -147,15 +158,19 @@ def snapshot(value: bytes, what: str = "snapshot") -> dict:
     """The leader's snapshot (snapshot.next_snapshot's format), checked; lease is the leader's
     lease id (0 in a snapshot of a version that did not carry it)."""
     doc = obj(load(value, what), what)
-    out = {"version": integer(doc.get("version"), f"{what}.version", 1),
-           "leader": text(doc.get("leader"), f"{what}.leader"), "t": number(doc.get("t"), f"{what}.t"),
-           "lease": integer(doc.get("lease", 0), f"{what}.lease"),
-           "services": mapping(doc.get("services"), f"{what}.services", _snapshot_service)}
+    out = {
+        "version": integer(doc.get("version"), f"{what}.version", 1),
+        "leader": text(doc.get("leader"), f"{what}.leader"),
+        "t": number(doc.get("t"), f"{what}.t"),
+        "lease": integer(doc.get("lease", 0), f"{what}.lease"),
+        "services": mapping(doc.get("services"), f"{what}.services", _snapshot_service),
+    }
     _optional(doc, "trigger_t", what, number, out)
     return out
 
 
 # ------------------------------------------------------------ operator marks
+
 
 def mark(value: bytes, what: str = "operator mark") -> dict:
     """An operator mark (operator.py's format), checked."""

@@ -41,8 +41,13 @@ LEADER, NODES, SNAPSHOT = "leader", "nodes/", "snapshot"
 
 def digest(s: Service) -> str:
     """What two nodes must agree on for one service before they share its weights."""
-    doc = [str(s.vip), s.port, s.protocol, s.weights.policy,
-           sorted([b.name, str(b.address), b.port, b.weight, b.standby] for b in s.backends)]
+    doc = [
+        str(s.vip),
+        s.port,
+        s.protocol,
+        s.weights.policy,
+        sorted([b.name, str(b.address), b.port, b.weight, b.standby] for b in s.backends),
+    ]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
 
@@ -62,10 +67,17 @@ def decode(value: bytes, what: str) -> dict:
 WIRE_KEYS = ("handshake_p50_s", "first_byte_p50_s", "active")
 
 
-def report(node: str, t: float, version: int, serving: bool, services: Iterable[Service],
-           computed: Mapping[str, Mapping[str, int]], states: Mapping[str, Mapping[str, str]],
-           local: Optional[Mapping[str, Mapping[str, str]]] = None,
-           wire: Optional[Mapping[str, Mapping[str, Mapping]]] = None) -> dict:
+def report(
+    node: str,
+    t: float,
+    version: int,
+    serving: bool,
+    services: Iterable[Service],
+    computed: Mapping[str, Mapping[str, int]],
+    states: Mapping[str, Mapping[str, str]],
+    local: Optional[Mapping[str, Mapping[str, str]]] = None,
+    wire: Optional[Mapping[str, Mapping[str, Mapping]]] = None,
+) -> dict:
     """This node's report: what it computed for each service it has computed weights for;
     local: service -> backend -> what an operator set on this node only (its table differs);
     wire: its backends' wire signals (service -> backend -> WIRE_KEYS and more; None values
@@ -73,10 +85,15 @@ def report(node: str, t: float, version: int, serving: bool, services: Iterable[
     out = {}
     for s in services:
         if s.name in computed:
-            out[s.name] = {"digest": digest(s), "weights": dict(computed[s.name]),
-                           "states": dict(states.get(s.name, {}))}
-            seen = {b: {k: w[k] for k in WIRE_KEYS if w.get(k) is not None}
-                    for b, w in ((wire or {}).get(s.name) or {}).items()}
+            out[s.name] = {
+                "digest": digest(s),
+                "weights": dict(computed[s.name]),
+                "states": dict(states.get(s.name, {})),
+            }
+            seen = {
+                b: {k: w[k] for k in WIRE_KEYS if w.get(k) is not None}
+                for b, w in ((wire or {}).get(s.name) or {}).items()
+            }
             if any(seen.values()):
                 out[s.name]["wire"] = {b: w for b, w in seen.items() if w}
     doc = {"node": node, "t": t, "version": version, "serving": serving, "services": out}
@@ -112,8 +129,15 @@ def combine(s: Service, reports: Iterable[Mapping], now: float, stale_s: float) 
     return {name: _median(ws) for name, ws in per_backend.items()}
 
 
-def next_snapshot(services: Iterable[Service], reports: Iterable[Mapping], last: Optional[Mapping],
-                  leader: str, now: float, stale_s: float, operator: Optional[Mapping] = None) -> Optional[dict]:
+def next_snapshot(
+    services: Iterable[Service],
+    reports: Iterable[Mapping],
+    last: Optional[Mapping],
+    leader: str,
+    now: float,
+    stale_s: float,
+    operator: Optional[Mapping] = None,
+) -> Optional[dict]:
     """The snapshot the leader publishes now, or None when the last one still holds (no weight
     moved past its service's hysteresis, no operator mark changed and no service came or went).
     operator: the fleet's operator marks (operator.collect), folded into the weights."""
@@ -137,8 +161,11 @@ def next_snapshot(services: Iterable[Service], reports: Iterable[Mapping], last:
             changed = True
         else:
             wanted = dict(prev)
-        out[s.name] = {"digest": digest(s), "weights": op.fold(wanted, marks),
-                       "backends": [[b.name, str(b.address), b.port] for b in s.backends]}
+        out[s.name] = {
+            "digest": digest(s),
+            "weights": op.fold(wanted, marks),
+            "backends": [[b.name, str(b.address), b.port] for b in s.backends],
+        }
         if marks:
             out[s.name].update(operator=marks, computed=wanted)
     if set(out) != set(last_services):
@@ -229,15 +256,28 @@ def status_rows(leader: str, snap: Optional[Mapping], reports: Iterable[Mapping]
     for r in sorted(reports, key=lambda r: str(r.get("node"))):
         states = [st for svc in r.get("services", {}).values() for st in svc.get("states", {}).values()]
         down = sum(st in ("down", "hung") for st in states)
-        rows.append({
-            "node": r.get("node"), "leader": r.get("node") == leader, "version": int(r.get("version", 0)),
-            "current": int(r.get("version", 0)) == current, "serving": bool(r.get("serving")),
-            "backends": len(states), "backends_down": down, "report_age_s": round(max(0.0, now - float(r.get("t", 0))), 3),
-            "local": {f"{svc}/{b}": what for svc, v in sorted((r.get("local") or {}).items())
-                      for b, what in sorted(v.items())},
-            "wire": {f"{name}/{b}": w for name, svc in sorted(r.get("services", {}).items())
-                     for b, w in sorted((svc.get("wire") or {}).items())},
-        })
+        rows.append(
+            {
+                "node": r.get("node"),
+                "leader": r.get("node") == leader,
+                "version": int(r.get("version", 0)),
+                "current": int(r.get("version", 0)) == current,
+                "serving": bool(r.get("serving")),
+                "backends": len(states),
+                "backends_down": down,
+                "report_age_s": round(max(0.0, now - float(r.get("t", 0))), 3),
+                "local": {
+                    f"{svc}/{b}": what
+                    for svc, v in sorted((r.get("local") or {}).items())
+                    for b, what in sorted(v.items())
+                },
+                "wire": {
+                    f"{name}/{b}": w
+                    for name, svc in sorted(r.get("services", {}).items())
+                    for b, w in sorted((svc.get("wire") or {}).items())
+                },
+            }
+        )
     return rows
 
 
@@ -247,13 +287,19 @@ def format_status(status: Mapping) -> str:
     lines.append(f"{'NODE':<16} {'ROLE':<8} {'VERSION':>8} {'SERVING':<8} {'BACKENDS DOWN':>14} {'REPORT AGE':>11}")
     for r in status.get("nodes", []):
         version = f"v{r['version']}" + ("" if r["current"] else "*")
-        lines.append(f"{str(r['node']):<16} {'leader' if r['leader'] else '-':<8} {version:>8} "
-                     f"{'yes' if r['serving'] else 'NO':<8} {r['backends_down']:>7}/{r['backends']:<6} "
-                     f"{r['report_age_s']:>10.1f}s")
+        lines.append(
+            f"{str(r['node']):<16} {'leader' if r['leader'] else '-':<8} {version:>8} "
+            f"{'yes' if r['serving'] else 'NO':<8} {r['backends_down']:>7}/{r['backends']:<6} "
+            f"{r['report_age_s']:>10.1f}s"
+        )
         if r.get("wire"):
-            lines.append("    wire (handshake/first byte p50, active): " + ", ".join(
-                f"{k} {_ms(w.get('handshake_p50_s'))}/{_ms(w.get('first_byte_p50_s'))} {w.get('active', '-')}"
-                for k, w in r["wire"].items()))
+            lines.append(
+                "    wire (handshake/first byte p50, active): "
+                + ", ".join(
+                    f"{k} {_ms(w.get('handshake_p50_s'))}/{_ms(w.get('first_byte_p50_s'))} {w.get('active', '-')}"
+                    for k, w in r["wire"].items()
+                )
+            )
     if any(not r["current"] for r in status.get("nodes", [])):
         lines.append("* not on the current snapshot yet")
     for m in status.get("operator", []):

@@ -80,7 +80,7 @@ class HttpProtocol(asyncio.Protocol):
                 return
             if len(self.buf) < end + 4 + length:
                 return
-            del self.buf[:end + 4 + length]
+            del self.buf[: end + 4 + length]
             connection = headers.get("connection", "")
             keep_alive = "keep-alive" in connection if version == "HTTP/1.0" else "close" not in connection
             if method in ("GET", "HEAD"):
@@ -118,8 +118,7 @@ async def serve(name: str, host: str, port: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     live: set[asyncio.Transport] = set()
-    server = await loop.create_server(lambda: HttpProtocol(name, live), host, port,
-                                      backlog=BACKLOG, reuse_address=True)
+    server = await loop.create_server(lambda: HttpProtocol(name, live), host, port, backlog=BACKLOG, reuse_address=True)
     port = server.sockets[0].getsockname()[1]
     udp, _ = await loop.create_datagram_endpoint(lambda: UdpEcho(name), local_addr=(host, port))
     print(f"listening {name} {host}:{port}", flush=True)

@@ -48,15 +48,33 @@ class EdgedProc:
         self._reader.start()
 
     @classmethod
-    def start(cls, ns: "Ns", doc: dict, iface: str, extra: tuple[str, ...] = (),
-              wait_deployed: bool = True, env: dict | None = None) -> "EdgedProc":
+    def start(
+        cls,
+        ns: "Ns",
+        doc: dict,
+        iface: str,
+        extra: tuple[str, ...] = (),
+        wait_deployed: bool = True,
+        env: dict | None = None,
+    ) -> "EdgedProc":
         fd, path = tempfile.mkstemp(prefix="edged-test-", suffix=".yaml")
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(doc, f, sort_keys=False)
-        argv = [sys.executable, "-m", "controlplane.edged.cli", "--config", path, "--iface", iface,
-                "--log-format", "json", *extra]
-        proc = ns.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                        env={**env_with_package(), **(env or {})})
+        argv = [
+            sys.executable,
+            "-m",
+            "controlplane.edged.cli",
+            "--config",
+            path,
+            "--iface",
+            iface,
+            "--log-format",
+            "json",
+            *extra,
+        ]
+        proc = ns.popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**env_with_package(), **(env or {})}
+        )
         edged = cls(proc, path)
         if wait_deployed:
             edged.wait_for(lambda e: e["kind"] == "deployed", START_TIMEOUT_S, "edged to deploy")
@@ -83,8 +101,7 @@ class EdgedProc:
         with self._cond:
             self._cond.notify_all()
 
-    def wait_for(self, pred: Callable[[dict], bool], timeout_s: float, what: str,
-                 after: int = 0) -> dict:
+    def wait_for(self, pred: Callable[[dict], bool], timeout_s: float, what: str, after: int = 0) -> dict:
         """The first event (from index `after`) pred accepts; TimeoutError naming what, with the
         last events, if none comes within timeout_s or edged exits."""
         deadline = time.monotonic() + timeout_s
@@ -98,9 +115,11 @@ class EdgedProc:
                 left = deadline - time.monotonic()
                 if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
                     tail = [e.get("text") for e in self.events[-8:]] + self.other_lines[-5:]
-                    raise TimeoutError(f"{what}: not seen within {timeout_s}s (edged "
-                                       f"{'exited ' + str(self.proc.returncode) if self.proc.poll() is not None else 'running'}); "
-                                       f"last lines: {tail}")
+                    raise TimeoutError(
+                        f"{what}: not seen within {timeout_s}s (edged "
+                        f"{'exited ' + str(self.proc.returncode) if self.proc.poll() is not None else 'running'}); "
+                        f"last lines: {tail}"
+                    )
                 self._cond.wait(min(left, 0.5))
 
     def latest_weights(self, service: str) -> Optional[dict[str, int]]:

@@ -69,8 +69,7 @@ class _RouterNet:
 class Fleet:
     """A built FleetNet with backends, the upstream's bird and one edged per router."""
 
-    def __init__(self, net: FleetNet, bfd: bool = True, bfd_interval_ms: int = 100,
-                 service_extra: dict | None = None):
+    def __init__(self, net: FleetNet, bfd: bool = True, bfd_interval_ms: int = 100, service_extra: dict | None = None):
         self.net = net
         self.bfd, self.bfd_interval_ms = bfd, bfd_interval_ms
         self.service_extra = dict(service_extra or {})
@@ -78,8 +77,13 @@ class Fleet:
         self.frozen: list[int] = []
 
     @classmethod
-    def start(cls, topo: FleetTopo = FleetTopo(), bfd: bool = True, bfd_interval_ms: int = 100,
-              service_extra: dict | None = None) -> "Fleet":
+    def start(
+        cls,
+        topo: FleetTopo = FleetTopo(),
+        bfd: bool = True,
+        bfd_interval_ms: int = 100,
+        service_extra: dict | None = None,
+    ) -> "Fleet":
         """Builds the net, starts backends, the upstream's bird and every edged, and returns once
         the upstream routes the VIP to every router. service_extra: more keys of the service."""
         net = FleetNet(topo).build()
@@ -88,11 +92,13 @@ class Fleet:
             net.start_backends(PORT)
             net.start_upstream_bird(bfd_interval_ms=bfd_interval_ms)
             for i in range(topo.routers):  # each compiles its data path: start them all, then wait
-                fleet.edgeds[i] = EdgedProc.start(net.router(i), fleet.config(i), net.router_iface(i),
-                                                  wait_deployed=False)
+                fleet.edgeds[i] = EdgedProc.start(
+                    net.router(i), fleet.config(i), net.router_iface(i), wait_deployed=False
+                )
             for e in fleet.edgeds:
-                e.wait_for(lambda ev: ev["kind"] == "bgp" and "announced" in ev["text"], 180.0,
-                           "edged to announce the VIP")
+                e.wait_for(
+                    lambda ev: ev["kind"] == "bgp" and "announced" in ev["text"], 180.0, "edged to announce the VIP"
+                )
             net.wait_next_hops(set(range(topo.routers)), 60.0)
         except BaseException:
             fleet.close()
@@ -100,8 +106,9 @@ class Fleet:
         return fleet
 
     def config(self, i: int) -> dict:
-        return self.net.edged_config(i, [self.net.service("web", PORT, **self.service_extra)],
-                                     self.bfd_interval_ms, self.bfd)
+        return self.net.edged_config(
+            i, [self.net.service("web", PORT, **self.service_extra)], self.bfd_interval_ms, self.bfd
+        )
 
     def edgectl(self, i: int, *args: str, api: bool = True):
         """`edgectl ARGS` in router i's namespace; api: add `--socket` of router i's edged."""
@@ -122,9 +129,15 @@ class Fleet:
         with self.client(i) as c:
             return sum(s["new_flows"] for s in c.status()["services"])
 
-    def lose_router(self, victim: int = 0, mode: str = "link", n_conns: int = 200,
-                    new_timeout_s: float = 0.5, settle_s: float = 3.0,
-                    answer_timeout_s: float = 5.0) -> RouterLoss:
+    def lose_router(
+        self,
+        victim: int = 0,
+        mode: str = "link",
+        n_conns: int = 200,
+        new_timeout_s: float = 0.5,
+        settle_s: float = 3.0,
+        answer_timeout_s: float = 5.0,
+    ) -> RouterLoss:
         """Opens n_conns connections, loses router `victim` the `mode` way, waits for the upstream
         to withdraw it, then asks every connection once more, ASKERS at a time, each waiting up to
         answer_timeout_s. Meanwhile new connections are tried every 10 ms (each with
@@ -180,6 +193,7 @@ class Fleet:
     def _try_new(self, attempts: list, stop: threading.Event, timeout_s: float) -> None:
         """A new connection every 10 ms (each on a worker, so a lost SYN delays no other) until
         stop; bounded: at most 1500 attempts."""
+
         def attempt(t: float) -> None:
             try:
                 http_get(self.net.client, self.net.vip, PORT, timeout_s=timeout_s)

@@ -68,19 +68,36 @@ class FleetTopo:
         return IPv4Interface(f"198.18.64.{101 + j}/24")
 
     def roles(self) -> list[str]:
-        return ([CLIENT, UPSTREAM, SWITCH] + [f"r{i}" for i in range(self.routers)]
-                + [f"b{j}" for j in range(self.backends)])
+        return (
+            [CLIENT, UPSTREAM, SWITCH]
+            + [f"r{i}" for i in range(self.routers)]
+            + [f"b{j}" for j in range(self.backends)]
+        )
 
 
 def upstream_bird_config(topo: FleetTopo, bfd_interval_ms: int, hold_time_s: int) -> str:
     """The upstream's bird.conf: a session per edge router, their routes merged into one
     multipath kernel route (ECMP)."""
-    out = [f"router id {topo.upstream_client_addr.ip};", bird._LOG, "protocol device { scan time 10; }",
-           bird.bfd_protocol(bfd_interval_ms, 3),
-           "protocol kernel { ipv4 { import none; export all; }; merge paths on; }"]
+    out = [
+        f"router id {topo.upstream_client_addr.ip};",
+        bird._LOG,
+        "protocol device { scan time 10; }",
+        bird.bfd_protocol(bfd_interval_ms, 3),
+        "protocol kernel { ipv4 { import none; export all; }; merge paths on; }",
+    ]
     for i in range(topo.routers):
-        out.append(bird.bgp_protocol(f"edge_r{i}", UPSTREAM_AS, topo.router_up_addr(i).ip, EDGE_AS,
-                                     hold_time_s, True, import_="all", export="none"))
+        out.append(
+            bird.bgp_protocol(
+                f"edge_r{i}",
+                UPSTREAM_AS,
+                topo.router_up_addr(i).ip,
+                EDGE_AS,
+                hold_time_s,
+                True,
+                import_="all",
+                export="none",
+            )
+        )
     return "\n".join(out) + "\n"
 
 
@@ -92,8 +109,7 @@ class FleetNet:
         # topo.py's Net owns the undo list and process adoption; its own topology stays unbuilt
         self._net = Net(prefix=prefix if prefix is not None else unique_prefix())
         self.prefix = self._net.prefix
-        self.ns: dict[str, Ns] = {role: Ns(f"{self.prefix}-{role}", role, self._net._adopt)
-                                  for role in topo.roles()}
+        self.ns: dict[str, Ns] = {role: Ns(f"{self.prefix}-{role}", role, self._net._adopt) for role in topo.roles()}
         self.tmp = Path(tempfile.mkdtemp(prefix=f"edge-fleet-{self.prefix}-"))
         self._push("remove the temporary directory", self._remove_tmp)
         self.servers: list[Server] = []
@@ -168,8 +184,9 @@ class FleetNet:
         self._offloads()
         wait_until(self._all_up, timeout_s, "every veth end operstate UP")
 
-    def _veth(self, a: str, b: str, addr_a: IPv4Interface | None, addr_b: IPv4Interface | None,
-              bridge: str | None = None) -> None:
+    def _veth(
+        self, a: str, b: str, addr_a: IPv4Interface | None, addr_b: IPv4Interface | None, bridge: str | None = None
+    ) -> None:
         """A veth between roles a and b (made in a's namespace); b's end joins bridge if given."""
         end_a, end_b = self.ifname(a, b), self.ifname(b, a)
         ns_a, ns_b = self.ns[a], self.ns[b]
@@ -191,15 +208,29 @@ class FleetNet:
             ns, dev = self.ns[f"b{j}"], self.ifname(f"b{j}", SWITCH)
             ns.run(["ip", "route", "add", "default", "via", str(topo.router_lan_addr(0).ip)])
             marks = "\n".join(f"\t\tether saddr {mac} ct mark set {i + 1}" for i, mac in enumerate(macs))
-            rules = ("table ip edge_return {\n"
-                     "\tchain pre {\n\t\ttype filter hook prerouting priority mangle;\n" + marks + "\n\t}\n"
-                     "\tchain out {\n\t\ttype route hook output priority mangle;\n"
-                     "\t\tct mark != 0 meta mark set ct mark\n\t}\n}\n")
+            rules = (
+                "table ip edge_return {\n"
+                "\tchain pre {\n\t\ttype filter hook prerouting priority mangle;\n" + marks + "\n\t}\n"
+                "\tchain out {\n\t\ttype route hook output priority mangle;\n"
+                "\t\tct mark != 0 meta mark set ct mark\n\t}\n}\n"
+            )
             ns.run(["nft", "-f", "-"], input=rules)
             for i in range(topo.routers):
                 table = str(LAN_TABLE_BASE + i)
-                ns.run(["ip", "route", "add", "default", "via", str(topo.router_lan_addr(i).ip), "dev", dev,
-                        "table", table])
+                ns.run(
+                    [
+                        "ip",
+                        "route",
+                        "add",
+                        "default",
+                        "via",
+                        str(topo.router_lan_addr(i).ip),
+                        "dev",
+                        dev,
+                        "table",
+                        table,
+                    ]
+                )
                 ns.run(["ip", "rule", "add", "fwmark", str(i + 1), "lookup", table, "pref", str(1000 + i)])
 
     def _offloads(self) -> None:
@@ -222,8 +253,11 @@ class FleetNet:
             with ns.iproute() as ipr:
                 for link in ipr.get_links():
                     name = link.get("ifname")
-                    if name.startswith(f"{self.prefix}-") and name != f"{self.prefix}-br" \
-                            and link.get("operstate") != "UP":
+                    if (
+                        name.startswith(f"{self.prefix}-")
+                        and name != f"{self.prefix}-br"
+                        and link.get("operstate") != "UP"
+                    ):
                         return False
         return True
 
@@ -234,8 +268,11 @@ class FleetNet:
         env = env_with_package()
         for j in range(self.topo.backends):
             addr = self.topo.backend_addr(j).ip
-            proc = self.ns[f"b{j}"].popen([sys.executable, "-m", "controlplane.lab.backend", "--name",
-                                           f"b{j}", "--listen", f"{addr}:{port}"], stdout=subprocess.PIPE, env=env)
+            proc = self.ns[f"b{j}"].popen(
+                [sys.executable, "-m", "controlplane.lab.backend", "--name", f"b{j}", "--listen", f"{addr}:{port}"],
+                stdout=subprocess.PIPE,
+                env=env,
+            )
             self.servers.append(Server(f"b{j}", self.ns[f"b{j}"], addr, port, proc))
         for server in self.servers:
             line = read_line(server.proc, timeout_s)
@@ -247,10 +284,14 @@ class FleetNet:
         """BIRD in the upstream namespace, its config and control socket in this net's temp dir."""
         conf, sock = self.tmp / "upstream.conf", self.tmp / "upstream.ctl"
         conf.write_text(upstream_bird_config(self.topo, bfd_interval_ms, hold_time_s))
-        self.upstream_bird = self.upstream.popen(["bird", "-f", "-c", str(conf), "-s", str(sock)],
-                                                 stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.upstream.run(["birdc", "-s", str(sock), "show", "status"],
-                                             check=False).returncode == 0, 10.0, "the upstream's bird to answer")
+        self.upstream_bird = self.upstream.popen(
+            ["bird", "-f", "-c", str(conf), "-s", str(sock)], stderr=subprocess.DEVNULL
+        )
+        wait_until(
+            lambda: self.upstream.run(["birdc", "-s", str(sock), "show", "status"], check=False).returncode == 0,
+            10.0,
+            "the upstream's bird to answer",
+        )
         return self.upstream_bird
 
     def edged_config(self, i: int, services: list[dict], bfd_interval_ms: int = 50, bfd: bool = True) -> dict:
@@ -258,20 +299,38 @@ class FleetNet:
         topo = self.topo
         d = self.tmp / f"r{i}"
         d.mkdir(exist_ok=True)
-        return {"version": 1, "node": {
-            "iface": self.router_iface(i), "api_socket": str(d / "edged.sock"),
-            "bgp": {"local_as": EDGE_AS, "router_id": str(topo.router_up_addr(i).ip),
+        return {
+            "version": 1,
+            "node": {
+                "iface": self.router_iface(i),
+                "api_socket": str(d / "edged.sock"),
+                "bgp": {
+                    "local_as": EDGE_AS,
+                    "router_id": str(topo.router_up_addr(i).ip),
                     "peers": [{"address": str(topo.upstream_addr(i).ip), "remote_as": UPSTREAM_AS}],
-                    "hold_time_s": 3, "bfd": bfd, "bfd_interval_ms": bfd_interval_ms,
-                    "config_file": str(d / "bird.conf"), "control_socket": str(d / "bird.ctl")},
-        }, "services": services}
+                    "hold_time_s": 3,
+                    "bfd": bfd,
+                    "bfd_interval_ms": bfd_interval_ms,
+                    "config_file": str(d / "bird.conf"),
+                    "control_socket": str(d / "bird.ctl"),
+                },
+            },
+            "services": services,
+        }
 
     def service(self, name: str = "web", port: int = 8000, **extra: object) -> dict:
         """One service on the VIP over every backend, the same on every router (static weights:
         identical Maglev tables)."""
-        return {"name": name, "vip": str(self.vip), "port": port, **extra, "backends": [
-            {"name": f"b{j}", "address": str(self.topo.backend_addr(j).ip), "port": port}
-            for j in range(self.topo.backends)]}
+        return {
+            "name": name,
+            "vip": str(self.vip),
+            "port": port,
+            **extra,
+            "backends": [
+                {"name": f"b{j}", "address": str(self.topo.backend_addr(j).ip), "port": port}
+                for j in range(self.topo.backends)
+            ],
+        }
 
     # looking at the upstream
 
@@ -293,8 +352,13 @@ class FleetNet:
     def wait_next_hops(self, want: set[int], timeout_s: float) -> float:
         """Waits until the upstream routes the VIP to exactly routers `want`; returns when (monotonic)."""
         hops = {self.topo.router_up_addr(i).ip for i in want}
-        wait_until(lambda: self.vip_next_hops() == hops, timeout_s, f"VIP next hops {sorted(map(str, hops))}",
-                   observe=self.vip_next_hops, interval_s=0.002)
+        wait_until(
+            lambda: self.vip_next_hops() == hops,
+            timeout_s,
+            f"VIP next hops {sorted(map(str, hops))}",
+            observe=self.vip_next_hops,
+            interval_s=0.002,
+        )
         return time.monotonic()
 
     def link_down(self, i: int) -> None:
@@ -306,8 +370,11 @@ class FleetNet:
         link stays up (nftables netdev ingress, policy drop: after XDP, so the router's data path
         still forwards what reaches it, but its answers die at the upstream)."""
         for ns, dev in ((self.router(i), self.router_iface(i)), (self.upstream, self.ifname(UPSTREAM, f"r{i}"))):
-            ns.run(["nft", "-f", "-"], input=f"table netdev edge_blackhole {{\n\tchain in {{ type filter hook "
-                                             f"ingress device \"{dev}\" priority -500; policy drop; }}\n}}\n")
+            ns.run(
+                ["nft", "-f", "-"],
+                input=f"table netdev edge_blackhole {{\n\tchain in {{ type filter hook "
+                f'ingress device "{dev}" priority -500; policy drop; }}\n}}\n',
+            )
 
     # teardown
 
@@ -327,4 +394,3 @@ class FleetNet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

@@ -47,8 +47,10 @@ class EtcdFleet:
             (self.net.tmp / "etcd").mkdir()
             self.etcd = Etcd(sw, self.net.tmp / "etcd", ETCD_PORT, host=ETCD_ADDR).start()
             # each edged compiles its data path: start them all, then wait
-            self.edgeds = [EdgedProc.start(self.net.router(i), self.config(i), self.net.router_iface(i),
-                                           wait_deployed=False) for i in range(routers)]
+            self.edgeds = [
+                EdgedProc.start(self.net.router(i), self.config(i), self.net.router_iface(i), wait_deployed=False)
+                for i in range(routers)
+            ]
             for e in self.edgeds:
                 e.wait_for(lambda ev: ev["kind"] == "deployed", 240.0, "edged to deploy")
         except BaseException:
@@ -58,14 +60,31 @@ class EtcdFleet:
     def config(self, i: int) -> dict:
         """Router i's edged config: one service over both backends, http probes every probe_ms
         (fall 2), computed weights, node.fleet pointing at the LAN's etcd."""
-        service = self.net.service("web", PORT, health={"probe": {
-            "kind": "http", "path": "/health", "interval_ms": self.probe_ms, "timeout_ms": min(40, self.probe_ms),
-            "fall": 2}}, weights={"policy": "latency_inverse"})
+        service = self.net.service(
+            "web",
+            PORT,
+            health={
+                "probe": {
+                    "kind": "http",
+                    "path": "/health",
+                    "interval_ms": self.probe_ms,
+                    "timeout_ms": min(40, self.probe_ms),
+                    "fall": 2,
+                }
+            },
+            weights={"policy": "latency_inverse"},
+        )
         doc = self.net.edged_config(i, [service])
         del doc["node"]["bgp"]
-        doc["node"]["fleet"] = {"etcd": [f"{ETCD_ADDR}:{ETCD_PORT}"], "name": f"r{i}",
-                                "lease_ttl_s": self.lease_ttl_s, "report_ms": 500, "stale_ms": 3000,
-                                "timeout_ms": 1000, "retry_ms": 200}
+        doc["node"]["fleet"] = {
+            "etcd": [f"{ETCD_ADDR}:{ETCD_PORT}"],
+            "name": f"r{i}",
+            "lease_ttl_s": self.lease_ttl_s,
+            "report_ms": 500,
+            "stale_ms": 3000,
+            "timeout_ms": 1000,
+            "retry_ms": 200,
+        }
         return doc
 
     @property
@@ -80,8 +99,9 @@ class EtcdFleet:
 
     def applied(self, i: int, pred=lambda e: True, after: int = 0, timeout_s: float = 30.0) -> dict:
         """Router i's first `fleet` event (a snapshot applied) from index after that pred accepts."""
-        return self.edgeds[i].wait_for(lambda e: e["kind"] == "fleet" and pred(e), timeout_s,
-                                       f"r{i} to apply a snapshot", after=after)
+        return self.edgeds[i].wait_for(
+            lambda e: e["kind"] == "fleet" and pred(e), timeout_s, f"r{i} to apply a snapshot", after=after
+        )
 
     def leader(self) -> int:
         """The router every living edged last named leader."""
@@ -103,8 +123,10 @@ class EtcdFleet:
 
     def fleet_status(self, i: int) -> dict:
         """`edgectl fleet status --json` in router i's namespace."""
-        out = self.net.router(i).run([sys.executable, "-m", "controlplane", "fleet", "status", "--etcd",
-                                      f"{ETCD_ADDR}:{ETCD_PORT}", "--json"], env=env_with_package())
+        out = self.net.router(i).run(
+            [sys.executable, "-m", "controlplane", "fleet", "status", "--etcd", f"{ETCD_ADDR}:{ETCD_PORT}", "--json"],
+            env=env_with_package(),
+        )
         return json.loads(out.stdout)
 
     def edgectl(self, i: int, *args: str):
@@ -143,21 +165,30 @@ class EtcdFleet:
         t0 = time.time()
         self.freeze_backend(j)
         try:
-            got = [self.applied(i, lambda e: e["weights"]["web"][name] == 0 and e["weights"]["web"][other] > 0,
-                                after=marks[i], timeout_s=timeout_s) for i in nodes]
+            got = [
+                self.applied(
+                    i,
+                    lambda e: e["weights"]["web"][name] == 0 and e["weights"]["web"][other] > 0,
+                    after=marks[i],
+                    timeout_s=timeout_s,
+                )
+                for i in nodes
+            ]
         finally:
             self.thaw_backend(j)
         finals = self._same_version(nodes, lambda e: e["weights"]["web"][name] == 0, marks, timeout_s)
         applied = [g["applied_t"] for g in got]
         first = min(got, key=lambda g: g["version"])
         figures = {
-            "nodes": len(nodes), "probe_interval_ms": self.probe_ms,
+            "nodes": len(nodes),
+            "probe_interval_ms": self.probe_ms,
             "report_to_applied_on_all_ms": round((max(applied) - first["trigger_t"]) * 1000, 1),
             "published_to_applied_on_all_ms": round((max(applied) - first["published_t"]) * 1000, 1),
             "backend_stopped_to_applied_on_all_ms": round((max(applied) - t0) * 1000, 1),
             "same_weights": len({json.dumps(f["weights"], sort_keys=True) for f in finals}) == 1,
             "same_table": len({f["tables"]["web"] for f in finals}) == 1,
-            "version": finals[0]["version"], "weights": finals[0]["weights"]["web"],
+            "version": finals[0]["version"],
+            "weights": finals[0]["weights"]["web"],
         }
         marks = self.marks()
         back = self._same_version(nodes, lambda e: e["weights"]["web"][name] > 0, marks, timeout_s)
@@ -175,12 +206,16 @@ class EtcdFleet:
         if out.returncode != 0:
             raise AssertionError(f"edgectl drain: {out.stderr.strip()}")
         drained = self._same_version(
-            nodes, lambda e: e["weights"]["web"][backend] == 0 and e["operator"].get("web", {}).get(backend),
-            marks, timeout_s)
+            nodes,
+            lambda e: e["weights"]["web"][backend] == 0 and e["operator"].get("web", {}).get(backend),
+            marks,
+            timeout_s,
+        )
         status_marks = self.fleet_status(nodes[0]).get("operator", [])
         recorded_t = max((m["t"] for m in status_marks if m["backend"] == backend), default=t0)
         figures = {
-            "nodes": len(nodes), "said": out.stdout.strip(),
+            "nodes": len(nodes),
+            "said": out.stdout.strip(),
             "drain_to_applied_on_all_ms": round((max(d["applied_t"] for d in drained) - t0) * 1000, 1),
             "recorded_to_applied_on_all_ms": round((max(d["applied_t"] for d in drained) - recorded_t) * 1000, 1),
             "same_table": len({d["tables"]["web"] for d in drained}) == 1,
@@ -194,13 +229,16 @@ class EtcdFleet:
         out = self.edgectl(i, "undrain", "web", backend)
         if out.returncode != 0:
             raise AssertionError(f"edgectl undrain: {out.stderr.strip()}")
-        back = self._same_version(nodes, lambda e: e["weights"]["web"][backend] > 0 and not e["operator"],
-                                  marks, timeout_s)
-        figures.update({
-            "undrain_to_applied_on_all_ms": round((max(b["applied_t"] for b in back) - t1) * 1000, 1),
-            "same_table_after_undrain": len({b["tables"]["web"] for b in back}) == 1,
-            "has_slots_after_undrain": {f"r{n}": self.backends(n)[backend]["slots"] > 0 for n in nodes},
-        })
+        back = self._same_version(
+            nodes, lambda e: e["weights"]["web"][backend] > 0 and not e["operator"], marks, timeout_s
+        )
+        figures.update(
+            {
+                "undrain_to_applied_on_all_ms": round((max(b["applied_t"] for b in back) - t1) * 1000, 1),
+                "same_table_after_undrain": len({b["tables"]["web"] for b in back}) == 1,
+                "has_slots_after_undrain": {f"r{n}": self.backends(n)[backend]["slots"] > 0 for n in nodes},
+            }
+        )
         return figures
 
     def kill_leader(self) -> dict:
@@ -212,13 +250,24 @@ class EtcdFleet:
         self.edgeds[old].signal(signal.SIGKILL)
         self.edgeds[old].proc.wait(10)
         others = self.alive()
-        took = [self.edgeds[i].wait_for(lambda e: e["kind"] == "fleet-leader" and e["leader"] != f"r{old}",
-                                        self.lease_ttl_s * 5, f"r{i} to see a new leader", after=marks[i])
-                for i in others]
+        took = [
+            self.edgeds[i].wait_for(
+                lambda e: e["kind"] == "fleet-leader" and e["leader"] != f"r{old}",
+                self.lease_ttl_s * 5,
+                f"r{i} to see a new leader",
+                after=marks[i],
+            )
+            for i in others
+        ]
         leaders = sorted({t["leader"] for t in took})
-        return {"killed": f"r{old}", "new_leader": leaders[0] if len(leaders) == 1 else leaders,
-                "agree": len(leaders) == 1, "failover_ms": round((max(t["t"] for t in took) - t0) * 1000, 1),
-                "lease_ttl_s": self.lease_ttl_s, "survivors": others}
+        return {
+            "killed": f"r{old}",
+            "new_leader": leaders[0] if len(leaders) == 1 else leaders,
+            "agree": len(leaders) == 1,
+            "failover_ms": round((max(t["t"] for t in took) - t0) * 1000, 1),
+            "lease_ttl_s": self.lease_ttl_s,
+            "survivors": others,
+        }
 
     def close(self) -> None:
         try:

@@ -75,8 +75,9 @@ class Agent:
 
     def wait_line(self, prefix: str, timeout_s: float, n: int = 1) -> str:
         """Wait until at least n lines start with prefix; return the n-th."""
-        wait_until(lambda: self.count(prefix) >= n, timeout_s, f"b{self.backend} agent: {n} x {prefix!r}",
-                   observe=self.lines)
+        wait_until(
+            lambda: self.count(prefix) >= n, timeout_s, f"b{self.backend} agent: {n} x {prefix!r}", observe=self.lines
+        )
         return [line for line in self.lines() if line.startswith(prefix)][n - 1]
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> Optional[int]:
@@ -111,16 +112,39 @@ def write_token_file(token: int) -> tuple[str, str]:
     return directory, path
 
 
-def agent_argv(net: "Net", i: int, *, token_file: str, hb_port: int = DEFAULT_HB_PORT, interval_ms: float = 1,
-               check: str = "none", service_port: int = 8000, check_url: Optional[str] = None,
-               check_interval_ms: Optional[float] = None, check_timeout_ms: Optional[float] = None,
-               rt_priority: int = 0, dsr_vip: Optional[str] = None) -> list[str]:
+def agent_argv(
+    net: "Net",
+    i: int,
+    *,
+    token_file: str,
+    hb_port: int = DEFAULT_HB_PORT,
+    interval_ms: float = 1,
+    check: str = "none",
+    service_port: int = 8000,
+    check_url: Optional[str] = None,
+    check_interval_ms: Optional[float] = None,
+    check_timeout_ms: Optional[float] = None,
+    rt_priority: int = 0,
+    dsr_vip: Optional[str] = None,
+) -> list[str]:
     """The command line of backend i's agent (see start_heartbeats)."""
-    argv = [sys.executable, "-m", "controlplane.agent",
-            "--router", f"{net.topo.router_backend_addr(i).ip}:{hb_port}",
-            "--source", str(net.backend_addr(i)),
-            "--service-port", str(service_port), "--token-file", token_file,
-            "--interval-ms", f"{interval_ms:g}", "--check", check]
+    argv = [
+        sys.executable,
+        "-m",
+        "controlplane.agent",
+        "--router",
+        f"{net.topo.router_backend_addr(i).ip}:{hb_port}",
+        "--source",
+        str(net.backend_addr(i)),
+        "--service-port",
+        str(service_port),
+        "--token-file",
+        token_file,
+        "--interval-ms",
+        f"{interval_ms:g}",
+        "--check",
+        check,
+    ]
     if check_url is not None:
         argv += ["--check-url", check_url]
     if check_interval_ms is not None:
@@ -139,8 +163,9 @@ def _spawn(net: "Net", i: int, *, token: int, **kw) -> Agent:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
     directory, path = write_token_file(token)
     try:
-        proc = net.backends[i].popen(agent_argv(net, i, token_file=path, **kw), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env)
+        proc = net.backends[i].popen(
+            agent_argv(net, i, token_file=path, **kw), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+        )
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
@@ -154,14 +179,23 @@ def _started(agent: Agent, timeout_s: float) -> Agent:
     first = agent.lines()[0]
     if not first.startswith("sending to "):
         agent.stop()
-        raise RuntimeError(f"b{agent.backend} agent (pid {agent.pid}): expected 'sending to ...', "
-                           f"got {first!r}")
+        raise RuntimeError(f"b{agent.backend} agent (pid {agent.pid}): expected 'sending to ...', got {first!r}")
     return agent
 
 
-def start_heartbeats(net: "Net", i: int, *, token: int, hb_port: int = DEFAULT_HB_PORT,
-                     interval_ms: float = 1, check: str = "none", service_port: int = 8000,
-                     check_url: Optional[str] = None, timeout_s: float = START_TIMEOUT_S, **kw) -> Agent:
+def start_heartbeats(
+    net: "Net",
+    i: int,
+    *,
+    token: int,
+    hb_port: int = DEFAULT_HB_PORT,
+    interval_ms: float = 1,
+    check: str = "none",
+    service_port: int = 8000,
+    check_url: Optional[str] = None,
+    timeout_s: float = START_TIMEOUT_S,
+    **kw,
+) -> Agent:
     """Start backend i's agent and return it once it said `sending to ...`.
 
     token: backend i's token in the router config. check: none (always send), tcp or http;
@@ -169,8 +203,17 @@ def start_heartbeats(net: "Net", i: int, *, token: int, hb_port: int = DEFAULT_H
     testbed backend answers 200 on any path). kw: check_interval_ms, check_timeout_ms,
     rt_priority, dsr_vip, passed on to the agent.
     """
-    agent = _spawn(net, i, token=token, hb_port=hb_port, interval_ms=interval_ms, check=check,
-                   service_port=service_port, check_url=check_url, **kw)
+    agent = _spawn(
+        net,
+        i,
+        token=token,
+        hb_port=hb_port,
+        interval_ms=interval_ms,
+        check=check,
+        service_port=service_port,
+        check_url=check_url,
+        **kw,
+    )
     return _started(agent, timeout_s)
 
 

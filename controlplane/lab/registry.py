@@ -23,8 +23,9 @@ from typing import Iterator, Optional, Sequence
 from controlplane.lab.topo import Ns, stop_process
 
 
-def _wait_port(ns: Ns, port: int, proc: subprocess.Popen, udp: bool, timeout_s: float, what: str,
-               host: str = "127.0.0.1") -> None:
+def _wait_port(
+    ns: Ns, port: int, proc: subprocess.Popen, udp: bool, timeout_s: float, what: str, host: str = "127.0.0.1"
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -64,21 +65,37 @@ class Dnsmasq:
         if reload and self.proc is not None:
             self.proc.send_signal(signal.SIGHUP)
 
-    def set_records(self, srv: Sequence[tuple[str, str, int, int, int]] = (),
-                    host_records: Sequence[tuple[str, str]] = (), refused: Sequence[str] = ()) -> None:
+    def set_records(
+        self,
+        srv: Sequence[tuple[str, str, int, int, int]] = (),
+        host_records: Sequence[tuple[str, str]] = (),
+        refused: Sequence[str] = (),
+    ) -> None:
         """SRV (name, target, port, priority, weight), host records (name, address), and domains
         answered REFUSED; takes effect at the next start()."""
         # user=root: it reads the hosts file again on SIGHUP, and tests keep it in a private directory
-        lines = [f"port={self.port}", "user=root", "listen-address=127.0.0.1", "bind-interfaces", "no-resolv", "no-hosts",
-                 f"addn-hosts={self.hosts}", f"local-ttl={self.ttl_s}", f"auth-ttl={self.ttl_s}"]
+        lines = [
+            f"port={self.port}",
+            "user=root",
+            "listen-address=127.0.0.1",
+            "bind-interfaces",
+            "no-resolv",
+            "no-hosts",
+            f"addn-hosts={self.hosts}",
+            f"local-ttl={self.ttl_s}",
+            f"auth-ttl={self.ttl_s}",
+        ]
         lines += [f"srv-host={n},{t},{p},{prio},{w}" for n, t, p, prio, w in srv]
         lines += [f"host-record={n},{a}" for n, a in host_records]
         lines += [f"server=/{d}/#" for d in refused]
         self.conf.write_text("\n".join(lines) + "\n")
 
     def start(self, timeout_s: float = 5.0) -> "Dnsmasq":
-        self.proc = self.ns.popen(["dnsmasq", "--keep-in-foreground", f"--conf-file={self.conf}", "--pid-file=",
-                                   "--log-facility=-"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = self.ns.popen(
+            ["dnsmasq", "--keep-in-foreground", f"--conf-file={self.conf}", "--pid-file=", "--log-facility=-"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         _wait_port(self.ns, self.port, self.proc, True, timeout_s, "dnsmasq")
         return self
 
@@ -96,8 +113,7 @@ class Etcd:
     """etcd on host:client_port of ns (loopback unless host names another address of ns; the
     peer port beside it on loopback), data in workdir/data."""
 
-    def __init__(self, ns: Ns, workdir: Path, client_port: int = 2379, peer_port: int = 2380,
-                 host: str = "127.0.0.1"):
+    def __init__(self, ns: Ns, workdir: Path, client_port: int = 2379, peer_port: int = 2380, host: str = "127.0.0.1"):
         self.ns, self.workdir, self.host = ns, workdir, host
         self.client_port, self.peer_port = client_port, peer_port
         self.proc: Optional[subprocess.Popen] = None
@@ -106,10 +122,23 @@ class Etcd:
 
     def start(self, timeout_s: float = 20.0) -> "Etcd":
         c, p = f"http://{self.host}:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
-        argv = ["etcd", "--name", "edge-test", "--data-dir", str(self.workdir / "data"),
-                "--listen-client-urls", c, "--advertise-client-urls", c,
-                "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
-                "--initial-cluster", f"edge-test={p}"]
+        argv = [
+            "etcd",
+            "--name",
+            "edge-test",
+            "--data-dir",
+            str(self.workdir / "data"),
+            "--listen-client-urls",
+            c,
+            "--advertise-client-urls",
+            c,
+            "--listen-peer-urls",
+            p,
+            "--initial-advertise-peer-urls",
+            p,
+            "--initial-cluster",
+            f"edge-test={p}",
+        ]
         with open(self.log, "ab") as log:
             self.proc = self.ns.popen(argv, stdout=log, stderr=subprocess.STDOUT)
         _wait_port(self.ns, self.client_port, self.proc, False, timeout_s, "etcd", self.host)

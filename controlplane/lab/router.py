@@ -68,10 +68,19 @@ class Router:
 
     # ------------------------------------------------------------ config
 
-    def service(self, name: str = "web", *, backends: int | Sequence[int] | None = None,
-                weights: Sequence[int] | None = None, standby: Iterable[int] = (),
-                protocol: str = "tcp", port: int = BACKEND_PORT, vip: str | None = None,
-                backend_port: int = BACKEND_PORT, **extra: object) -> dict:
+    def service(
+        self,
+        name: str = "web",
+        *,
+        backends: int | Sequence[int] | None = None,
+        weights: Sequence[int] | None = None,
+        standby: Iterable[int] = (),
+        protocol: str = "tcp",
+        port: int = BACKEND_PORT,
+        vip: str | None = None,
+        backend_port: int = BACKEND_PORT,
+        **extra: object,
+    ) -> dict:
         """A service dict for the net's backends (b0..bN at net.backend_addr(i)).
 
         backends: how many (the first n) or which indices; default all.
@@ -96,8 +105,14 @@ class Router:
             if i in standby:
                 entry["standby"] = True
             entries.append(entry)
-        return {"name": name, "vip": str(vip if vip is not None else self.net.vip), "port": port,
-                "protocol": protocol, **extra, "backends": entries}
+        return {
+            "name": name,
+            "vip": str(vip if vip is not None else self.net.vip),
+            "port": port,
+            "protocol": protocol,
+            **extra,
+            "backends": entries,
+        }
 
     @staticmethod
     def config(services: list[dict], node: dict | None = None) -> dict:
@@ -114,11 +129,13 @@ class Router:
         """`python -m controlplane ARGS` in the router namespace; never raises on a non-zero exit."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
-        return self.net.router.run([sys.executable, "-m", "controlplane", *map(str, args)],
-                                   check=False, env=env, timeout=timeout_s)
+        return self.net.router.run(
+            [sys.executable, "-m", "controlplane", *map(str, args)], check=False, env=env, timeout=timeout_s
+        )
 
-    def deploy(self, services: list[dict], node: dict | None = None, iface: str | None = None,
-               check: bool = True) -> subprocess.CompletedProcess:
+    def deploy(
+        self, services: list[dict], node: dict | None = None, iface: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
         """`edgectl -q deploy` of services on iface (default: the client-facing one).
 
         The config goes through a temporary file, removed again before returning.
@@ -174,8 +191,12 @@ class Router:
         return {"verdicts": self._pinned_counts(abi.MAP_VERDICTS), "drops": self._pinned_counts(abi.MAP_DROPS)}
 
     def _pinned_counts(self, map_name: str) -> dict[str, int]:
-        done = subprocess.run(["bpftool", "-j", "map", "dump", "pinned", str(self.pin_path / map_name)],
-                              capture_output=True, text=True, timeout=10.0)
+        done = subprocess.run(
+            ["bpftool", "-j", "map", "dump", "pinned", str(self.pin_path / map_name)],
+            capture_output=True,
+            text=True,
+            timeout=10.0,
+        )
         if done.returncode != 0:
             raise EdgectlError(f"bpftool map dump {map_name}: {done.stderr.strip()}")
         return maps.counts_from_dump(map_name, json.loads(done.stdout))

@@ -268,9 +268,7 @@ class Net:
         if not _VALID_PREFIX.match(self.prefix):
             raise ValueError(f"prefix {self.prefix!r} must be 1-5 lowercase letters or digits")
         self._undo: list[tuple[str, Callable[[], None]]] = []
-        self.namespaces: dict[str, Ns] = {
-            role: Ns(f"{self.prefix}-{role}", role, self._adopt) for role in topo.roles()
-        }
+        self.namespaces: dict[str, Ns] = {role: Ns(f"{self.prefix}-{role}", role, self._adopt) for role in topo.roles()}
         self.servers: list[Server] = []
         for role in topo.roles():
             if role != ROUTER:
@@ -385,21 +383,20 @@ class Net:
     def recreate_backend_link(self, i: int, timeout_s: float = 5.0) -> None:
         """The same for the veth between the router and backend i (a backend-facing NIC)."""
         topo = self.topo
-        self._recreate_link(backend_role(i), 1110 + i, topo.router_backend_addr(i), topo.backend_addr(i),
-                            timeout_s)
+        self._recreate_link(backend_role(i), 1110 + i, topo.router_backend_addr(i), topo.backend_addr(i), timeout_s)
         with self.backends[i].iproute() as ipr:
             ipr.route("add", dst="0.0.0.0/0", gateway=str(topo.router_backend_addr(i).ip))
 
-    def _recreate_link(self, role: str, index: int, here_addr: IPv4Interface, there_addr: IPv4Interface,
-                       timeout_s: float) -> None:
+    def _recreate_link(
+        self, role: str, index: int, here_addr: IPv4Interface, there_addr: IPv4Interface, timeout_s: float
+    ) -> None:
         """Deletes the router's veth to role and adds it again with the router end at index
         (other than the old one and its peer's), both ends addressed, up and offloads as build()."""
         peer = self.namespaces[role]
         here, there = self.ifname(ROUTER, role), self.ifname(role, ROUTER)
         self._del_link(self.router, here)
         with self.router.iproute() as ipr:
-            ipr.link("add", ifname=here, index=index, kind="veth",
-                     peer={"ifname": there, "net_ns_fd": peer.name})
+            ipr.link("add", ifname=here, index=index, kind="veth", peer={"ifname": there, "net_ns_fd": peer.name})
         for ns, ifname, addr in ((self.router, here, here_addr), (peer, there, there_addr)):
             with ns.iproute() as ipr:
                 found = ipr.link_lookup(ifname=ifname)[0]
@@ -454,8 +451,9 @@ class Net:
             got = ns.offloads(ifname)
             want = {"tx-checksumming": "off", "generic-receive-offload": "on"}
             if {k: got.get(k) for k in want} != want:
-                raise RuntimeError(f"ethtool on {ns.name}/{ifname}: wanted {want}, got "
-                                   f"{ {k: got.get(k) for k in want} }")
+                raise RuntimeError(
+                    f"ethtool on {ns.name}/{ifname}: wanted {want}, got { {k: got.get(k) for k in want} }"
+                )
 
     def link_states(self) -> dict[str, str]:
         """{ifname: operstate} of every veth end this Net made."""
@@ -487,15 +485,21 @@ class Net:
         """Start controlplane.lab.backend in every backend namespace; return once each said 'listening'."""
         return self._start_servers("controlplane.lab.backend", port, (), (), timeout_s)
 
-    def start_inference(self, port: int = 8000, per_backend: Sequence[Sequence[str]] = (),
-                        common: Sequence[str] = (), timeout_s: float = 5.0) -> list[Server]:
+    def start_inference(
+        self,
+        port: int = 8000,
+        per_backend: Sequence[Sequence[str]] = (),
+        common: Sequence[str] = (),
+        timeout_s: float = 5.0,
+    ) -> list[Server]:
         """Start the simulated inference server (controlplane.lab.inference) in every backend
         namespace instead of the plain backend; per_backend[i] are extra flags for backend i
         (e.g. ["--added-latency-ms", "5"]), common are flags for all."""
         return self._start_servers("controlplane.lab.inference", port, per_backend, common, timeout_s)
 
-    def _start_servers(self, module: str, port: int, per_backend: Sequence[Sequence[str]],
-                       common: Sequence[str], timeout_s: float) -> list[Server]:
+    def _start_servers(
+        self, module: str, port: int, per_backend: Sequence[Sequence[str]], common: Sequence[str], timeout_s: float
+    ) -> list[Server]:
         env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -503,8 +507,17 @@ class Net:
         for i, ns in enumerate(self.backends):
             addr = self.backend_addr(i)
             extra = list(per_backend[i]) if i < len(per_backend) else []
-            argv = [sys.executable, "-m", module, "--name", backend_role(i), "--listen", f"{addr}:{port}",
-                    *common, *extra]
+            argv = [
+                sys.executable,
+                "-m",
+                module,
+                "--name",
+                backend_role(i),
+                "--listen",
+                f"{addr}:{port}",
+                *common,
+                *extra,
+            ]
             proc = ns.popen(argv, stdout=subprocess.PIPE, env=env)
             started.append(Server(backend_role(i), ns, addr, port, proc))
         for server in started:

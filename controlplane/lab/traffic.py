@@ -25,8 +25,14 @@ Addr = Union[str, IPv4Address]
 MAX_RESPONSE_BYTES = 65536
 
 
-def wait_until(pred: Callable[[], Any], timeout_s: float, what: str = "condition", *,
-               observe: Callable[[], Any] | None = None, interval_s: float = 0.01) -> Any:
+def wait_until(
+    pred: Callable[[], Any],
+    timeout_s: float,
+    what: str = "condition",
+    *,
+    observe: Callable[[], Any] | None = None,
+    interval_s: float = 0.01,
+) -> Any:
     """Poll pred until it returns something truthy and return that; raise TimeoutError naming
     `what` and the last observed value (observe() if given, else pred's last result)."""
     deadline = time.monotonic() + timeout_s
@@ -78,8 +84,8 @@ def _take_response(buf: bytearray) -> tuple[int, bytes] | None:
         raise ValueError(f"content-length {length} is too large")
     if len(buf) < end + 4 + length:
         return None
-    body = bytes(buf[end + 4:end + 4 + length])
-    del buf[:end + 4 + length]
+    body = bytes(buf[end + 4 : end + 4 + length])
+    del buf[: end + 4 + length]
     return int(parts[1]), body
 
 
@@ -183,13 +189,19 @@ def udp_answers(ns: Ns, addr: Addr, port: int, n: int, timeout_s: float = 2.0) -
 
 
 def _error_key(err: int) -> str:
-    names = {errno.ECONNREFUSED: "refused", errno.ECONNRESET: "reset", errno.ETIMEDOUT: "timeout",
-             errno.EHOSTUNREACH: "unreachable", errno.ENETUNREACH: "unreachable"}
+    names = {
+        errno.ECONNREFUSED: "refused",
+        errno.ECONNRESET: "reset",
+        errno.ETIMEDOUT: "timeout",
+        errno.EHOSTUNREACH: "unreachable",
+        errno.ENETUNREACH: "unreachable",
+    }
     return "error:" + names.get(err, errno.errorcode.get(err, str(err)).lower())
 
 
-def _flow_step(sel: selectors.BaseSelector, sock: socket.socket, buf: bytearray, events: int,
-               request: bytes) -> str | None:
+def _flow_step(
+    sel: selectors.BaseSelector, sock: socket.socket, buf: bytearray, events: int, request: bytes
+) -> str | None:
     """One ready event of one backends_seen flow: None while it goes on, else the key it ends
     under (a backend's name or "error:<reason>"). Connected: sends the request; readable:
     reads into buf until a whole response is there."""
@@ -220,8 +232,15 @@ def _flow_step(sel: selectors.BaseSelector, sock: socket.socket, buf: bytearray,
     return backend if backend is not None else "error:bad-reply"
 
 
-def backends_seen(ns: Ns, addr: Addr, port: int, n_flows: int, concurrency: int = 64,
-                  flow_timeout_s: float = 2.0, deadline_s: float | None = None) -> Counter:
+def backends_seen(
+    ns: Ns,
+    addr: Addr,
+    port: int,
+    n_flows: int,
+    concurrency: int = 64,
+    flow_timeout_s: float = 2.0,
+    deadline_s: float | None = None,
+) -> Counter:
     """Counter of backend names over n_flows new connections (one GET each) from ns to addr:port.
 
     Failed flows count under "error:<reason>" (refused, reset, timeout, unreachable, bad-reply,

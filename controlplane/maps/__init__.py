@@ -53,8 +53,14 @@ def token_of_key(key) -> int | None:
 class Maps(Writer, Reader):
     """Typed access to one instance's maps (the handles loader returns)."""
 
-    def __init__(self, tables: Mapping[str, object], maglev_fd: int, maglev_m: int, max_services: int,
-                 max_backends: int | None = None):
+    def __init__(
+        self,
+        tables: Mapping[str, object],
+        maglev_fd: int,
+        maglev_m: int,
+        max_services: int,
+        max_backends: int | None = None,
+    ):
         """max_backends: the pinned maps' (node record); default: as the tables were compiled."""
         self.t = tables  # apply() swaps in journaled views while it runs
         self._untracked = tables  # writes not to be undone (rnat_changed)
@@ -78,8 +84,7 @@ class Maps(Writer, Reader):
         with other sizes), else by maglev_m and max_services."""
         t = tables[abi.MAP_NODE]
         v = t[t.Key(0)]
-        return cls(tables, maglev_fd, v.maglev_m or maglev_m, v.max_services or max_services,
-                   v.max_backends or None)
+        return cls(tables, maglev_fd, v.maglev_m or maglev_m, v.max_services or max_services, v.max_backends or None)
 
     # ------------------------------------------------------------ maglev mmap
 
@@ -99,8 +104,7 @@ class Maps(Writer, Reader):
         base = (vip_id * 2 + half) * self.m
         if self._journal is not None:
             old = words[base : base + self.m].copy()
-            self._journal.push(f"{abi.MAP_MAGLEV}: restore", lambda: words.__setitem__(
-                slice(base, base + self.m), old))
+            self._journal.push(f"{abi.MAP_MAGLEV}: restore", lambda: words.__setitem__(slice(base, base + self.m), old))
         words[base : base + self.m] = backend_ids.astype(np.uint32)
 
     def read_table(self, vip_id: int, half: int) -> np.ndarray:
@@ -130,9 +134,19 @@ class Maps(Writer, Reader):
             "return_clsact_added": [bool(v.return_clsact_added >> i & 1) for i in range(v.n_return)],
         }
 
-    def write_node(self, *, maglev_m: int, max_services: int, max_backends: int, ct_size: int,
-                   ingress_ifindex: int, xdp_flags: int, ip_forward_was: int | None,
-                   return_ifindex: list[int], return_clsact_added: list[bool]) -> None:
+    def write_node(
+        self,
+        *,
+        maglev_m: int,
+        max_services: int,
+        max_backends: int,
+        ct_size: int,
+        ingress_ifindex: int,
+        xdp_flags: int,
+        ip_forward_was: int | None,
+        return_ifindex: list[int],
+        return_clsact_added: list[bool],
+    ) -> None:
         if len(return_ifindex) > abi.MAX_RETURN_IFACES:
             raise MapError(f"{abi.MAP_NODE}: more than {abi.MAX_RETURN_IFACES} backend-facing interfaces")
         t = self.t[abi.MAP_NODE]
@@ -178,8 +192,10 @@ class Maps(Writer, Reader):
 
     def _deployed(self) -> desired.Deployed:
         """The ids in the maps, as desired.plan() takes them."""
-        vips = {vid: (from_be32(k.addr), from_be16(k.port), PROTO_NAMES.get(k.proto, "?"))
-                for vid, (k, _) in self._vip_keys_in_maps().items()}
+        vips = {
+            vid: (from_be32(k.addr), from_be16(k.port), PROTO_NAMES.get(k.proto, "?"))
+            for vid, (k, _) in self._vip_keys_in_maps().items()
+        }
         services = {name: (vid, vips.get(vid)) for name, vid in self._services_in_maps().items()}
         backends, health = {}, {}
         for i, b, name in self._valid_backends():
@@ -297,9 +313,14 @@ class Maps(Writer, Reader):
         out = []
         for name, bid in sorted(bids.items()):
             b = info[info.Key(bid)]
-            backend = Backend(name=name, address=from_be32(b.addr), port=from_be16(b.port),
-                              weight=int(meta[meta.Key(bid)].weight), standby=bool(b.flags & abi.BE_F_STANDBY),
-                              token=self._hb_token(s, b))
+            backend = Backend(
+                name=name,
+                address=from_be32(b.addr),
+                port=from_be16(b.port),
+                weight=int(meta[meta.Key(bid)].weight),
+                standby=bool(b.flags & abi.BE_F_STANDBY),
+                token=self._hb_token(s, b),
+            )
             out.append((backend, int(self.read_probe(bid)["flags"])))
         return out
 
@@ -339,8 +360,7 @@ class Maps(Writer, Reader):
                     token = token_of_key(hb[k].key)
                 except KeyError:
                     token = None
-            backend = Backend(name=name, address=from_be32(b.addr), port=from_be16(b.port), weight=0,
-                              token=token)
+            backend = Backend(name=name, address=from_be32(b.addr), port=from_be16(b.port), weight=0, token=token)
             out.append((backend, p["leave_until_s"]))
         return out
 

@@ -27,8 +27,12 @@ def _same_shape(old: Service, new: Service) -> bool:
     return all(_fixed(a) == _fixed(b) for a, b in zip(old.backends, new.backends))
 
 
-def changed_services(last: Optional[tuple[Config, Mapping[IPv4Address, int]]], cfg: Config,
-                     oifs: Mapping[IPv4Address, int], dirty: AbstractSet[str]) -> Optional[list[Service]]:
+def changed_services(
+    last: Optional[tuple[Config, Mapping[IPv4Address, int]]],
+    cfg: Config,
+    oifs: Mapping[IPv4Address, int],
+    dirty: AbstractSet[str],
+) -> Optional[list[Service]]:
     """The services of cfg to rewrite, when cfg differs from last (the config and heartbeat
     interfaces applied last) only in weights and standby flags; dirty: names of services
     whose tables were written since (set_weights), rewritten whatever their config. None:
@@ -50,10 +54,12 @@ def changed_services(last: Optional[tuple[Config, Mapping[IPv4Address, int]]], c
     return out
 
 
-def _kept_shape(old: Config, old_oifs: Mapping[IPv4Address, int], cfg: Config,
-                oifs: Mapping[IPv4Address, int]) -> bool:
-    return (dict(old_oifs) == dict(oifs) and replace(old, services=()) == replace(cfg, services=())
-            and [s.name for s in old.services] == [s.name for s in cfg.services])
+def _kept_shape(old: Config, old_oifs: Mapping[IPv4Address, int], cfg: Config, oifs: Mapping[IPv4Address, int]) -> bool:
+    return (
+        dict(old_oifs) == dict(oifs)
+        and replace(old, services=()) == replace(cfg, services=())
+        and [s.name for s in old.services] == [s.name for s in cfg.services]
+    )
 
 
 def _members_changed(old: Config, cfg: Config, dirty: AbstractSet[str]) -> Optional[list[tuple[Service, Service]]]:
@@ -80,9 +86,14 @@ class _Ids:
         return self.free.pop() if self.free else None
 
 
-def member_plan(last: Optional[tuple[Config, Mapping[IPv4Address, int]]], last_plan: Optional[Plan], cfg: Config,
-                oifs: Mapping[IPv4Address, int], dirty: AbstractSet[str], max_backends: int
-                ) -> Optional[tuple[list[tuple[Service, Service]], Plan]]:
+def member_plan(
+    last: Optional[tuple[Config, Mapping[IPv4Address, int]]],
+    last_plan: Optional[Plan],
+    cfg: Config,
+    oifs: Mapping[IPv4Address, int],
+    dirty: AbstractSet[str],
+    max_backends: int,
+) -> Optional[tuple[list[tuple[Service, Service]], Plan]]:
     """When cfg differs from last only in the backends of services without heartbeats (added,
     removed, re-weighted; none renamed, moved or recycled): (as applied last, as in cfg) of each
     service to rewrite, and the plan,
@@ -96,8 +107,19 @@ def member_plan(last: Optional[tuple[Config, Mapping[IPv4Address, int]]], last_p
     added = sum(len({x.name for x in b.backends} - {x.name for x in a.backends}) for a, b in pairs)
     if n_old + added > max_backends:  # edge_rnat holds the old and the new meanwhile
         return None
-    p = Plan(last_plan.svc_ids, dict(last_plan.be_ids), dict(last_plan.health_ids), [], [], [], [], {}, {}, {},
-             recycled=False)
+    p = Plan(
+        last_plan.svc_ids,
+        dict(last_plan.be_ids),
+        dict(last_plan.health_ids),
+        [],
+        [],
+        [],
+        [],
+        {},
+        {},
+        {},
+        recycled=False,
+    )
     bids = _Ids(last_plan.be_ids.values(), max_backends)
     for a, b in pairs:
         if not _plan_service(a, b, p, bids):
@@ -133,8 +155,9 @@ def _plan_service(a: Service, b: Service, p: Plan, bids: _Ids) -> bool:
 def _plan_health(cfg: Config, pairs: list[tuple[Service, Service]], p: Plan, max_backends: int) -> bool:
     """Health ids of endpoints the changed services gained or lost (one per endpoint, all services)."""
     gained = {(x.address, x.port) for _, b in pairs for x in b.backends if (x.address, x.port) not in p.health_ids}
-    lost = {(x.address, x.port) for a, _ in pairs for x in a.backends} - {(x.address, x.port)
-                                                                          for _, b in pairs for x in b.backends}
+    lost = {(x.address, x.port) for a, _ in pairs for x in a.backends} - {
+        (x.address, x.port) for _, b in pairs for x in b.backends
+    }
     hids = _Ids(p.health_ids.values(), max_backends)  # an id freed here is not taken again in the same change
     for a, _ in pairs:  # an endpoint is in one service per protocol (config.py, desired.with_leaving)
         if lost:

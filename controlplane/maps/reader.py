@@ -28,8 +28,14 @@ from controlplane.maps.records import (
     wire_from_row,
 )
 
-CT_FLAG_NAMES = {abi.CT_F_SYN: "syn", abi.CT_F_SYN_PENDING: "syn_pending", abi.CT_F_OPEN: "open",
-                 abi.CT_F_HS_WAIT: "hs_wait", abi.CT_F_REQ_WAIT: "req_wait", abi.CT_F_RESP_WAIT: "resp_wait"}
+CT_FLAG_NAMES = {
+    abi.CT_F_SYN: "syn",
+    abi.CT_F_SYN_PENDING: "syn_pending",
+    abi.CT_F_OPEN: "open",
+    abi.CT_F_HS_WAIT: "hs_wait",
+    abi.CT_F_REQ_WAIT: "req_wait",
+    abi.CT_F_RESP_WAIT: "resp_wait",
+}
 
 
 class Reader:
@@ -136,11 +142,17 @@ class Reader:
         them: cumulative buckets and sums (seconds), p50s over all of it, active flows."""
         w = self.wire_stats([bid])[bid]
         return {
-            "handshake_buckets": list(w.handshake), "first_byte_buckets": list(w.first_byte),
-            "handshake_sum_s": w.handshake_ns / 1e9, "first_byte_sum_s": w.first_byte_ns / 1e9,
-            "handshakes": sum(w.handshake), "first_bytes": sum(w.first_byte),
-            "handshake_p50_s": wiresignals.quantile(w.handshake, 0.5), "first_byte_p50_s": wiresignals.quantile(w.first_byte, 0.5),
-            "opened": w.opened, "closed": w.closed, "active": w.active,
+            "handshake_buckets": list(w.handshake),
+            "first_byte_buckets": list(w.first_byte),
+            "handshake_sum_s": w.handshake_ns / 1e9,
+            "first_byte_sum_s": w.first_byte_ns / 1e9,
+            "handshakes": sum(w.handshake),
+            "first_bytes": sum(w.first_byte),
+            "handshake_p50_s": wiresignals.quantile(w.handshake, 0.5),
+            "first_byte_p50_s": wiresignals.quantile(w.first_byte, 0.5),
+            "opened": w.opened,
+            "closed": w.closed,
+            "active": w.active,
         }
 
     def usable(self, service: str) -> dict[str, bool]:
@@ -151,8 +163,11 @@ class Reader:
         out = {}
         for name, bid in bids.items():
             b = info[info.Key(bid)]
-            out[name] = (bool(b.flags & abi.BE_F_VALID) and not b.flags & abi.BE_F_DRAINING
-                         and self._health(b, cfgs[cfgs.Key(b.vip_id)], now)["usable"])
+            out[name] = (
+                bool(b.flags & abi.BE_F_VALID)
+                and not b.flags & abi.BE_F_DRAINING
+                and self._health(b, cfgs[cfgs.Key(b.vip_id)], now)["usable"]
+            )
         return out
 
     def _sum_counter(self, name: str, index: int) -> int:
@@ -162,12 +177,14 @@ class Reader:
     def counters(self) -> dict[str, dict[str, int]]:
         """{"verdicts": {name: n}, "drops": {name: n}}, summed over CPUs; verdicts as shown
         (records.verdicts_shown: return_nat includes return_xdp)."""
-        return {"verdicts": verdicts_shown({n: self._sum_counter(abi.MAP_VERDICTS, i)
-                                            for i, n in abi.CNT_NAMES.items()}),
-                "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()}}
+        return {
+            "verdicts": verdicts_shown({n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()}),
+            "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()},
+        }
 
-    def conntrack(self, limit: int, vip_id: int | None = None, backend_id: int | None = None,
-                  deadline_ns: int | None = None) -> tuple[list[dict], bool]:
+    def conntrack(
+        self, limit: int, vip_id: int | None = None, backend_id: int | None = None, deadline_ns: int | None = None
+    ) -> tuple[list[dict], bool]:
         """Up to limit edge_ct entries, of service vip_id and backend backend_id when given, as
         {client, vip, protocol, vip_id, backend_id, flags}; complete: whether the walk saw the
         whole table (it stops at limit matches, or at deadline_ns, CLOCK_MONOTONIC)."""
@@ -184,11 +201,16 @@ class Reader:
                 continue
             if len(out) == limit:
                 return out, False
-            out.append({"client": f"{from_be32(k.src)}:{from_be16(k.sport)}",
-                        "vip": f"{from_be32(k.dst)}:{from_be16(k.dport)}",
-                        "protocol": PROTO_NAMES.get(k.proto, str(k.proto)),
-                        "vip_id": v.vip_id, "backend_id": v.backend_id,
-                        "flags": [name for bit, name in CT_FLAG_NAMES.items() if v.flags & bit]})
+            out.append(
+                {
+                    "client": f"{from_be32(k.src)}:{from_be16(k.sport)}",
+                    "vip": f"{from_be32(k.dst)}:{from_be16(k.dport)}",
+                    "protocol": PROTO_NAMES.get(k.proto, str(k.proto)),
+                    "vip_id": v.vip_id,
+                    "backend_id": v.backend_id,
+                    "flags": [name for bit, name in CT_FLAG_NAMES.items() if v.flags & bit],
+                }
+            )
         return out, True
 
     def snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
@@ -210,34 +232,38 @@ class Reader:
             m = meta[meta.Key(bid)]
             health = self._health(b, cfgs[cfgs.Key(b.vip_id)], now)
             probe = self.read_probe(bid)
-            backends_by_vip.setdefault(b.vip_id, []).append({
-                "id": bid,
-                "name": m.name.decode(),
-                "address": str(from_be32(b.addr)),
-                "port": from_be16(b.port),
-                "weight": m.weight,
-                "standby": bool(b.flags & abi.BE_F_STANDBY),
-                "state": shown_state(b.flags, health, probe["state"]),
-                "health": health,
-                "slots": m.slots,
-                "probe": probe,
-                "wire": self.wire_view(bid),
-                **self._sum_percpu(abi.MAP_BE_STATS, bid),
-            })
+            backends_by_vip.setdefault(b.vip_id, []).append(
+                {
+                    "id": bid,
+                    "name": m.name.decode(),
+                    "address": str(from_be32(b.addr)),
+                    "port": from_be16(b.port),
+                    "weight": m.weight,
+                    "standby": bool(b.flags & abi.BE_F_STANDBY),
+                    "state": shown_state(b.flags, health, probe["state"]),
+                    "health": health,
+                    "slots": m.slots,
+                    "probe": probe,
+                    "wire": self.wire_view(bid),
+                    **self._sum_percpu(abi.MAP_BE_STATS, bid),
+                }
+            )
         services = []
         for name, vid in sorted(svc_names.items(), key=lambda kv: kv[1]):
             key, v = vips.get(vid, (None, None))
-            services.append({
-                "name": name,
-                "id": vid,
-                "vip": str(from_be32(key.addr)) if key else None,
-                "port": from_be16(key.port) if key else None,
-                "protocol": PROTO_NAMES.get(key.proto, "?") if key else None,
-                "table": v.table if v else None,
-                "existing_flows": "keep" if v and v.flags & abi.VIP_F_KEEP_FLOWS else "reselect",
-                **self._sum_percpu(abi.MAP_VIP_STATS, vid),
-                "backends": backends_by_vip.get(vid, []),
-            })
+            services.append(
+                {
+                    "name": name,
+                    "id": vid,
+                    "vip": str(from_be32(key.addr)) if key else None,
+                    "port": from_be16(key.port) if key else None,
+                    "protocol": PROTO_NAMES.get(key.proto, "?") if key else None,
+                    "table": v.table if v else None,
+                    "existing_flows": "keep" if v and v.flags & abi.VIP_F_KEEP_FLOWS else "reselect",
+                    **self._sum_percpu(abi.MAP_VIP_STATS, vid),
+                    "backends": backends_by_vip.get(vid, []),
+                }
+            )
         out = {
             "node": node,
             "services": services,

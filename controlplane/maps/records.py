@@ -107,6 +107,7 @@ def shown_state(flags: int, health: Mapping, probe_state: str) -> str:
 
 def pack_probe(p: ProbeStatus) -> dict[str, int | bytes]:
     """p as the fields of struct backend_probe (C names, units and sentinels of abi.h)."""
+
     def us(seconds):
         return 0 if seconds is None else max(1, min(round(seconds * 1e6), _U32_MAX_VALUE))
 
@@ -124,7 +125,8 @@ def pack_probe(p: ProbeStatus) -> dict[str, int | bytes]:
         "kv_permille": abi.UNKNOWN if p.kv_usage is None else max(0, min(1000, round(p.kv_usage * 1000))),
         "probes_ok": p.probes_ok & 0xFFFFFFFF,
         "probes_failed": p.probes_failed & 0xFFFFFFFF,
-        "flags": (abi.PROBE_F_DRAINED if p.drained else 0) | (abi.PROBE_F_OVERRIDE if p.override is not None else 0)
+        "flags": (abi.PROBE_F_DRAINED if p.drained else 0)
+        | (abi.PROBE_F_OVERRIDE if p.override is not None else 0)
         | (abi.PROBE_F_LEAVING if p.leave_until_s is not None else 0),
         "override_weight": p.override or 0,
         "leave_until_s": p.leave_until_s or 0,
@@ -135,6 +137,7 @@ def pack_probe(p: ProbeStatus) -> dict[str, int | bytes]:
 
 def unpack_probe(v: Mapping[str, int | bytes]) -> ProbeStatus:
     """The fields of struct backend_probe (C names) as a ProbeStatus."""
+
     def seconds(us):
         return us / 1e6 if us else None
 
@@ -143,13 +146,18 @@ def unpack_probe(v: Mapping[str, int | bytes]) -> ProbeStatus:
 
     flags = v["flags"]
     return ProbeStatus(
-        updated_ns=v["updated_ns"], config_weight=v["config_weight"],
-        rtt_p50_s=seconds(v["rtt_p50_us"]), rtt_p99_s=seconds(v["rtt_p99_us"]),
+        updated_ns=v["updated_ns"],
+        config_weight=v["config_weight"],
+        rtt_p50_s=seconds(v["rtt_p50_us"]),
+        rtt_p99_s=seconds(v["rtt_p99_us"]),
         rtt_smoothed_s=seconds(v["rtt_smoothed_us"]),
-        waiting=known(v["waiting"]), running=known(v["running"]),
+        waiting=known(v["waiting"]),
+        running=known(v["running"]),
         kv_usage=None if v["kv_permille"] == abi.UNKNOWN else v["kv_permille"] / 1000,
-        probes_ok=v["probes_ok"], probes_failed=v["probes_failed"],
-        state=bytes(v["state"]).decode(errors="replace"), reason=bytes(v["reason"]).decode(errors="replace"),
+        probes_ok=v["probes_ok"],
+        probes_failed=v["probes_failed"],
+        state=bytes(v["state"]).decode(errors="replace"),
+        reason=bytes(v["reason"]).decode(errors="replace"),
         drained=bool(flags & abi.PROBE_F_DRAINED),
         override=v["override_weight"] if flags & abi.PROBE_F_OVERRIDE else None,
         leave_until_s=v["leave_until_s"] if flags & abi.PROBE_F_LEAVING else None,
@@ -183,7 +191,8 @@ class WireStats:
             first_byte=tuple(a + b for a, b in zip(self.first_byte, other.first_byte)),
             handshake_ns=self.handshake_ns + other.handshake_ns,
             first_byte_ns=self.first_byte_ns + other.first_byte_ns,
-            opened=self.opened + other.opened, closed=self.closed + other.closed,
+            opened=self.opened + other.opened,
+            closed=self.closed + other.closed,
         )
 
 
@@ -192,27 +201,42 @@ def unpack_wire(v) -> WireStats:
     return WireStats(
         handshake=tuple(int(x) for x in v.handshake[: abi.WIRE_BUCKETS]),
         first_byte=tuple(int(x) for x in v.first_byte[: abi.WIRE_BUCKETS]),
-        handshake_ns=int(v.handshake_ns), first_byte_ns=int(v.first_byte_ns),
-        opened=int(v.opened), closed=int(v.closed),
+        handshake_ns=int(v.handshake_ns),
+        first_byte_ns=int(v.first_byte_ns),
+        opened=int(v.opened),
+        closed=int(v.closed),
     )
 
 
 def wire_columns(leaf) -> list[int]:
     """Where each column of a wire row (controlplane.wiresignals.row) is among the u64 words of one
     CPU's struct wire_stats; leaf: its ctypes type (bcc's sLeaf)."""
+
     def word(name: str) -> int:
         return getattr(leaf, name).offset // 8
-    return [*range(word("handshake"), word("handshake") + abi.WIRE_BUCKETS),
-            *range(word("first_byte"), word("first_byte") + abi.WIRE_BUCKETS),
-            word("handshake_ns"), word("first_byte_ns"), word("opened"), word("closed")]
+
+    return [
+        *range(word("handshake"), word("handshake") + abi.WIRE_BUCKETS),
+        *range(word("first_byte"), word("first_byte") + abi.WIRE_BUCKETS),
+        word("handshake_ns"),
+        word("first_byte_ns"),
+        word("opened"),
+        word("closed"),
+    ]
 
 
 def wire_from_row(r) -> WireStats:
     """A wire row (controlplane.wiresignals.row) as a WireStats."""
     values = [int(x) for x in r]
     b = abi.WIRE_BUCKETS
-    return WireStats(handshake=tuple(values[:b]), first_byte=tuple(values[b:2 * b]), handshake_ns=values[2 * b],
-                     first_byte_ns=values[2 * b + 1], opened=values[2 * b + 2], closed=values[2 * b + 3])
+    return WireStats(
+        handshake=tuple(values[:b]),
+        first_byte=tuple(values[b : 2 * b]),
+        handshake_ns=values[2 * b],
+        first_byte_ns=values[2 * b + 1],
+        opened=values[2 * b + 2],
+        closed=values[2 * b + 3],
+    )
 
 
 def verdicts_shown(counts: dict[str, int]) -> dict[str, int]:
@@ -234,8 +258,9 @@ def counts_from_dump(map_name: str, dump: list[dict]) -> dict[str, int]:
     for entry in dump:
         key = int.from_bytes(bytes(int(b, 16) for b in entry["key"]), sys.byteorder)
         if key in names:
-            counts[names[key]] = sum(int.from_bytes(bytes(int(b, 16) for b in v["value"]), sys.byteorder)
-                                     for v in entry["values"])
+            counts[names[key]] = sum(
+                int.from_bytes(bytes(int(b, 16) for b in v["value"]), sys.byteorder) for v in entry["values"]
+            )
     return verdicts_shown(counts) if map_name == abi.MAP_VERDICTS else counts
 
 

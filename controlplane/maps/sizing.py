@@ -66,8 +66,13 @@ SHAPES: dict[str, Shape] = {
     abi.MAP_HEALTH: Shape("array", 4, 64, _backends),
     abi.MAP_HB: Shape("hash", 8, 32, _backends),
     abi.MAP_HB_PORTS: Shape("hash", 2, 4, _services),
-    abi.MAP_MAGLEV: Shape("array", 4, 4 * abi.MAGLEV_PER_VALUE,
-                          lambda n: n.max_services * 2 * n.maglev_m // abi.MAGLEV_PER_VALUE, mmapable=True),
+    abi.MAP_MAGLEV: Shape(
+        "array",
+        4,
+        4 * abi.MAGLEV_PER_VALUE,
+        lambda n: n.max_services * 2 * n.maglev_m // abi.MAGLEV_PER_VALUE,
+        mmapable=True,
+    ),
     abi.MAP_CT: Shape("lru_hash", 16, 24, lambda n: n.ct_size),
     abi.MAP_HALF_OPEN: Shape("lru_hash", 16, 32, lambda n: half_open_size(n.ct_size)),
     abi.MAP_CT_BUDGET: Shape("percpu_array", 4, 16, _one),
@@ -136,5 +141,7 @@ def misfit(node: Node, available: int | None, cpus: int | None = None) -> str | 
     need = sum(sizes.values())
     if available is None or need <= available:
         return None
-    return (f"node: the maps would pin {describe(sizes)} but this machine has {mib(available)} available; "
-            f"lower node.ct_size, node.maglev_m or node.max_services")
+    return (
+        f"node: the maps would pin {describe(sizes)} but this machine has {mib(available)} available; "
+        f"lower node.ct_size, node.maglev_m or node.max_services"
+    )

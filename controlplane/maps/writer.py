@@ -63,8 +63,11 @@ class Writer(Quick):
         changed are written: cost follows the change, not the node's size."""
         oifs = dict(oifs or {})
         quick = changed_services(self._last, cfg, oifs, self._dirty)
-        members = None if quick is not None else member_plan(self._last, self._last_plan, cfg, oifs, self._dirty,
-                                                              self.max_backends)
+        members = (
+            None
+            if quick is not None
+            else member_plan(self._last, self._last_plan, cfg, oifs, self._dirty, self.max_backends)
+        )
         saved_t, saved_ids = self.t, self._ids
         journal = Journal(saved_t, after_undo={abi.MAP_RNAT: self.rnat_changed})  # putting back is a change too
         self.t, self._journal = journal.tables, journal
@@ -75,9 +78,11 @@ class Writer(Quick):
                 report = ApplyReport(updated_services=[s.name for s in cfg.services])
             elif members is not None and self._write_members(cfg, *members):
                 p = members[1]
-                report = ApplyReport(updated_services=[s.name for s in cfg.services],
-                                     added_backends=[f"{s}/{b}" for s, b in p.new_backends],
-                                     removed_backends=sorted(name for _, name in p.removed_backends))
+                report = ApplyReport(
+                    updated_services=[s.name for s in cfg.services],
+                    added_backends=[f"{s}/{b}" for s, b in p.new_backends],
+                    removed_backends=sorted(name for _, name in p.removed_backends),
+                )
             else:
                 p, report = self._plan_and_write(cfg, oifs)
         except Exception as e:  # bcc raises bare Exception
@@ -100,15 +105,16 @@ class Writer(Quick):
         """The full apply: every id planned from what the maps hold, every service written."""
         p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
         report = ApplyReport(
-            added_services=list(p.new_services), removed_services=sorted(p.removed_services),
+            added_services=list(p.new_services),
+            removed_services=sorted(p.removed_services),
             updated_services=[s.name for s in cfg.services if s.name not in p.new_services],
             added_backends=[f"{s}/{b}" for s, b in p.new_backends],
             removed_backends=sorted(name for _, name in p.removed_backends),
-            renamed_services=[f"{a}->{b}" for a, b in sorted(p.renamed_services.items())])
+            renamed_services=[f"{a}->{b}" for a, b in sorted(p.renamed_services.items())],
+        )
         if p.recycled:  # an id this change frees is needed: free it first, in the safe order
             first = desired.kept_part(self._deployed(), cfg, p)
-            self._write(first, desired.plan(self._deployed(), first, self.max_services, self.max_backends),
-                        oifs)
+            self._write(first, desired.plan(self._deployed(), first, self.max_services, self.max_backends), oifs)
             p = desired.plan(self._deployed(), cfg, self.max_services, self.max_backends)
         self._write(cfg, p, oifs)
         return p, report
@@ -144,8 +150,9 @@ class Writer(Quick):
         for s in cfg.services:
             for b in s.backends:
                 if waits(s, b):
-                    self._write_backend(p.be_ids[(s.name, b.name)], p.svc_ids[s.name], b,
-                                        p.health_ids[(b.address, b.port)])
+                    self._write_backend(
+                        p.be_ids[(s.name, b.name)], p.svc_ids[s.name], b, p.health_ids[(b.address, b.port)]
+                    )
         self._write_config_weights(cfg.services, p)
         want_keys = {bytes(self._vip_key(s)) for s in cfg.services}
         self._make_room(abi.MAP_VIPS, want_keys)
@@ -173,8 +180,9 @@ class Writer(Quick):
             t = self.t[abi.MAP_HEALTH]
             t[t.Key(hid)] = t.Leaf()  # down until it proves itself
 
-    def _claims(self, cfg: Config, p: desired.Plan, old_bes: Mapping) -> tuple[Callable[[Service, Backend], bool],
-                                                                               set[int]]:
+    def _claims(
+        self, cfg: Config, p: desired.Plan, old_bes: Mapping
+    ) -> tuple[Callable[[Service, Backend], bool], set[int]]:
         """(waits, old owners). An endpoint whose replies change owner (another backend id) is
         "claimed": the backends on either side of it wait (waits(s, b) is true) until the tables
         stop naming them (step 3 of _write); the old owners are the backend ids it leaves."""
@@ -185,8 +193,12 @@ class Writer(Quick):
         def ep_of(s, b):
             return (be32(b.address), be16(b.port), PROTOS[s.protocol])
 
-        claimed = {ep_of(s, b) for s in cfg.services for b in s.backends
-                   if ep_of(s, b) in rnat and rnat[ep_of(s, b)] != p.be_ids[(s.name, b.name)]}
+        claimed = {
+            ep_of(s, b)
+            for s in cfg.services
+            for b in s.backends
+            if ep_of(s, b) in rnat and rnat[ep_of(s, b)] != p.be_ids[(s.name, b.name)]
+        }
         old_owners = {rnat[ep] for ep in claimed}
 
         def waits(s, b) -> bool:
@@ -195,8 +207,15 @@ class Writer(Quick):
 
         return waits, old_owners
 
-    def _unname_claimed(self, cfg: Config, p: desired.Plan, old_vips: dict, old_bes: Mapping,
-                        old_owners: set[int], waits: Callable[[Service, Backend], bool]) -> None:
+    def _unname_claimed(
+        self,
+        cfg: Config,
+        p: desired.Plan,
+        old_vips: dict,
+        old_bes: Mapping,
+        old_owners: set[int],
+        waits: Callable[[Service, Backend], bool],
+    ) -> None:
         """Step 3 of _write: each service naming a backend on a claimed endpoint flips, on the VIP
         it has now, to its list without the backends that wait."""
         for s in cfg.services:
@@ -207,8 +226,13 @@ class Writer(Quick):
             k = old_vips[vid][0]  # on the VIP it has now; a move comes with the last flip
             if bytes(k) not in {bytes(x) for x in self.t[abi.MAP_VIPS].keys()}:  # moving, and gone to make room
                 continue
-            interim = replace(s, vip=from_be32(k.addr), port=from_be16(k.port), protocol=PROTO_NAMES[k.proto],
-                              backends=tuple(b for b in s.backends if not waits(s, b)))
+            interim = replace(
+                s,
+                vip=from_be32(k.addr),
+                port=from_be16(k.port),
+                protocol=PROTO_NAMES[k.proto],
+                backends=tuple(b for b in s.backends if not waits(s, b)),
+            )
             self._flip(interim, vid, p, old_vips)
 
     def _write_config_weights(self, services: tuple[Service, ...] | list[Service], p: desired.Plan) -> None:
@@ -234,8 +258,9 @@ class Writer(Quick):
             self.rnat_changed()
         self._drop_unwanted(abi.MAP_HB, self._hb_wanted)
         self._drop_unwanted(abi.MAP_HB_PORTS, self._hb_ports_wanted)
-        self._drop_unwanted(abi.MAP_VIP_ADDRS, {bytes(self.t[abi.MAP_VIP_ADDRS].Key(be32(s.vip)))
-                                                for s in cfg.services})
+        self._drop_unwanted(
+            abi.MAP_VIP_ADDRS, {bytes(self.t[abi.MAP_VIP_ADDRS].Key(be32(s.vip))) for s in cfg.services}
+        )
         self._write_vip_filter({be32(s.vip) for s in cfg.services})
 
     def _flip(self, s: Service, vid: int, p: desired.Plan, old_vips: dict) -> None:

@@ -15,14 +15,36 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "METRICS_RESPONSE_MAX": "checks", "PROBE_RESPONSE_MAX": "checks", "USER_AGENT": "checks",
-    "RECV_SIZE": "engine", "TICK_S": "engine", "Prober": "engine", "Target": "engine",
-    "SIGNALS": "metrics", "MetricsError": "metrics", "load_from": "metrics", "parse_metrics": "metrics",
-    "Load": "samples", "Sample": "samples", "Window": "samples",
+    "METRICS_RESPONSE_MAX": "checks",
+    "PROBE_RESPONSE_MAX": "checks",
+    "USER_AGENT": "checks",
+    "RECV_SIZE": "engine",
+    "TICK_S": "engine",
+    "Prober": "engine",
+    "Target": "engine",
+    "SIGNALS": "metrics",
+    "MetricsError": "metrics",
+    "load_from": "metrics",
+    "parse_metrics": "metrics",
+    "Load": "samples",
+    "Sample": "samples",
+    "Window": "samples",
 }
 __all__ = [
-    "Load", "METRICS_RESPONSE_MAX", "MetricsError", "PROBE_RESPONSE_MAX", "Prober", "RECV_SIZE",
-    "SIGNALS", "Sample", "TICK_S", "Target", "USER_AGENT", "Window", "load_from", "parse_metrics",
+    "Load",
+    "METRICS_RESPONSE_MAX",
+    "MetricsError",
+    "PROBE_RESPONSE_MAX",
+    "Prober",
+    "RECV_SIZE",
+    "SIGNALS",
+    "Sample",
+    "TICK_S",
+    "Target",
+    "USER_AGENT",
+    "Window",
+    "load_from",
+    "parse_metrics",
 ]
 
 if TYPE_CHECKING:

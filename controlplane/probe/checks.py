@@ -394,11 +394,12 @@ class _HttpCheck(_Check):
     """GET path over a kept-alive connection: a health probe (2xx is ok) or, with scrape,
     a metrics scrape that ends in a Load."""
 
-    def __init__(self, prober: Host, backend: "_Backend", interval_ms: int, timeout_ms: int,
-                 path: str, scrape: bool):
+    def __init__(self, prober: Host, backend: "_Backend", interval_ms: int, timeout_ms: int, path: str, scrape: bool):
         target = backend.target
-        self.request = (f"GET {path} HTTP/1.1\r\nHost: {target.address}:{target.port}\r\n"
-                        f"User-Agent: {USER_AGENT}\r\nAccept: text/plain, */*\r\n\r\n").encode()
+        self.request = (
+            f"GET {path} HTTP/1.1\r\nHost: {target.address}:{target.port}\r\n"
+            f"User-Agent: {USER_AGENT}\r\nAccept: text/plain, */*\r\n\r\n"
+        ).encode()
         self.scrape = scrape
         self.sock: Optional[socket.socket] = None
         self.fd = -1

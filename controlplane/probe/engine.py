@@ -41,8 +41,9 @@ class Target:
 class _Backend:
     """A target's checks, its Window and its last Load."""
 
-    def __init__(self, prober: "Prober", target: Target, window: Optional[Window] = None,
-                 last_load: Optional[Load] = None):
+    def __init__(
+        self, prober: "Prober", target: Target, window: Optional[Window] = None, last_load: Optional[Load] = None
+    ):
         self.prober = prober
         self.target = target
         self.key = target.key
@@ -145,8 +146,13 @@ class Prober:
       so sparse probes share loop wake-ups.
     """
 
-    def __init__(self, on_sample: Optional[Callable[[Hashable, Sample], None]] = None,
-                 on_load: Optional[Callable[[Hashable, Load], None]] = None, *, tick_s: float = TICK_S):
+    def __init__(
+        self,
+        on_sample: Optional[Callable[[Hashable, Sample], None]] = None,
+        on_load: Optional[Callable[[Hashable, Load], None]] = None,
+        *,
+        tick_s: float = TICK_S,
+    ):
         self.on_sample = on_sample
         self.on_load = on_load
         self._tick_ns = max(1, int(tick_s * 1e9))
@@ -183,8 +189,9 @@ class Prober:
             backend.stop()
             if target is not None:
                 same = (target.address, target.port) == (backend.target.address, backend.target.port)
-                self._backends[key] = _Backend(self, target, backend.window if same else None,
-                                               backend.last_load if same else None)
+                self._backends[key] = _Backend(
+                    self, target, backend.window if same else None, backend.last_load if same else None
+                )
         for key, target in wanted.items():
             if key not in self._backends:
                 self._backends[key] = _Backend(self, target)

@@ -23,12 +23,15 @@ class _GrpcCheck(_Check):
 
         self.grpc, self.health_pb2 = grpc, health_pb2
         target = backend.target
-        self.channel = grpc.aio.insecure_channel(f"{target.address}:{target.port}", options=[
-            # Retry a dead backend's connection at about the probe rate, not after minutes.
-            ("grpc.initial_reconnect_backoff_ms", probe.interval_ms),
-            ("grpc.min_reconnect_backoff_ms", probe.interval_ms),
-            ("grpc.max_reconnect_backoff_ms", max(probe.interval_ms, 1000)),
-        ])
+        self.channel = grpc.aio.insecure_channel(
+            f"{target.address}:{target.port}",
+            options=[
+                # Retry a dead backend's connection at about the probe rate, not after minutes.
+                ("grpc.initial_reconnect_backoff_ms", probe.interval_ms),
+                ("grpc.min_reconnect_backoff_ms", probe.interval_ms),
+                ("grpc.max_reconnect_backoff_ms", max(probe.interval_ms, 1000)),
+            ],
+        )
         self.check = health_pb2_grpc.HealthStub(self.channel).Check
         self.request = health_pb2.HealthCheckRequest(service=probe.grpc_service)
         self.task: Optional[asyncio.Task] = None

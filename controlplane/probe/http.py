@@ -17,21 +17,21 @@ def parse_head(buf, end: int) -> tuple[int, int, int, bool]:
     if not (buf.startswith(b"HTTP/1.") and buf[8:9] == b" " and buf[9:12].isdigit()):
         raise ValueError("bad response")
     status = int(buf[9:12])
-    headers = bytes(buf[buf.find(b"\r\n"):end]).lower() + b"\r\n"
+    headers = bytes(buf[buf.find(b"\r\n") : end]).lower() + b"\r\n"
     keep = buf[7:8] == b"1"  # HTTP/1.1 keeps the connection unless told otherwise
     at = headers.find(b"\r\nconnection:")
     if at >= 0:
-        value = headers[at + 13:headers.find(b"\r\n", at + 2)]
+        value = headers[at + 13 : headers.find(b"\r\n", at + 2)]
         keep = b"keep-alive" in value if not keep else b"close" not in value
     if 100 <= status < 200 or status in (204, 304):
         return status, end + 4, 0, keep
     at = headers.find(b"\r\ntransfer-encoding:")
-    if at >= 0 and b"chunked" in headers[at:headers.find(b"\r\n", at + 2)]:
+    if at >= 0 and b"chunked" in headers[at : headers.find(b"\r\n", at + 2)]:
         return status, end + 4, CHUNKED, keep
     at = headers.find(b"\r\ncontent-length:")
     if at < 0:
         return status, end + 4, TO_CLOSE, False
-    value = headers[at + 17:headers.find(b"\r\n", at + 2)].strip()
+    value = headers[at + 17 : headers.find(b"\r\n", at + 2)].strip()
     if not value.isdigit():
         raise ValueError("bad response")
     return status, end + 4, int(value), keep
@@ -110,7 +110,7 @@ class Response:
                 head = parse_head(buf, end)
                 self.last_head, self.last_parsed = bytes(buf[:end]), head
             if 100 <= head[0] < 200:  # an interim answer (100 Continue): the real one follows
-                buf = self.buf = bytearray(buf[head[1]:])
+                buf = self.buf = bytearray(buf[head[1] :])
                 continue
             self.head = head
             self.chunk_at = head[1]
@@ -121,7 +121,7 @@ class Response:
         if length >= 0:
             if len(buf) < body_at + length:
                 return False
-            body = buf[body_at:body_at + length] if self.keep_body else b""
+            body = buf[body_at : body_at + length] if self.keep_body else b""
             if len(buf) > body_at + length:
                 keep = False  # more than one answer: never asked for, so not ours to trust
             return self._done(status, body, keep)
@@ -147,7 +147,7 @@ class Response:
             if len(buf) < eol + 2 + size + 2:
                 break
             if self.keep_body:
-                self.chunks.append(bytes(buf[eol + 2:eol + 2 + size]))
+                self.chunks.append(bytes(buf[eol + 2 : eol + 2 + size]))
             at = eol + 2 + size + 2
         self.chunk_at = at
         return None

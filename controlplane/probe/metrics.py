@@ -14,16 +14,27 @@ SIGNALS: dict[str, tuple[str, ...]] = {
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size"),
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size"),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
-    "progress": ("vllm:generation_tokens", "vllm:request_success", "sglang:generation_tokens",
-                 "sglang:num_requests", "tgi_request_success"),
+    "progress": (
+        "vllm:generation_tokens",
+        "vllm:request_success",
+        "sglang:generation_tokens",
+        "sglang:num_requests",
+        "tgi_request_success",
+    ),
 }
 # kv_usage is a fraction per engine: several label sets (data-parallel engines) take the
 # fullest, since a sum could pass 1. Every other signal is summed over its label sets.
 _MAX_NAMES = frozenset(SIGNALS["kv_usage"])
 _ENGINES = tuple(
-    (("\n" + prefix).encode(), tuple((n, ("\n" + n).encode()) for n in dict.fromkeys(
-        n for names in SIGNALS.values() for n in names if n.startswith(prefix))))
-    for prefix in ("vllm:", "sglang:", "tgi_"))
+    (
+        ("\n" + prefix).encode(),
+        tuple(
+            (n, ("\n" + n).encode())
+            for n in dict.fromkeys(n for names in SIGNALS.values() for n in names if n.startswith(prefix))
+        ),
+    )
+    for prefix in ("vllm:", "sglang:", "tgi_")
+)
 
 
 class MetricsError(ValueError):

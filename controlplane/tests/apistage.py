@@ -43,71 +43,198 @@ def wait_until(pred: Callable[[], Any], timeout_s: float = 5.0, what: str = "con
 # ---------------------------------------------------------------- the stand-in daemon
 
 
-CONFIG = parse_config({
-    "version": 1,
-    "services": [{"name": "chat", "vip": "198.18.255.1", "port": 8000, "backends": [
-        {"name": "b0", "address": "198.18.1.2", "port": 8000},
-        {"name": "b1", "address": "198.18.2.2", "port": 8000, "weight": 2},
-    ]}],
-})
+CONFIG = parse_config(
+    {
+        "version": 1,
+        "services": [
+            {
+                "name": "chat",
+                "vip": "198.18.255.1",
+                "port": 8000,
+                "backends": [
+                    {"name": "b0", "address": "198.18.1.2", "port": 8000},
+                    {"name": "b1", "address": "198.18.2.2", "port": 8000, "weight": 2},
+                ],
+            }
+        ],
+    }
+)
 
 
 def _backend(bid: int, name: str, address: str, edged: dict) -> dict:
     return {
-        "id": bid, "name": name, "address": address, "port": 8000, "weight": 3 + bid, "standby": bid == 1,
+        "id": bid,
+        "name": name,
+        "address": address,
+        "port": 8000,
+        "weight": 3 + bid,
+        "standby": bid == 1,
         "state": "up" if bid == 0 else "down",
-        "health": {"state": "up", "usable": True, "heartbeat": True, "heartbeat_age_s": 0.0125 if bid == 0 else None,
-                   "rise_count": 3, "heartbeat_seq": 2**40 + bid, "passive": False, "ejected_for_s": 0.0,
-                   "ejections": 1, "syn_outstanding": 0, "probation": bid == 1},
+        "health": {
+            "state": "up",
+            "usable": True,
+            "heartbeat": True,
+            "heartbeat_age_s": 0.0125 if bid == 0 else None,
+            "rise_count": 3,
+            "heartbeat_seq": 2**40 + bid,
+            "passive": False,
+            "ejected_for_s": 0.0,
+            "ejections": 1,
+            "syn_outstanding": 0,
+            "probation": bid == 1,
+        },
         "slots": 600 + bid,
-        "probe": {"updated_ns": 10**15, "config_weight": 1, "rtt_p50_us": 1500, "rtt_p99_us": 4200,
-                  "rtt_smoothed_us": 1700, "waiting": 4 if bid == 0 else None, "running": 2 if bid == 0 else None,
-                  "kv_permille": 375 if bid == 0 else None, "probes_ok": 90, "probes_failed": 3,
-                  "flags": abi.PROBE_F_DRAINED if bid == 1 else 0, "override_weight": 0,
-                  "state": "up", "reason": "" if bid == 0 else "probe timeouts", "leave_until_s": 0},
-        "packets": 1000 + bid, "bytes": 2**33 + bid, "new_flows": 10 + bid, "return_packets": 900 + bid,
+        "probe": {
+            "updated_ns": 10**15,
+            "config_weight": 1,
+            "rtt_p50_us": 1500,
+            "rtt_p99_us": 4200,
+            "rtt_smoothed_us": 1700,
+            "waiting": 4 if bid == 0 else None,
+            "running": 2 if bid == 0 else None,
+            "kv_permille": 375 if bid == 0 else None,
+            "probes_ok": 90,
+            "probes_failed": 3,
+            "flags": abi.PROBE_F_DRAINED if bid == 1 else 0,
+            "override_weight": 0,
+            "state": "up",
+            "reason": "" if bid == 0 else "probe timeouts",
+            "leave_until_s": 0,
+        },
+        "packets": 1000 + bid,
+        "bytes": 2**33 + bid,
+        "new_flows": 10 + bid,
+        "return_packets": 900 + bid,
         "failovers": bid,
         "edged": edged,
-        "wire": {"handshake_buckets": [0] * 6 + [40 + bid] + [0] * 17, "first_byte_buckets": [0] * 18 + [3] + [0] * 5,
-                 "handshake_sum_s": 0.004, "first_byte_sum_s": 1.2, "handshakes": 40 + bid, "first_bytes": 3,
-                 "handshake_p50_s": 9.6e-05, "first_byte_p50_s": None if bid else 0.39,
-                 "opened": 40 + bid, "closed": 38, "active": 2 + bid},
+        "wire": {
+            "handshake_buckets": [0] * 6 + [40 + bid] + [0] * 17,
+            "first_byte_buckets": [0] * 18 + [3] + [0] * 5,
+            "handshake_sum_s": 0.004,
+            "first_byte_sum_s": 1.2,
+            "handshakes": 40 + bid,
+            "first_bytes": 3,
+            "handshake_p50_s": 9.6e-05,
+            "first_byte_p50_s": None if bid else 0.39,
+            "opened": 40 + bid,
+            "closed": 38,
+            "active": 2 + bid,
+        },
     }
 
 
 SNAP = {
-    "node": {"maglev_m": 65537, "max_services": 16, "max_backends": 1024, "ct_size": 262144,
-             "ingress_ifindex": 7, "xdp_flags": 2, "ip_forward_was": 0, "return_ifindex": [8, 9],
-             "return_clsact_added": [True, False]},
-    "services": [{
-        "name": "chat", "id": 0, "vip": "198.18.255.1", "port": 8000, "protocol": "tcp", "table": 1,
-        "existing_flows": "reselect", "packets": 2001, "bytes": 2**34 + 1, "new_flows": 21,
-        "return_packets": 1801, "failovers": 1,
-        "discovery": {"source": "dns", "state": "stale", "age_s": 12.5, "failures": 3, "backends": 2,
-                      "changes": 4, "error": "_chat._tcp.fleet.test.: no server answered (SERVFAIL)"},
-        "backends": [
-            _backend(0, "b0", "198.18.1.2", {
-                "rtt_p50_s": 0.0015, "rtt_p99_s": 0.0042, "rtt_smoothed_s": 0.0017,
-                "rtt_window": [0.0014, 0.0015, 0.0042], "waiting": 4, "running": 2, "kv_usage": 0.375,
-                "load_state": "ok", "hung": False, "probes_ok": 90, "probes_failed": 3, "weight": 3,
-                "config_weight": 1, "state": "up", "reason": "", "drained": False, "override": 3,
-                "fleet_drained": True, "fleet_override": 5, "probe_relaxed": True, "probe_interval_s": 1.0,
-                "wire": {"window_s": 2.0, "handshakes": 12, "first_bytes": 0, "handshake_p50_s": 9.6e-05,
-                         "handshake_p99_s": 0.000127, "first_byte_p50_s": None, "first_byte_p99_s": None,
-                         "active": 2, "fresh": True}}),
-            _backend(1, "b1", "198.18.2.2", {  # nothing known yet: every optional value absent
-                "rtt_p50_s": None, "rtt_p99_s": None, "rtt_smoothed_s": None, "rtt_window": [],
-                "waiting": None, "running": None, "kv_usage": None, "load_state": None, "hung": None,
-                "probes_ok": None, "probes_failed": None, "weight": None, "config_weight": None,
-                "state": None, "reason": None, "drained": None, "override": None,
-                "fleet_drained": None, "fleet_override": None, "probe_relaxed": None, "probe_interval_s": None,
-                "wire": None}),
-        ],
-    }],
+    "node": {
+        "maglev_m": 65537,
+        "max_services": 16,
+        "max_backends": 1024,
+        "ct_size": 262144,
+        "ingress_ifindex": 7,
+        "xdp_flags": 2,
+        "ip_forward_was": 0,
+        "return_ifindex": [8, 9],
+        "return_clsact_added": [True, False],
+    },
+    "services": [
+        {
+            "name": "chat",
+            "id": 0,
+            "vip": "198.18.255.1",
+            "port": 8000,
+            "protocol": "tcp",
+            "table": 1,
+            "existing_flows": "reselect",
+            "packets": 2001,
+            "bytes": 2**34 + 1,
+            "new_flows": 21,
+            "return_packets": 1801,
+            "failovers": 1,
+            "discovery": {
+                "source": "dns",
+                "state": "stale",
+                "age_s": 12.5,
+                "failures": 3,
+                "backends": 2,
+                "changes": 4,
+                "error": "_chat._tcp.fleet.test.: no server answered (SERVFAIL)",
+            },
+            "backends": [
+                _backend(
+                    0,
+                    "b0",
+                    "198.18.1.2",
+                    {
+                        "rtt_p50_s": 0.0015,
+                        "rtt_p99_s": 0.0042,
+                        "rtt_smoothed_s": 0.0017,
+                        "rtt_window": [0.0014, 0.0015, 0.0042],
+                        "waiting": 4,
+                        "running": 2,
+                        "kv_usage": 0.375,
+                        "load_state": "ok",
+                        "hung": False,
+                        "probes_ok": 90,
+                        "probes_failed": 3,
+                        "weight": 3,
+                        "config_weight": 1,
+                        "state": "up",
+                        "reason": "",
+                        "drained": False,
+                        "override": 3,
+                        "fleet_drained": True,
+                        "fleet_override": 5,
+                        "probe_relaxed": True,
+                        "probe_interval_s": 1.0,
+                        "wire": {
+                            "window_s": 2.0,
+                            "handshakes": 12,
+                            "first_bytes": 0,
+                            "handshake_p50_s": 9.6e-05,
+                            "handshake_p99_s": 0.000127,
+                            "first_byte_p50_s": None,
+                            "first_byte_p99_s": None,
+                            "active": 2,
+                            "fresh": True,
+                        },
+                    },
+                ),
+                _backend(
+                    1,
+                    "b1",
+                    "198.18.2.2",
+                    {  # nothing known yet: every optional value absent
+                        "rtt_p50_s": None,
+                        "rtt_p99_s": None,
+                        "rtt_smoothed_s": None,
+                        "rtt_window": [],
+                        "waiting": None,
+                        "running": None,
+                        "kv_usage": None,
+                        "load_state": None,
+                        "hung": None,
+                        "probes_ok": None,
+                        "probes_failed": None,
+                        "weight": None,
+                        "config_weight": None,
+                        "state": None,
+                        "reason": None,
+                        "drained": None,
+                        "override": None,
+                        "fleet_drained": None,
+                        "fleet_override": None,
+                        "probe_relaxed": None,
+                        "probe_interval_s": None,
+                        "wire": None,
+                    },
+                ),
+            ],
+        }
+    ],
     "verdicts": {name: 100 + i for i, name in enumerate(abi.CNT_NAMES.values())},
     "drops": {name: i for i, name in enumerate(abi.DROP_NAMES.values())},
     "conntrack_entries": None,
-    "node_drained": True, "node_drained_t": 1764540000.5,
+    "node_drained": True,
+    "node_drained_t": 1764540000.5,
     "bgp": {"announced": [], "withdrawn": {"198.18.255.1": "node drained"}},
     "instance": "eth-test-4026531840",
     "pin_path": "/sys/fs/bpf/edge/v3/eth-test-4026531840",
@@ -146,10 +273,14 @@ class FakeDaemon:
             snap["conntrack_entries"] = 12345
         return snap
 
-    async def operate(self, kind: str, service: str, backend: str, weight: int | None = None,
-                      local: bool = False) -> str:
-        {"drain": lambda: self.drain(service, backend), "undrain": lambda: self.undrain(service, backend),
-         "weight": lambda: self.set_override(service, backend, weight)}[kind]()
+    async def operate(
+        self, kind: str, service: str, backend: str, weight: int | None = None, local: bool = False
+    ) -> str:
+        {
+            "drain": lambda: self.drain(service, backend),
+            "undrain": lambda: self.undrain(service, backend),
+            "weight": lambda: self.set_override(service, backend, weight),
+        }[kind]()
         return "node"  # this fake is in no fleet
 
     def drain(self, service: str, backend: str) -> None:
@@ -182,8 +313,14 @@ class FakeDaemon:
         await asyncio.sleep(0)
         if text is not None and "70000" in text:
             raise ConfigError("services[0].port: 70000 is not a port")
-        return {"added_services": ["embed"], "removed_services": [], "updated_services": ["chat"],
-                "added_backends": ["chat/b2"], "removed_backends": ["chat/b1"], "draining_backends": ["chat/b1"]}
+        return {
+            "added_services": ["embed"],
+            "removed_services": [],
+            "updated_services": ["chat"],
+            "added_backends": ["chat/b2"],
+            "removed_backends": ["chat/b1"],
+            "draining_backends": ["chat/b1"],
+        }
 
 
 # ---------------------------------------------------------------- fixtures
@@ -245,5 +382,12 @@ def serving(lt: LoopThread, node: Any, daemon: FakeDaemon | None = None, unix: b
 
 def edgectl(*args: str, timeout_s: float = 20.0, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "controlplane", *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=env, cwd=kw.pop("cwd", REPO), **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        cwd=kw.pop("cwd", REPO),
+        **kw,
+    )

@@ -30,8 +30,19 @@ def valid_doc() -> dict:
                 "existing_flows": "keep",
                 "health": {
                     "heartbeat": {"port": 7946, "interval_ms": 1, "timeout_ms": 5, "rise": 3},
-                    "passive": {"syn_timeout_ms": 200, "consecutive": 3, "ejection_ms": 1000, "max_ejected_percent": 50},
-                    "probe": {"kind": "http", "path": "/v2/health/ready", "interval_ms": 100, "timeout_ms": 50, "window": 10},
+                    "passive": {
+                        "syn_timeout_ms": 200,
+                        "consecutive": 3,
+                        "ejection_ms": 1000,
+                        "max_ejected_percent": 50,
+                    },
+                    "probe": {
+                        "kind": "http",
+                        "path": "/v2/health/ready",
+                        "interval_ms": 100,
+                        "timeout_ms": 50,
+                        "window": 10,
+                    },
                     "metrics": {"path": "/metrics", "interval_ms": 100, "stale_ms": 2000},
                 },
                 "weights": {"policy": "latency_inverse", "floor": 1, "max_ratio": 20, "hysteresis_pct": 10},

@@ -28,9 +28,12 @@ def config(backends=("b0", "b1", "b2"), policy="latency_inverse", **service_extr
 
 def doc(backends=("b0", "b1", "b2"), policy="latency_inverse", **service_extra) -> dict:
     service = {
-        "name": "web", "vip": "198.18.0.10", "port": 8000,
-        "backends": [{"name": n, "address": f"198.18.{i + 1}.2", "port": 8000, "weight": 100}
-                     for i, n in enumerate(backends)],
+        "name": "web",
+        "vip": "198.18.0.10",
+        "port": 8000,
+        "backends": [
+            {"name": n, "address": f"198.18.{i + 1}.2", "port": 8000, "weight": 100} for i, n in enumerate(backends)
+        ],
         "weights": {"policy": policy, "hysteresis_pct": 10, "rtt_offset_ms": 0},
         **service_extra,
     }
@@ -119,7 +122,9 @@ class FakeMaps:
         return {bid: self.wire.get(bid, WireStats()) for bid in bids}
 
     def wire_rows(self, bids):
-        return np.array([wiresignals.row(self.wire.get(bid, WireStats())) for bid in bids], np.int64).reshape(-1, wiresignals.ROW_LEN)
+        return np.array([wiresignals.row(self.wire.get(bid, WireStats())) for bid in bids], np.int64).reshape(
+            -1, wiresignals.ROW_LEN
+        )
 
     def leaving(self, s):
         return []
@@ -137,9 +142,23 @@ class FakeMaps:
             self.walk_gate.wait(timeout=10)
         services = []
         for name, (vid, bids) in self.ids_of.items():
-            services.append({"name": name, "id": vid, "backends": [
-                {"id": bid, "name": b, "weight": self.table[name][b], "probe": {}, "health": {"usable": True},
-                 **self.backend_stats(bid)} for b, bid in bids.items()]})
+            services.append(
+                {
+                    "name": name,
+                    "id": vid,
+                    "backends": [
+                        {
+                            "id": bid,
+                            "name": b,
+                            "weight": self.table[name][b],
+                            "probe": {},
+                            "health": {"usable": True},
+                            **self.backend_stats(bid),
+                        }
+                        for b, bid in bids.items()
+                    ],
+                }
+            )
         return {"node": self.node(), "services": services, "verdicts": {}, "drops": {}, "conntrack_entries": None}
 
 
@@ -183,8 +202,10 @@ def steered(rtts: dict[str, float], t_ns: int = 10**12) -> edged.Daemon:
 
 def on_loop(test):
     """Runs test() on an event loop (the prober's targets are set on one)."""
+
     async def go():
         return test()
+
     return asyncio.run(go())
 
 

@@ -27,8 +27,16 @@ from controlplane.maps import MAGLEV_STRIDE, Maps
 from controlplane.maps.records import vip_filter_words
 
 INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
-SCALARS = {"__u8": ct.c_uint8, "__u16": ct.c_uint16, "__u32": ct.c_uint32, "__u64": ct.c_uint64,
-           "__be16": ct.c_uint16, "__be32": ct.c_uint32, "__be64": ct.c_uint64, "char": ct.c_char}
+SCALARS = {
+    "__u8": ct.c_uint8,
+    "__u16": ct.c_uint16,
+    "__u32": ct.c_uint32,
+    "__u64": ct.c_uint64,
+    "__be16": ct.c_uint16,
+    "__be32": ct.c_uint32,
+    "__be64": ct.c_uint64,
+    "char": ct.c_char,
+}
 STRUCT = re.compile(r"^struct (\w+) \{(.*?)^\};", re.M | re.S)
 FIELD = re.compile(r"^\s*(\w+)\s+(\w+)(?:\[(\w+)\])?;", re.M)
 TABLE = re.compile(r'BPF_TABLE_PINNED\(\s*"(\w+)",\s*([^,]+?),\s*([^,]+?),\s*(\w+),\s*([^,]+?),', re.S)
@@ -72,9 +80,23 @@ def compile_c(tmp_path_factory, source: str, stem: str) -> ct.CDLL:
         pytest.skip("needs a C compiler and the kernel UAPI headers (linux-libc-dev)")
     out = tmp_path_factory.mktemp(stem)
     (out / f"{stem}.c").write_text(source)
-    done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-I{INCLUDE}",
-                           "-o", str(out / f"{stem}.so"), str(out / f"{stem}.c")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wall",
+            "-Werror",
+            f"-I{INCLUDE}",
+            "-o",
+            str(out / f"{stem}.so"),
+            str(out / f"{stem}.c"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return ct.CDLL(str(out / f"{stem}.so"))
 
@@ -194,9 +216,14 @@ class MemMaps:
     """Every map of the data path in memory, and a Maps over them."""
 
     def __init__(self, maglev_m: int, max_services: int, max_backends: int, ct_size: int = 1024):
-        sizes = {"EDGE_MAGLEV_M": maglev_m, "EDGE_MAX_SERVICES": max_services,
-                 "EDGE_MAX_BACKENDS": max_backends, "EDGE_CT_SIZE": ct_size,
-                 "EDGE_HALF_OPEN_SIZE": half_open_size(ct_size), **_defines()}
+        sizes = {
+            "EDGE_MAGLEV_M": maglev_m,
+            "EDGE_MAX_SERVICES": max_services,
+            "EDGE_MAX_BACKENDS": max_backends,
+            "EDGE_CT_SIZE": ct_size,
+            "EDGE_HALF_OPEN_SIZE": half_open_size(ct_size),
+            **_defines(),
+        }
         structs = _structs()
         self.faults = Faults()
         self.tables: dict[str, Table] = {}
@@ -260,7 +287,7 @@ def active_tables(mem: MemMaps) -> dict[tuple, list]:
     out = {}
     for k, v in mem.tables[abi.MAP_VIPS].items():
         base = (v.id * 2 + v.table) * mem.m
-        out[(k.addr, k.port, k.proto)] = (v.id, list(words[base:base + mem.m]))
+        out[(k.addr, k.port, k.proto)] = (v.id, list(words[base : base + mem.m]))
     return out
 
 
@@ -285,13 +312,24 @@ def canonical(mem: MemMaps) -> dict:
     backends = {}
     for bid, key in bes.items():
         b, m, p = t[abi.MAP_BACKENDS][bid], t[abi.MAP_BE_META][bid], t[abi.MAP_BE_PROBE][bid]
-        backends[key] = (b.addr, b.port, b.flags, svcs.get(b.vip_id), health.get(b.health_id),
-                         m.name, m.weight, m.slots, p.config_weight)
+        backends[key] = (
+            b.addr,
+            b.port,
+            b.flags,
+            svcs.get(b.vip_id),
+            health.get(b.health_id),
+            m.name,
+            m.weight,
+            m.slots,
+            p.config_weight,
+        )
     out["backends"] = backends
-    out["rnat"] = {bytes(k): (v.vip_addr, v.vip_port, name(v.backend_id), svcs.get(v.vip_id))
-                   for k, v in t[abi.MAP_RNAT].items()}
-    out["hb"] = {bytes(k): (v.token, v.timeout_ns, health.get(v.health_id), v.ifindex)
-                 for k, v in t[abi.MAP_HB].items()}
+    out["rnat"] = {
+        bytes(k): (v.vip_addr, v.vip_port, name(v.backend_id), svcs.get(v.vip_id)) for k, v in t[abi.MAP_RNAT].items()
+    }
+    out["hb"] = {
+        bytes(k): (v.token, v.timeout_ns, health.get(v.health_id), v.ifindex) for k, v in t[abi.MAP_HB].items()
+    }
     out["hb_ports"] = sorted(bytes(k) for k in t[abi.MAP_HB_PORTS].keys())
     out["vip_addrs"] = {bytes(k): v.value for k, v in t[abi.MAP_VIP_ADDRS].items()}
     return out
@@ -300,6 +338,7 @@ def canonical(mem: MemMaps) -> dict:
 def vip_keys(cfg) -> dict[tuple, str]:
     """VIP key -> the name of the service cfg puts there."""
     from controlplane.maps import PROTOS, be16, be32
+
     return {(be32(s.vip), be16(s.port), PROTOS[s.protocol]): s.name for s in cfg.services}
 
 
@@ -371,8 +410,9 @@ class RnatCopies:
             self.seen.add(gen)
             self.gen, self.rnat = gen, rnat
         elif rnat != self.rnat and self.mem.faults.last != abi.MAP_RNAT:
-            self.bad.append(f"{self.mem.faults.last} written while edge_rnat differs from its copies "
-                            f"under rnat_gen {gen}")
+            self.bad.append(
+                f"{self.mem.faults.last} written while edge_rnat differs from its copies under rnat_gen {gen}"
+            )
 
     def settled(self) -> list[str]:
         """bad, and whether edge_rnat is what copies under the current generation hold."""

@@ -24,8 +24,9 @@ def run(coroutine: Awaitable[Any]) -> Any:
     return asyncio.run(asyncio.wait_for(coroutine, TEST_TIMEOUT_S))
 
 
-async def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str,
-                   observe: Optional[Callable[[], Any]] = None) -> Any:
+async def wait_for(
+    predicate: Callable[[], Any], timeout_s: float, what: str, observe: Optional[Callable[[], Any]] = None
+) -> Any:
     """Poll predicate on the loop until it is truthy; TimeoutError naming what and the last value."""
     deadline = time.monotonic() + timeout_s
     while True:

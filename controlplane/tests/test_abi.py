@@ -32,8 +32,9 @@ def test_counter_and_drop_names_cover_every_index():
 
 def test_entry_points_exist_in_the_c_sources():
     entries = ENTRY.findall("".join((BPF / name).read_text() for name in ("edge_xdp.c", "edge_tc.c", "edge_reply.c")))
-    assert sorted(entries) == sorted([abi.PROG_INGRESS, abi.PROG_INGRESS_SLOW, abi.PROG_INGRESS_SCAN, abi.PROG_RETURN,
-                                      abi.PROG_REPLY])
+    assert sorted(entries) == sorted(
+        [abi.PROG_INGRESS, abi.PROG_INGRESS_SLOW, abi.PROG_INGRESS_SCAN, abi.PROG_RETURN, abi.PROG_REPLY]
+    )
 
 
 def test_heartbeat_wire_format_has_the_size_the_header_asserts():

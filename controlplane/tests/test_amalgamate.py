@@ -56,5 +56,10 @@ def test_a_file_without_final_newline_still_ends_its_line(tmp_path: Path):
     (bpf / "include" / "a.h").write_text("int a;")  # no newline at the end
     (bpf / "main.c").write_text('#include "include/a.h"\nint b;\n')
     text = loader._amalgamate(bpf / "main.c", set(), bpf)
-    assert text.splitlines() == ['#line 1 "bpf/main.c"', '#line 1 "bpf/include/a.h"', "int a;",
-                                 '#line 2 "bpf/main.c"', "int b;"]
+    assert text.splitlines() == [
+        '#line 1 "bpf/main.c"',
+        '#line 1 "bpf/include/a.h"',
+        "int a;",
+        '#line 2 "bpf/main.c"',
+        "int b;",
+    ]

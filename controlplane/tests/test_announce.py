@@ -23,11 +23,16 @@ VIP1, VIP2 = IPv4Address("198.18.255.1"), IPv4Address("198.18.255.2")
 
 def node(attached=True, serving=True, drained=False, usable=(2, 1)) -> NodeState:
     """chat and embed on VIP1 (usable[0], usable[1] usable backends), batch on VIP2 (1)."""
-    return NodeState(attached, serving, drained, (
-        ServiceState("chat", VIP1, usable[0]),
-        ServiceState("embed", VIP1, usable[1]),
-        ServiceState("batch", VIP2, 1),
-    ))
+    return NodeState(
+        attached,
+        serving,
+        drained,
+        (
+            ServiceState("chat", VIP1, usable[0]),
+            ServiceState("embed", VIP1, usable[1]),
+            ServiceState("batch", VIP2, 1),
+        ),
+    )
 
 
 class Case(NamedTuple):
@@ -40,16 +45,26 @@ class Case(NamedTuple):
 CASES = [
     Case("attached, serving, backends up: every VIP", node(), {VIP1, VIP2}, {}),
     Case("one service of a VIP down, the other up: still announced", node(usable=(0, 1)), {VIP1, VIP2}, {}),
-    Case("every backend of a VIP down: withdrawn", node(usable=(0, 0)), {VIP2},
-         {VIP1: "no usable backend"}),
-    Case("drain-node: all withdrawn", node(drained=True), set(),
-         {VIP1: "node drained", VIP2: "node drained"}),
-    Case("not serving (stopping): all withdrawn", node(serving=False), set(),
-         {VIP1: "edged not serving", VIP2: "edged not serving"}),
-    Case("data path detached: all withdrawn", node(attached=False), set(),
-         {VIP1: "data path not attached", VIP2: "data path not attached"}),
-    Case("detached wins over drained in the reason", node(attached=False, drained=True), set(),
-         {VIP1: "data path not attached", VIP2: "data path not attached"}),
+    Case("every backend of a VIP down: withdrawn", node(usable=(0, 0)), {VIP2}, {VIP1: "no usable backend"}),
+    Case("drain-node: all withdrawn", node(drained=True), set(), {VIP1: "node drained", VIP2: "node drained"}),
+    Case(
+        "not serving (stopping): all withdrawn",
+        node(serving=False),
+        set(),
+        {VIP1: "edged not serving", VIP2: "edged not serving"},
+    ),
+    Case(
+        "data path detached: all withdrawn",
+        node(attached=False),
+        set(),
+        {VIP1: "data path not attached", VIP2: "data path not attached"},
+    ),
+    Case(
+        "detached wins over drained in the reason",
+        node(attached=False, drained=True),
+        set(),
+        {VIP1: "data path not attached", VIP2: "data path not attached"},
+    ),
     Case("no services: nothing", NodeState(True, True, False, ()), set(), {}),
 ]
 
@@ -184,8 +199,18 @@ def test_a_dead_speaker_is_noticed_restarted_and_told_again():
 
 
 def doc(bgp: dict | None) -> dict:
-    d = {"version": 1, "node": {}, "services": [{"name": "chat", "vip": str(VIP1), "port": 80,
-                                                  "backends": [{"name": "a", "address": "198.18.1.2", "port": 80}]}]}
+    d = {
+        "version": 1,
+        "node": {},
+        "services": [
+            {
+                "name": "chat",
+                "vip": str(VIP1),
+                "port": 80,
+                "backends": [{"name": "a", "address": "198.18.1.2", "port": 80}],
+            }
+        ],
+    }
     if bgp is not None:
         d["node"]["bgp"] = bgp
     return d
@@ -200,21 +225,29 @@ def test_bgp_defaults():
     assert parse_config(doc(None)).node.bgp is None
 
 
-@pytest.mark.parametrize("bgp, error", [
-    ({"peers": GOOD["peers"]}, "node.bgp.local_as: missing"),
-    ({"local_as": 65001}, "node.bgp.peers: missing"),
-    ({**GOOD, "local_as": 0}, "node.bgp.local_as: 0 is not an AS number"),
-    ({**GOOD, "speaker": "quagga"}, "node.bgp.speaker: expected one of bird, got 'quagga'"),
-    ({**GOOD, "hold_time_s": 1}, "node.bgp.hold_time_s: 1 is out of range 3..65535"),
-    ({**GOOD, "peers": [{"address": "198.18.32.1"}]}, "node.bgp.peers[0].remote_as: missing"),
-    ({**GOOD, "peers": [{"address": "fe80::1", "remote_as": 1}]},
-     "node.bgp.peers[0].address: IPv6 peers are not supported yet"),
-    ({**GOOD, "peers": GOOD["peers"] * 2}, "node.bgp.peers[1].address: 198.18.32.1 is already peers[0]"),
-    ({**GOOD, "bfd": "yes"}, "node.bgp.bfd: expected true or false, got 'yes'"),
-    ({**GOOD, "control_socket": "bird.ctl"}, "node.bgp.control_socket: expected an absolute path, got 'bird.ctl'"),
-    ({**GOOD, "port": 179}, "node.bgp.port: unknown key (allowed: speaker, local_as, router_id, peers, "
-                            "hold_time_s, bfd, bfd_interval_ms, bfd_multiplier, config_file, control_socket)"),
-])
+@pytest.mark.parametrize(
+    "bgp, error",
+    [
+        ({"peers": GOOD["peers"]}, "node.bgp.local_as: missing"),
+        ({"local_as": 65001}, "node.bgp.peers: missing"),
+        ({**GOOD, "local_as": 0}, "node.bgp.local_as: 0 is not an AS number"),
+        ({**GOOD, "speaker": "quagga"}, "node.bgp.speaker: expected one of bird, got 'quagga'"),
+        ({**GOOD, "hold_time_s": 1}, "node.bgp.hold_time_s: 1 is out of range 3..65535"),
+        ({**GOOD, "peers": [{"address": "198.18.32.1"}]}, "node.bgp.peers[0].remote_as: missing"),
+        (
+            {**GOOD, "peers": [{"address": "fe80::1", "remote_as": 1}]},
+            "node.bgp.peers[0].address: IPv6 peers are not supported yet",
+        ),
+        ({**GOOD, "peers": GOOD["peers"] * 2}, "node.bgp.peers[1].address: 198.18.32.1 is already peers[0]"),
+        ({**GOOD, "bfd": "yes"}, "node.bgp.bfd: expected true or false, got 'yes'"),
+        ({**GOOD, "control_socket": "bird.ctl"}, "node.bgp.control_socket: expected an absolute path, got 'bird.ctl'"),
+        (
+            {**GOOD, "port": 179},
+            "node.bgp.port: unknown key (allowed: speaker, local_as, router_id, peers, "
+            "hold_time_s, bfd, bfd_interval_ms, bfd_multiplier, config_file, control_socket)",
+        ),
+    ],
+)
 def test_bgp_errors_name_the_field(bgp, error):
     with pytest.raises(ConfigError) as e:
         parse_config(doc(bgp))
@@ -262,19 +295,31 @@ def test_decision_default_is_empty():
 
 
 def test_a_data_path_that_is_not_whole_withdraws_with_its_problem():
-    state = NodeState(True, True, False, (ServiceState("chat", VIP1, 2),),
-                      problem="eth0: XDP is not attached (the interface was made again?)")
+    state = NodeState(
+        True,
+        True,
+        False,
+        (ServiceState("chat", VIP1, 2),),
+        problem="eth0: XDP is not attached (the interface was made again?)",
+    )
     assert decide(state).withdrawn == {VIP1: "not serving: eth0: XDP is not attached (the interface was made again?)"}
 
 
-@pytest.mark.parametrize("old, new, error", [
-    (None, GOOD, "node.bgp: added; a reload cannot start the BGP speaker (restart edged)"),
-    (GOOD, None, "node.bgp: removed; a reload cannot stop the BGP speaker (restart edged)"),
-    (GOOD, {**GOOD, "control_socket": "/run/x.ctl"}, "node.bgp.control_socket: changed from "
-     "/run/edge/bird.ctl to /run/x.ctl; a reload cannot move the running speaker (restart edged)"),
-    (GOOD, {**GOOD, "hold_time_s": 9, "peers": [{"address": "198.18.32.9", "remote_as": 1}]}, None),
-    (None, None, None),
-])
+@pytest.mark.parametrize(
+    "old, new, error",
+    [
+        (None, GOOD, "node.bgp: added; a reload cannot start the BGP speaker (restart edged)"),
+        (GOOD, None, "node.bgp: removed; a reload cannot stop the BGP speaker (restart edged)"),
+        (
+            GOOD,
+            {**GOOD, "control_socket": "/run/x.ctl"},
+            "node.bgp.control_socket: changed from "
+            "/run/edge/bird.ctl to /run/x.ctl; a reload cannot move the running speaker (restart edged)",
+        ),
+        (GOOD, {**GOOD, "hold_time_s": 9, "peers": [{"address": "198.18.32.9", "remote_as": 1}]}, None),
+        (None, None, None),
+    ],
+)
 def test_what_a_reload_may_change_in_node_bgp(old, new, error):
     def bgp(d):
         return parse_config(doc(d)).node.bgp

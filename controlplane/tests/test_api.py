@@ -38,20 +38,39 @@ def test_status_dict_survives_the_message_unchanged():
 
 
 def test_event_fields_keep_their_json_types():
-    event = {"t": 1700000000.25, "kind": "weights", "text": "chat: weights b0 1->3", "service": "chat",
-             "weights": {"b0": 3}, "took_ms": 1.5, "adopted": True, "reason": "true"}
+    event = {
+        "t": 1700000000.25,
+        "kind": "weights",
+        "text": "chat: weights b0 1->3",
+        "service": "chat",
+        "weights": {"b0": 3},
+        "took_ms": 1.5,
+        "adopted": True,
+        "reason": "true",
+    }
     assert convert.event_from_proto(convert.event_to_proto(event)) == event
 
 
-@pytest.mark.parametrize("error, code, details", [
-    (ConfigError("services[0].port: 70000 is not a port"), grpc.StatusCode.INVALID_ARGUMENT,
-     "services[0].port: 70000 is not a port"),
-    (LookupError("unknown backend chat/x"), grpc.StatusCode.NOT_FOUND, "unknown backend chat/x"),
-    (KeyError("unknown service 'x'"), grpc.StatusCode.NOT_FOUND, "unknown service 'x'"),
-    (ValueError("weight 70000 out of range"), grpc.StatusCode.INVALID_ARGUMENT, "weight 70000 out of range"),
-    (NotDeployed("nothing deployed on eth0"), grpc.StatusCode.FAILED_PRECONDITION, "nothing deployed on eth0"),
-    (RuntimeError("boom\n  at line 2"), grpc.StatusCode.INTERNAL, "internal error in edged: RuntimeError: boom at line 2"),
-], ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else None)
+@pytest.mark.parametrize(
+    "error, code, details",
+    [
+        (
+            ConfigError("services[0].port: 70000 is not a port"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "services[0].port: 70000 is not a port",
+        ),
+        (LookupError("unknown backend chat/x"), grpc.StatusCode.NOT_FOUND, "unknown backend chat/x"),
+        (KeyError("unknown service 'x'"), grpc.StatusCode.NOT_FOUND, "unknown service 'x'"),
+        (ValueError("weight 70000 out of range"), grpc.StatusCode.INVALID_ARGUMENT, "weight 70000 out of range"),
+        (NotDeployed("nothing deployed on eth0"), grpc.StatusCode.FAILED_PRECONDITION, "nothing deployed on eth0"),
+        (
+            RuntimeError("boom\n  at line 2"),
+            grpc.StatusCode.INTERNAL,
+            "internal error in edged: RuntimeError: boom at line 2",
+        ),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else None,
+)
 def test_errors_map_to_status_codes(error, code, details):
     assert server.status_of(error) == (code, details)
 
@@ -77,9 +96,13 @@ def test_drain_undrain_and_weight_reach_the_daemon(edged):
         c.set_weight("chat", "b1", 0)
         c.set_weight("chat", "b1", 65535)
         c.set_weight("chat", "b1", None)
-    assert edged.daemon.calls == [("drain", "chat", "b0"), ("undrain", "chat", "b0"),
-                                  ("set_override", "chat", "b1", 0), ("set_override", "chat", "b1", 65535),
-                                  ("set_override", "chat", "b1", None)]
+    assert edged.daemon.calls == [
+        ("drain", "chat", "b0"),
+        ("undrain", "chat", "b0"),
+        ("set_override", "chat", "b1", 0),
+        ("set_override", "chat", "b1", 65535),
+        ("set_override", "chat", "b1", None),
+    ]
 
 
 def test_drain_node_and_undrain_node_return_the_announcement(edged):
@@ -89,8 +112,10 @@ def test_drain_node_and_undrain_node_return_the_announcement(edged):
         edged.daemon.fail = EdgeError("node.bgp: not configured; drain-node withdraws the VIPs' BGP routes")
         with pytest.raises(ApiError) as e:
             c.drain_node()
-    assert (e.value.code, str(e.value)) == ("FAILED_PRECONDITION", "node.bgp: not configured; drain-node "
-                                                                   "withdraws the VIPs' BGP routes")
+    assert (e.value.code, str(e.value)) == (
+        "FAILED_PRECONDITION",
+        "node.bgp: not configured; drain-node withdraws the VIPs' BGP routes",
+    )
     assert edged.daemon.calls == [("drain_node", True), ("drain_node", False), ("drain_node", True)]
 
 
@@ -105,9 +130,15 @@ def test_edgectl_drain_node_and_undrain_node(edged):
 
 def test_reload_returns_what_changed(edged):
     with edged.client() as c:
-        assert c.reload() == {"added_services": ["embed"], "removed_services": [], "updated_services": ["chat"],
-                              "added_backends": ["chat/b2"], "removed_backends": ["chat/b1"],
-                              "draining_backends": ["chat/b1"], "weights": []}
+        assert c.reload() == {
+            "added_services": ["embed"],
+            "removed_services": [],
+            "updated_services": ["chat"],
+            "added_backends": ["chat/b2"],
+            "removed_backends": ["chat/b1"],
+            "draining_backends": ["chat/b1"],
+            "weights": [],
+        }
         c.reload(config_text="version: 1\n")
     assert edged.daemon.calls == [("reload", None), ("reload", "version: 1\n")]
 
@@ -127,8 +158,11 @@ def test_reload_never_takes_a_path_other_than_edgeds_own(edged):
     touches it; naming edged's own file is the same as naming none (older clients do that)."""
     for path in ("/etc/shadow", "/dev/zero", "relative.yaml", "/etc/edge/../edge/edge.yaml"):
         code, details = _raw_reload(edged, config_path=path)
-        assert (code, details) == ("INVALID_ARGUMENT", "config_path: edged reloads only the file it was "
-                                   "started with (/etc/edge/edge.yaml); send the config's text instead")
+        assert (code, details) == (
+            "INVALID_ARGUMENT",
+            "config_path: edged reloads only the file it was "
+            "started with (/etc/edge/edge.yaml); send the config's text instead",
+        )
     assert edged.daemon.calls == []
     assert _raw_reload(edged, config_path="/etc/edge/edge.yaml") == ("OK", "")
     assert edged.daemon.calls == [("reload", None)]
@@ -137,32 +171,40 @@ def test_reload_never_takes_a_path_other_than_edgeds_own(edged):
 def test_reload_text_is_capped_at_one_mib(edged):
     big = "#" * (1024 * 1024) + "\n"
     assert _raw_reload(edged, config_text=big) == (
-        "INVALID_ARGUMENT", "config_text: 1048577 bytes, more than the 1048576 a config may have")
+        "INVALID_ARGUMENT",
+        "config_text: 1048577 bytes, more than the 1048576 a config may have",
+    )
     assert _raw_reload(edged, config_text="x" * (8 * 1024 * 1024))[0] == "RESOURCE_EXHAUSTED"
     assert edged.daemon.calls == []
 
 
-@pytest.mark.parametrize("call, code, message", [
-    (lambda c: c.drain("chat", "nope"), "NOT_FOUND", "unknown backend chat/nope"),
-    (lambda c: c.undrain("embed", "b0"), "NOT_FOUND", "unknown service 'embed'"),
-    (lambda c: c.drain("", "b0"), "INVALID_ARGUMENT", "service: required"),
-    (lambda c: c.set_weight("chat", "", 1), "INVALID_ARGUMENT", "backend: required"),
-    (lambda c: c.set_weight("chat", "b0", 65536), "INVALID_ARGUMENT", "weight: 65536 is out of range 0..65535"),
-    (lambda c: c.reload(config_text="port: 70000"), "INVALID_ARGUMENT", "services[0].port: 70000 is not a port"),
-], ids=["unknown backend", "unknown service", "no service", "no backend", "weight too large",
-        "invalid config"])
+@pytest.mark.parametrize(
+    "call, code, message",
+    [
+        (lambda c: c.drain("chat", "nope"), "NOT_FOUND", "unknown backend chat/nope"),
+        (lambda c: c.undrain("embed", "b0"), "NOT_FOUND", "unknown service 'embed'"),
+        (lambda c: c.drain("", "b0"), "INVALID_ARGUMENT", "service: required"),
+        (lambda c: c.set_weight("chat", "", 1), "INVALID_ARGUMENT", "backend: required"),
+        (lambda c: c.set_weight("chat", "b0", 65536), "INVALID_ARGUMENT", "weight: 65536 is out of range 0..65535"),
+        (lambda c: c.reload(config_text="port: 70000"), "INVALID_ARGUMENT", "services[0].port: 70000 is not a port"),
+    ],
+    ids=["unknown backend", "unknown service", "no service", "no backend", "weight too large", "invalid config"],
+)
 def test_refused_requests_have_their_status_code_and_one_line(edged, call, code, message):
     with edged.client() as c, pytest.raises(ApiError) as caught:
         call(c)
     assert (caught.value.code, str(caught.value)) == (code, message)
 
 
-@pytest.mark.parametrize("error, code", [
-    (ConfigError("node.iface: not set"), "INVALID_ARGUMENT"),
-    (KeyError("chat"), "NOT_FOUND"),
-    (NotDeployed("nothing deployed on eth-test"), "FAILED_PRECONDITION"),
-    (ZeroDivisionError("division by zero"), "INTERNAL"),
-])
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (ConfigError("node.iface: not set"), "INVALID_ARGUMENT"),
+        (KeyError("chat"), "NOT_FOUND"),
+        (NotDeployed("nothing deployed on eth-test"), "FAILED_PRECONDITION"),
+        (ZeroDivisionError("division by zero"), "INTERNAL"),
+    ],
+)
 def test_daemon_errors_arrive_as_status_codes(edged, error, code):
     edged.daemon.fail = error
     with edged.client() as c, pytest.raises(ApiError) as caught:
@@ -184,7 +226,9 @@ def test_watch_events_delivers_events_emitted_after_subscribing(edged):
     got = [next(call), next(call)]
     call.cancel()
     assert [(e.kind, e.text, e.service, e.backend) for e in got] == [
-        ("state", "chat/b0: up -> down", "chat", "b0"), ("weights", "chat: weights b0 1->3", "chat", "")]
+        ("state", "chat/b0: up -> down", "chat", "b0"),
+        ("weights", "chat: weights b0 1->3", "chat", ""),
+    ]
     assert dict(got[0].fields) == {"old": '"up"', "new": '"down"'}
     assert json.loads(got[1].fields["weights"]) == {"b0": 3, "b1": 1}
     assert abs(got[0].time.ToNanoseconds() / 1e9 - time.time()) < 60
@@ -206,8 +250,11 @@ def test_client_events_replay_recent_then_follow(edged):
     finally:
         watchdog.cancel()
     assert (first["kind"], first["text"]) == ("deployed", "deployed on eth-test")
-    assert {k: second[k] for k in ("kind", "text", "service")} == {"kind": "error", "text": "chat: boom",
-                                                                   "service": "chat"}
+    assert {k: second[k] for k in ("kind", "text", "service")} == {
+        "kind": "error",
+        "text": "chat: boom",
+        "service": "chat",
+    }
 
 
 def test_stop_ends_event_streams_at_once(lt, sockdir):
@@ -261,7 +308,9 @@ def test_stale_socket_is_replaced_and_a_live_one_is_not(lt, sockdir):
     with serving(lt, Node(api_socket=path)) as first:
         with first.client() as c:
             assert c.health() == "SERVING"
-        with pytest.raises(EdgeError, match=r"^node.api_socket: .*edged.sock is in use \(is another edged running\?\)$"):
+        with pytest.raises(
+            EdgeError, match=r"^node.api_socket: .*edged.sock is in use \(is another edged running\?\)$"
+        ):
             lt.run(server.start(FakeDaemon(), Node(api_socket=path)))
         with first.client() as c:  # the first one still serves
             assert c.health() == "SERVING"
@@ -293,7 +342,8 @@ def test_users_outside_the_socket_group_are_refused(lt, sockdir):
         outsider = edgectl("drain", "chat", "b0", "--socket", path, extra_groups=[], **as_nobody)
         member = edgectl("drain", "chat", "b0", "--socket", path, extra_groups=[group.gr_gid], **as_nobody)
     assert outsider.returncode == 3  # the environment: not root, not in the group
-    assert outsider.stderr == (f"edgectl: {path}: permission denied (edgectl must run as root or in group "
-                               f"{group.gr_name})\n")
+    assert outsider.stderr == (
+        f"edgectl: {path}: permission denied (edgectl must run as root or in group {group.gr_name})\n"
+    )
     assert (member.returncode, member.stderr) == (0, "")
     assert served.daemon.calls == [("drain", "chat", "b0")]  # only the member's call arrived

@@ -23,9 +23,13 @@ from controlplane.tests.apistage import CALL_TIMEOUT_S, REPO, SNAP, edgectl, wai
 
 def test_edgectl_drain_undrain_and_weight(edged):
     sock = ("--socket", edged.path)
-    outs = [edgectl("drain", "chat", "b0", *sock), edgectl("undrain", "chat", "b0", *sock),
-            edgectl("weight", "chat", "b1", "0", *sock), edgectl("weight", "chat", "b1", "--clear", *sock),
-            edgectl("weight", "chat", "b1", "50%", *sock)]
+    outs = [
+        edgectl("drain", "chat", "b0", *sock),
+        edgectl("undrain", "chat", "b0", *sock),
+        edgectl("weight", "chat", "b1", "0", *sock),
+        edgectl("weight", "chat", "b1", "--clear", *sock),
+        edgectl("weight", "chat", "b1", "50%", *sock),
+    ]
     assert [(o.returncode, o.stdout, o.stderr) for o in outs] == [
         (0, "drained chat/b0: no new flows; established flows stay\n", ""),
         (0, "undrained chat/b0\n", ""),
@@ -33,40 +37,61 @@ def test_edgectl_drain_undrain_and_weight(edged):
         (0, "chat/b1: weight override cleared\n", ""),
         (0, "chat/b1: weight pinned at 2 (66.7% of the best backend's 3)\n", ""),  # 50% of 3, rounded
     ]
-    assert edged.daemon.calls == [("drain", "chat", "b0"), ("undrain", "chat", "b0"),
-                                  ("snapshot", False), ("set_override", "chat", "b1", 0),
-                                  ("set_override", "chat", "b1", None),
-                                  ("snapshot", False), ("set_override", "chat", "b1", 2)]
+    assert edged.daemon.calls == [
+        ("drain", "chat", "b0"),
+        ("undrain", "chat", "b0"),
+        ("snapshot", False),
+        ("set_override", "chat", "b1", 0),
+        ("set_override", "chat", "b1", None),
+        ("snapshot", False),
+        ("set_override", "chat", "b1", 2),
+    ]
 
 
 def test_edgectl_errors_are_one_line(edged, sockdir):
     cases = [
         (("drain", "chat", "nope", "--socket", edged.path), 1, "edgectl: unknown backend chat/nope\n"),
         (("weight", "chat", "b0", "--socket", edged.path), 2, "edgectl: weight: give either N, P% or --clear\n"),
-        (("weight", "chat", "b0", "70000", "--socket", edged.path), 2,
-         "edgectl: weight: 70000 is out of range 0..65535\n"),
-        (("weight", "chat", "b0", "half", "--socket", edged.path), 2,
-         "edgectl: weight: 'half' is not N (0..65535) or a share P% (0..100)\n"),
-        (("undrain", "chat", "b0", "--socket", os.path.join(sockdir, "none.sock")), 3,
-         f"edgectl: edged is not running (no API socket at {os.path.join(sockdir, 'none.sock')})\n"),
-        (("drain", "chat", "b0", "--socket", edged.path, "--cert", "/c.pem"), 2,
-         "edgectl: --cert, --key and --ca go with --api (the unix socket needs no TLS)\n"),
+        (
+            ("weight", "chat", "b0", "70000", "--socket", edged.path),
+            2,
+            "edgectl: weight: 70000 is out of range 0..65535\n",
+        ),
+        (
+            ("weight", "chat", "b0", "half", "--socket", edged.path),
+            2,
+            "edgectl: weight: 'half' is not N (0..65535) or a share P% (0..100)\n",
+        ),
+        (
+            ("undrain", "chat", "b0", "--socket", os.path.join(sockdir, "none.sock")),
+            3,
+            f"edgectl: edged is not running (no API socket at {os.path.join(sockdir, 'none.sock')})\n",
+        ),
+        (
+            ("drain", "chat", "b0", "--socket", edged.path, "--cert", "/c.pem"),
+            2,
+            "edgectl: --cert, --key and --ca go with --api (the unix socket needs no TLS)\n",
+        ),
     ]
     outs = [edgectl(*args) for args, _, _ in cases]
     assert [(o.returncode, o.stdout, o.stderr) for o in outs] == [(code, "", err) for _, code, err in cases]
     assert edged.daemon.calls == []
 
 
-VALID = ("version: 1\nservices:\n- {name: chat, vip: 198.18.255.1, port: 8000,\n"
-         "   backends: [{name: b0, address: 198.18.1.2, port: 8000}]}\n")
+VALID = (
+    "version: 1\nservices:\n- {name: chat, vip: 198.18.255.1, port: 8000,\n"
+    "   backends: [{name: b0, address: 198.18.1.2, port: 8000}]}\n"
+)
 
 
 def test_edgectl_reload_sends_the_files_text(edged, tmp_path):
     (tmp_path / "edge.yaml").write_text(VALID)
     out = edgectl("reload", "--config", "edge.yaml", "--socket", edged.path, cwd=tmp_path)
     assert (out.returncode, out.stderr) == (0, "")
-    assert out.stdout == ("reloaded: services added: embed; services changed: chat; backends added: chat/b2; "
-                          "backends removed: chat/b1; backends draining: chat/b1\n")
+    assert out.stdout == (
+        "reloaded: services added: embed; services changed: chat; backends added: chat/b2; "
+        "backends removed: chat/b1; backends draining: chat/b1\n"
+    )
     plain = edgectl("reload", "--socket", edged.path)
     assert (plain.returncode, plain.stderr) == (0, "")
     assert edged.daemon.calls == [("reload", VALID), ("reload", None)]
@@ -91,8 +116,14 @@ def test_edgectl_reload_refuses_a_bad_file_naming_it_before_edged_sees_it(edged,
 
 def _start_edgectl(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "controlplane", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "controlplane", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def test_edgectl_events_prints_count_events_as_json(edged):
@@ -109,7 +140,9 @@ def test_edgectl_events_prints_count_events_as_json(edged):
     assert (proc.returncode, err) == (0, "")
     lines = [json.loads(line) for line in out.splitlines()]
     assert [(e["kind"], e["text"], e["backend"], e["new"]) for e in lines] == [
-        ("state", "chat/b0: up -> down", "b0", "down"), ("state", "chat/b0: down -> up", "b0", "up")]
+        ("state", "chat/b0: up -> down", "b0", "down"),
+        ("state", "chat/b0: down -> up", "b0", "up"),
+    ]
 
 
 def test_edgectl_events_ends_quietly_on_ctrl_c(edged):
@@ -170,8 +203,10 @@ def test_edgectl_status_shows_edgeds_view(edged):
     assert (table.returncode, table.stderr) == (0, "")
     lines = table.stdout.splitlines()
     assert lines[0].startswith("eth-test  (XDP native, prog 42; instance eth-test-4026531840; edged ")
-    assert any(line.split()[:2] == ["b0", "198.18.1.2:8000"] and "1.5/4.2ms" in line and "q 4+2 kv 38%" in line
-               for line in lines)
+    assert any(
+        line.split()[:2] == ["b0", "198.18.1.2:8000"] and "1.5/4.2ms" in line and "q 4+2 kv 38%" in line
+        for line in lines
+    )
     assert "    b0: weight pinned at 3 by an operator (edgectl weight --clear to end it)" in lines
     # edged does not know b1 yet: what it last wrote to the maps says drained
     assert "    b1: drained by an operator (edgectl undrain to end it)" in lines
@@ -208,8 +243,10 @@ def test_a_socket_that_appears_between_the_call_and_the_diagnosis_is_still_not_r
     listener.listen(1)
     try:
         with Client(socket_path=path, timeout_s=CALL_TIMEOUT_S) as c:
-            err = c._unreachable(f"failed to connect to all addresses; last error: FAILED_PRECONDITION: "
-                                 f"unix:{path}: connect failed: addr: unix:{path} error: No such file or directory")
+            err = c._unreachable(
+                f"failed to connect to all addresses; last error: FAILED_PRECONDITION: "
+                f"unix:{path}: connect failed: addr: unix:{path} error: No such file or directory"
+            )
         assert isinstance(err, NotRunning), err
         assert str(err) == f"edged is not running (no API socket at {path})"
     finally:

@@ -29,12 +29,14 @@ def test_committed_modules_are_what_grpcio_tools_makes_of_the_proto(tmp_path):
         committed = API / f"{m}.py"
         assert committed.is_file(), f"{committed.name} is not committed"
         assert (tmp_path / f"{m}.py").read_text() == committed.read_text(), (
-            f"{committed.name} differs from the proto's: run python -m controlplane.api._gen and commit")
+            f"{committed.name} differs from the proto's: run python -m controlplane.api._gen and commit"
+        )
 
 
 def test_the_modules_are_tracked_by_git():
-    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "controlplane/api"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "controlplane/api"], capture_output=True, text=True, timeout=10, check=True
+    ).stdout.split()
     assert {f"controlplane/api/{m}.py" for m in MODULES} <= set(tracked)
 
 
@@ -44,8 +46,7 @@ def _predictable_temp_dir(tmp: Path) -> Path:
     import google.protobuf
 
     digest = hashlib.sha256((API / "edge" / "v1" / "edge.proto").read_bytes()).hexdigest()
-    stamp = (f"proto-sha256 {digest}\ngrpcio-tools {_version('grpcio-tools')}\n"
-             f"protobuf {google.protobuf.__version__}\n")
+    stamp = f"proto-sha256 {digest}\ngrpcio-tools {_version('grpcio-tools')}\nprotobuf {google.protobuf.__version__}\n"
     return tmp / f"edge-router-api-{os.getuid()}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}", stamp
 
 
@@ -61,8 +62,9 @@ def test_modules_planted_in_the_temp_dir_are_never_imported(tmp_path):
     a fresh install (no generated modules yet, no cache) imports the API. Nothing
     planted runs, and the modules come from the package."""
     pkg = tmp_path / "pkg"
-    shutil.copytree(REPO / "controlplane", pkg / "controlplane",
-                    ignore=shutil.ignore_patterns("_generated", "__pycache__", "tests"))
+    shutil.copytree(
+        REPO / "controlplane", pkg / "controlplane", ignore=shutil.ignore_patterns("_generated", "__pycache__", "tests")
+    )
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     planted, stamp = _predictable_temp_dir(tmp)
@@ -71,11 +73,26 @@ def test_modules_planted_in_the_temp_dir_are_never_imported(tmp_path):
     for m in MODULES:
         (planted / f"{m}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     (planted / "STAMP").write_text(stamp)
-    env = {**os.environ, "PYTHONPATH": str(pkg), "TMPDIR": str(tmp),
-           "XDG_CACHE_HOME": str(tmp_path / "cache"), "HOME": str(tmp_path / "home")}
-    out = subprocess.run([sys.executable, "-c", "from controlplane.api import edge_pb2, edge_pb2_grpc; "
-                          "print(edge_pb2.__file__); print(edge_pb2_grpc.__file__)"],
-                         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(pkg),
+        "TMPDIR": str(tmp),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "HOME": str(tmp_path / "home"),
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from controlplane.api import edge_pb2, edge_pb2_grpc; "
+            "print(edge_pb2.__file__); print(edge_pb2_grpc.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
     assert not marker.exists(), "code planted in the temp dir ran"
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(pkg / "controlplane" / "api" / f"{m}.py") for m in MODULES]

@@ -30,18 +30,68 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _make_ca(d: Path, name: str) -> None:
-    _openssl("req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN=edge test {name}",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-             cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN=edge test {name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=d,
+    )
 
 
 def _make_cert(d: Path, name: str, ca: str, ext: str, serial: int) -> None:
     (d / f"{name}.ext").write_text(ext)
-    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=edge test {name}", cwd=d)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-             "-set_serial", str(serial), "-days", "2", "-out", f"{name}.pem", "-extfile", f"{name}.ext", cwd=d)
+    _openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN=edge test {name}",
+        cwd=d,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{ca}.pem",
+        "-CAkey",
+        f"{ca}.key",
+        "-set_serial",
+        str(serial),
+        "-days",
+        "2",
+        "-out",
+        f"{name}.pem",
+        "-extfile",
+        f"{name}.ext",
+        cwd=d,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +130,11 @@ def _health_over(channel: grpc.Channel) -> grpc.StatusCode:
 
 def test_tcp_client_with_a_certificate_from_the_ca_gets_in(tls_edged, pki):
     served, target = tls_edged
-    with Client(api=target, tls=Tls(str(pki / "client.pem"), str(pki / "client.key"), str(pki / "ca.pem")),
-                timeout_s=CALL_TIMEOUT_S) as c:
+    with Client(
+        api=target,
+        tls=Tls(str(pki / "client.pem"), str(pki / "client.key"), str(pki / "ca.pem")),
+        timeout_s=CALL_TIMEOUT_S,
+    ) as c:
         assert c.health() == "SERVING"
         c.drain("chat", "b1")
         assert c.status()["iface"] == "eth-test"
@@ -96,8 +149,14 @@ def test_tcp_client_without_a_certificate_is_refused(tls_edged, pki):
 
 def test_tcp_client_with_a_certificate_from_another_ca_is_refused(tls_edged, pki):
     served, target = tls_edged
-    with Client(api=target, tls=Tls(str(pki / "stranger.pem"), str(pki / "stranger.key"), str(pki / "ca.pem")),
-                timeout_s=CALL_TIMEOUT_S) as c, pytest.raises(NotRunning, match=f"^cannot reach edged at {target}: "):
+    with (
+        Client(
+            api=target,
+            tls=Tls(str(pki / "stranger.pem"), str(pki / "stranger.key"), str(pki / "ca.pem")),
+            timeout_s=CALL_TIMEOUT_S,
+        ) as c,
+        pytest.raises(NotRunning, match=f"^cannot reach edged at {target}: "),
+    ):
         c.drain("chat", "b1")
     assert served.daemon.calls == []
 
@@ -122,11 +181,28 @@ def test_unreadable_tls_file_names_its_key(lt, pki, sockdir):
 
 def test_edgectl_over_tcp_with_mutual_tls(tls_edged, pki):
     served, target = tls_edged
-    out = edgectl("weight", "chat", "b0", "7", "--api", target, "--cert", str(pki / "client.pem"),
-                  "--key", str(pki / "client.key"), "--ca", str(pki / "ca.pem"))
+    out = edgectl(
+        "weight",
+        "chat",
+        "b0",
+        "7",
+        "--api",
+        target,
+        "--cert",
+        str(pki / "client.pem"),
+        "--key",
+        str(pki / "client.key"),
+        "--ca",
+        str(pki / "ca.pem"),
+    )
     assert (out.returncode, out.stdout, out.stderr) == (
-        0, "chat/b0: weight pinned at 7 (233% of the best backend's 3)\n", "")
+        0,
+        "chat/b0: weight pinned at 7 (233% of the best backend's 3)\n",
+        "",
+    )
     assert served.daemon.calls == [("snapshot", False), ("set_override", "chat", "b0", 7)]  # the scale, then the pin
     out = edgectl("drain", "chat", "b0", "--api", target, "--cert", str(pki / "client.pem"))
-    assert (out.returncode, out.stderr) == (2, "edgectl: --api needs --key, --ca (edged serves TCP with mutual "
-                                               "TLS only)\n")
+    assert (out.returncode, out.stderr) == (
+        2,
+        "edgectl: --api needs --key, --ca (edged serves TCP with mutual TLS only)\n",
+    )

@@ -21,30 +21,66 @@ def test_template_writer_stores_exactly_the_header_bytes():
     out = bytearray(64)
     for ctype, off, value in STORE.findall(text):
         size = int(ctype[3:]) // 8
-        out[int(off):int(off) + size] = int(value, 16).to_bytes(size, sys.byteorder)
+        out[int(off) : int(off) + size] = int(value, 16).to_bytes(size, sys.byteorder)
     assert bytes(out[:54]) == template[:54]
     assert bytes(out[54:]) == bytes(10)  # the rest is the data path's to keep (the counter)
 
 
 def test_summary_lists_every_ratio_with_its_floor(capsys):
     def case(ns):
-        return {"label": "x", "ns_per_packet": ns, "raw_ns_per_packet": ns, "wrapper_ns_per_packet": 0.0,
-                "samples_raw_ns": [int(ns)], "action": "XDP_REDIRECT"}
+        return {
+            "label": "x",
+            "ns_per_packet": ns,
+            "raw_ns_per_packet": ns,
+            "wrapper_ns_per_packet": 0.0,
+            "samples_raw_ns": [int(ns)],
+            "action": "XDP_REDIRECT",
+        }
 
-    ratios = {"established": ("floor", 1.3, 1.5), "new_flow": ("floor_new", 1.2, 1.1),
-              "reply_xdp": ("reply_xdp_floor", 1.3, 1.25), "reply": ("reply_floor", 1.3, 1.8)}
-    keys = ["established", "new_flow", "pass", "reference", "floor", "floor_new", "reply_xdp",
-            "reply_xdp_floor", "reply", "reply_floor"]
-    run = {"ct_flags": "0",
-           "results": {"cases": {k: case(10.0 * (i + 1)) for i, k in enumerate(keys)},
-                       "ratios": {k: {"floor": f, "value": v, "target_max": t, "met": v <= t, "to_reference": None}
-                                  for k, (f, t, v) in ratios.items()}},
-           "checks": {"established_backend": "198.18.1.3:8000"},
-           "measured": {"conntrack_full_in_round": None, "new_flows": 1, "a_repins": 0}}
-    out = {"env": {"kernel": "k", "cpu_model": None, "cpu": 1, "bpf_jit_enable": "1", "bpf_stats_enabled": "0"},
-           "params": {"frame_len": 64, "rounds": 1, "repeat": 1, "repeat_new": 1, "maglev_m": 7, "backends": 3,
-                      "health": "none", "ct_size": 10},
-           "ct_types": {"lru": run}}
+    ratios = {
+        "established": ("floor", 1.3, 1.5),
+        "new_flow": ("floor_new", 1.2, 1.1),
+        "reply_xdp": ("reply_xdp_floor", 1.3, 1.25),
+        "reply": ("reply_floor", 1.3, 1.8),
+    }
+    keys = [
+        "established",
+        "new_flow",
+        "pass",
+        "reference",
+        "floor",
+        "floor_new",
+        "reply_xdp",
+        "reply_xdp_floor",
+        "reply",
+        "reply_floor",
+    ]
+    run = {
+        "ct_flags": "0",
+        "results": {
+            "cases": {k: case(10.0 * (i + 1)) for i, k in enumerate(keys)},
+            "ratios": {
+                k: {"floor": f, "value": v, "target_max": t, "met": v <= t, "to_reference": None}
+                for k, (f, t, v) in ratios.items()
+            },
+        },
+        "checks": {"established_backend": "198.18.1.3:8000"},
+        "measured": {"conntrack_full_in_round": None, "new_flows": 1, "a_repins": 0},
+    }
+    out = {
+        "env": {"kernel": "k", "cpu_model": None, "cpu": 1, "bpf_jit_enable": "1", "bpf_stats_enabled": "0"},
+        "params": {
+            "frame_len": 64,
+            "rounds": 1,
+            "repeat": 1,
+            "repeat_new": 1,
+            "maglev_m": 7,
+            "backends": 3,
+            "health": "none",
+            "ct_size": 10,
+        },
+        "ct_types": {"lru": run},
+    }
 
     _datapath_report.print_table(out)
 

@@ -66,8 +66,11 @@ def test_summary_ratio_and_table():
     assert (router.min, router.median, router.runs, router.delivered) == (300.0, 400.0, 3, 0.9)
     assert _e2e.ratio(router, bare) == "1.78x"  # 400 / 225
     assert _e2e.ratio(router, None) == "-"
-    paths = [_e2e.Path("fwd/router", "forward", "this router"), _e2e.Path("fwd/bare", "forward", "bare"),
-             _e2e.Path("rep/kernel", "reply", "kernel forwarding")]
+    paths = [
+        _e2e.Path("fwd/router", "forward", "this router"),
+        _e2e.Path("fwd/bare", "forward", "bare"),
+        _e2e.Path("rep/kernel", "reply", "kernel forwarding"),
+    ]
     lines = _e2e.table(paths, {"fwd/router": router, "fwd/bare": bare})
     assert len(lines) == 3  # header + the two measured paths; the unmeasured one is left out
     assert lines[1].split()[-4:] == ["300", "400", "3", "90%"]

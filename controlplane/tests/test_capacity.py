@@ -15,8 +15,12 @@ from controlplane.config import Node, load_config
 REPO = Path(__file__).resolve().parents[2]
 MAPS_H = REPO / "bpf" / "include" / "maps.h"
 SIZES = ("maglev_m", "max_services", "max_backends", "ct_size")
-DEFINE_OF = {"maglev_m": "EDGE_MAGLEV_M", "max_services": "EDGE_MAX_SERVICES",
-             "max_backends": "EDGE_MAX_BACKENDS", "ct_size": "EDGE_CT_SIZE"}
+DEFINE_OF = {
+    "maglev_m": "EDGE_MAGLEV_M",
+    "max_services": "EDGE_MAX_SERVICES",
+    "max_backends": "EDGE_MAX_BACKENDS",
+    "ct_size": "EDGE_CT_SIZE",
+}
 REQUIRED = re.compile(r"^#ifndef\s+(EDGE_\w+)\s*\n#error\b", re.M)
 DEFAULTED = re.compile(r"^#ifndef\s+(EDGE_\w+)\s*\n#define\s+\1\b", re.M)
 

@@ -24,8 +24,15 @@ EDGE_YAML = REPO / "edge" / "edge.yaml"
 def edgectl(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """edgectl ARGS as a process, with env (default: no node config of this host's)."""
     env = env if env is not None else no_node_config(Path("/nonexistent"))
-    return subprocess.run([sys.executable, "-m", "controlplane", *args], capture_output=True, text=True,
-                          timeout=20.0, env=env, cwd=kw.pop("cwd", REPO), **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane", *args],
+        capture_output=True,
+        text=True,
+        timeout=20.0,
+        env=env,
+        cwd=kw.pop("cwd", REPO),
+        **kw,
+    )
 
 
 def no_node_config(tmp_path: Path) -> dict:
@@ -42,21 +49,29 @@ def write(path: Path, doc: dict) -> Path:
 
 
 def service(**extra) -> dict:
-    return {"name": "chat", "vip": "198.18.255.1", "port": 8000,
-            "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000}], **extra}
+    return {
+        "name": "chat",
+        "vip": "198.18.255.1",
+        "port": 8000,
+        "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000}],
+        **extra,
+    }
 
 
 # ---------------------------------------------------------------- exit codes
 
 
-@pytest.mark.parametrize("exc, code", [
-    (ConfigError("services[0].port: 70000 is not a port"), exits.REFUSED),
-    (exits.UsageError("weight: give either N, P% or --clear"), exits.USAGE),
-    (CompileError("cannot compile the data path"), exits.HOST),
-    (NotRunning("edged is not running"), exits.HOST),
-    (PermissionError(13, "Permission denied", "/run/edge/x.lock"), exits.HOST),
-    (ZeroDivisionError("division by zero"), exits.INTERNAL),
-])
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        (ConfigError("services[0].port: 70000 is not a port"), exits.REFUSED),
+        (exits.UsageError("weight: give either N, P% or --clear"), exits.USAGE),
+        (CompileError("cannot compile the data path"), exits.HOST),
+        (NotRunning("edged is not running"), exits.HOST),
+        (PermissionError(13, "Permission denied", "/run/edge/x.lock"), exits.HOST),
+        (ZeroDivisionError("division by zero"), exits.INTERNAL),
+    ],
+)
 def test_each_kind_of_failure_has_its_exit_code(exc, code):
     assert exits.classify(exc)[0] == code
 
@@ -95,17 +110,30 @@ def test_global_flags_work_after_the_command(tmp_path):
 
 
 def test_validate_reports_every_error_not_only_the_first(tmp_path):
-    doc = {"version": 1, "node": {"maglev_m": 10}, "services": [
-        service(port=70000),
-        {"name": "embed", "vip": "nope", "port": 9000, "colour": "red",
-         "backends": [{"name": "e0", "address": "198.18.2.2", "port": 0}]},
-    ]}
+    doc = {
+        "version": 1,
+        "node": {"maglev_m": 10},
+        "services": [
+            service(port=70000),
+            {
+                "name": "embed",
+                "vip": "nope",
+                "port": 9000,
+                "colour": "red",
+                "backends": [{"name": "e0", "address": "198.18.2.2", "port": 0}],
+            },
+        ],
+    }
     out = edgectl("validate", "--config", str(write(tmp_path / "bad.yaml", doc)), env=no_node_config(tmp_path))
     lines = out.stderr.splitlines()
     assert out.returncode == 1 and out.stdout == ""
     assert [line.split(":")[1].strip() for line in lines[:-1]] == [
-        "node.maglev_m", "services[0].port", "services[1].colour", "services[1].vip",
-        "services[1].backends[0].port"], out.stderr
+        "node.maglev_m",
+        "services[0].port",
+        "services[1].colour",
+        "services[1].vip",
+        "services[1].backends[0].port",
+    ], out.stderr
     assert lines[-1] == f"edgectl: {tmp_path / 'bad.yaml'}: 5 errors"
     as_json = edgectl("validate", "--json", "--config", str(tmp_path / "bad.yaml"), env=no_node_config(tmp_path))
     assert as_json.returncode == 1 and len(json.loads(as_json.stdout)["errors"]) == 5
@@ -118,8 +146,7 @@ def test_status_reads_pin_dir_from_the_nodes_config(tmp_path):
     """With a custom pin_dir status looked under /sys/fs/bpf/edge and said "nothing deployed"."""
     custom = tmp_path / "pins"
     custom.mkdir()
-    node_yaml = write(tmp_path / "edge.yaml", {"version": 1, "node": {"pin_dir": str(custom)},
-                                               "services": [service()]})
+    node_yaml = write(tmp_path / "edge.yaml", {"version": 1, "node": {"pin_dir": str(custom)}, "services": [service()]})
     env = no_node_config(tmp_path)
     by_flag = edgectl("status", "--maps", "--config", str(node_yaml), env=env)
     by_env = edgectl("status", "--maps", env={**env, "EDGE_CONFIG": str(node_yaml)})
@@ -129,8 +156,9 @@ def test_status_reads_pin_dir_from_the_nodes_config(tmp_path):
 
 def test_the_socket_comes_from_the_nodes_config(tmp_path):
     sock = tmp_path / "run" / "edged.sock"
-    node_yaml = write(tmp_path / "edge.yaml", {"version": 1, "node": {"api_socket": str(sock)},
-                                               "services": [service()]})
+    node_yaml = write(
+        tmp_path / "edge.yaml", {"version": 1, "node": {"api_socket": str(sock)}, "services": [service()]}
+    )
     out = edgectl("drain", "chat", "b0", env={**no_node_config(tmp_path), "EDGE_CONFIG": str(node_yaml)})
     assert (out.returncode, out.stderr) == (3, f"edgectl: edged is not running (no API socket at {sock})\n")
 
@@ -143,8 +171,14 @@ def test_a_reader_that_goes_away_ends_edgectl_quietly(tmp_path):
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before edgectl writes
     try:
-        done = subprocess.run([sys.executable, "-m", "controlplane", "completion", "bash"], stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, timeout=20, env=no_node_config(tmp_path))
+        done = subprocess.run(
+            [sys.executable, "-m", "controlplane", "completion", "bash"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=20,
+            env=no_node_config(tmp_path),
+        )
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (0, "")
@@ -157,8 +191,9 @@ def test_without_root_edgectl_says_so_in_one_line(tmp_path):
     locks.mkdir(mode=0o700)
     nobody = pwd.getpwnam("nobody")
     env = {**no_node_config(tmp_path), "EDGE_LOCK_DIR": str(locks), "EDGE_PIN_DIR": "/sys/fs/bpf/edge"}
-    out = edgectl("undeploy", "--iface", "lo", env=env, user=nobody.pw_uid, group=nobody.pw_gid,
-                  extra_groups=[], cwd="/")
+    out = edgectl(
+        "undeploy", "--iface", "lo", env=env, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], cwd="/"
+    )
     assert out.returncode == 3, out.stderr
     assert len(out.stderr.splitlines()) == 1 and "permission denied: edgectl needs root" in out.stderr
     assert "internal error" not in out.stderr
@@ -171,8 +206,10 @@ def complete(words: list[str], script: str, tmp_path: Path) -> list[str]:
     (tmp_path / "edgectl.bash").write_text(script)
     cword = len(words) - 1
     line = " ".join(f"'{w}'" for w in words)
-    probe = (f"source {tmp_path / 'edgectl.bash'}; COMP_WORDS=({line}); COMP_CWORD={cword}; _edgectl; "
-             f"printf '%s\\n' \"${{COMPREPLY[@]}}\"")
+    probe = (
+        f"source {tmp_path / 'edgectl.bash'}; COMP_WORDS=({line}); COMP_CWORD={cword}; _edgectl; "
+        f"printf '%s\\n' \"${{COMPREPLY[@]}}\""
+    )
     done = subprocess.run(["bash", "--norc", "-c", probe], capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
@@ -195,21 +232,35 @@ def test_zsh_completion_is_generated_from_the_same_definitions(tmp_path):
     assert '"drill failover|--mode") echo "heartbeat link kill"' in out.stdout
 
 
-@pytest.mark.parametrize("module, prog", [("controlplane", "edgectl"), ("controlplane.agent", "edge-heartbeat"),
-                                          ("controlplane.edged.cli", "edged")])
+@pytest.mark.parametrize(
+    "module, prog",
+    [("controlplane", "edgectl"), ("controlplane.agent", "edge-heartbeat"), ("controlplane.edged.cli", "edged")],
+)
 def test_every_program_says_its_version(module, prog):
     from controlplane import __version__
 
-    done = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True,
-                          timeout=20, env=no_node_config(Path("/nonexistent")), cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env=no_node_config(Path("/nonexistent")),
+        cwd=REPO,
+    )
     assert (done.returncode, done.stdout) == (0, f"{prog} {__version__}\n"), done.stderr
 
 
-@pytest.mark.parametrize("text, scale, weight", [
-    ("50%", 10_000, 5000), ("0.04%", 10_000, 4), ("0%", 10_000, 0), ("100%", 10_000, 10_000),
-    ("50%", 1, 1),  # a share is never a drain, even where the scale cannot show it
-    ("7", 10_000, 7),
-])
+@pytest.mark.parametrize(
+    "text, scale, weight",
+    [
+        ("50%", 10_000, 5000),
+        ("0.04%", 10_000, 4),
+        ("0%", 10_000, 0),
+        ("100%", 10_000, 10_000),
+        ("50%", 1, 1),  # a share is never a drain, even where the scale cannot show it
+        ("7", 10_000, 7),
+    ],
+)
 def test_weight_takes_a_share_of_the_services_scale(text, scale, weight):
     from controlplane.cli.served import parse_weight, share_to_weight
 

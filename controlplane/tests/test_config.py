@@ -36,6 +36,8 @@ TEST_NET = IPv4Network("198.18.0.0/15")
 
 # Every section dataclass; its fields are the YAML keys of that section.
 SECTIONS = (Config, Node, ApiTls, Service, Backend, Health, Heartbeat, Passive, Probe, MetricsScrape, Weights)
+
+
 def expected_full_config() -> Config:
     return Config(
         version=1,
@@ -194,7 +196,9 @@ def test_service_key_is_vip_port_protocol():
 
 
 def test_every_key_has_help_text():
-    missing = [f"{cls.__name__}.{f.name}" for cls in SECTIONS for f in dataclasses.fields(cls) if not f.metadata.get("help")]
+    missing = [
+        f"{cls.__name__}.{f.name}" for cls in SECTIONS for f in dataclasses.fields(cls) if not f.metadata.get("help")
+    ]
     assert missing == []
 
 
@@ -215,11 +219,23 @@ def test_config_error_is_an_edge_error_and_one_line():
 LINE_2_DUPLICATE = "version: 1\nversion: 1\n"
 
 YAML_CASES = [
-    ("syntax error", "version: 1\nservices:\n  - name: chat\n    vip: a: b\n", " line 4: mapping values are not allowed here"),
+    (
+        "syntax error",
+        "version: 1\nservices:\n  - name: chat\n    vip: a: b\n",
+        " line 4: mapping values are not allowed here",
+    ),
     ("duplicate key", LINE_2_DUPLICATE, " line 2: duplicate key 'version'"),
-    ("tab indentation", "version: 1\nservices:\n\t- name: x\n", " line 3: found character '\\t' that cannot start any token"),
+    (
+        "tab indentation",
+        "version: 1\nservices:\n\t- name: x\n",
+        " line 3: found character '\\t' that cannot start any token",
+    ),
     ("unclosed list", "version: 1\nservices: [\n", " line 3: expected the node content, but found '<stream end>'"),
-    ("two documents", "version: 1\n---\nversion: 1\n", " line 2: expected a single document in the stream, but found another document"),
+    (
+        "two documents",
+        "version: 1\n---\nversion: 1\n",
+        " line 2: expected a single document in the stream, but found another document",
+    ),
     (
         "python tag",
         "version: !!python/object/apply:os.system ['true']\n",
@@ -313,9 +329,11 @@ _scalars = (
 )
 _garbage = st.recursive(
     _scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.tuples(inner)
-    | st.dictionaries(st.sampled_from(_KEYS) | st.text(max_size=6) | st.integers() | st.none(), inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner)
+        | st.dictionaries(st.sampled_from(_KEYS) | st.text(max_size=6) | st.integers() | st.none(), inner, max_size=5)
+    ),
     max_leaves=30,
 )
 
@@ -361,10 +379,44 @@ def test_valid_document_with_garbage_in_it_only_raises_config_error(edits):
 
 _yaml_bits = st.sampled_from(
     [
-        "version: 1\n", "services:\n", "  - ", "    ", "name: chat\n", "vip: 198.18.255.1\n", "port: 8000\n",
-        "backends:\n", "{", "}", "[", "]", ": ", ", ", "- ", "&a ", "*a", "<<: *a\n", "!!binary ", "!!set ",
-        "!!python/name:os.system ", "'", '"', "\t", "\n", "---\n", "...\n", "? ", "|\n", "0x", "1" * 5000,
-        "2024-13-45", "~", "yes", ".nan", "\x00", "\ufeff", "%YAML 1.1\n",
+        "version: 1\n",
+        "services:\n",
+        "  - ",
+        "    ",
+        "name: chat\n",
+        "vip: 198.18.255.1\n",
+        "port: 8000\n",
+        "backends:\n",
+        "{",
+        "}",
+        "[",
+        "]",
+        ": ",
+        ", ",
+        "- ",
+        "&a ",
+        "*a",
+        "<<: *a\n",
+        "!!binary ",
+        "!!set ",
+        "!!python/name:os.system ",
+        "'",
+        '"',
+        "\t",
+        "\n",
+        "---\n",
+        "...\n",
+        "? ",
+        "|\n",
+        "0x",
+        "1" * 5000,
+        "2024-13-45",
+        "~",
+        "yes",
+        ".nan",
+        "\x00",
+        "\ufeff",
+        "%YAML 1.1\n",
     ]
 )
 

@@ -16,27 +16,40 @@ def test_forwarding_defaults_to_nat_and_takes_dsr():
 
 
 def test_dsr_keeps_heartbeats_and_probes():
-    doc = edited(valid_doc(), {"services[0].forwarding": "dsr", "services[0].health.passive": DELETE,
-                               "services[0].weights.policy": "static"})
+    doc = edited(
+        valid_doc(),
+        {"services[0].forwarding": "dsr", "services[0].health.passive": DELETE, "services[0].weights.policy": "static"},
+    )
     (chat, _, _) = parse_config(doc).services
     assert chat.health.heartbeat is not None and chat.health.probe is not None
 
 
-@pytest.mark.parametrize("edits, error", [
-    ({"services[0].forwarding": "direct"}, "services[0].forwarding"),
-    ({"services[0].forwarding": "dsr"}, "services[0].health.passive: not with forwarding dsr"),
-    ({"services[0].forwarding": "dsr", "services[0].health.passive": DELETE},
-     "services[0].weights.wire.enabled: must be false with forwarding dsr"),
-    ({"services[2].forwarding": "dsr"}, "services[2].backends[0].port: 9000 must be the service port 8000"),
-])
+@pytest.mark.parametrize(
+    "edits, error",
+    [
+        ({"services[0].forwarding": "direct"}, "services[0].forwarding"),
+        ({"services[0].forwarding": "dsr"}, "services[0].health.passive: not with forwarding dsr"),
+        (
+            {"services[0].forwarding": "dsr", "services[0].health.passive": DELETE},
+            "services[0].weights.wire.enabled: must be false with forwarding dsr",
+        ),
+        ({"services[2].forwarding": "dsr"}, "services[2].backends[0].port: 9000 must be the service port 8000"),
+    ],
+)
 def test_dsr_refuses_what_needs_replies(edits, error):
     message = error_of(edited(valid_doc(), edits))
     assert message.startswith(error) and "\n" not in message
 
 
 def test_dsr_with_latency_inverse_and_wire_off_is_accepted():
-    doc = edited(valid_doc(), {"services[0].forwarding": "dsr", "services[0].health.passive": DELETE,
-                               "services[0].weights.wire": {"enabled": False}})
+    doc = edited(
+        valid_doc(),
+        {
+            "services[0].forwarding": "dsr",
+            "services[0].health.passive": DELETE,
+            "services[0].weights.wire": {"enabled": False},
+        },
+    )
     assert parse_config(doc).services[0].forwarding == "dsr"
 
 

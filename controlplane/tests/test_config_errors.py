@@ -19,7 +19,9 @@ class Case(NamedTuple):
     message: str
 
 
-SERVICE_KEYS = "name, vip, port, protocol, existing_flows, forwarding, health, weights, sla, drain_timeout_ms, discovery, backends"
+SERVICE_KEYS = (
+    "name, vip, port, protocol, existing_flows, forwarding, health, weights, sla, drain_timeout_ms, discovery, backends"
+)
 BACKEND_KEYS = "name, address, port, weight, standby, token"
 NO_BACKENDS = "none given (set backends, or discovery to find them at run time)"
 NAME_RULE = "(1 to 31 of a-z 0-9 _ . -, starting with a letter or digit)"
@@ -45,11 +47,16 @@ ERROR_CASES = [
         "api_socket, api_group, api_listen, api_tls, metrics_listen, iface, xdp_mode, reply_xdp, bgp, fleet)",
     ),
     Case("fleet without etcd", {"node.fleet": {"name": "edge-1"}}, "node.fleet.etcd: missing"),
-    Case("fleet bad name", {"node.fleet": {"etcd": ["127.0.0.1:2379"], "name": "Edge 1"}},
-         "node.fleet.name: 'Edge 1' is not a name (1 to 31 of a-z 0-9 _ . -, starting with a letter or digit)"),
-    Case("fleet stale_ms not above report_ms",
-         {"node.fleet": {"etcd": ["127.0.0.1:2379"], "name": "edge-1", "stale_ms": 500}},
-         "node.fleet.stale_ms: 500 must be greater than report_ms (1000)"),
+    Case(
+        "fleet bad name",
+        {"node.fleet": {"etcd": ["127.0.0.1:2379"], "name": "Edge 1"}},
+        "node.fleet.name: 'Edge 1' is not a name (1 to 31 of a-z 0-9 _ . -, starting with a letter or digit)",
+    ),
+    Case(
+        "fleet stale_ms not above report_ms",
+        {"node.fleet": {"etcd": ["127.0.0.1:2379"], "name": "edge-1", "stale_ms": 500}},
+        "node.fleet.stale_ms: 500 must be greater than report_ms (1000)",
+    ),
     Case("iface not a name", {"node.iface": "eth 0"}, "node.iface: 'eth 0' is not an interface name"),
     Case("maglev_m not prime", {"node.maglev_m": 65536}, "node.maglev_m: 65536 is not prime"),
     Case("maglev_m too small", {"node.maglev_m": 1007}, "node.maglev_m: 1007 is out of range 1009..1000003"),
@@ -109,7 +116,11 @@ ERROR_CASES = [
     Case("api_group not a name", {"node.api_group": "edge ops"}, "node.api_group: 'edge ops' is not a group name"),
     Case("api_group negative", {"node.api_group": -1}, "node.api_group: -1 is not a group id"),
     Case("api_group boolean", {"node.api_group": True}, "node.api_group: expected a string, got true"),
-    Case("xdp_mode offload", {"node.xdp_mode": "offload"}, "node.xdp_mode: expected one of native, generic, got 'offload'"),
+    Case(
+        "xdp_mode offload",
+        {"node.xdp_mode": "offload"},
+        "node.xdp_mode: expected one of native, generic, got 'offload'",
+    ),
     Case(
         "more services than max_services",
         {"node.max_services": 2},
@@ -128,21 +139,47 @@ ERROR_CASES = [
         f"services[0].'bad key': unknown key (allowed: {SERVICE_KEYS})",
     ),
     Case("service name missing", {"services[0].name": DELETE}, "services[0].name: missing"),
-    Case("service name upper case", {"services[0].name": "Chat"}, f"services[0].name: 'Chat' is not a name {NAME_RULE}"),
-    Case("service name 33 chars", {"services[0].name": "a" * 33}, f"services[0].name: '{'a' * 33}' is not a name {NAME_RULE}"),
-    Case("service name starts with dash", {"services[0].name": "-x"}, f"services[0].name: '-x' is not a name {NAME_RULE}"),
-    Case("service name trailing newline", {"services[0].name": "x\n"}, f"services[0].name: 'x\\n' is not a name {NAME_RULE}"),
+    Case(
+        "service name upper case", {"services[0].name": "Chat"}, f"services[0].name: 'Chat' is not a name {NAME_RULE}"
+    ),
+    Case(
+        "service name 33 chars",
+        {"services[0].name": "a" * 33},
+        f"services[0].name: '{'a' * 33}' is not a name {NAME_RULE}",
+    ),
+    Case(
+        "service name starts with dash", {"services[0].name": "-x"}, f"services[0].name: '-x' is not a name {NAME_RULE}"
+    ),
+    Case(
+        "service name trailing newline",
+        {"services[0].name": "x\n"},
+        f"services[0].name: 'x\\n' is not a name {NAME_RULE}",
+    ),
     Case("service name an integer", {"services[0].name": 7}, "services[0].name: expected a string, got 7"),
     Case("duplicate service name", {"services[1].name": "chat"}, "services[1].name: duplicate name 'chat'"),
     Case("vip missing", {"services[0].vip": DELETE}, "services[0].vip: missing"),
-    Case("vip not an address", {"services[0].vip": "198.18.255.300"}, "services[0].vip: '198.18.255.300' is not an IPv4 address"),
-    Case("vip with prefix length", {"services[0].vip": "198.18.255.1/32"}, "services[0].vip: '198.18.255.1/32' is not an IPv4 address"),
+    Case(
+        "vip not an address",
+        {"services[0].vip": "198.18.255.300"},
+        "services[0].vip: '198.18.255.300' is not an IPv4 address",
+    ),
+    Case(
+        "vip with prefix length",
+        {"services[0].vip": "198.18.255.1/32"},
+        "services[0].vip: '198.18.255.1/32' is not an IPv4 address",
+    ),
     Case("vip IPv6", {"services[0].vip": "2001:db8::1"}, "services[0].vip: IPv6 VIPs are not supported yet"),
-    Case("vip an integer", {"services[0].vip": 3323134721}, "services[0].vip: expected an IPv4 address, got 3323134721"),
+    Case(
+        "vip an integer", {"services[0].vip": 3323134721}, "services[0].vip: expected an IPv4 address, got 3323134721"
+    ),
     Case("vip unspecified", {"services[0].vip": "0.0.0.0"}, "services[0].vip: 0.0.0.0 is the unspecified address"),
     Case("vip loopback", {"services[0].vip": "127.0.0.1"}, "services[0].vip: 127.0.0.1 is a loopback address"),
     Case("vip multicast", {"services[0].vip": "224.0.0.1"}, "services[0].vip: 224.0.0.1 is a multicast address"),
-    Case("vip broadcast", {"services[0].vip": "255.255.255.255"}, "services[0].vip: 255.255.255.255 is a reserved address"),
+    Case(
+        "vip broadcast",
+        {"services[0].vip": "255.255.255.255"},
+        "services[0].vip: 255.255.255.255 is a reserved address",
+    ),
     Case(
         "vip:port/protocol used twice",
         {"services[2].vip": "198.18.255.1", "services[2].protocol": "tcp"},
@@ -154,8 +191,14 @@ ERROR_CASES = [
     Case("port float", {"services[0].port": 8000.0}, "services[0].port: expected an integer, got 8000.0"),
     Case("port string", {"services[0].port": "8000"}, "services[0].port: expected an integer, got '8000'"),
     Case("port huge", {"services[0].port": 2**100}, "services[0].port: a 101-bit integer is not a port"),
-    Case("protocol sctp", {"services[0].protocol": "sctp"}, "services[0].protocol: expected one of tcp, udp, got 'sctp'"),
-    Case("protocol upper case", {"services[0].protocol": "TCP"}, "services[0].protocol: expected one of tcp, udp, got 'TCP'"),
+    Case(
+        "protocol sctp", {"services[0].protocol": "sctp"}, "services[0].protocol: expected one of tcp, udp, got 'sctp'"
+    ),
+    Case(
+        "protocol upper case",
+        {"services[0].protocol": "TCP"},
+        "services[0].protocol: expected one of tcp, udp, got 'TCP'",
+    ),
     Case(
         "existing_flows drop",
         {"services[0].existing_flows": "drop"},
@@ -165,16 +208,30 @@ ERROR_CASES = [
     Case("backends missing", {"services[0].backends": DELETE}, f"services[0].backends: {NO_BACKENDS}"),
     Case("backends empty", {"services[0].backends": []}, f"services[0].backends: {NO_BACKENDS}"),
     Case("backends null", {"services[0].backends": None}, "services[0].backends: expected a list, got null"),
-    Case("backend a string", {"services[0].backends[0]": "b0"}, "services[0].backends[0]: expected a mapping, got 'b0'"),
+    Case(
+        "backend a string", {"services[0].backends[0]": "b0"}, "services[0].backends[0]: expected a mapping, got 'b0'"
+    ),
     Case(
         "backend unknown key",
         {"services[0].backends[1].bogus": 1},
         f"services[0].backends[1].bogus: unknown key (allowed: {BACKEND_KEYS})",
     ),
     Case("backend name missing", {"services[0].backends[0].name": DELETE}, "services[0].backends[0].name: missing"),
-    Case("backend name invalid", {"services[0].backends[0].name": "B 0"}, f"services[0].backends[0].name: 'B 0' is not a name {NAME_RULE}"),
-    Case("duplicate backend name", {"services[0].backends[1].name": "b0"}, "services[0].backends[1].name: duplicate name 'b0'"),
-    Case("backend address missing", {"services[0].backends[0].address": DELETE}, "services[0].backends[0].address: missing"),
+    Case(
+        "backend name invalid",
+        {"services[0].backends[0].name": "B 0"},
+        f"services[0].backends[0].name: 'B 0' is not a name {NAME_RULE}",
+    ),
+    Case(
+        "duplicate backend name",
+        {"services[0].backends[1].name": "b0"},
+        "services[0].backends[1].name: duplicate name 'b0'",
+    ),
+    Case(
+        "backend address missing",
+        {"services[0].backends[0].address": DELETE},
+        "services[0].backends[0].address: missing",
+    ),
     Case(
         "backend address invalid",
         {"services[0].backends[0].address": "h100-a.example"},
@@ -191,28 +248,67 @@ ERROR_CASES = [
         "services[0].backends[1].address: 198.18.1.2:8000 is already used by services[0].backends[0]",
     ),
     Case("backend port missing", {"services[0].backends[0].port": DELETE}, "services[0].backends[0].port: missing"),
-    Case("backend port 70000", {"services[1].backends[0].port": 70000}, "services[1].backends[0].port: 70000 is not a port"),
-    Case("backend port yes", {"services[1].backends[0].port": True}, "services[1].backends[0].port: expected an integer, got true"),
-    Case("weight -1", {"services[0].backends[0].weight": -1}, "services[0].backends[0].weight: -1 is out of range 0..65535"),
-    Case("weight 65536", {"services[0].backends[0].weight": 65536}, "services[0].backends[0].weight: 65536 is out of range 0..65535"),
-    Case("weight true", {"services[0].backends[0].weight": True}, "services[0].backends[0].weight: expected an integer, got true"),
-    Case("weight 1.5", {"services[0].backends[0].weight": 1.5}, "services[0].backends[0].weight: expected an integer, got 1.5"),
-    Case("standby 'yes'", {"services[0].backends[0].standby": "yes"}, "services[0].backends[0].standby: expected true or false, got 'yes'"),
-    Case("standby 1", {"services[0].backends[0].standby": 1}, "services[0].backends[0].standby: expected true or false, got 1"),
+    Case(
+        "backend port 70000",
+        {"services[1].backends[0].port": 70000},
+        "services[1].backends[0].port: 70000 is not a port",
+    ),
+    Case(
+        "backend port yes",
+        {"services[1].backends[0].port": True},
+        "services[1].backends[0].port: expected an integer, got true",
+    ),
+    Case(
+        "weight -1",
+        {"services[0].backends[0].weight": -1},
+        "services[0].backends[0].weight: -1 is out of range 0..65535",
+    ),
+    Case(
+        "weight 65536",
+        {"services[0].backends[0].weight": 65536},
+        "services[0].backends[0].weight: 65536 is out of range 0..65535",
+    ),
+    Case(
+        "weight true",
+        {"services[0].backends[0].weight": True},
+        "services[0].backends[0].weight: expected an integer, got true",
+    ),
+    Case(
+        "weight 1.5",
+        {"services[0].backends[0].weight": 1.5},
+        "services[0].backends[0].weight: expected an integer, got 1.5",
+    ),
+    Case(
+        "standby 'yes'",
+        {"services[0].backends[0].standby": "yes"},
+        "services[0].backends[0].standby: expected true or false, got 'yes'",
+    ),
+    Case(
+        "standby 1",
+        {"services[0].backends[0].standby": 1},
+        "services[0].backends[0].standby: expected true or false, got 1",
+    ),
     Case(
         "token not a number",
         {"services[0].backends[0].token": "0xzz"},
         "services[0].backends[0].token: '0xzz' is not an integer (e.g. 0x5eed0001)",
     ),
-    Case("token 0", {"services[0].backends[0].token": 0},
-         "services[0].backends[0].token: 0 is not a token (it is what an unset field holds); use a random 128-bit value"),
+    Case(
+        "token 0",
+        {"services[0].backends[0].token": 0},
+        "services[0].backends[0].token: 0 is not a token (it is what an unset field holds); use a random 128-bit value",
+    ),
     Case(
         "token shared by two backends",
         {"services[0].backends[1].token": "0x5eed0001"},
         "services[0].backends[1].token: the same as services[0].backends[0].token; each backend needs its own "
         "(one backend's token must not make heartbeats for another)",
     ),
-    Case("token negative", {"services[0].backends[0].token": -1}, "services[0].backends[0].token: -1 is out of range 0..2**128-1"),
+    Case(
+        "token negative",
+        {"services[0].backends[0].token": -1},
+        "services[0].backends[0].token: -1 is out of range 0..2**128-1",
+    ),
     Case(
         "token 2**128",
         {"services[0].backends[0].token": 2**128},
@@ -245,7 +341,11 @@ ERROR_CASES = [
         {"services[0].health.active": {}},
         "services[0].health.active: unknown key (allowed: heartbeat, passive, probe, metrics, panic_percent)",
     ),
-    Case("heartbeat null", {"services[0].health.heartbeat": None}, "services[0].health.heartbeat: expected a mapping, got null"),
+    Case(
+        "heartbeat null",
+        {"services[0].health.heartbeat": None},
+        "services[0].health.heartbeat: expected a mapping, got null",
+    ),
     Case(
         "heartbeat unknown key",
         {"services[0].health.heartbeat.interval": 1},
@@ -340,7 +440,11 @@ ERROR_CASES = [
         "services[0].weights.policy: expected one of static, latency_inverse, got 'random'",
     ),
     Case("weights floor 0", {"services[0].weights.floor": 0}, "services[0].weights.floor: 0 is out of range 1..65535"),
-    Case("weights max_ratio 0", {"services[0].weights.max_ratio": 0}, "services[0].weights.max_ratio: 0 is out of range 1..65535"),
+    Case(
+        "weights max_ratio 0",
+        {"services[0].weights.max_ratio": 0},
+        "services[0].weights.max_ratio: 0 is out of range 1..65535",
+    ),
     Case(
         "weights hysteresis 101",
         {"services[0].weights.hysteresis_pct": 101},

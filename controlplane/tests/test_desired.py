@@ -15,13 +15,19 @@ from controlplane.errors import LoaderError
 
 
 def config(*services, max_backends=8):
-    return parse_config({"version": 1, "node": {"max_services": 4, "max_backends": max_backends},
-                         "services": list(services)})
+    return parse_config(
+        {"version": 1, "node": {"max_services": 4, "max_backends": max_backends}, "services": list(services)}
+    )
 
 
 def svc(name, vip, *backends, drain=30000):
-    return {"name": name, "vip": f"198.19.0.{vip}", "port": 80, "drain_timeout_ms": drain,
-            "backends": [{"name": n, "address": f"198.18.1.{a}", "port": 8000} for n, a in backends]}
+    return {
+        "name": name,
+        "vip": f"198.19.0.{vip}",
+        "port": 80,
+        "drain_timeout_ms": drain,
+        "backends": [{"name": n, "address": f"198.18.1.{a}", "port": 8000} for n, a in backends],
+    }
 
 
 def test_drain_timeout_0_drains_until_the_connections_end():
@@ -76,9 +82,17 @@ def test_fit_keeps_what_fits_within_the_node_sizes_and_names_the_rest():
 def test_a_second_writer_is_refused_naming_the_holder(tmp_path, monkeypatch):
     monkeypatch.setenv(deploy.LOCK_DIR_ENV, str(tmp_path))
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from controlplane import deploy; "
-         "deploy.NodeLock('eth9-1', 'eth9').acquire(); print('held', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ})
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from controlplane import deploy; "
+            "deploy.NodeLock('eth9-1', 'eth9').acquire(); print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(LoaderError) as e:
@@ -94,10 +108,11 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path, monkeypatch):
 
 def test_a_writer_waits_for_the_write_before_it_and_gives_up_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv(deploy.LOCK_DIR_ENV, str(tmp_path))
-    code = ("import sys; from controlplane import deploy; l = deploy.NodeLock('eth9-1', 'eth9', 'write'); "
-            "l.acquire(); print('held', flush=True); sys.stdin.readline(); l.release(); sys.stdin.read()")
-    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    code = (
+        "import sys; from controlplane import deploy; l = deploy.NodeLock('eth9-1', 'eth9', 'write'); "
+        "l.acquire(); print('held', flush=True); sys.stdin.readline(); l.release(); sys.stdin.read()"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(LoaderError) as e:

@@ -49,27 +49,64 @@ def test_a_service_with_discovery_needs_no_static_backends():
     assert s.discovery.allow_empty is False and s.discovery.dns.min_ttl_ms <= s.discovery.dns.max_ttl_ms
 
 
-@pytest.mark.parametrize("discovery, backends, heartbeat, error", [
-    ({}, None, False, "services[0].discovery: set exactly one of dns, etcd"),
-    ({**DNS, **ETCD}, None, False, "services[0].discovery: set exactly one of dns, etcd"),
-    ({"dns": {"name": "x.test.", "type": "A"}}, None, False,
-     "services[0].discovery.dns.port: required when type is A (A records carry no port)"),
-    ({"dns": {"name": "x.test.", "port": 80}}, None, False,
-     "services[0].discovery.dns.port: only for type A (SRV records carry their port)"),
-    ({"dns": {"name": "x..test"}}, None, False, "services[0].discovery.dns.name: 'x..test' is not a DNS name"),
-    ({"dns": {"name": "x.test.", "servers": ["dns.example"]}}, None, False,
-     "services[0].discovery.dns.servers[0]: expected IPv4[:PORT] (e.g. 127.0.0.1:53), got 'dns.example'"),
-    ({"dns": {"name": "x.test.", "min_ttl_ms": 5000, "max_ttl_ms": 1000}}, None, False,
-     "services[0].discovery.dns.max_ttl_ms: 1000 is less than min_ttl_ms (5000)"),
-    ({"etcd": {"endpoints": [], "prefix": "/a/"}}, None, False, "services[0].discovery.etcd.endpoints: must not be empty"),
-    ({"etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": "a"}}, None, False,
-     "services[0].discovery.etcd.prefix: expected a key prefix like '/edge/services/chat/', got 'a'"),
-    ({**DNS, "bogus": 1}, None, False,
-     "services[0].discovery.bogus: unknown key (allowed: dns, etcd, allow_empty, retry_ms, max_backends, token_secret_file)"),
-    (DNS, None, True, "services[0].discovery.token_secret_file: required when services[0].health.heartbeat is set "
-                      "(discovered backends get their tokens from it)"),
-    (None, None, False, "services[0].backends: none given (set backends, or discovery to find them at run time)"),
-])
+@pytest.mark.parametrize(
+    "discovery, backends, heartbeat, error",
+    [
+        ({}, None, False, "services[0].discovery: set exactly one of dns, etcd"),
+        ({**DNS, **ETCD}, None, False, "services[0].discovery: set exactly one of dns, etcd"),
+        (
+            {"dns": {"name": "x.test.", "type": "A"}},
+            None,
+            False,
+            "services[0].discovery.dns.port: required when type is A (A records carry no port)",
+        ),
+        (
+            {"dns": {"name": "x.test.", "port": 80}},
+            None,
+            False,
+            "services[0].discovery.dns.port: only for type A (SRV records carry their port)",
+        ),
+        ({"dns": {"name": "x..test"}}, None, False, "services[0].discovery.dns.name: 'x..test' is not a DNS name"),
+        (
+            {"dns": {"name": "x.test.", "servers": ["dns.example"]}},
+            None,
+            False,
+            "services[0].discovery.dns.servers[0]: expected IPv4[:PORT] (e.g. 127.0.0.1:53), got 'dns.example'",
+        ),
+        (
+            {"dns": {"name": "x.test.", "min_ttl_ms": 5000, "max_ttl_ms": 1000}},
+            None,
+            False,
+            "services[0].discovery.dns.max_ttl_ms: 1000 is less than min_ttl_ms (5000)",
+        ),
+        (
+            {"etcd": {"endpoints": [], "prefix": "/a/"}},
+            None,
+            False,
+            "services[0].discovery.etcd.endpoints: must not be empty",
+        ),
+        (
+            {"etcd": {"endpoints": ["127.0.0.1:2379"], "prefix": "a"}},
+            None,
+            False,
+            "services[0].discovery.etcd.prefix: expected a key prefix like '/edge/services/chat/', got 'a'",
+        ),
+        (
+            {**DNS, "bogus": 1},
+            None,
+            False,
+            "services[0].discovery.bogus: unknown key (allowed: dns, etcd, allow_empty, retry_ms, max_backends, token_secret_file)",
+        ),
+        (
+            DNS,
+            None,
+            True,
+            "services[0].discovery.token_secret_file: required when services[0].health.heartbeat is set "
+            "(discovered backends get their tokens from it)",
+        ),
+        (None, None, False, "services[0].backends: none given (set backends, or discovery to find them at run time)"),
+    ],
+)
 def test_discovery_config_errors_name_the_field(discovery, backends, heartbeat, error):
     with pytest.raises(ConfigError) as e:
         config(discovery, backends, heartbeat)
@@ -88,6 +125,7 @@ def test_tokens_are_keyed_by_secret_and_endpoint_and_never_zero():
     # HMAC-SHA256(secret, label + "198.18.1.2:8000"), first 16 bytes big-endian: any language gets the same
     import hashlib
     import hmac
+
     digest = hmac.new(SECRET, b"edge heartbeat key v2 198.18.1.2:8000", hashlib.sha256).digest()
     assert t == int.from_bytes(digest[:16], "big")
 
@@ -97,8 +135,11 @@ def test_heartbeat_key_gives_one_backend_its_own_key_and_names_what_is_missing(t
     the service secret (what the router derives); no secret, no key, in one line naming why."""
     secret = tmp_path / "chat.secret"
     secret.write_bytes(SECRET)
-    cfg = config({**DNS, "token_secret_file": str(secret)}, heartbeat=True,
-                 backends=[{"name": "b0", "address": "198.18.1.2", "port": 8000, "token": "0x5eed0001"}])
+    cfg = config(
+        {**DNS, "token_secret_file": str(secret)},
+        heartbeat=True,
+        backends=[{"name": "b0", "address": "198.18.1.2", "port": 8000, "token": "0x5eed0001"}],
+    )
     assert heartbeat_key(cfg, "chat", "198.18.1.2:8000") == 0x5EED0001
     assert heartbeat_key(cfg, "chat", "198.18.1.9:8000") == derive_token(SECRET, "198.18.1.9", 8000)
     with pytest.raises(ConfigError, match=r"^--service: no service 'web'"):
@@ -169,10 +210,13 @@ def test_a_good_answer_is_taken_and_an_equal_one_changes_nothing():
     assert not v.changed and c.good_at_s == 12 and c.changes == 1
 
 
-@pytest.mark.parametrize("result, why", [
-    (Failure("timed out after 2000 ms"), "timed out after 2000 ms"),
-    (Answer(()), "empty answer (allow_empty is false)"),
-])
+@pytest.mark.parametrize(
+    "result, why",
+    [
+        (Failure("timed out after 2000 ms"), "timed out after 2000 ms"),
+        (Answer(()), "empty answer (allow_empty is false)"),
+    ],
+)
 def test_a_failure_or_an_empty_answer_keeps_the_last_known_good_set_and_is_counted(result, why):
     c = cached()
     offer(c, Answer((be("198.18.1.2"),)), now_s=1)
@@ -213,12 +257,15 @@ def test_a_watched_source_data_is_current_while_it_is_up():
 
 def test_describe_change_names_added_removed_and_changed_backends():
     a, b = be("198.18.1.2"), be("198.18.2.2")
-    assert describe_change((a, b), (replace_weight(a, 5), be("198.18.3.2"))) == \
-        "+198.18.3.2-8000, -198.18.2.2-8000, ~198.18.1.2-8000"
+    assert (
+        describe_change((a, b), (replace_weight(a, 5), be("198.18.3.2")))
+        == "+198.18.3.2-8000, -198.18.2.2-8000, ~198.18.1.2-8000"
+    )
 
 
 def replace_weight(b: Backend, w: int) -> Backend:
     from dataclasses import replace
+
     return replace(b, weight=w)
 
 
@@ -233,10 +280,20 @@ def test_merge_adds_discovered_backends_after_static_ones_and_static_wins_on_an_
 
 
 def test_merge_refuses_a_discovered_endpoint_that_serves_another_service():
-    cfg = parse_config({"version": 1, "services": [
-        {"name": "chat", "vip": "198.18.255.1", "port": 8000, "discovery": DNS},
-        {"name": "embed", "vip": "198.18.255.1", "port": 8001,
-         "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000}]}]})
+    cfg = parse_config(
+        {
+            "version": 1,
+            "services": [
+                {"name": "chat", "vip": "198.18.255.1", "port": 8000, "discovery": DNS},
+                {
+                    "name": "embed",
+                    "vip": "198.18.255.1",
+                    "port": 8001,
+                    "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000}],
+                },
+            ],
+        }
+    )
     with pytest.raises(ConfigError, match="198.18.1.2:8000/tcp already serves"):
         merge(cfg, {"chat": (be("198.18.1.2"),)})
 
@@ -280,19 +337,23 @@ def test_a_service_is_unsettled_until_its_source_gave_something_usable():
 
 def test_an_etcd_value_becomes_a_backend_named_after_its_endpoint():
     b = parse_value(b"/edge/chat/a", b'{"address": "198.18.1.2", "port": 8000, "weight": 3, "token": "0x5eed0001"}')
-    assert b == Backend(name="198.18.1.2-8000", address=IPv4Address("198.18.1.2"), port=8000, weight=3,
-                        token=0x5EED0001)
+    assert b == Backend(
+        name="198.18.1.2-8000", address=IPv4Address("198.18.1.2"), port=8000, weight=3, token=0x5EED0001
+    )
 
 
-@pytest.mark.parametrize("value, error", [
-    (b"{", "etcd /edge/chat/a: not JSON"),
-    (b"[1]", "etcd /edge/chat/a: expected a JSON object with address, port, weight, standby, token"),
-    (b'{"address": "198.18.1.2"}', "etcd /edge/chat/a.port: missing"),
-    (b'{"address": "198.18.1.2", "port": 70000}', "etcd /edge/chat/a.port: 70000 is not a port"),
-    (b'{"address": "127.0.0.1", "port": 80}', "etcd /edge/chat/a.address: 127.0.0.1 is a loopback address"),
-    (b'{"address": "198.18.1.2", "port": 80, "name": "x"}', "etcd /edge/chat/a.name: unknown key"),
-    (b'\xff', "etcd /edge/chat/a: not JSON"),
-])
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        (b"{", "etcd /edge/chat/a: not JSON"),
+        (b"[1]", "etcd /edge/chat/a: expected a JSON object with address, port, weight, standby, token"),
+        (b'{"address": "198.18.1.2"}', "etcd /edge/chat/a.port: missing"),
+        (b'{"address": "198.18.1.2", "port": 70000}', "etcd /edge/chat/a.port: 70000 is not a port"),
+        (b'{"address": "127.0.0.1", "port": 80}', "etcd /edge/chat/a.address: 127.0.0.1 is a loopback address"),
+        (b'{"address": "198.18.1.2", "port": 80, "name": "x"}', "etcd /edge/chat/a.name: unknown key"),
+        (b"\xff", "etcd /edge/chat/a: not JSON"),
+    ],
+)
 def test_a_garbage_etcd_value_is_an_error_naming_the_key(value, error):
     with pytest.raises(ConfigError) as e:
         parse_value(b"/edge/chat/a", value)
@@ -309,6 +370,7 @@ def test_one_garbage_key_fails_the_whole_answer():
 
 def test_dns_ttl_is_clamped():
     from controlplane.discovery.dns import DnsSource
+
     d = config({"dns": {"name": "x.test.", "servers": ["127.0.0.1"], "min_ttl_ms": 500, "max_ttl_ms": 10000}})
     src = DnsSource(d.services[0].discovery)
     assert (src.next_in_s(0), src.next_in_s(3), src.next_in_s(3600), src.next_in_s(None)) == (0.5, 3, 10, 10)

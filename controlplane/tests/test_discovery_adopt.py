@@ -26,11 +26,14 @@ services:
       etcd: {{endpoints: ["127.0.0.1:2379"], prefix: /edge/services/web/}}
 """
 
+
 def cfg(policy: str = "static"):
     return load_config_text(CONFIG.format(policy=policy))
 
+
 def found(addr: str, port: int = 8000, weight: int = 1, **kw) -> Backend:
     return Backend(name=f"{addr}-{port}", address=IPv4Address(addr), port=port, weight=weight, **kw)
+
 
 def test_discovered_backends_are_adopted_static_and_leaving_ones_not():
     (s,) = cfg().services
@@ -42,8 +45,8 @@ def test_discovered_backends_are_adopted_static_and_leaving_ones_not():
         (Backend(name="old-static", address=IPv4Address("198.18.1.5"), port=8000), 0),  # never discovered
     ]
     got = adoptable(s, deployed)
-    assert [(b.name, b.weight, b.standby) for b in got] == [("198.18.1.2-8000", 3, False),
-                                                            ("198.18.1.3-8000", 1, True)]
+    assert [(b.name, b.weight, b.standby) for b in got] == [("198.18.1.2-8000", 3, False), ("198.18.1.3-8000", 1, True)]
+
 
 def test_a_forced_or_computed_zero_weight_is_not_taken_for_the_configured_one():
     static = cfg("static").services[0]
@@ -53,12 +56,14 @@ def test_a_forced_or_computed_zero_weight_is_not_taken_for_the_configured_one():
     assert [b.weight for b in adoptable(static, [drained, down])] == [1, 0]  # static 0: the source's drain
     assert [b.weight for b in adoptable(computed, [drained, down])] == [1, 1]
 
+
 def test_a_derived_token_is_left_to_derivation_an_explicit_one_kept():
     (s,) = cfg().services
     secret = b"s" * 32
     derived = derive_token(secret, IPv4Address("198.18.1.2"), 8000)
-    got = adoptable(s, [(found("198.18.1.2", token=derived), 0), (found("198.18.1.3", token=0x5eed), 0)], secret)
-    assert [b.token for b in got] == [None, 0x5eed]
+    got = adoptable(s, [(found("198.18.1.2", token=derived), 0), (found("198.18.1.3", token=0x5EED), 0)], secret)
+    assert [b.token for b in got] == [None, 0x5EED]
+
 
 def test_adopted_set_is_the_last_known_good_until_the_source_answers():
     c = cfg()
@@ -76,6 +81,7 @@ def test_adopted_set_is_the_last_known_good_until_the_source_answers():
     # the source's first answer replaces the adopted set as any change does
     verdict = sup._offer("web", Answer((found("198.18.1.2"),)))
     assert verdict.changed and [b.name for b in sup.caches["web"].backends] == ["198.18.1.2-8000"]
+
 
 def test_nothing_is_adopted_for_a_source_that_answered():
     c = cfg()

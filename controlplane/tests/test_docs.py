@@ -44,7 +44,7 @@ def test_the_readme_opens_with_what_it_is_then_the_two_commands():
     first_heading = next(i for i, line in enumerate(lines) if line.startswith("## "))
     assert lines[first_heading] == "## Try it (root, fresh Debian 12)"
     assert "XDP" in " ".join(lines[:first_heading])
-    commands = [line.strip() for line in lines[first_heading:first_heading + 20] if line.startswith("    ")]
+    commands = [line.strip() for line in lines[first_heading : first_heading + 20] if line.startswith("    ")]
     assert commands == ["sudo tools/demo", "sudo tools/test"]
 
 

@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def config(**service) -> object:
     svc = {
-        "name": "chat", "vip": "198.18.255.1", "port": 8000,
+        "name": "chat",
+        "vip": "198.18.255.1",
+        "port": 8000,
         "health": {"heartbeat": {"interval_ms": 1, "timeout_ms": 5}},
         "backends": [
             {"name": "a", "address": "10.0.0.2", "port": 9000, "token": "0x5eed0001"},
@@ -30,17 +32,20 @@ def config(**service) -> object:
     }
     svc.update(service)
     svc = {k: v for k, v in svc.items() if v is not None}
-    return parse_config({"version": 1, "node": {"maglev_m": 1009, "pin_dir": "/sys/fs/bpf/other"},
-                         "services": [svc]})
+    return parse_config({"version": 1, "node": {"maglev_m": 1009, "pin_dir": "/sys/fs/bpf/other"}, "services": [svc]})
 
 
-@pytest.mark.parametrize("plan, message", [
-    (drill.Plan("nope", "heartbeat"), "--backend: no backend 'nope' in service chat"),
-    (drill.Plan("spare", "kill"), "--backend: spare is standby"),
-    (drill.Plan("a", "unplug"), "--mode: 'unplug' is not one of heartbeat, link, kill"),
-    (drill.Plan("a", "link", rate=50_000, duration_s=2), "100000 flows; at most 50000"),
-    (drill.Plan("a", "link", service="embed"), "--service: no service 'embed'"),
-], ids=["unknown backend", "standby", "unknown mode", "too many flows", "unknown service"])
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        (drill.Plan("nope", "heartbeat"), "--backend: no backend 'nope' in service chat"),
+        (drill.Plan("spare", "kill"), "--backend: spare is standby"),
+        (drill.Plan("a", "unplug"), "--mode: 'unplug' is not one of heartbeat, link, kill"),
+        (drill.Plan("a", "link", rate=50_000, duration_s=2), "100000 flows; at most 50000"),
+        (drill.Plan("a", "link", service="embed"), "--service: no service 'embed'"),
+    ],
+    ids=["unknown backend", "standby", "unknown mode", "too many flows", "unknown service"],
+)
 def test_plans_that_cannot_work_are_refused_before_anything_is_built(plan, message):
     with pytest.raises(drill.DrillError, match=message):
         drill.check_plan(config(), plan)
@@ -56,14 +61,17 @@ def test_testbed_config_keeps_names_weights_tokens_and_health_but_takes_the_test
     net = Net(Topo(backends=3), prefix="e3f9a")  # a description only: nothing is built
     doc = drill.testbed_document(cfg, cfg.services[0], net)
     svc = doc["services"][0]
-    assert [(b["name"], b["address"], b["port"], b["weight"], b["token"], b.get("standby", False))
-            for b in svc["backends"]] == [
+    assert [
+        (b["name"], b["address"], b["port"], b["weight"], b["token"], b.get("standby", False)) for b in svc["backends"]
+    ] == [
         ("a", "198.18.1.2", 9000, 1, "0x5eed0001", False),
         ("b", "198.18.2.2", 9000, 2, "0x5eed0002", False),
         ("spare", "198.18.3.2", 9000, 1, "0x5eed0003", True),
     ]
-    assert svc["health"] == {"heartbeat": {"port": 7946, "interval_ms": 1, "timeout_ms": 5, "rise": 3},
-                             "panic_percent": 0}
+    assert svc["health"] == {
+        "heartbeat": {"port": 7946, "interval_ms": 1, "timeout_ms": 5, "rise": 3},
+        "panic_percent": 0,
+    }
     assert doc["node"]["maglev_m"] == 1009 and "pin_dir" not in doc["node"]
     assert parse_config(doc).services[0].backends[2].standby  # what is deployed is a valid config
 
@@ -73,8 +81,9 @@ def test_frames_differ_only_in_source_port_and_keep_valid_checksums(protocol):
     from scapy.layers.inet import IP, TCP, UDP
     from scapy.layers.l2 import Ether
 
-    frames = drill.build_frames(protocol, "02:00:00:00:00:01", "02:00:00:00:00:02",
-                                "198.18.0.2", "198.18.255.1", 8000, 3000)
+    frames = drill.build_frames(
+        protocol, "02:00:00:00:00:01", "02:00:00:00:00:02", "198.18.0.2", "198.18.255.1", 8000, 3000
+    )
     l4 = TCP if protocol == "tcp" else UDP
     for k in (0, 1, 1234, 2999):
         pkt = Ether(frames[k])
@@ -149,11 +158,31 @@ WITHOUT_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None; from control
 
 def test_a_plot_without_matplotlib_is_refused_in_one_line_before_the_drill_runs(tmp_path):
     cfg = tmp_path / "edge.yaml"
-    cfg.write_text("version: 1\nservices:\n- name: chat\n  vip: 198.18.255.1\n  port: 8000\n  backends:\n"
-                   "  - {name: a, address: 198.18.1.2, port: 8000}\n  - {name: b, address: 198.18.2.2, port: 8000}\n")
-    done = subprocess.run([sys.executable, "-c", WITHOUT_MATPLOTLIB, "drill", "failover", "--config", str(cfg),
-                           "--backend", "a", "--mode", "link", "--plot", str(tmp_path / "out.png")],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    cfg.write_text(
+        "version: 1\nservices:\n- name: chat\n  vip: 198.18.255.1\n  port: 8000\n  backends:\n"
+        "  - {name: a, address: 198.18.1.2, port: 8000}\n  - {name: b, address: 198.18.2.2, port: 8000}\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT_MATPLOTLIB,
+            "drill",
+            "failover",
+            "--config",
+            str(cfg),
+            "--backend",
+            "a",
+            "--mode",
+            "link",
+            "--plot",
+            str(tmp_path / "out.png"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0
     assert done.stdout == ""
     lines = done.stderr.splitlines()

@@ -65,5 +65,11 @@ def test_edge_yaml_shows_every_key_config_py_declares():
 
 def test_the_walk_finds_nested_and_listed_sections():
     keys = declared_keys()
-    assert {"version", "node.iface", "services[].backends[].token", "services[].health.probe.kind",
-            "services[].sla.p99_rtt_ms", "services[].weights.slow_start_ms"} <= keys
+    assert {
+        "version",
+        "node.iface",
+        "services[].backends[].token",
+        "services[].health.probe.kind",
+        "services[].sla.p99_rtt_ms",
+        "services[].weights.slow_start_ms",
+    } <= keys

@@ -57,8 +57,8 @@ def test_fresh_wire_signals_steer_between_probes_and_stale_ones_give_the_rtt_bac
         assert d.state.wire_fresh == set()
         assert all(tr.wire_rtt_s is None for tr in st.trackers.values())
         assert len(set(d.state.maps.weights("web").values())) == 1
-    on_loop(test)
 
+    on_loop(test)
 
 
 def test_a_step_pushes_the_policys_weights_and_not_the_noise_within_the_hysteresis():
@@ -73,6 +73,7 @@ def test_a_step_pushes_the_policys_weights_and_not_the_noise_within_the_hysteres
         assert d.steering.step(st, t + 300 * MS) is False and d.state.maps.weights("web") == first
         pushes = kinds(d, "weights")
         assert len(pushes) == 1 and pushes[0]["weights"] == first
+
     on_loop(test)
 
 
@@ -89,6 +90,7 @@ def test_a_drain_forces_0_until_undrained_and_shows_in_the_status_record():
         assert d.state.maps.weights("web")["b1"] == d.state.maps.weights("web")["b0"] > 0
         assert not d.state.maps.read_status(bids["b1"]).drained
         assert [e["kind"] for e in d.events.recent if e["kind"] in ("drain", "undrain")] == ["drain", "undrain"]
+
     on_loop(test)
 
 
@@ -109,6 +111,7 @@ def test_an_override_beats_the_policy_until_cleared():
             d.operations.set_override("web", "b1", 70000)
         with pytest.raises(LookupError, match="no backend 'b9'"):
             d.operations.drain("web", "b9")
+
     on_loop(test)
 
 
@@ -123,6 +126,7 @@ def test_a_drain_the_maps_refuse_is_an_error_and_leaves_nothing_behind():
         d.state.maps.refusing = None
         d.steering.step(d.state.services["web"], 10**12)  # the steer loop's next step does not drain b1
         assert d.state.maps.weights("web") == before
+
     on_loop(test)
 
 
@@ -140,6 +144,7 @@ def test_a_restarted_edged_keeps_the_drains_and_overrides_it_finds_in_the_maps()
         assert again.state.drained == {("web", "b1")} and again.state.overrides == {("web", "b2"): 5}
         again.steering.step(again.state.services["web"], t)  # no probe data yet: nothing forced moves
         assert {n: w for n, w in d.state.maps.weights("web").items() if n != "b0"} == {"b1": 0, "b2": 5}
+
     on_loop(test)
 
 
@@ -153,6 +158,7 @@ def test_the_status_record_carries_what_edged_measured():
         assert p.updated_ns == t and p.config_weight == 100 and p.state == "up"
         assert p.rtt_smoothed_s == pytest.approx(0.010)
         assert not p.drained and p.override is None and p.leave_until_s is None
+
     on_loop(test)
 
 
@@ -160,8 +166,9 @@ def test_the_status_record_carries_what_edged_measured():
 
 
 def test_reload_adds_a_backend_and_drains_a_removed_one_at_weight_0(monkeypatch):
-    monkeypatch.setattr(edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services
-                                                                       for b in s.backends})
+    monkeypatch.setattr(
+        edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services for b in s.backends}
+    )
 
     async def go():
         d = daemon(config(("b0", "b1", "b2")))
@@ -181,8 +188,9 @@ def test_reload_adds_a_backend_and_drains_a_removed_one_at_weight_0(monkeypatch)
 
 
 def test_a_bad_reload_changes_nothing(monkeypatch):
-    monkeypatch.setattr(edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services
-                                                                       for b in s.backends})
+    monkeypatch.setattr(
+        edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services for b in s.backends}
+    )
     bad = doc(("b0", "b1"))
     bad["services"][0]["backends"][1]["weight"] = -1
 
@@ -265,8 +273,11 @@ def test_a_failed_map_write_does_not_kill_the_steer_task():
 def test_the_loop_keeps_deciding_while_a_status_walk_is_slow(monkeypatch):
     """A status walk (GetStatus with a conntrack count, a metrics scrape) that takes long
     runs off the loop: the loop keeps ticking and steering until the walk is done."""
-    monkeypatch.setattr(edged.deploy, "describe", lambda maps, instance, pin_path, count=False, deadline_ns=None:
-                        maps.snapshot(count, deadline_ns))
+    monkeypatch.setattr(
+        edged.deploy,
+        "describe",
+        lambda maps, instance, pin_path, count=False, deadline_ns=None: maps.snapshot(count, deadline_ns),
+    )
 
     async def go():
         d = daemon()
@@ -298,8 +309,11 @@ def test_the_loop_keeps_deciding_while_a_status_walk_is_slow(monkeypatch):
 
 
 def test_a_walk_that_outlives_its_grace_is_an_error_and_the_loop_goes_on(monkeypatch):
-    monkeypatch.setattr(edged.deploy, "describe", lambda maps, instance, pin_path, count=False, deadline_ns=None:
-                        maps.snapshot(count, deadline_ns))
+    monkeypatch.setattr(
+        edged.deploy,
+        "describe",
+        lambda maps, instance, pin_path, count=False, deadline_ns=None: maps.snapshot(count, deadline_ns),
+    )
     monkeypatch.setattr(status, "WALK_DEADLINE_S", 0.01)
     monkeypatch.setattr(status, "WALK_GRACE_S", 0.01)
 

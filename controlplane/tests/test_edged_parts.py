@@ -21,13 +21,25 @@ T = 10**12
 
 
 def config():
-    return parse_config({"version": 1, "node": {"maglev_m": 1009, "max_services": 4, "max_backends": 8},
-                         "services": [{
-                             "name": "web", "vip": "198.18.0.10", "port": 8000,
-                             "weights": {"policy": "latency_inverse", "hysteresis_pct": 10, "rtt_offset_ms": 0},
-                             "health": {"probe": {"kind": "tcp", "interval_ms": 100, "timeout_ms": 50}},
-                             "backends": [{"name": n, "address": f"198.18.{i + 1}.2", "port": 8000, "weight": 100}
-                                          for i, n in enumerate(("b0", "b1"))]}]})
+    return parse_config(
+        {
+            "version": 1,
+            "node": {"maglev_m": 1009, "max_services": 4, "max_backends": 8},
+            "services": [
+                {
+                    "name": "web",
+                    "vip": "198.18.0.10",
+                    "port": 8000,
+                    "weights": {"policy": "latency_inverse", "hysteresis_pct": 10, "rtt_offset_ms": 0},
+                    "health": {"probe": {"kind": "tcp", "interval_ms": 100, "timeout_ms": 50}},
+                    "backends": [
+                        {"name": n, "address": f"198.18.{i + 1}.2", "port": 8000, "weight": 100}
+                        for i, n in enumerate(("b0", "b1"))
+                    ],
+                }
+            ],
+        }
+    )
 
 
 @pytest.fixture

@@ -22,9 +22,19 @@ from controlplane.errors import ConfigError
 
 HANG_S = 20.0  # far longer than any refusal takes; only a reload that blocks reaches it
 
-CFG = parse_config({"version": 1, "services": [{
-    "name": "chat", "vip": "198.18.255.1", "port": 8000,
-    "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000}]}]})
+CFG = parse_config(
+    {
+        "version": 1,
+        "services": [
+            {
+                "name": "chat",
+                "vip": "198.18.255.1",
+                "port": 8000,
+                "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000}],
+            }
+        ],
+    }
+)
 
 
 def refused(config_path: Path | None, text: str | None = None) -> tuple[str, int, list[dict]]:
@@ -82,20 +92,28 @@ def test_a_config_file_over_one_mib_is_refused_unread(tmp_path):
     big = tmp_path / "edge.yaml"
     with open(big, "wb") as f:
         f.truncate(64 * MAX_CONFIG_BYTES)  # sparse: reading it would take a while, checking it does not
-    assert refused(big)[0] == f"config: {big}: {64 * MAX_CONFIG_BYTES} bytes, more than the {MAX_CONFIG_BYTES} a config may have"
+    assert (
+        refused(big)[0]
+        == f"config: {big}: {64 * MAX_CONFIG_BYTES} bytes, more than the {MAX_CONFIG_BYTES} a config may have"
+    )
 
 
 def test_config_text_over_one_mib_is_refused():
     text = "#" * MAX_CONFIG_BYTES + "\n"
-    assert refused(None, text)[0] == (f"config_text: {MAX_CONFIG_BYTES + 1} bytes, more than the "
-                                      f"{MAX_CONFIG_BYTES} a config may have")
+    assert refused(None, text)[0] == (
+        f"config_text: {MAX_CONFIG_BYTES + 1} bytes, more than the {MAX_CONFIG_BYTES} a config may have"
+    )
 
 
-@pytest.mark.parametrize("content", [
-    "root:$6$s3cr3tSALT$hashhashhash:19000:0:99999:7:::\nbin:*:19000:0:99999:7:::\n",
-    "- s3cr3t-one\n- s3cr3t-two\n",
-    "s3cr3t",
-], ids=["shadow-like lines", "a list", "a scalar"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "root:$6$s3cr3tSALT$hashhashhash:19000:0:99999:7:::\nbin:*:19000:0:99999:7:::\n",
+        "- s3cr3t-one\n- s3cr3t-two\n",
+        "s3cr3t",
+    ],
+    ids=["shadow-like lines", "a list", "a scalar"],
+)
 def test_a_refusal_quotes_nothing_of_a_file_that_is_no_config(tmp_path, content):
     """Whatever the file holds, the message names the file and the problem, never its text."""
     path = tmp_path / "edge.yaml"
@@ -117,8 +135,10 @@ def test_a_reload_without_a_config_file_needs_text():
 
 
 def test_joining_a_fleet_by_reload_is_refused_naming_node_fleet():
-    text = ("version: 1\nnode: {fleet: {etcd: ['127.0.0.1:2379'], name: edge-1}}\nservices:\n"
-            "  - {name: chat, vip: 198.18.255.1, port: 8000, backends: [{name: b0, address: 198.18.1.2, port: 8000}]}\n")
+    text = (
+        "version: 1\nnode: {fleet: {etcd: ['127.0.0.1:2379'], name: edge-1}}\nservices:\n"
+        "  - {name: chat, vip: 198.18.255.1, port: 8000, backends: [{name: b0, address: 198.18.1.2, port: 8000}]}\n"
+    )
     error, _, events = refused(None, text)
     assert error == "node.fleet: changed; joining, leaving or changing the fleet needs an edged restart"
     assert [e["kind"] for e in events] == ["reload-rejected"]

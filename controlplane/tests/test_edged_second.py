@@ -21,9 +21,20 @@ def test_a_second_edged_meets_the_lock_before_the_metrics_port(tmp_path, monkeyp
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    cfg = parse_config({"version": 1, "node": {"metrics_listen": f"127.0.0.1:{port}"}, "services": [{
-        "name": "chat", "vip": "198.18.255.1", "port": 8000,
-        "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000}]}]})
+    cfg = parse_config(
+        {
+            "version": 1,
+            "node": {"metrics_listen": f"127.0.0.1:{port}"},
+            "services": [
+                {
+                    "name": "chat",
+                    "vip": "198.18.255.1",
+                    "port": 8000,
+                    "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000}],
+                }
+            ],
+        }
+    )
     second = Daemon(cfg, "eth-test", Events())
     first = deploy.NodeLock(second.state.instance, "eth-test")  # the first edged's
     first.acquire()

@@ -69,9 +69,23 @@ def eject_one(tmp_path_factory):
         pytest.skip("needs a C compiler and the kernel UAPI headers (linux-libc-dev)")
     out = tmp_path_factory.mktemp("eject")
     (out / "harness.c").write_text(HARNESS)
-    done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-I{INCLUDE}",
-                           "-o", str(out / "eject.so"), str(out / "harness.c")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wall",
+            "-Werror",
+            f"-I{INCLUDE}",
+            "-o",
+            str(out / "eject.so"),
+            str(out / "harness.c"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     lib = ctypes.CDLL(str(out / "eject.so"))
     lib.eject_one.argtypes = [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint64]
@@ -98,9 +112,12 @@ def test_a_large_service_past_its_cap_ejects_no_more(eject_one, n, spread):
     within a step at each of its two ends: 2/64 (3.1%) of n at most. Past the cap by that much,
     nothing more is ejected, however the ejected backends lie in the list."""
     over = -(-n * 53 // 100) + 2 * -(-n // 64)  # 50% + 3% + two steps
-    ejected = {"every-other": set(range(0, n, 2)) | set(range(1, 2 * (over - n // 2) + 1, 2)),
-               "first": set(range(over)), "last": set(range(n - over, n)),
-               "middle": set(range((n - over) // 2, (n - over) // 2 + over))}[spread]
+    ejected = {
+        "every-other": set(range(0, n, 2)) | set(range(1, 2 * (over - n // 2) + 1, 2)),
+        "first": set(range(over)),
+        "last": set(range(n - over, n)),
+        "middle": set(range((n - over) // 2, (n - over) // 2 + over)),
+    }[spread]
     assert len(ejected) >= over
     assert not eject_one(n, ejected, 50)
 

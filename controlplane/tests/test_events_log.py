@@ -30,7 +30,8 @@ def test_a_json_event_emitted_while_fd2_is_captured_reaches_the_log():
     out = _run("json")
     assert out.stdout == "kept\n"
     assert [json.loads(ln)["text"] for ln in out.stderr.splitlines()] == [
-        "bgp: withdrew 198.18.255.1 (not serving: test)"]
+        "bgp: withdrew 198.18.255.1 (not serving: test)"
+    ]
 
 
 def test_a_text_event_too():
@@ -58,8 +59,7 @@ def _levels(fmt: str, level: str, journal_stream: bool = False) -> str:
     st = os.fstat(write_end)
     env = {**os.environ, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}" if journal_stream else ""}
     try:
-        done = subprocess.run([sys.executable, "-c", LEVELS_CHILD, fmt, level], stderr=write_end, env=env,
-                              timeout=30)
+        done = subprocess.run([sys.executable, "-c", LEVELS_CHILD, fmt, level], stderr=write_end, env=env, timeout=30)
     finally:
         os.close(write_end)
     with os.fdopen(read_end) as f:
@@ -72,14 +72,16 @@ def test_every_text_line_names_its_level():
     assert _levels("text", "info").splitlines() == [
         "edged: info: web: weights b0 1->2",
         "edged: warning: web/b0: up -> down",
-        "edged: error: reload rejected, the running config stays: services[0].port: 0 is not a port"]
+        "edged: error: reload rejected, the running config stays: services[0].port: 0 is not a port",
+    ]
 
 
 def test_under_journald_lines_carry_priority_prefixes_and_no_program_name():
     assert _levels("text", "info", journal_stream=True).splitlines() == [
         "<6>web: weights b0 1->2",
         "<4>web/b0: up -> down",
-        "<3>reload rejected, the running config stays: services[0].port: 0 is not a port"]
+        "<3>reload rejected, the running config stays: services[0].port: 0 is not a port",
+    ]
 
 
 def test_json_lines_carry_a_severity_and_the_log_level_quiets_weight_pushes():
@@ -94,6 +96,10 @@ def test_a_config_error_at_start_is_one_error_line_and_the_status_systemd_does_n
 
     bad = tmp_path / "edge.yaml"
     bad.write_text("version: 1\nservices: []\n")
-    done = subprocess.run([sys.executable, "-m", "controlplane.edged.cli", "--config", str(bad)],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "controlplane.edged.cli", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert (done.returncode, done.stderr) == (EXIT_CONFIG, "edged: error: services: must not be empty\n")

@@ -10,10 +10,23 @@ from controlplane.fleet import snapshot as fs
 
 
 def cfg(weight_b=1, policy="latency_inverse"):
-    return parse_config({"version": 1, "services": [{
-        "name": "chat", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": policy},
-        "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000},
-                     {"name": "b", "address": "198.18.1.3", "port": 8000, "weight": weight_b}]}]})
+    return parse_config(
+        {
+            "version": 1,
+            "services": [
+                {
+                    "name": "chat",
+                    "vip": "198.18.255.1",
+                    "port": 8000,
+                    "weights": {"policy": policy},
+                    "backends": [
+                        {"name": "a", "address": "198.18.1.2", "port": 8000},
+                        {"name": "b", "address": "198.18.1.3", "port": 8000, "weight": weight_b},
+                    ],
+                }
+            ],
+        }
+    )
 
 
 def rep(node, a, b, t=100.0, svc=None, version=0):
@@ -30,8 +43,13 @@ def test_digest_follows_what_makes_tables_comparable():
 
 def test_leader_takes_the_median_of_fresh_agreeing_reports():
     s = cfg().services[0]
-    reports = [rep("n1", 10000, 5000), rep("n2", 10000, 100), rep("n3", 9000, 6000),
-               rep("old", 1, 1, t=0.0), rep("other", 1, 1, svc=cfg(weight_b=3).services[0])]
+    reports = [
+        rep("n1", 10000, 5000),
+        rep("n2", 10000, 100),
+        rep("n3", 9000, 6000),
+        rep("old", 1, 1, t=0.0),
+        rep("other", 1, 1, svc=cfg(weight_b=3).services[0]),
+    ]
     assert fs.combine(s, reports, now=101.0, stale_s=5) == {"a": 10000, "b": 5000}
     assert fs.combine(s, [rep("old", 1, 1, t=0.0)], now=101.0, stale_s=5) is None
 
@@ -97,30 +115,60 @@ def test_the_nodes_fleet_view_survives_the_api_and_reads_as_one_line():
     from controlplane.api import convert
     from controlplane.statusview import fmt_fleet as _fmt_fleet
 
-    view = {"name": "r1", "leader": "r0", "is_leader": False, "connected": False,
-            "problem": "etcd 198.18.64.250:2379: no answer in 1000 ms", "version": 9, "applied_age_s": 2.5,
-            "services": ["web"]}
+    view = {
+        "name": "r1",
+        "leader": "r0",
+        "is_leader": False,
+        "connected": False,
+        "problem": "etcd 198.18.64.250:2379: no answer in 1000 ms",
+        "version": 9,
+        "applied_age_s": 2.5,
+        "services": ["web"],
+    }
     back = convert.status_from_proto(convert.status_to_proto({"iface": "eth0", "fleet": view}))
     assert back["fleet"] == view
     assert "fleet" not in convert.status_from_proto(convert.status_to_proto({"iface": "eth0"}))
-    assert _fmt_fleet(view) == ("fleet: r1, leader r0, snapshot v9 applied 2.5s ago; etcd LOST (etcd "
-                                "198.18.64.250:2379: no answer in 1000 ms): keeping the snapshot, forwarding")
-    assert _fmt_fleet({**view, "is_leader": True, "connected": True, "version": 0}) == \
-        "fleet: r1, leader, no snapshot yet (local weights)"
+    assert _fmt_fleet(view) == (
+        "fleet: r1, leader r0, snapshot v9 applied 2.5s ago; etcd LOST (etcd "
+        "198.18.64.250:2379: no answer in 1000 ms): keeping the snapshot, forwarding"
+    )
+    assert (
+        _fmt_fleet({**view, "is_leader": True, "connected": True, "version": 0})
+        == "fleet: r1, leader, no snapshot yet (local weights)"
+    )
 
 
 def test_a_node_steers_by_the_snapshot_with_its_operator_weights_on_top():
     from controlplane import weights as policy
     from controlplane.fleet.member import Hooks, Member
 
-    c = parse_config({"version": 1, "node": {"fleet": {"etcd": ["127.0.0.1:2379"], "name": "n1"}}, "services": [{
-            "name": "chat", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": "latency_inverse"},
-            "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000},
-                         {"name": "b", "address": "198.18.1.3", "port": 8000}]}]})
+    c = parse_config(
+        {
+            "version": 1,
+            "node": {"fleet": {"etcd": ["127.0.0.1:2379"], "name": "n1"}},
+            "services": [
+                {
+                    "name": "chat",
+                    "vip": "198.18.255.1",
+                    "port": 8000,
+                    "weights": {"policy": "latency_inverse"},
+                    "backends": [
+                        {"name": "a", "address": "198.18.1.2", "port": 8000},
+                        {"name": "b", "address": "198.18.1.3", "port": 8000},
+                    ],
+                }
+            ],
+        }
+    )
     s = c.services[0]
     m = Member(c.node.fleet, Hooks(lambda: c.services, lambda got: {}, lambda *a, **k: None))
-    own = policy.Decision(weights={"a": 10000, "b": 9000}, computed={"a": 10000, "b": 9000},
-                          states={"a": "up", "b": "up"}, reasons={}, push=True)
+    own = policy.Decision(
+        weights={"a": 10000, "b": 9000},
+        computed={"a": 10000, "b": 9000},
+        states={"a": "up", "b": "up"},
+        reasons={},
+        push=True,
+    )
     # no snapshot yet: the node's own decision, recorded for its report
     assert m.steer(s, own, None) is own and m.computed["chat"] == {"a": 10000, "b": 9000}
     m.shared = {"chat": {"a": 10000, "b": 2000}}
@@ -133,8 +181,12 @@ def test_a_node_steers_by_the_snapshot_with_its_operator_weights_on_top():
 
 def test_reports_carry_each_backends_wire_signals_and_fleet_status_shows_them():
     s = cfg().services[0]
-    wire = {"chat": {"a": {"handshake_p50_s": 0.0001, "first_byte_p50_s": 0.39, "active": 3, "fresh": True},
-                     "b": {"handshake_p50_s": None, "first_byte_p50_s": None, "active": None}}}
+    wire = {
+        "chat": {
+            "a": {"handshake_p50_s": 0.0001, "first_byte_p50_s": 0.39, "active": 3, "fresh": True},
+            "b": {"handshake_p50_s": None, "first_byte_p50_s": None, "active": None},
+        }
+    }
     r = fs.report("n1", 100.0, 1, True, [s], {"chat": {"a": 1, "b": 1}}, {"chat": {"a": "up", "b": "up"}}, wire=wire)
     # only the report's keys, and none for a backend without signals
     assert r["services"]["chat"]["wire"] == {"a": {"handshake_p50_s": 0.0001, "first_byte_p50_s": 0.39, "active": 3}}

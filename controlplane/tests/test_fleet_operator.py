@@ -12,10 +12,21 @@ from controlplane.fleet import operator as op, snapshot as fs
 
 
 def cfg_doc():
-    return {"version": 1, "services": [{
-        "name": "chat", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": "latency_inverse"},
-        "backends": [{"name": "a", "address": "198.18.1.2", "port": 8000},
-                     {"name": "b", "address": "198.18.1.3", "port": 8000}]}]}
+    return {
+        "version": 1,
+        "services": [
+            {
+                "name": "chat",
+                "vip": "198.18.255.1",
+                "port": 8000,
+                "weights": {"policy": "latency_inverse"},
+                "backends": [
+                    {"name": "a", "address": "198.18.1.2", "port": 8000},
+                    {"name": "b", "address": "198.18.1.3", "port": 8000},
+                ],
+            }
+        ],
+    }
 
 
 def cfg():
@@ -65,7 +76,9 @@ def test_the_leader_folds_a_drain_into_a_new_version_and_undrain_gives_the_weigh
     assert chat["operator"] == {"b": {"drain": True, "weight": None}}
     assert chat["computed"] == {"a": 10000, "b": 5000}
     # nothing changed: no new version
-    assert fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], drained, "n1", 103.0, 5, marks(b=(True, None))) is None
+    assert (
+        fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], drained, "n1", 103.0, 5, marks(b=(True, None))) is None
+    )
     # undrained: the policy's weight back, no marks left in the snapshot
     back = fs.next_snapshot(c.services, [rep("n1", 10000, 5000)], drained, "n1", 104.0, 5, {})
     assert back["version"] == 3 and back["services"]["chat"]["weights"] == {"a": 10000, "b": 5000}
@@ -91,12 +104,36 @@ def test_marks_of_unknown_backends_wait_and_a_service_nobody_reports_still_gets_
 
 def test_marks_of_backends_no_config_and_no_fresh_report_names_are_unknown():
     c = cfg()
-    found = {b"k-b": ("chat", "b", {"drain": True}), b"k-gone": ("chat", "gone", {"drain": True}),
-             b"k-svc": ("old", "a", {"weight": 3}), b"k-new": ("chat", "new", {"drain": True})}
-    newer = fs.report("n2", 100.0, 0, True, [parse_config({"version": 1, "services": [{
-        "name": "chat", "vip": "198.18.255.1", "port": 8000, "weights": {"policy": "latency_inverse"},
-        "backends": [{"name": "new", "address": "198.18.1.4", "port": 8000}]}]}).services[0]],
-        {"chat": {"new": 1}}, {"chat": {"new": "up"}})
+    found = {
+        b"k-b": ("chat", "b", {"drain": True}),
+        b"k-gone": ("chat", "gone", {"drain": True}),
+        b"k-svc": ("old", "a", {"weight": 3}),
+        b"k-new": ("chat", "new", {"drain": True}),
+    }
+    newer = fs.report(
+        "n2",
+        100.0,
+        0,
+        True,
+        [
+            parse_config(
+                {
+                    "version": 1,
+                    "services": [
+                        {
+                            "name": "chat",
+                            "vip": "198.18.255.1",
+                            "port": 8000,
+                            "weights": {"policy": "latency_inverse"},
+                            "backends": [{"name": "new", "address": "198.18.1.4", "port": 8000}],
+                        }
+                    ],
+                }
+            ).services[0]
+        ],
+        {"chat": {"new": 1}},
+        {"chat": {"new": "up"}},
+    )
     # n2 runs a config with "new" and reports it: its mark stays while the report is fresh
     assert sorted(op.unknown(found, c.services, [newer], 101.0, 5)) == [b"k-gone", b"k-svc"]
     assert sorted(op.unknown(found, c.services, [newer], 106.0, 5)) == [b"k-gone", b"k-new", b"k-svc"]
@@ -114,12 +151,19 @@ def test_nodes_take_the_folded_weights_and_the_marks():
 
 
 def test_fleet_status_shows_fleet_wide_marks_and_nodes_whose_table_differs():
-    r = fs.report("r2", 100.0, 3, True, cfg().services, {"chat": {"a": 1, "b": 1}}, {},
-                  local={"chat": {"a": "weight 7"}})
+    r = fs.report(
+        "r2", 100.0, 3, True, cfg().services, {"chat": {"a": 1, "b": 1}}, {}, local={"chat": {"a": "weight 7"}}
+    )
     rows = fs.status_rows("r1", {"version": 3}, [r], 101.0)
     assert rows[0]["local"] == {"chat/a": "weight 7"}
-    text = fs.format_status({"leader": "r1", "version": 3, "nodes": rows, "operator": [
-        {"service": "chat", "backend": "b", "drain": True, "weight": None, "node": "r1", "t": 99.0}]})
+    text = fs.format_status(
+        {
+            "leader": "r1",
+            "version": 3,
+            "nodes": rows,
+            "operator": [{"service": "chat", "backend": "b", "drain": True, "weight": None, "node": "r1", "t": 99.0}],
+        }
+    )
     assert "fleet-wide: chat/b drained (set on r1)" in text
     assert "r2: chat/a weight 7 on this node only: its table differs from the fleet's" in text
 

@@ -53,8 +53,12 @@ def health_lib(tmp_path_factory, source: str, fn: str) -> ctypes.CDLL:
     returns an int."""
     lib = compile_c(tmp_path_factory, source, fn)
     f = getattr(lib, fn)
-    f.argtypes = [ctypes.POINTER(BackendInfo), ctypes.POINTER(ServiceCfg),
-                  ctypes.POINTER(BackendHealth), ctypes.c_uint64]
+    f.argtypes = [
+        ctypes.POINTER(BackendInfo),
+        ctypes.POINTER(ServiceCfg),
+        ctypes.POINTER(BackendHealth),
+        ctypes.c_uint64,
+    ]
     f.restype = ctypes.c_int
     return lib
 
@@ -70,21 +74,33 @@ SMALL_NS = st.integers(0, 10**10)
 
 @settings(max_examples=400, deadline=None)
 @given(
-    be_flags=st.integers(0, 15), sc_flags=st.integers(0, 3),
-    hb_timeout_ns=SMALL_NS, rise=st.integers(0, 4),
-    now=NS, last_seen_back=st.none() | SMALL_NS, ejected_ahead=st.integers(-10**10, 10**10),
-    rise_count=st.integers(0, 5), probation=st.integers(0, 1),
+    be_flags=st.integers(0, 15),
+    sc_flags=st.integers(0, 3),
+    hb_timeout_ns=SMALL_NS,
+    rise=st.integers(0, 4),
+    now=NS,
+    last_seen_back=st.none() | SMALL_NS,
+    ejected_ahead=st.integers(-(10**10), 10**10),
+    rise_count=st.integers(0, 5),
+    probation=st.integers(0, 1),
 )
 def test_maps_says_up_exactly_when_the_data_path_would_use_the_backend(
-        health_h, be_flags, sc_flags, hb_timeout_ns, rise, now, last_seen_back, ejected_ahead, rise_count,
-        probation):
+    health_h, be_flags, sc_flags, hb_timeout_ns, rise, now, last_seen_back, ejected_ahead, rise_count, probation
+):
     be = BackendInfo(flags=be_flags | abi.BE_F_VALID, health_id=0)
     sc = ServiceCfg(flags=sc_flags, hb_timeout_ns=hb_timeout_ns, rise=rise)
-    h = BackendHealth(last_seen_ns=0 if last_seen_back is None else max(0, now - last_seen_back),
-                      ejected_until_ns=max(0, now + ejected_ahead), rise_count=rise_count,
-                      probation=probation)
-    maps = Maps({abi.MAP_BACKENDS: Array(BackendInfo, 1), abi.MAP_HEALTH: Array(BackendHealth, 1)},
-                maglev_fd=-1, maglev_m=13, max_services=1)
+    h = BackendHealth(
+        last_seen_ns=0 if last_seen_back is None else max(0, now - last_seen_back),
+        ejected_until_ns=max(0, now + ejected_ahead),
+        rise_count=rise_count,
+        probation=probation,
+    )
+    maps = Maps(
+        {abi.MAP_BACKENDS: Array(BackendInfo, 1), abi.MAP_HEALTH: Array(BackendHealth, 1)},
+        maglev_fd=-1,
+        maglev_m=13,
+        max_services=1,
+    )
     maps.t[abi.MAP_HEALTH].values[0] = h
 
     seen = maps._health(be, sc, now)

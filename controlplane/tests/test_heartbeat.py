@@ -99,35 +99,50 @@ def test_sleep_until_sleeps_in_bounded_naps_to_the_deadline_and_stops_when_asked
 # ------------------------------------------------------------ pure: options
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("198.18.1.1", ("198.18.1.1", 7946)),
-    ("198.18.1.1:9000", ("198.18.1.1", 9000)),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("198.18.1.1", ("198.18.1.1", 7946)),
+        ("198.18.1.1:9000", ("198.18.1.1", 9000)),
+    ],
+)
 def test_router_is_an_address_with_an_optional_port(text, expected):
     addr, port = parse_router(text)
     assert (str(addr), port) == expected
 
 
-@pytest.mark.parametrize("text, message", [
-    ("router.example", "--router: 'router.example' is not an IPv4 address"),
-    ("198.18.1.1:70000", "--router port: '70000' is not a port (1..65535)"),
-    ("198.18.1.1:", "--router port: '' is not a port"),
-    ("::1", "--router: '::1' is not an IPv4 address"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("router.example", "--router: 'router.example' is not an IPv4 address"),
+        ("198.18.1.1:70000", "--router port: '70000' is not a port (1..65535)"),
+        ("198.18.1.1:", "--router port: '' is not a port"),
+        ("::1", "--router: '::1' is not an IPv4 address"),
+    ],
+)
 def test_router_errors_name_the_option(text, message):
     with pytest.raises(UsageError) as e:
         parse_router(text)
     assert str(e.value).startswith(message)
 
 
-@pytest.mark.parametrize("text, value", [("0x5eed0001", 0x5EED0001), ("12345", 12345),
-                                         ("0xffffffffffffffff", 2**64 - 1), ("0x" + "f" * 32, 2**128 - 1)])
+@pytest.mark.parametrize(
+    "text, value",
+    [("0x5eed0001", 0x5EED0001), ("12345", 12345), ("0xffffffffffffffff", 2**64 - 1), ("0x" + "f" * 32, 2**128 - 1)],
+)
 def test_tokens_are_decimal_or_hex_like_the_config(text, value):
     assert parse_token(text) == value
 
 
-@pytest.mark.parametrize("text, message", [("zz", "is not an integer"), ("-1", "out of range"), ("0", "out of range"),
-                                           ("0x100000000000000000000000000000000", "out of range")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("zz", "is not an integer"),
+        ("-1", "out of range"),
+        ("0", "out of range"),
+        ("0x100000000000000000000000000000000", "out of range"),
+    ],
+)
 def test_bad_tokens_are_refused(text, message):
     with pytest.raises(UsageError, match=message):
         parse_token(text)
@@ -143,18 +158,17 @@ def test_the_token_comes_from_a_file_never_from_the_command_line(tmp_path):
     assert "--token" not in parser().format_help().replace("--token-file", "").replace("--token-secret-file", "")
     missing = tmp_path / "absent"
     with pytest.raises(UsageError, match=f"^--token-file: cannot read {missing}: No such file or directory$"):
-        options(parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000",
-                                     "--token-file", str(missing)]))
+        options(parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000", "--token-file", str(missing)]))
     zero = tmp_path / "zero"
     zero.write_text("0\n")
     with pytest.raises(UsageError, match="^--token-file: the token is out of range 1..2"):
-        options(parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000",
-                                     "--token-file", str(zero)]))
+        options(parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000", "--token-file", str(zero)]))
 
 
 def opts(*argv: str):
-    return options(parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000",
-                                        "--token-file", token_file(7), *argv]))
+    return options(
+        parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000", "--token-file", token_file(7), *argv])
+    )
 
 
 def test_check_defaults_follow_the_heartbeat_interval_and_the_source_address():
@@ -175,18 +189,44 @@ def test_check_defaults_follow_the_heartbeat_interval_and_the_source_address():
 
 def test_a_token_secret_file_gives_the_token_the_router_derives(tmp_path):
     from controlplane.discovery.tokens import derive_token
+
     secret = tmp_path / "chat.secret"
     secret.write_bytes(b"0123456789abcdef-secret\n")
-    got = options(parser().parse_args(["--router", "198.18.1.1", "--service-port", "8000", "--source",
-                                       "198.18.1.2", "--token-secret-file", str(secret)]))
+    got = options(
+        parser().parse_args(
+            [
+                "--router",
+                "198.18.1.1",
+                "--service-port",
+                "8000",
+                "--source",
+                "198.18.1.2",
+                "--token-secret-file",
+                str(secret),
+            ]
+        )
+    )
     assert got.token == derive_token(b"0123456789abcdef-secret", "198.18.1.2", 8000)
     # without --source: the address the kernel sends to the router from (here loopback's)
-    local = options(parser().parse_args(["--router", "127.0.0.1", "--service-port", "8000",
-                                         "--token-secret-file", str(secret)]))
+    local = options(
+        parser().parse_args(["--router", "127.0.0.1", "--service-port", "8000", "--token-secret-file", str(secret)])
+    )
     assert local.token == derive_token(b"0123456789abcdef-secret", "127.0.0.1", 8000)
     with pytest.raises(UsageError, match="^--token-file: give exactly one of --token-file, --token-secret-file$"):
-        options(parser().parse_args(["--router", "127.0.0.1", "--service-port", "8000", "--token-file", token_file(1),
-                                     "--token-secret-file", str(secret)]))
+        options(
+            parser().parse_args(
+                [
+                    "--router",
+                    "127.0.0.1",
+                    "--service-port",
+                    "8000",
+                    "--token-file",
+                    token_file(1),
+                    "--token-secret-file",
+                    str(secret),
+                ]
+            )
+        )
 
 
 def test_the_agents_defaults_are_the_configs():
@@ -199,18 +239,22 @@ def test_the_console_script_is_declared():
     assert scripts["edge-heartbeat"] == "controlplane.agent:main"
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "the following arguments are required: --router, --service-port"),
-    (["--interval-ms", "0"], "--interval-ms: '0' is not a number of milliseconds in 0.05..3.6e+06"),
-    (["--interval-ms", "nan"], "--interval-ms: 'nan' is not a number of milliseconds"),
-    (["--check", "icmp"], "argument --check: invalid choice: 'icmp'"),
-    (["--check-url", "https://127.0.0.1/health"], "--check-url: 'https://127.0.0.1/health' is not an http://"),
-    (["--check", "none", "--check-url", "http://127.0.0.1/"], "--check-url: given with --check none"),
-    (["--duration-s", "-1"], "--duration-s: '-1' is not a number of seconds"),
-    (["--rt-priority", "100"], "--rt-priority: 100 is not in 0..99"),
-    (["--source", "198.18.1.300"], "--source: '198.18.1.300' is not an IPv4 address"),
-    (["--service-port", "0"], "--service-port: '0' is not a port"),
-], ids=lambda v: v if isinstance(v, str) else " ".join(v) or "nothing")
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "the following arguments are required: --router, --service-port"),
+        (["--interval-ms", "0"], "--interval-ms: '0' is not a number of milliseconds in 0.05..3.6e+06"),
+        (["--interval-ms", "nan"], "--interval-ms: 'nan' is not a number of milliseconds"),
+        (["--check", "icmp"], "argument --check: invalid choice: 'icmp'"),
+        (["--check-url", "https://127.0.0.1/health"], "--check-url: 'https://127.0.0.1/health' is not an http://"),
+        (["--check", "none", "--check-url", "http://127.0.0.1/"], "--check-url: given with --check none"),
+        (["--duration-s", "-1"], "--duration-s: '-1' is not a number of seconds"),
+        (["--rt-priority", "100"], "--rt-priority: 100 is not in 0..99"),
+        (["--source", "198.18.1.300"], "--source: '198.18.1.300' is not an IPv4 address"),
+        (["--service-port", "0"], "--service-port: '0' is not a port"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v) or "nothing",
+)
 def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
     required = {"--router": "127.0.0.1", "--service-port": "8000", "--token-file": token_file(1)} if argv else {}
     for flag in argv[::2]:
@@ -321,8 +365,9 @@ def test_a_server_that_dies_is_noticed_at_once_not_at_the_next_check(server, kin
     lines: list[str] = []
     readiness = Readiness(lines.append)
     stop = StopFlag()
-    checker = Checker(kind(Target(LOOPBACK, server.port, "/")), readiness, interval_ms=60_000,
-                      timeout_ms=1_000, stop=stop)
+    checker = Checker(
+        kind(Target(LOOPBACK, server.port, "/")), readiness, interval_ms=60_000, timeout_ms=1_000, stop=stop
+    )
     checker.start()
     try:
         wait_until(lambda: readiness.ready, 5.0, "first check passes", observe=lambda: lines)
@@ -371,8 +416,13 @@ def test_a_gate_without_a_checker_never_goes_stale_and_a_dead_checker_raises():
 def test_readiness_speaks_only_on_transitions():
     lines: list[str] = []
     readiness = Readiness(lines.append)
-    for ok, detail in [(True, "http 200"), (True, "http 200"), (False, "http 503"), (False, "http 500"),
-                       (True, "http 200")]:
+    for ok, detail in [
+        (True, "http 200"),
+        (True, "http 200"),
+        (False, "http 503"),
+        (False, "http 500"),
+        (True, "http 200"),
+    ]:
         readiness.update(Result(ok, detail))
 
     assert lines == ["ready: http 200", "not ready: http 503", "ready: http 200"]

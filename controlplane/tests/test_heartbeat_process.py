@@ -88,9 +88,14 @@ class AgentProcess:
     def __init__(self, *argv: str):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen([sys.executable, "-m", "controlplane.agent", *argv], env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "controlplane.agent", *argv],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: list[tuple[float, str]] = []  # (time.monotonic(), line)
         self.stderr = ""  # all of it, once stopped
         self.thread = threading.Thread(target=self._read)
@@ -133,8 +138,19 @@ def receiver() -> Iterator[Receiver]:
 
 
 def agent_args(receiver: Receiver, *extra: str) -> list[str]:
-    return ["--router", f"{LOOPBACK}:{receiver.port}", "--source", LOOPBACK, "--service-port",
-            str(SERVICE_PORT), "--token-file", token_file(TOKEN), "--interval-ms", "1", *extra]
+    return [
+        "--router",
+        f"{LOOPBACK}:{receiver.port}",
+        "--source",
+        LOOPBACK,
+        "--service-port",
+        str(SERVICE_PORT),
+        "--token-file",
+        token_file(TOKEN),
+        "--interval-ms",
+        "1",
+        *extra,
+    ]
 
 
 def test_agent_sends_only_while_its_server_is_ready(server, receiver):
@@ -143,15 +159,17 @@ def test_agent_sends_only_while_its_server_is_ready(server, receiver):
         wait_until(lambda: len(receiver.got) >= 50, 10.0, "50 heartbeats", observe=agent.text)
 
         server.status = 503
-        stopped_at = wait_until(lambda: agent.first("not ready: http 503"), 5.0, "agent says not ready",
-                                observe=agent.text)
+        stopped_at = wait_until(
+            lambda: agent.first("not ready: http 503"), 5.0, "agent says not ready", observe=agent.text
+        )
         checks = server.count(503)
         # The agent goes on checking (every 5 ms) while it sends nothing; 10 more checks = ~50 ticks.
         wait_until(lambda: server.count(503) >= checks + 10, 5.0, "10 more checks answered 503")
         silent_until = time.monotonic()
         server.status = 200
-        wait_until(lambda: agent.first("ready: http 200", after=stopped_at), 5.0, "agent ready again",
-                   observe=agent.text)
+        wait_until(
+            lambda: agent.first("ready: http 200", after=stopped_at), 5.0, "agent ready again", observe=agent.text
+        )
         resumed = len(receiver.got)
         wait_until(lambda: len(receiver.got) >= resumed + 50, 10.0, "50 heartbeats after resuming")
     finally:
@@ -214,14 +232,17 @@ def test_a_hung_checker_stops_the_sending_until_it_checks_again(server, receiver
         child = checker_pid(agent)
         os.kill(child, signal.SIGSTOP)  # a checker stuck somewhere: no verdict comes any more
         # 5 ms interval + 20 ms timeout + 100 ms grace without a finished check:
-        stale_at = wait_until(lambda: agent.first("not ready: no check finished for 125 ms"), 5.0,
-                              "the sender notices", observe=agent.text)
+        stale_at = wait_until(
+            lambda: agent.first("not ready: no check finished for 125 ms"),
+            5.0,
+            "the sender notices",
+            observe=agent.text,
+        )
         quiet_from = len(receiver.got)
         answers = sum(server.answers.values())
         os.kill(child, signal.SIGCONT)
         child = None
-        wait_until(lambda: agent.first("checks resumed", after=stale_at), 5.0, "checks resume",
-                   observe=agent.text)
+        wait_until(lambda: agent.first("checks resumed", after=stale_at), 5.0, "checks resume", observe=agent.text)
         resumed_at = agent.first("checks resumed")
         wait_until(lambda: len(receiver.got) >= quiet_from + 20, 10.0, "20 heartbeats after resuming")
     finally:
@@ -251,8 +272,18 @@ def test_the_agent_exits_1_when_its_checker_dies(server, receiver):
 
 
 def test_agent_refuses_a_source_address_it_does_not_have(receiver):
-    agent = AgentProcess("--router", f"{LOOPBACK}:{receiver.port}", "--source", "198.18.0.99",
-                         "--service-port", "8000", "--token-file", token_file(1), "--check", "none")
+    agent = AgentProcess(
+        "--router",
+        f"{LOOPBACK}:{receiver.port}",
+        "--source",
+        "198.18.0.99",
+        "--service-port",
+        "8000",
+        "--token-file",
+        token_file(1),
+        "--check",
+        "none",
+    )
     try:
         code = agent.proc.wait(timeout=10)
     finally:

@@ -37,17 +37,51 @@ PURE = [
 
 # Modules that reach the kernel, files, the network or other processes.
 NOT_PURE = {
-    "bcc", "pyroute2", "ctypes", "fcntl", "mmap",  # the kernel
-    "os", "io", "pathlib", "shutil", "tempfile",  # files
-    "socket", "select", "selectors", "ssl", "grpc", "http", "urllib", "dns", "aetcd", "scapy",  # the network
-    "subprocess", "multiprocessing",  # other processes
+    "bcc",
+    "pyroute2",
+    "ctypes",
+    "fcntl",
+    "mmap",  # the kernel
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "tempfile",  # files
+    "socket",
+    "select",
+    "selectors",
+    "ssl",
+    "grpc",
+    "http",
+    "urllib",
+    "dns",
+    "aetcd",
+    "scapy",  # the network
+    "subprocess",
+    "multiprocessing",  # other processes
 }
 # asyncio is allowed (events, locks, timeouts) but not its network calls.
 ASYNCIO_NETWORK = {
-    "open_connection", "start_server", "open_unix_connection", "start_unix_server", "create_connection",
-    "create_server", "create_datagram_endpoint", "create_unix_connection", "create_unix_server",
-    "sock_connect", "sock_accept", "sock_recv", "sock_recv_into", "sock_sendall", "sock_sendto",
-    "sock_recvfrom", "subprocess_exec", "subprocess_shell", "create_subprocess_exec", "create_subprocess_shell",
+    "open_connection",
+    "start_server",
+    "open_unix_connection",
+    "start_unix_server",
+    "create_connection",
+    "create_server",
+    "create_datagram_endpoint",
+    "create_unix_connection",
+    "create_unix_server",
+    "sock_connect",
+    "sock_accept",
+    "sock_recv",
+    "sock_recv_into",
+    "sock_sendall",
+    "sock_sendto",
+    "sock_recvfrom",
+    "subprocess_exec",
+    "subprocess_shell",
+    "create_subprocess_exec",
+    "create_subprocess_shell",
 }
 # The files pure modules read: the config, by configkit.read_config_text (os.open with
 # O_NONBLOCK, fstat, a size limit) for config.load_config; a service's token secret, by
@@ -64,7 +98,8 @@ LAB_USERS = {"controlplane/drill/capture.py", "controlplane/drill/plan.py", "con
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _package_of(path: str) -> list[str]:
@@ -88,7 +123,7 @@ def imports(source: str, path: str = "controlplane/x.py") -> set[str]:
             base = node.module or ""
             if node.level:
                 package = _package_of(path)
-                package = package[:len(package) - node.level + 1]
+                package = package[: len(package) - node.level + 1]
                 base = ".".join(package + ([base] if base else []))
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
@@ -103,8 +138,12 @@ def asyncio_network_calls(source: str) -> set[str]:
     """asyncio's network and subprocess calls the source names (asyncio.x, loop.x, or imported)."""
     tree = ast.parse(source)
     names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
-    names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-              and (node.module or "").startswith("asyncio") for alias in node.names}
+    names |= {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("asyncio")
+        for alias in node.names
+    }
     return names & ASYNCIO_NETWORK
 
 
@@ -116,8 +155,9 @@ def imports_of(path: str) -> frozenset[str]:
 
 @functools.cache
 def _python_files() -> list[str]:
-    listed = subprocess.run(["git", "ls-files", "*.py", "tools/bench-*"], cwd=TOP, capture_output=True,
-                            text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        ["git", "ls-files", "*.py", "tools/bench-*"], cwd=TOP, capture_output=True, text=True, check=True
+    ).stdout.split()
     return sorted(p for p in listed if (TOP / p).is_file())
 
 
@@ -143,8 +183,11 @@ def _runs_with(path: str) -> set[str]:
             continue
         seen.add(p)
         parts = p.split("/")
-        todo += [f"{'/'.join(parts[:i])}/__init__.py" for i in range(1, len(parts))
-                 if (TOP / "/".join(parts[:i]) / "__init__.py").is_file()]
+        todo += [
+            f"{'/'.join(parts[:i])}/__init__.py"
+            for i in range(1, len(parts))
+            if (TOP / "/".join(parts[:i]) / "__init__.py").is_file()
+        ]
         for name in imports_of(p):
             f = _module_file(name)
             if f is not None:
@@ -153,14 +196,17 @@ def _runs_with(path: str) -> set[str]:
 
 
 def test_the_scanner_sees_imports_anywhere_but_under_type_checking():
-    src = ("import os.path\nfrom . import sibling\nfrom typing import TYPE_CHECKING\n"
-           "if TYPE_CHECKING:\n    import bcc\nelse:\n    import json\n"
-           "def f():\n    from pyroute2 import IPRoute\n")
+    src = (
+        "import os.path\nfrom . import sibling\nfrom typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import bcc\nelse:\n    import json\n"
+        "def f():\n    from pyroute2 import IPRoute\n"
+    )
     got = imports(src, "controlplane/maps/x.py")
     assert {"os.path", "controlplane.maps", "controlplane.maps.sibling", "json", "pyroute2"} <= got
     assert "bcc" not in got
-    assert asyncio_network_calls("import asyncio\nasync def f(loop):\n    await loop.create_connection()\n") \
-        == {"create_connection"}
+    assert asyncio_network_calls("import asyncio\nasync def f(loop):\n    await loop.create_connection()\n") == {
+        "create_connection"
+    }
 
 
 def test_bcc_is_imported_only_by_the_loader():
@@ -181,6 +227,10 @@ def test_a_pure_module_and_what_it_imports_reach_no_kernel_file_or_network(pure)
 
 def test_the_product_never_imports_the_lab():
     outside = ("controlplane/lab/", "controlplane/tests/", "tools/", "netns-tests/")
-    users = {p for p in _python_files() if not p.startswith(outside)
-             and any(n == "controlplane.lab" or n.startswith("controlplane.lab.") for n in imports_of(p))}
+    users = {
+        p
+        for p in _python_files()
+        if not p.startswith(outside)
+        and any(n == "controlplane.lab" or n.startswith("controlplane.lab.") for n in imports_of(p))
+    }
     assert users == LAB_USERS

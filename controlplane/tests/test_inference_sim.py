@@ -38,8 +38,14 @@ from controlplane.lab.traffic import wait_until
 REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
 TIMEOUT_S = 5.0
-METRIC_NAMES = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                "vllm:generation_tokens_total", "vllm:request_success_total", "vllm:prompt_tokens_total"}
+METRIC_NAMES = {
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:prompt_tokens_total",
+}
 
 
 @pytest.fixture
@@ -62,8 +68,9 @@ def sim() -> Iterator[Callable[..., Handle]]:
 # ------------------------------------------------------------ a small client
 
 
-def request(h: Handle, method: str, path: str, doc: Any = None,
-            timeout_s: float = TIMEOUT_S) -> tuple[int, dict[str, str], bytes]:
+def request(
+    h: Handle, method: str, path: str, doc: Any = None, timeout_s: float = TIMEOUT_S
+) -> tuple[int, dict[str, str], bytes]:
     """One request on a new connection: (status, lower-cased headers, body)."""
     conn = http.client.HTTPConnection(*h.address, timeout=timeout_s)
     try:
@@ -109,7 +116,7 @@ def stream_events(h: Handle, path: str, doc: dict) -> tuple[dict[str, str], list
         for raw in resp:  # bounded: the server ends the stream, the socket has a timeout
             line = raw.decode().rstrip("\n")
             if line.startswith("data: "):
-                data = line[len("data: "):]
+                data = line[len("data: ") :]
                 events.append((time.monotonic() - t0, data if data == "[DONE]" else json.loads(data)))
         return {k.lower(): v for k, v in resp.getheaders()}, events
     finally:
@@ -148,8 +155,9 @@ def test_a_completion_answers_max_tokens_tokens_no_sooner_than_ttft_plus_tpots(s
 def test_a_chat_completion_answers_an_assistant_message(sim):
     h = sim(name="b1")
 
-    status, doc = post(h, "/v1/chat/completions",
-                       {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 3})
+    status, doc = post(
+        h, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 3}
+    )
 
     assert status == 200 and doc["backend"] == "b1" and doc["object"] == "chat.completion"
     assert doc["choices"][0]["message"]["role"] == "assistant"
@@ -157,10 +165,14 @@ def test_a_chat_completion_answers_an_assistant_message(sim):
     assert doc["usage"]["completion_tokens"] == 3 and doc["usage"]["prompt_tokens"] == 2
 
 
-@pytest.mark.parametrize("path, body, text_of", [
-    ("/v1/completions", {"prompt": "hi"}, lambda c: c["text"]),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, lambda c: c["delta"]["content"]),
-], ids=["completions", "chat"])
+@pytest.mark.parametrize(
+    "path, body, text_of",
+    [
+        ("/v1/completions", {"prompt": "hi"}, lambda c: c["text"]),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, lambda c: c["delta"]["content"]),
+    ],
+    ids=["completions", "chat"],
+)
 def test_a_stream_sends_one_event_per_token_then_done(sim, path, body, text_of):
     h = sim(name="b2", ttft_ms=40, tpot_ms=5)
 
@@ -171,8 +183,7 @@ def test_a_stream_sends_one_event_per_token_then_done(sim, path, body, text_of):
     tokens, done = events[:-1], events[-1]
     assert done[1] == "[DONE]"
     assert len(tokens) == 6  # one event per token
-    assert all(event["backend"] == "b2" and len(text_of(event["choices"][0]).split()) == 1
-               for _, event in tokens)
+    assert all(event["backend"] == "b2" and len(text_of(event["choices"][0]).split()) == 1 for _, event in tokens)
     assert [event["choices"][0]["finish_reason"] for _, event in tokens] == [None] * 5 + ["length"]
     assert tokens[0][0] >= 0.040  # the first token comes after ttft
 
@@ -180,8 +191,9 @@ def test_a_stream_sends_one_event_per_token_then_done(sim, path, body, text_of):
 def test_a_stream_can_end_with_a_usage_event(sim):
     h = sim()
 
-    _, events = stream_events(h, "/v1/completions",
-                              {"prompt": "a b", "max_tokens": 2, "stream_options": {"include_usage": True}})
+    _, events = stream_events(
+        h, "/v1/completions", {"prompt": "a b", "max_tokens": 2, "stream_options": {"include_usage": True}}
+    )
 
     assert events[-2][1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
     assert events[-2][1]["choices"] == []
@@ -207,13 +219,16 @@ def test_requests_share_one_kept_alive_connection(sim):
     assert len(peers) == 1  # one client port: the connection was reused
 
 
-@pytest.mark.parametrize("path, body, field", [
-    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
-    ("/v1/completions", {"max_tokens": 3}, "prompt"),
-    ("/v1/chat/completions", {"prompt": "x"}, "messages"),
-    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
-    ("/v1/completions", [1, 2], "body"),
-])
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ("/v1/completions", {"max_tokens": 3}, "prompt"),
+        ("/v1/chat/completions", {"prompt": "x"}, "messages"),
+        ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
+        ("/v1/completions", [1, 2], "body"),
+    ],
+)
 def test_a_bad_completion_request_gets_400_naming_the_field(sim, path, body, field):
     h = sim()
 
@@ -233,8 +248,12 @@ def test_requests_beyond_max_running_wait_in_arrival_order(sim):
         second = pool.submit(complete, h, 2)
 
         # The first is inside its 300 ms ttft, so the second can only wait.
-        m = wait_until(lambda: (m := metrics(h))["vllm:num_requests_waiting"] == 1 and m, TIMEOUT_S,
-                       "second request waiting", observe=lambda: metrics(h))
+        m = wait_until(
+            lambda: (m := metrics(h))["vllm:num_requests_waiting"] == 1 and m,
+            TIMEOUT_S,
+            "second request waiting",
+            observe=lambda: metrics(h),
+        )
         assert m["vllm:num_requests_running"] == 1
 
         a, b = first.result(TIMEOUT_S), second.result(TIMEOUT_S)
@@ -254,8 +273,12 @@ def test_a_client_that_goes_away_frees_its_slot(sim):
     finally:
         sock.close()
 
-    wait_until(lambda: metrics(h)["vllm:num_requests_running"] == 0, TIMEOUT_S, "aborted request gone",
-               observe=lambda: metrics(h))
+    wait_until(
+        lambda: metrics(h)["vllm:num_requests_running"] == 0,
+        TIMEOUT_S,
+        "aborted request gone",
+        observe=lambda: metrics(h),
+    )
     assert complete(h, 1)["usage"]["completion_tokens"] == 1  # the slot is free again
     assert metrics(h)["vllm:request_success_total"] == 1  # the aborted one did not succeed
 
@@ -393,20 +416,23 @@ def test_die_answers_then_closes_the_server(sim):
     assert refused(h)
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"added_latency_ms": -1}, "added_latency_ms"),
-    ({"added_latency_ms": "5"}, "added_latency_ms"),
-    ({"fill_queue": 1.5}, "fill_queue"),
-    ({"fill_queue": True}, "fill_queue"),
-    ({"kv_usage": 1.5}, "kv_usage"),
-    ({"hang": "yes"}, "hang"),
-    ({"not_ready": 1}, "not_ready"),
-    ({"metrics_off": None}, "metrics_off"),
-    ({"die": 0}, "die"),
-    ({"colour": "red"}, "colour"),
-    ({"hang": True, "kv_usage": -0.1}, "kv_usage"),  # all or nothing: hang stays off
-    ([], "body"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"added_latency_ms": -1}, "added_latency_ms"),
+        ({"added_latency_ms": "5"}, "added_latency_ms"),
+        ({"fill_queue": 1.5}, "fill_queue"),
+        ({"fill_queue": True}, "fill_queue"),
+        ({"kv_usage": 1.5}, "kv_usage"),
+        ({"hang": "yes"}, "hang"),
+        ({"not_ready": 1}, "not_ready"),
+        ({"metrics_off": None}, "metrics_off"),
+        ({"die": 0}, "die"),
+        ({"colour": "red"}, "colour"),
+        ({"hang": True, "kv_usage": -0.1}, "kv_usage"),  # all or nothing: hang stays off
+        ([], "body"),
+    ],
+)
 def test_a_bad_knob_gets_400_naming_it_and_changes_nothing(sim, body, field):
     h = sim()
     before = post(h, "/sim/degrade", {})[1]["knobs"]
@@ -428,16 +454,19 @@ def test_the_python_api_sets_knobs_like_the_endpoint(sim):
         h.degrade(fill_queue=-3)
 
 
-@pytest.mark.parametrize("opts, message", [
-    (Options(max_running=0), "--max-running: "),
-    (Options(ttft_ms=-1), "--ttft-ms: "),
-    (Options(knobs=Knobs(kv_usage=2.0)), "--kv-usage: "),
-    (Options(knobs=Knobs(die=True)), "die: "),
-    (Options(heartbeat="127.0.0.1:7946"), "--heartbeat and --token"),
-    (Options(heartbeat="router", token="1"), "--heartbeat: "),
-    (Options(heartbeat="127.0.0.1", token="x"), "--token: "),
-    (Options(host="localhost", heartbeat="127.0.0.1", token="1"), "--listen: "),
-])
+@pytest.mark.parametrize(
+    "opts, message",
+    [
+        (Options(max_running=0), "--max-running: "),
+        (Options(ttft_ms=-1), "--ttft-ms: "),
+        (Options(knobs=Knobs(kv_usage=2.0)), "--kv-usage: "),
+        (Options(knobs=Knobs(die=True)), "die: "),
+        (Options(heartbeat="127.0.0.1:7946"), "--heartbeat and --token"),
+        (Options(heartbeat="router", token="1"), "--heartbeat: "),
+        (Options(heartbeat="127.0.0.1", token="x"), "--token: "),
+        (Options(host="localhost", heartbeat="127.0.0.1", token="1"), "--listen: "),
+    ],
+)
 def test_bad_options_are_refused_naming_the_option(opts, message):
     with pytest.raises(UsageError) as e:
         opts.check()
@@ -454,9 +483,15 @@ def test_the_heartbeat_agent_checks_this_servers_health_and_sends_from_its_addre
 
     assert cmd[:3] == [sys.executable, "-m", "controlplane.agent"]
     args = dict(zip(cmd[3::2], cmd[4::2]))
-    assert args == {"--router": "198.18.1.1:7946", "--service-port": "8000", "--token-file": "/run/token",
-                    "--interval-ms": "1", "--check": "http", "--check-url": "http://198.18.1.2:8000/health",
-                    "--source": "198.18.1.2"}
+    assert args == {
+        "--router": "198.18.1.1:7946",
+        "--service-port": "8000",
+        "--token-file": "/run/token",
+        "--interval-ms": "1",
+        "--check": "http",
+        "--check-url": "http://198.18.1.2:8000/health",
+        "--source": "198.18.1.2",
+    }
 
 
 def test_heartbeats_flow_to_the_router_while_health_passes_and_stop_with_the_server(sim):
@@ -482,8 +517,13 @@ def test_heartbeats_flow_to_the_router_while_health_passes_and_stop_with_the_ser
 
 
 def start_cli(*args: str) -> tuple[subprocess.Popen, tuple[str, int]]:
-    proc = subprocess.Popen([sys.executable, "-m", "controlplane.lab.inference", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.lab.inference", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     line: list[str] = []
     reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
     reader.start()
@@ -528,34 +568,65 @@ def test_the_process_exits_0_on_sigterm_sigint_and_die(how):
         proc.stderr.close()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--listen", "127.0.0.1:0"], "the following arguments are required: --name"),
-    (["--name", "x", "--listen", "nowhere"], "--listen: 'nowhere' is not ADDR:PORT"),
-    (["--name", "x", "--fill-queue", "-2"], "--fill-queue: -2 is not an integer >= 0"),
-    (["--name", "x", "--token", "5"], "--heartbeat and --token: give both or neither"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--listen", "127.0.0.1:0"], "the following arguments are required: --name"),
+        (["--name", "x", "--listen", "nowhere"], "--listen: 'nowhere' is not ADDR:PORT"),
+        (["--name", "x", "--fill-queue", "-2"], "--fill-queue: -2 is not an integer >= 0"),
+        (["--name", "x", "--token", "5"], "--heartbeat and --token: give both or neither"),
+    ],
+)
 def test_usage_errors_are_one_line_and_exit_2(args, message):
-    done = subprocess.run([sys.executable, "-m", "controlplane.lab.inference", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=TIMEOUT_S * 2)
+    done = subprocess.run(
+        [sys.executable, "-m", "controlplane.lab.inference", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S * 2,
+    )
 
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and message in done.stderr
 
 
 def test_help_documents_every_flag():
-    done = subprocess.run([sys.executable, "-m", "controlplane.lab.inference", "--help"], cwd=REPO,
-                          capture_output=True, text=True, timeout=TIMEOUT_S * 2)
+    done = subprocess.run(
+        [sys.executable, "-m", "controlplane.lab.inference", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S * 2,
+    )
 
     assert done.returncode == 0
-    for flag in ("--name", "--listen", "--model", "--max-running", "--max-waiting", "--ttft-ms", "--tpot-ms",
-                 "--kv-capacity-tokens", "--added-latency-ms", "--fill-queue", "--kv-usage", "--hang",
-                 "--not-ready", "--metrics-off", "--tpot-factor", "--heartbeat", "--token", "--hb-interval-ms"):
+    for flag in (
+        "--name",
+        "--listen",
+        "--model",
+        "--max-running",
+        "--max-waiting",
+        "--ttft-ms",
+        "--tpot-ms",
+        "--kv-capacity-tokens",
+        "--added-latency-ms",
+        "--fill-queue",
+        "--kv-usage",
+        "--hang",
+        "--not-ready",
+        "--metrics-off",
+        "--tpot-factor",
+        "--heartbeat",
+        "--token",
+        "--hb-interval-ms",
+    ):
         assert flag in done.stdout, flag
 
 
 def test_the_tools_wrapper_runs_the_module():
     if not (REPO / ".venv" / "bin" / "python").exists():
         pytest.skip("tools/sim-inference runs the repo's .venv, which tools/bootstrap creates")
-    done = subprocess.run([str(REPO / "tools" / "sim-inference"), "--help"], capture_output=True, text=True,
-                          timeout=TIMEOUT_S * 2)
+    done = subprocess.run(
+        [str(REPO / "tools" / "sim-inference"), "--help"], capture_output=True, text=True, timeout=TIMEOUT_S * 2
+    )
     assert done.returncode == 0 and "--max-running" in done.stdout

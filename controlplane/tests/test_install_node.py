@@ -21,8 +21,12 @@ COMMANDS = ("edgectl", "edged", "edge-heartbeat")
 
 def install(prefix: Path, *extra: str) -> list[str]:
     """Runs install-node into prefix; returns its stdout lines."""
-    out = subprocess.run([str(TOOL), "--prefix", str(prefix), "--no-bootstrap", "--no-venv", *extra],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(TOOL), "--prefix", str(prefix), "--no-bootstrap", "--no-venv", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
     return out.stdout.splitlines()
@@ -49,8 +53,17 @@ def test_files_land_where_an_operator_expects_them(tmp_path):
     assert all(line.startswith("install-node: ") for line in lines)
     assert len(lines) == 1 + len(COMMANDS) + 2  # source tree, links, unit, config
     src = tmp_path / "opt/edge/src"
-    for rel in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "controlplane/config.py",
-                "controlplane/edged/sdnotify.py", "bpf/edge_xdp.c", "bpf/include/abi.h", "edge/edge.yaml"):
+    for rel in (
+        "pyproject.toml",
+        "setup.py",
+        "MANIFEST.in",
+        "README.md",
+        "controlplane/config.py",
+        "controlplane/edged/sdnotify.py",
+        "bpf/edge_xdp.c",
+        "bpf/include/abi.h",
+        "edge/edge.yaml",
+    ):
         assert (src / rel).read_bytes() == (REPO / rel).read_bytes(), rel
     assert not list(src.rglob("__pycache__"))
     for name in COMMANDS:
@@ -126,11 +139,15 @@ def test_dry_run_says_what_it_would_do_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args, rc, text", [
-    (["--help"], 0, "--prefix DIR"),
-    (["--prefix", "relative/dir"], 2, "--prefix must be an absolute path"),
-    (["--frobnicate"], 2, "unknown argument '--frobnicate'"),
-], ids=["help", "relative-prefix", "unknown"])
+@pytest.mark.parametrize(
+    "args, rc, text",
+    [
+        (["--help"], 0, "--prefix DIR"),
+        (["--prefix", "relative/dir"], 2, "--prefix must be an absolute path"),
+        (["--frobnicate"], 2, "unknown argument '--frobnicate'"),
+    ],
+    ids=["help", "relative-prefix", "unknown"],
+)
 def test_arguments(args, rc, text):
     out = subprocess.run([str(TOOL), *args], capture_output=True, text=True, timeout=30)
     assert out.returncode == rc

@@ -25,9 +25,13 @@ def svc(name, vip_last, *backends, port=80, **kw):
 
 
 def config(*services, max_services=4, max_backends=8):
-    return parse_config({"version": 1, "node": {"maglev_m": M, "max_services": max_services,
-                                                "max_backends": max_backends},
-                         "services": list(services)})
+    return parse_config(
+        {
+            "version": 1,
+            "node": {"maglev_m": M, "max_services": max_services, "max_backends": max_backends},
+            "services": list(services),
+        }
+    )
 
 
 def fresh(cfg):
@@ -106,11 +110,13 @@ def test_moving_a_vip_at_max_services():
 def test_replacing_backends_at_max_backends():
     mem = MemMaps(M, 2, 3)
     maps = mem.maps()
-    maps.apply(config(svc("chat", 1, be("b0", 10), be("b1", 11)), svc("code", 2, be("c0", 20)),
-                      max_services=2, max_backends=3))
+    maps.apply(
+        config(svc("chat", 1, be("b0", 10), be("b1", 11)), svc("code", 2, be("c0", 20)), max_services=2, max_backends=3)
+    )
     seen = watch(mem)
-    new = config(svc("chat", 1, be("b0", 10), be("b2", 12)), svc("code", 2, be("c0", 20)),
-                 max_services=2, max_backends=3)
+    new = config(
+        svc("chat", 1, be("b0", 10), be("b2", 12)), svc("code", 2, be("c0", 20)), max_services=2, max_backends=3
+    )
     maps.apply(new)
     assert canonical(mem) == fresh(new)
     assert seen == []
@@ -119,8 +125,9 @@ def test_replacing_backends_at_max_backends():
 def test_an_update_that_cannot_fit_fails_in_one_line_and_changes_nothing():
     mem = MemMaps(M, 2, 3)
     maps = mem.maps()
-    maps.apply(config(svc("chat", 1, be("b0", 10), be("b1", 11)), svc("code", 2, be("c0", 20)),
-                      max_services=2, max_backends=3))
+    maps.apply(
+        config(svc("chat", 1, be("b0", 10), be("b1", 11)), svc("code", 2, be("c0", 20)), max_services=2, max_backends=3)
+    )
     before = mem.image()
     # four backends where three fit (the config's own check is bypassed: sizes differ)
     too_many = config(svc("chat", 1, be("b0", 10), be("b1", 11), be("b2", 12)), svc("code", 2, be("c0", 20)))
@@ -150,8 +157,11 @@ def test_a_write_failing_midway_is_rolled_back_byte_for_byte(mem, k):
 def _named_vips(mem):
     """Service id -> the VIP key its config names for the fast path (service_cfg.vip_*)."""
     t = mem.tables["edge_svc_cfg"]
-    return {vid: (t[vid].vip_addr, t[vid].vip_port, t[vid].vip_proto) for vid in range(mem.max_services)
-            if (t[vid].vip_addr, t[vid].vip_port, t[vid].vip_proto) != (0, 0, 0)}
+    return {
+        vid: (t[vid].vip_addr, t[vid].vip_port, t[vid].vip_proto)
+        for vid in range(mem.max_services)
+        if (t[vid].vip_addr, t[vid].vip_port, t[vid].vip_proto) != (0, 0, 0)
+    }
 
 
 def test_service_configs_name_their_vips_and_forget_removed_ones(mem):
@@ -167,8 +177,17 @@ def test_service_configs_name_their_vips_and_forget_removed_ones(mem):
     assert seen == []
 
 
-NODE = dict(maglev_m=M, max_services=4, max_backends=8, ct_size=1024, ingress_ifindex=3, xdp_flags=2,
-            ip_forward_was=0, return_ifindex=[4], return_clsact_added=[True])
+NODE = dict(
+    maglev_m=M,
+    max_services=4,
+    max_backends=8,
+    ct_size=1024,
+    ingress_ifindex=3,
+    xdp_flags=2,
+    ip_forward_was=0,
+    return_ifindex=[4],
+    return_clsact_added=[True],
+)
 
 
 def test_the_reverse_nat_generation_rises_with_every_change_of_edge_rnat(mem):

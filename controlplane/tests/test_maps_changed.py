@@ -23,13 +23,13 @@ def be(name, last, weight=1, **kw):
 
 
 def svc(name, vip_last, *backends, protocol="tcp"):
-    return {"name": name, "vip": f"198.19.0.{vip_last}", "port": 80, "protocol": protocol,
-            "backends": list(backends)}
+    return {"name": name, "vip": f"198.19.0.{vip_last}", "port": 80, "protocol": protocol, "backends": list(backends)}
 
 
 def config(*services):
-    return parse_config({"version": 1, "node": {"maglev_m": M, "max_services": 8, "max_backends": 16},
-                         "services": list(services)})
+    return parse_config(
+        {"version": 1, "node": {"maglev_m": M, "max_services": 8, "max_backends": 16}, "services": list(services)}
+    )
 
 
 def fresh(cfg):
@@ -43,8 +43,10 @@ def fresh(cfg):
 
 def services(n, weight_of_first=1, **kw):
     """n services of two backends each; the first backend of the first has weight_of_first."""
-    out = [svc(f"s{i}", i + 1, be("b0", 10 + 2 * i, weight=weight_of_first if i == 0 else 1),
-               be("b1", 11 + 2 * i, **kw)) for i in range(n)]
+    out = [
+        svc(f"s{i}", i + 1, be("b0", 10 + 2 * i, weight=weight_of_first if i == 0 else 1), be("b1", 11 + 2 * i, **kw))
+        for i in range(n)
+    ]
     return config(*out)
 
 
@@ -122,11 +124,13 @@ def test_only_weights_and_standby_take_the_short_way():
     assert changed_services(last, reweighted, {}, set()) == [reweighted.services[0]]
     assert [s.name for s in changed_services(last, services(2, standby=True), {}, set())] == ["s0", "s1"]
     s0 = cfg.services[0]
-    other_token = replace(cfg, services=(replace(s0, backends=(replace(s0.backends[0], token=7),
-                                                               s0.backends[1])), cfg.services[1]))
+    other_token = replace(
+        cfg, services=(replace(s0, backends=(replace(s0.backends[0], token=7), s0.backends[1])), cfg.services[1])
+    )
     assert changed_services(last, other_token, {}, set()) is None
-    added = config(*[svc(f"s{i}", i + 1, be("b0", 10 + 2 * i), be("b1", 11 + 2 * i)) for i in range(2)],
-                   svc("s2", 3, be("b0", 20)))
+    added = config(
+        *[svc(f"s{i}", i + 1, be("b0", 10 + 2 * i), be("b1", 11 + 2 * i)) for i in range(2)], svc("s2", 3, be("b0", 20))
+    )
     assert changed_services(last, added, {}, set()) is None
     assert changed_services(last, replace(cfg, node=replace(cfg.node, ct_size=2048)), {}, set()) is None
     assert changed_services(last, cfg, {cfg.services[0].backends[0].address: 3}, set()) is None
@@ -164,7 +168,8 @@ def test_one_backend_added_or_removed_writes_as_much_whatever_the_node_holds():
     assert writes_for(7, with_extra(7), with_extra(7, 40)) == writes_for(1, with_extra(1), with_extra(1, 40))
     assert writes_for(7, with_extra(7, 40), with_extra(7)) == writes_for(1, with_extra(1, 40), with_extra(1))
     assert writes_for(5, with_extra(5), with_extra(5, drop_b1=True)) == writes_for(
-        1, with_extra(1), with_extra(1, drop_b1=True))
+        1, with_extra(1), with_extra(1, drop_b1=True)
+    )
 
 
 def test_members_that_change_owner_or_collide_still_end_as_a_fresh_deploy():

@@ -24,8 +24,11 @@ HOSTS = [10, 11, 12, 13, 14, 15, 16, 17]
 
 
 def build(services: list[dict], sizes=(MAX_SERVICES, MAX_BACKENDS)):
-    doc = {"version": 1, "node": {"maglev_m": M, "max_services": sizes[0], "max_backends": sizes[1]},
-           "services": services}
+    doc = {
+        "version": 1,
+        "node": {"maglev_m": M, "max_services": sizes[0], "max_backends": sizes[1]},
+        "services": services,
+    }
     try:
         return parse_config(doc)
     except ConfigError:
@@ -34,18 +37,26 @@ def build(services: list[dict], sizes=(MAX_SERVICES, MAX_BACKENDS)):
 
 @st.composite
 def backend(draw, name):
-    return {"name": name, "address": f"198.18.1.{draw(st.sampled_from(HOSTS))}",
-            "port": draw(st.sampled_from([8000, 8001])), "weight": draw(st.integers(0, 4)),
-            "standby": draw(st.booleans().filter(lambda _: True)) and draw(st.integers(0, 4)) == 0,
-            "token": draw(st.integers(1, 3))}
+    return {
+        "name": name,
+        "address": f"198.18.1.{draw(st.sampled_from(HOSTS))}",
+        "port": draw(st.sampled_from([8000, 8001])),
+        "weight": draw(st.integers(0, 4)),
+        "standby": draw(st.booleans().filter(lambda _: True)) and draw(st.integers(0, 4)) == 0,
+        "token": draw(st.integers(1, 3)),
+    }
 
 
 @st.composite
 def service(draw, name):
     names = draw(st.lists(st.sampled_from(BACKENDS), min_size=1, max_size=3, unique=True))
-    out = {"name": name, "vip": f"198.19.0.{draw(st.sampled_from(VIPS))}", "port": 80,
-           "existing_flows": draw(st.sampled_from(["keep", "reselect"])),
-           "backends": [draw(backend(n)) for n in names]}
+    out = {
+        "name": name,
+        "vip": f"198.19.0.{draw(st.sampled_from(VIPS))}",
+        "port": 80,
+        "existing_flows": draw(st.sampled_from(["keep", "reselect"])),
+        "backends": [draw(backend(n)) for n in names],
+    }
     if draw(st.booleans()):
         out["health"] = {"heartbeat": {"port": draw(st.sampled_from([7946, 7947])), "timeout_ms": 50}}
     return out
@@ -179,7 +190,10 @@ class Membership(RuleBasedStateMachine):
         self.half.clear()
 
 
-Membership.TestCase.settings = settings(max_examples=100, stateful_step_count=10, deadline=None,
-                                        suppress_health_check=[HealthCheck.too_slow,
-                                                               HealthCheck.filter_too_much])
+Membership.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 TestMembership = Membership.TestCase

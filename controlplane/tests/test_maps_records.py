@@ -39,15 +39,33 @@ text = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_
 
 
 @settings(max_examples=100, deadline=None)
-@given(p=st.builds(
-    ProbeStatus, updated_ns=st.integers(0, 2**63), config_weight=st.integers(0, 65535),
-    rtt_p50_s=seconds, rtt_p99_s=seconds, rtt_smoothed_s=seconds, waiting=counts, running=counts,
-    kv_usage=st.none() | st.floats(0.0, 1.0), probes_ok=st.integers(0, 2**32 - 1),
-    probes_failed=st.integers(0, 2**32 - 1), state=text, reason=text, drained=st.booleans(),
-    override=st.none() | st.integers(0, 65535), leave_until_s=st.none() | st.integers(1, 2**32 - 1)))
+@given(
+    p=st.builds(
+        ProbeStatus,
+        updated_ns=st.integers(0, 2**63),
+        config_weight=st.integers(0, 65535),
+        rtt_p50_s=seconds,
+        rtt_p99_s=seconds,
+        rtt_smoothed_s=seconds,
+        waiting=counts,
+        running=counts,
+        kv_usage=st.none() | st.floats(0.0, 1.0),
+        probes_ok=st.integers(0, 2**32 - 1),
+        probes_failed=st.integers(0, 2**32 - 1),
+        state=text,
+        reason=text,
+        drained=st.booleans(),
+        override=st.none() | st.integers(0, 65535),
+        leave_until_s=st.none() | st.integers(1, 2**32 - 1),
+    )
+)
 def test_a_status_written_through_maps_reads_back_the_same_to_the_units_of_the_record(p):
-    maps = Maps({abi.MAP_BACKENDS: Array(ctypes.c_uint8, 4), abi.MAP_BE_PROBE: Array(PROBE, 4)},
-                maglev_fd=-1, maglev_m=13, max_services=1)
+    maps = Maps(
+        {abi.MAP_BACKENDS: Array(ctypes.c_uint8, 4), abi.MAP_BE_PROBE: Array(PROBE, 4)},
+        maglev_fd=-1,
+        maglev_m=13,
+        max_services=1,
+    )
     maps.write_status(2, p)
     got = maps.read_status(2)
 
@@ -55,13 +73,22 @@ def test_a_status_written_through_maps_reads_back_the_same_to_the_units_of_the_r
         return None if s is None else max(1, round(s * 1e6)) / 1e6
 
     assert got == ProbeStatus(
-        updated_ns=p.updated_ns, config_weight=p.config_weight,
-        rtt_p50_s=rounded(p.rtt_p50_s), rtt_p99_s=rounded(p.rtt_p99_s), rtt_smoothed_s=rounded(p.rtt_smoothed_s),
-        waiting=p.waiting, running=p.running,
+        updated_ns=p.updated_ns,
+        config_weight=p.config_weight,
+        rtt_p50_s=rounded(p.rtt_p50_s),
+        rtt_p99_s=rounded(p.rtt_p99_s),
+        rtt_smoothed_s=rounded(p.rtt_smoothed_s),
+        waiting=p.waiting,
+        running=p.running,
         kv_usage=None if p.kv_usage is None else round(p.kv_usage * 1000) / 1000,
-        probes_ok=p.probes_ok, probes_failed=p.probes_failed,
-        state=p.state[: PROBE_TEXT["state"] - 1], reason=p.reason[: PROBE_TEXT["reason"] - 1],
-        drained=p.drained, override=p.override, leave_until_s=p.leave_until_s)
+        probes_ok=p.probes_ok,
+        probes_failed=p.probes_failed,
+        state=p.state[: PROBE_TEXT["state"] - 1],
+        reason=p.reason[: PROBE_TEXT["reason"] - 1],
+        drained=p.drained,
+        override=p.override,
+        leave_until_s=p.leave_until_s,
+    )
     raw = maps.read_probe(2)  # what `status --json` shows: the C names
     assert raw["flags"] == pack_probe(p)["flags"] and raw["state"] == got.state
     assert unpack_probe(pack_probe(got)) == got  # a restarted edged writes back what it read
@@ -77,10 +104,14 @@ def test_a_bpftool_dump_of_the_verdict_counters_sums_cpus_by_name():
     def hexes(n: int, size: int) -> list[str]:
         return [f"0x{b:02x}" for b in n.to_bytes(size, sys.byteorder)]
 
-    dump = [{"key": hexes(abi.CNT_REDIRECT, 4), "values": [{"cpu": 0, "value": hexes(5, 8)},
-                                                            {"cpu": 1, "value": hexes(2**40, 8)}]},
-            {"key": hexes(abi.CNT_PASS, 4), "values": [{"cpu": 0, "value": hexes(0, 8)}]},
-            {"key": hexes(999, 4), "values": [{"cpu": 0, "value": hexes(7, 8)}]}]
+    dump = [
+        {
+            "key": hexes(abi.CNT_REDIRECT, 4),
+            "values": [{"cpu": 0, "value": hexes(5, 8)}, {"cpu": 1, "value": hexes(2**40, 8)}],
+        },
+        {"key": hexes(abi.CNT_PASS, 4), "values": [{"cpu": 0, "value": hexes(0, 8)}]},
+        {"key": hexes(999, 4), "values": [{"cpu": 0, "value": hexes(7, 8)}]},
+    ]
     assert counts_from_dump(abi.MAP_VERDICTS, dump) == {"redirect": 5 + 2**40, "pass": 0}
 
 
@@ -88,13 +119,20 @@ def test_return_nat_counts_the_replies_of_tc_and_of_xdp():
     """edge_reply counts a reply once, under return_xdp; tc's edge_return counts its own under
     return_nat (EDGE_CNT_RETURN_NAT). Readers show return_nat as every reverse-NATed reply:
     both, from a bpftool dump and from the maps."""
+
     def hexes(n: int, size: int) -> list[str]:
         return [f"0x{b:02x}" for b in n.to_bytes(size, sys.byteorder)]
 
-    dump = [{"key": hexes(abi.CNT_RETURN_NAT, 4), "values": [{"cpu": 0, "value": hexes(7, 8)},
-                                                              {"cpu": 1, "value": hexes(1, 8)}]},
-            {"key": hexes(abi.CNT_RETURN_XDP, 4), "values": [{"cpu": 0, "value": hexes(5, 8)},
-                                                              {"cpu": 1, "value": hexes(2, 8)}]}]
+    dump = [
+        {
+            "key": hexes(abi.CNT_RETURN_NAT, 4),
+            "values": [{"cpu": 0, "value": hexes(7, 8)}, {"cpu": 1, "value": hexes(1, 8)}],
+        },
+        {
+            "key": hexes(abi.CNT_RETURN_XDP, 4),
+            "values": [{"cpu": 0, "value": hexes(5, 8)}, {"cpu": 1, "value": hexes(2, 8)}],
+        },
+    ]
     assert counts_from_dump(abi.MAP_VERDICTS, dump) == {"return_nat": 15, "return_xdp": 7}
 
     from controlplane.tests.memtables import NCPU, MemMaps

@@ -92,7 +92,11 @@ def test_traffic_counters_are_totals_per_service_and_backend():
         assert fams[name].type == "counter"
         assert {s.name for s in fams[name].samples} == {name + "_total"}
         assert {s.labels["service"] + "/" + s.labels["backend"] for s in fams[name].samples} == {
-            "llama-70b/h100-a", "llama-70b/h100-b", "llama-70b/h100-spare", "embed/l4-0"}
+            "llama-70b/h100-a",
+            "llama-70b/h100-b",
+            "llama-70b/h100-spare",
+            "embed/l4-0",
+        }
     assert value(fams, "edge_packets_total", **be("llama-70b", "h100-a")) == 120_000
     assert value(fams, "edge_bytes_total", **be("llama-70b", "h100-b")) == 41_000_000
     assert value(fams, "edge_new_flows_total", **be("embed", "l4-0")) == 40
@@ -123,8 +127,10 @@ def test_backend_gauges_up_weights_and_heartbeat_age():
     assert value(fams, "edge_backend_config_weight", **be("embed", "l4-0")) == 2
     ages = samples(fams, "edge_backend_heartbeat_age_seconds")
     # h100-b never sent a heartbeat, l4-0's service has none: both omitted
-    assert ages == {frozenset(be("llama-70b", "h100-a").items()): pytest.approx(0.0042),
-                    frozenset(be("llama-70b", "h100-spare").items()): pytest.approx(0.0971)}
+    assert ages == {
+        frozenset(be("llama-70b", "h100-a").items()): pytest.approx(0.0042),
+        frozenset(be("llama-70b", "h100-spare").items()): pytest.approx(0.0971),
+    }
 
 
 def test_load_signals_are_exported_when_known_and_omitted_when_not():
@@ -140,8 +146,13 @@ def test_load_signals_are_exported_when_known_and_omitted_when_not():
     # h100-spare knows its queue but not its KV cache
     assert value(fams, "edge_backend_queue_waiting", **be("llama-70b", "h100-spare")) == 0
     assert value(fams, "edge_backend_kv_cache_usage_ratio", **be("llama-70b", "h100-spare")) is None
-    for name in ("edge_backend_queue_waiting", "edge_backend_queue_running", "edge_backend_kv_cache_usage_ratio",
-                 "edge_backend_hung", "edge_backend_rtt_smoothed_seconds"):
+    for name in (
+        "edge_backend_queue_waiting",
+        "edge_backend_queue_running",
+        "edge_backend_kv_cache_usage_ratio",
+        "edge_backend_hung",
+        "edge_backend_rtt_smoothed_seconds",
+    ):
         for unknown in (be("llama-70b", "h100-b"), be("embed", "l4-0")):
             assert value(fams, name, **unknown) is None, (name, unknown)
 
@@ -173,7 +184,8 @@ def test_info_names_version_interface_and_abi():
     with endpoint(Source()) as server:
         fams = scrape(server)
     assert samples(fams, "edge_info") == {
-        frozenset({"version": __version__, "iface": "eth1", "abi": str(abi.ABI_VERSION)}.items()): 1}
+        frozenset({"version": __version__, "iface": "eth1", "abi": str(abi.ABI_VERSION)}.items()): 1
+    }
 
 
 # ---------------------------------------------------------------- kept by the observer
@@ -189,8 +201,11 @@ def test_rtt_histogram_buckets_are_cumulative_and_count_only_successful_probes()
         fams = scrape(server)
     assert fams["edge_backend_rtt_seconds"].type == "histogram"
     labels = be("llama-70b", "h100-a")
-    buckets = {float(dict(k)["le"]): v for k, v in samples(fams, "edge_backend_rtt_seconds_bucket").items()
-               if dict(k)["backend"] == "h100-a"}
+    buckets = {
+        float(dict(k)["le"]): v
+        for k, v in samples(fams, "edge_backend_rtt_seconds_bucket").items()
+        if dict(k)["backend"] == "h100-a"
+    }
     assert sorted(buckets) == [*metrics.RTT_BUCKETS_S, float("inf")]
     counts = [buckets[le] for le in sorted(buckets)]
     assert counts == sorted(counts), "buckets must be cumulative"
@@ -283,7 +298,9 @@ def test_weight_pushes_start_at_zero_for_every_deployed_service():
     observer = metrics.Observer()
     with endpoint(Source(), observer) as server:
         assert samples(scrape(server), "edge_weight_pushes_total") == {
-            frozenset({"service": "llama-70b"}.items()): 0, frozenset({"service": "embed"}.items()): 0}
+            frozenset({"service": "llama-70b"}.items()): 0,
+            frozenset({"service": "embed"}.items()): 0,
+        }
         observer.weight_pushed("llama-70b")
         observer.weight_pushed("llama-70b")
         fams = scrape(server)
@@ -308,8 +325,11 @@ def test_observer_rejects_an_empty_window():
 
 
 @settings(max_examples=60, deadline=None)
-@given(rtts=st.lists(st.one_of(st.none(), st.floats(0, 3.0)), max_size=60), window=st.integers(1, 8),
-       target_s=st.floats(0.0001, 1.0))
+@given(
+    rtts=st.lists(st.one_of(st.none(), st.floats(0, 3.0)), max_size=60),
+    window=st.integers(1, 8),
+    target_s=st.floats(0.0001, 1.0),
+)
 def test_observer_counts_stay_consistent(rtts, window, target_s):
     observer = metrics.Observer()
     for rtt in rtts:
@@ -321,7 +341,7 @@ def test_observer_counts_stay_consistent(rtts, window, target_s):
     assert total_s == pytest.approx(sum(good))
     windows, violations = seen.sla.get("s", (0, 0))
     assert violations <= windows <= len(rtts) // window
-    full = [rtts[i:i + window] for i in range(0, len(rtts) - window + 1, window)]
+    full = [rtts[i : i + window] for i in range(0, len(rtts) - window + 1, window)]
     assert windows == sum(1 for w in full if any(r is not None for r in w))
     # for windows of up to 100 samples the nearest-rank p99 is the largest RTT
     assert violations == sum(1 for w in full if any(r is not None and r > target_s for r in w))
@@ -396,11 +416,14 @@ def test_ipv6_loopback_literal():
         server.close()
 
 
-@pytest.mark.parametrize("listen, expected", [
-    ("127.0.0.1:9470", ("127.0.0.1", 9470)),
-    ("[::1]:9470", ("::1", 9470)),
-    ("localhost:0", ("localhost", 0)),
-])
+@pytest.mark.parametrize(
+    "listen, expected",
+    [
+        ("127.0.0.1:9470", ("127.0.0.1", 9470)),
+        ("[::1]:9470", ("::1", 9470)),
+        ("localhost:0", ("localhost", 0)),
+    ],
+)
 def test_split_listen(listen, expected):
     assert metrics.split_listen(listen) == expected
 
@@ -498,8 +521,14 @@ def test_wire_signals_are_histograms_in_seconds_from_the_log2_buckets_and_a_gaug
     hs[6], hs[14] = 90, 10  # 64..128 us, 16.4..32.8 ms
     fb[18] = 4  # 0.26..0.52 s
     snap["services"][0]["backends"][0]["wire"] = {
-        "handshake_buckets": hs, "first_byte_buckets": fb, "handshake_sum_s": 0.25, "first_byte_sum_s": 1.5,
-        "opened": 12, "closed": 9, "active": 3}
+        "handshake_buckets": hs,
+        "first_byte_buckets": fb,
+        "handshake_sum_s": 0.25,
+        "first_byte_sum_s": 1.5,
+        "opened": 12,
+        "closed": 9,
+        "active": 3,
+    }
     with endpoint(Source(snap)) as server:
         fams = scrape(server)
     assert fams["edge_backend_handshake_seconds"].type == fams["edge_backend_first_byte_seconds"].type == "histogram"

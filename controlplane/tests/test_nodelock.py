@@ -29,8 +29,10 @@ def test_a_router_that_goes_takes_its_lock_files(tmp_path, monkeypatch):
 
 def test_remove_locks_leaves_a_held_lock(tmp_path, monkeypatch):
     monkeypatch.setenv(nodelock.LOCK_DIR_ENV, str(tmp_path))
-    code = ("import sys; from controlplane.nodelock import NodeLock; l = NodeLock('eth9-1', 'eth9'); "
-            "l.acquire(); print('held', flush=True); sys.stdin.read()")
+    code = (
+        "import sys; from controlplane.nodelock import NodeLock; l = NodeLock('eth9-1', 'eth9'); "
+        "l.acquire(); print('held', flush=True); sys.stdin.read()"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"

@@ -49,15 +49,19 @@ def test_the_wheel_ships_the_data_path_sources_and_finds_them_when_installed(tmp
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         zf.extractall(tmp_path / "site")
-    wanted = {f"controlplane/bpf/{p.relative_to(REPO / 'bpf')}" for p in (REPO / "bpf").rglob("*")
-              if p.suffix in (".c", ".h")}
+    wanted = {
+        f"controlplane/bpf/{p.relative_to(REPO / 'bpf')}" for p in (REPO / "bpf").rglob("*") if p.suffix in (".c", ".h")
+    }
     assert {"controlplane/bpf/edge_xdp.c", "controlplane/bpf/include/abi.h"} <= wanted <= names
     assert not any(name.startswith("controlplane/tests/") for name in names)
     site = tmp_path / "site"
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import controlplane; from controlplane import bpfsource; "
-            "print(controlplane.__file__); print(bpfsource.BPF_DIR); print(len(bpfsource.source_text()))")
-    done = subprocess.run([sys.executable, "-I", "-c", code, str(site)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import controlplane; from controlplane import bpfsource; "
+        "print(controlplane.__file__); print(bpfsource.BPF_DIR); print(len(bpfsource.source_text()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(site)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     module, bpf_dir, size = done.stdout.split()
     assert Path(module).is_relative_to(site) and Path(bpf_dir) == site / "controlplane" / "bpf"

@@ -30,7 +30,9 @@ def test_a_writable_directory_anywhere_on_the_way_is_refused(tmp_path):
     pin_dir, pin_path = layout(tmp_path)
     pin_path.mkdir(parents=True)
     os.chmod(pin_path.parent, 0o777)
-    with pytest.raises(LoaderError, match=r"^node\.pin_dir: .*/edge/v3 is writable by others \(mode 0777\); chmod go-w it$"):
+    with pytest.raises(
+        LoaderError, match=r"^node\.pin_dir: .*/edge/v3 is writable by others \(mode 0777\); chmod go-w it$"
+    ):
         check_pin_dir(str(pin_dir), pin_path)
 
 
@@ -69,7 +71,9 @@ def test_a_parent_made_by_another_instance_meanwhile_is_no_error(tmp_path, monke
     other = pin_dir / "v3" / "eth1-1"
     other.mkdir(parents=True)  # the other instance got there first...
     real_exists = Path.exists
-    monkeypatch.setattr(Path, "exists", lambda p: False if p == pin_dir / "v3" else real_exists(p))  # ...after we looked
+    monkeypatch.setattr(
+        Path, "exists", lambda p: False if p == pin_dir / "v3" else real_exists(p)
+    )  # ...after we looked
     undo = Undo()
     make_pin_path(pin_path, undo)
     assert pin_path.is_dir()

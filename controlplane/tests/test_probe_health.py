@@ -16,8 +16,10 @@ from controlplane.tests.test_health_rule import HARNESS, BackendHealth, BackendI
 from controlplane.tests.test_weights_policy import MS, PROBE, T0, probes, service, steady
 from controlplane.weights import decide
 
-POLICIES = {"static": Weights(policy="static"),
-            "latency_inverse": Weights(policy="latency_inverse", rtt_offset_ms=0, slow_start_ms=1000)}
+POLICIES = {
+    "static": Weights(policy="static"),
+    "latency_inverse": Weights(policy="latency_inverse", rtt_offset_ms=0, slow_start_ms=1000),
+}
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
@@ -101,13 +103,16 @@ def test_status_shows_a_backend_its_probes_took_out_as_down():
 
 # ---- the data path's trial rule (health.h's passive_ok), compiled for this host ----
 
-TRIAL = HARNESS + r"""
+TRIAL = (
+    HARNESS
+    + r"""
 int trial(const struct backend_info *be, const struct service_cfg *sc, struct backend_health *h, __u64 now)
 {
 	the_health = h;
 	return passive_ok(be, sc, now);
 }
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +130,14 @@ def test_a_probed_service_spends_no_client_flow_as_a_trial(health_h):
     passive detection lets no new flow through while the backend is on probation."""
     now = 10**12
     be = BackendInfo(flags=abi.BE_F_VALID | abi.BE_F_UP, health_id=0)
-    sc = ServiceCfg(flags=abi.SVC_F_PASSIVE | abi.SVC_F_PROBED, syn_timeout_ns=50 * MS, consecutive=1,
-                    ejection_ns=1000 * MS, max_ejected_pct=50, n_backends=3)
+    sc = ServiceCfg(
+        flags=abi.SVC_F_PASSIVE | abi.SVC_F_PROBED,
+        syn_timeout_ns=50 * MS,
+        consecutive=1,
+        ejection_ns=1000 * MS,
+        max_ejected_pct=50,
+        n_backends=3,
+    )
     h = on_probation(now)
     assert [health_h.trial(be, sc, h, now + i * MS) for i in range(5)] == [0] * 5
     assert h.trial_ns == 0 and h.probation == 1 and h.ejected_until_ns == now - 1  # nothing else moved
@@ -137,8 +148,14 @@ def test_a_probed_service_spends_no_client_flow_as_a_trial(health_h):
 def test_without_probes_one_trial_flow_at_a_time_is_still_let_through(health_h):
     now = 10**12
     be = BackendInfo(flags=abi.BE_F_VALID | abi.BE_F_UP, health_id=0)
-    sc = ServiceCfg(flags=abi.SVC_F_PASSIVE, syn_timeout_ns=50 * MS, consecutive=1,
-                    ejection_ns=1000 * MS, max_ejected_pct=50, n_backends=3)
+    sc = ServiceCfg(
+        flags=abi.SVC_F_PASSIVE,
+        syn_timeout_ns=50 * MS,
+        consecutive=1,
+        ejection_ns=1000 * MS,
+        max_ejected_pct=50,
+        n_backends=3,
+    )
     h = on_probation(now)
     assert [health_h.trial(be, sc, h, now + i * MS) for i in range(3)] == [1, 0, 0]
     assert h.trial_ns == now
@@ -150,8 +167,10 @@ def test_a_service_with_probes_tells_the_data_path_so():
     from controlplane.tests.test_maps_apply import M, be, config, svc
 
     passive = {"syn_timeout_ms": 50, "consecutive": 1, "ejection_ms": 1000}
-    cfg = config(svc("probed", 1, be("b0", 2), health={"passive": passive, "probe": {"kind": "tcp"}}),
-                 svc("passive", 2, be("b1", 3), health={"passive": passive}))
+    cfg = config(
+        svc("probed", 1, be("b0", 2), health={"passive": passive, "probe": {"kind": "tcp"}}),
+        svc("passive", 2, be("b1", 3), health={"passive": passive}),
+    )
     mem = MemMaps(M, cfg.node.max_services, cfg.node.max_backends)
     try:
         maps = mem.maps()

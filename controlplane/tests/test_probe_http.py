@@ -22,8 +22,7 @@ def test_parse_head_reads_status_length_and_keep_alive():
     assert parse_head(head, head.index(b"\r\n\r\n")) == (200, len(head), CHUNKED, True)
     head = b"HTTP/1.1 200 OK\r\nServer: x\r\n\r\n"
     assert parse_head(head, head.index(b"\r\n\r\n")) == (200, len(head), TO_CLOSE, False)
-    for bad in (b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 abc\r\n\r\n",
-                b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"):
+    for bad in (b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 abc\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"):
         with pytest.raises(ValueError, match="bad response"):
             parse_head(bad, bad.index(b"\r\n\r\n"))
 
@@ -31,14 +30,17 @@ def test_parse_head_reads_status_length_and_keep_alive():
 def test_an_answer_split_over_reads_completes_on_its_last_byte():
     reply = Response(limit=65536, keep_body=True)
     whole = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
-    assert feed(reply, *(whole[i:i + 1] for i in range(len(whole)))) == [False] * (len(whole) - 1) + [True]
+    assert feed(reply, *(whole[i : i + 1] for i in range(len(whole)))) == [False] * (len(whole) - 1) + [True]
     assert (reply.status, reply.body, reply.keep) == (200, b"hello", True)
 
 
 def test_interim_answers_are_skipped_and_chunks_joined():
     reply = Response(limit=65536, keep_body=True)
-    assert feed(reply, b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                b"3\r\nabc\r\n", b"2;x=1\r\nde\r\n0\r\n\r\n") == [False, True]
+    assert feed(
+        reply,
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+        b"2;x=1\r\nde\r\n0\r\n\r\n",
+    ) == [False, True]
     assert (reply.status, reply.body, reply.keep) == (200, b"abcde", True)
 
 
@@ -59,12 +61,15 @@ def test_a_second_answer_nobody_asked_for_ends_keep_alive_and_bodies_are_dropped
     assert (reply.status, reply.body, reply.keep) == (200, b"", True)
 
 
-@pytest.mark.parametrize("reads, error", [
-    ((b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", b"x" * 100), "too large"),
-    ((b"HTTP/1.1 200 OK\r\nX: " + b"y" * 20000,), "bad response"),
-    ((b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",), "bad response"),
-    ((b"garbage\r\n\r\n",), "bad response"),
-])
+@pytest.mark.parametrize(
+    "reads, error",
+    [
+        ((b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", b"x" * 100), "too large"),
+        ((b"HTTP/1.1 200 OK\r\nX: " + b"y" * 20000,), "bad response"),
+        ((b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",), "bad response"),
+        ((b"garbage\r\n\r\n",), "bad response"),
+    ],
+)
 def test_oversize_and_malformed_answers_raise(reads, error):
     reply = Response(limit=64, keep_body=True)
     reply.start()
@@ -85,11 +90,19 @@ def test_a_repeated_head_is_parsed_once():
 def test_the_heartbeat_agent_loads_the_reader_without_the_probe_engine():
     """The agent runs beside every inference server: it imports probe.http, not the engine
     and its dependencies."""
-    code = ("import sys, controlplane.agent; "
-            "print(sorted(m for m in ('asyncio', 'numpy', 'yaml', 'controlplane.config', "
-            "'controlplane.probe.engine') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    code = (
+        "import sys, controlplane.agent; "
+        "print(sorted(m for m in ('asyncio', 'numpy', 'yaml', 'controlplane.config', "
+        "'controlplane.probe.engine') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert out.strip() == "[]"
 
 

@@ -39,13 +39,18 @@ PROBE_DIR = os.path.dirname(controlplane.probe.__file__)
 
 # Two data-parallel engines, then what a real page has besides: a family named like ours plus a
 # suffix, the deprecated KV name, a counter's _created sample, a histogram.
-VLLM = vllm_page(EngineStats(running=3.0, waiting=1.0, kv_usage=0.25, generation_tokens=1000.0),
-                 EngineStats(running=4.0, waiting=2.0, kv_usage=0.75, generation_tokens=234.0)).encode() + b"""\
+VLLM = (
+    vllm_page(
+        EngineStats(running=3.0, waiting=1.0, kv_usage=0.25, generation_tokens=1000.0),
+        EngineStats(running=4.0, waiting=2.0, kv_usage=0.75, generation_tokens=234.0),
+    ).encode()
+    + b"""\
 vllm:num_requests_waiting_by_reason{reason="capacity"} 100.0
 vllm:gpu_cache_usage_perc{engine="0",model_name="llama"} 0.99
 vllm:generation_tokens_created{engine="0",model_name="llama"} 1.7e+09
 vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="llama"} 5.0
 """
+)
 
 SGLANG = b"""\
 # HELP sglang:num_running_reqs The number of running requests.
@@ -101,25 +106,35 @@ def test_counters_are_read_with_and_without_their_total_suffix():
 def test_nan_garbage_and_lookalike_lines_are_skipped_and_labels_may_hold_anything():
     page = (
         b"# HELP vllm:num_requests_waiting 99 comment lines are not samples\n"
-        b"vllm:num_requests_waiting_by_reason{reason=\"a\"} 50\n"  # another family, with our name as prefix
+        b'vllm:num_requests_waiting_by_reason{reason="a"} 50\n'  # another family, with our name as prefix
         b"\x00\xff binary junk \n"
-        b"vllm:num_requests_waiting{model_name=\"a\"} NaN\n"
-        b"vllm:num_requests_waiting{model_name=\"b\"} garbage\n"
-        b"vllm:num_requests_waiting{model_name=\"c\"}\n"
-        b"vllm:num_requests_waiting{model_name=\"d } e\",x=\"{\"} 2 1712345678000\n"
-        b"vllm:num_requests_waiting{model_name=\"f\"} +Inf\n"
+        b'vllm:num_requests_waiting{model_name="a"} NaN\n'
+        b'vllm:num_requests_waiting{model_name="b"} garbage\n'
+        b'vllm:num_requests_waiting{model_name="c"}\n'
+        b'vllm:num_requests_waiting{model_name="d } e",x="{"} 2 1712345678000\n'
+        b'vllm:num_requests_waiting{model_name="f"} +Inf\n'
         b"vllm:num_requests_waitingX 50\n"
         b"vllm:num_requests_waiting{unterminated 7\n"
         b"vllm:num_requests_waiting 1\n"
         b"vllm:num_requests_running\t3\r\n"
         b"vllm:kv_cache_usage_perc 0.5"  # the last line has no newline
     )
-    assert parse_metrics(page) == {"vllm:num_requests_waiting": 3.0, "vllm:num_requests_running": 3.0,
-                                   "vllm:kv_cache_usage_perc": 0.5}
+    assert parse_metrics(page) == {
+        "vllm:num_requests_waiting": 3.0,
+        "vllm:num_requests_running": 3.0,
+        "vllm:kv_cache_usage_perc": 0.5,
+    }
 
 
-@pytest.mark.parametrize("body", [b"", b"<html><body>Not metrics</body></html>\n",
-                                  b"process_cpu_seconds_total 1.5\n", b"vllm:num_requests_waiting NaN\n"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"<html><body>Not metrics</body></html>\n",
+        b"process_cpu_seconds_total 1.5\n",
+        b"vllm:num_requests_waiting NaN\n",
+    ],
+)
 def test_a_page_without_engine_metrics_is_an_error(body):
     with pytest.raises(MetricsError, match="no engine metrics"):
         parse_metrics(body)
@@ -154,8 +169,9 @@ def test_tcp_probe_of_a_listener_succeeds_and_of_a_closed_port_is_refused():
         # Each probe is a new connection. The server counts one when its loop serves the
         # accept, which may come after the probe's sample: wait for the count, with no
         # probe running any more that could add to it.
-        await wait_for(lambda: server.connections >= 5, 3, "the server counting 5 connections",
-                       observe=lambda: server.connections)
+        await wait_for(
+            lambda: server.connections >= 5, 3, "the server counting 5 connections", observe=lambda: server.connections
+        )
         await server.close()
 
         assert all(s.ok and 0 < s.rtt_s < 0.1 for s in up), up
@@ -192,15 +208,21 @@ def test_http_failures_say_why_503_404_refused_timeout():
         hung = await started(hang=True)
         rec = Recorder()
         p = Prober(on_sample=rec.sample)
-        p.set_targets([
-            Target("503", LOOPBACK, sick.port, http_probe()),
-            Target("404", LOOPBACK, sick.port, http_probe(path="/v2/health/ready")),
-            Target("refused", LOOPBACK, free_port(), http_probe()),
-            Target("hung", LOOPBACK, hung.port, http_probe()),
-        ])
+        p.set_targets(
+            [
+                Target("503", LOOPBACK, sick.port, http_probe()),
+                Target("404", LOOPBACK, sick.port, http_probe(path="/v2/health/ready")),
+                Target("refused", LOOPBACK, free_port(), http_probe()),
+                Target("hung", LOOPBACK, hung.port, http_probe()),
+            ]
+        )
         keys = ("503", "404", "refused", "hung")
-        await wait_for(lambda: all(len(rec.of(k)) >= 3 for k in keys), 3, "3 samples each",
-                       observe=lambda: {k: len(rec.of(k)) for k in keys})
+        await wait_for(
+            lambda: all(len(rec.of(k)) >= 3 for k in keys),
+            3,
+            "3 samples each",
+            observe=lambda: {k: len(rec.of(k)) for k in keys},
+        )
         errors = {k: rec.errors(k) for k in keys}
         oks = [s for k in keys for s in rec.of(k) if s.ok]
         await closing(p, sick, hung)
@@ -217,8 +239,12 @@ def test_a_hanging_backend_never_delays_the_probes_of_another():
         hung = await started(hang=True)
         rec = Recorder()
         p = Prober(on_sample=rec.sample)
-        p.set_targets([Target("fast", LOOPBACK, fast.port, http_probe(interval_ms=20, timeout_ms=20)),
-                       Target("hung", LOOPBACK, hung.port, http_probe(interval_ms=200, timeout_ms=200))])
+        p.set_targets(
+            [
+                Target("fast", LOOPBACK, fast.port, http_probe(interval_ms=20, timeout_ms=20)),
+                Target("hung", LOOPBACK, hung.port, http_probe(interval_ms=200, timeout_ms=200)),
+            ]
+        )
         await wait_for(lambda: rec.of("fast"), 2, "a first sample")
         start = time.monotonic()
         first = len(rec.of("fast"))
@@ -245,9 +271,13 @@ def test_http_reconnects_when_the_server_closes_and_reads_chunked_and_split_answ
         split = await started(split_s=0.02)
         rec = Recorder()
         p = Prober(on_sample=rec.sample)
-        p.set_targets([Target("closer", LOOPBACK, closer.port, http_probe()),
-                       Target("chunked", LOOPBACK, chunked.port, http_probe()),
-                       Target("split", LOOPBACK, split.port, http_probe(interval_ms=250, timeout_ms=250))])
+        p.set_targets(
+            [
+                Target("closer", LOOPBACK, closer.port, http_probe()),
+                Target("chunked", LOOPBACK, chunked.port, http_probe()),
+                Target("split", LOOPBACK, split.port, http_probe(interval_ms=250, timeout_ms=250)),
+            ]
+        )
         keys = ("closer", "chunked", "split")
         await wait_for(lambda: all(len(rec.of(k)) >= 3 for k in keys), 3, "3 samples each")
         samples = {k: rec.of(k)[:3] for k in keys}
@@ -303,17 +333,33 @@ def test_first_probes_of_many_targets_are_spread_over_the_interval():
 
 def test_metrics_scrapes_become_loads_and_failed_scrapes_say_why():
     async def main() -> None:
-        server = await started(pages={"/metrics": (200, VLLM), "/sglang": (200, SGLANG), "/tgi": (200, TGI),
-                                      "/junk": (200, b"<html>hello</html>")})
+        server = await started(
+            pages={
+                "/metrics": (200, VLLM),
+                "/sglang": (200, SGLANG),
+                "/tgi": (200, TGI),
+                "/junk": (200, b"<html>hello</html>"),
+            }
+        )
         rec = Recorder()
         p = Prober(on_load=rec.load)
 
         def scrape(path: str) -> MetricsScrape:
             return MetricsScrape(path=path, interval_ms=20, stale_ms=1000)
 
-        p.set_targets([Target(k, LOOPBACK, port, None, scrape(path)) for k, port, path in (
-            ("vllm", server.port, "/metrics"), ("sglang", server.port, "/sglang"), ("tgi", server.port, "/tgi"),
-            ("404", server.port, "/nothing"), ("junk", server.port, "/junk"), ("refused", free_port(), "/metrics"))])
+        p.set_targets(
+            [
+                Target(k, LOOPBACK, port, None, scrape(path))
+                for k, port, path in (
+                    ("vllm", server.port, "/metrics"),
+                    ("sglang", server.port, "/sglang"),
+                    ("tgi", server.port, "/tgi"),
+                    ("404", server.port, "/nothing"),
+                    ("junk", server.port, "/junk"),
+                    ("refused", free_port(), "/metrics"),
+                )
+            ]
+        )
         keys = ("vllm", "sglang", "tgi", "404", "junk", "refused")
         await wait_for(lambda: all(len(rec.loads.get(k, [])) >= 2 for k in keys), 3, "2 loads each")
         last = {k: p.last_load(k) for k in keys}
@@ -323,7 +369,10 @@ def test_metrics_scrapes_become_loads_and_failed_scrapes_say_why():
         assert (last["vllm"].ok, last["vllm"].waiting, last["vllm"].kv_usage) == (True, 3.0, 0.75)
         assert (last["sglang"].waiting, last["tgi"].running) == (9.0, 8.0)
         assert {k: (last[k].ok, last[k].error) for k in ("404", "junk", "refused")} == {
-            "404": (False, "HTTP 404"), "junk": (False, "no engine metrics"), "refused": (False, "refused")}
+            "404": (False, "HTTP 404"),
+            "junk": (False, "no engine metrics"),
+            "refused": (False, "refused"),
+        }
         assert all(window is None for window in windows.values())  # no probe configured: no window
         assert server.connections == 5  # one kept-alive connection per scraped target
 
@@ -374,12 +423,25 @@ def test_grpc_health_probe_is_ok_iff_serving():
         def probe(service: str) -> Probe:
             return Probe(kind="grpc", grpc_service=service, interval_ms=250, timeout_ms=250)  # slack for a loaded CI
 
-        p.set_targets([Target(k, LOOPBACK, port, probe(service)) for k, port, service in (
-            ("server", server.port, ""), ("chat", server.port, "chat"), ("sick", server.port, "sick"),
-            ("unknown", server.port, "nope"), ("refused", free_port(), ""))])
+        p.set_targets(
+            [
+                Target(k, LOOPBACK, port, probe(service))
+                for k, port, service in (
+                    ("server", server.port, ""),
+                    ("chat", server.port, "chat"),
+                    ("sick", server.port, "sick"),
+                    ("unknown", server.port, "nope"),
+                    ("refused", free_port(), ""),
+                )
+            ]
+        )
         keys = ("server", "chat", "sick", "unknown", "refused")
-        await wait_for(lambda: all(len(rec.of(k)) >= 3 for k in keys), 5, "3 samples each",
-                       observe=lambda: {k: rec.errors(k) for k in keys})
+        await wait_for(
+            lambda: all(len(rec.of(k)) >= 3 for k in keys),
+            5,
+            "3 samples each",
+            observe=lambda: {k: rec.errors(k) for k in keys},
+        )
         samples = {k: rec.of(k)[-2:] for k in keys}  # the first may include the channel's connect
         await closing(p, server)
 
@@ -409,8 +471,10 @@ def open_sockets() -> set[str]:
 
 def prober_tasks() -> set[asyncio.Task]:
     """The loop's tasks running code of controlplane/probe/ (the servers have their own)."""
+
     def code(task: asyncio.Task) -> str:
         return getattr(getattr(task.get_coro(), "cr_code", None), "co_filename", "")
+
     return {task for task in asyncio.all_tasks() if os.path.dirname(code(task)) == PROBE_DIR}
 
 
@@ -443,8 +507,12 @@ def test_removed_targets_stop_changed_ones_restart_and_close_leaves_nothing_behi
         await p.close()
         leaked_tasks = prober_tasks()
         # The servers' ends of the prober's connections close when they read the reset.
-        await wait_for(lambda: not open_sockets() - sockets_before, 2, "no socket left",
-                       observe=lambda: open_sockets() - sockets_before)
+        await wait_for(
+            lambda: not open_sockets() - sockets_before,
+            2,
+            "no socket left",
+            observe=lambda: open_sockets() - sockets_before,
+        )
         await server.close()
         await grpc_server.close()
 
@@ -483,4 +551,3 @@ def test_duplicate_keys_are_refused():
         await p.close()
 
     run(main())
-

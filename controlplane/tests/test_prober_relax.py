@@ -25,10 +25,18 @@ MS = 1_000_000
 FAR_NS = 3600 * 10**9  # relaxed for the whole test
 
 
-def relaxing(kind: str = "http", interval_ms: int = 20, relaxed_ms: int = 400, rise: int = 2,
-             timeout_ms: int | None = None) -> Probe:
-    return Probe(kind=kind, path="/health", interval_ms=interval_ms, timeout_ms=timeout_ms or interval_ms,
-                 rise=rise, fall=3, relaxed_interval_ms=relaxed_ms)
+def relaxing(
+    kind: str = "http", interval_ms: int = 20, relaxed_ms: int = 400, rise: int = 2, timeout_ms: int | None = None
+) -> Probe:
+    return Probe(
+        kind=kind,
+        path="/health",
+        interval_ms=interval_ms,
+        timeout_ms=timeout_ms or interval_ms,
+        rise=rise,
+        fall=3,
+        relaxed_interval_ms=relaxed_ms,
+    )
 
 
 def gaps_ns(samples) -> list[int]:
@@ -46,10 +54,18 @@ def test_relaxed_interval_defaults_to_ten_intervals_capped_and_never_below_the_i
 
 
 def test_a_relaxed_interval_below_the_interval_is_refused_with_its_path():
-    doc = {"version": 1, "services": [{
-        "name": "web", "vip": "198.18.0.10", "port": 80,
-        "health": {"probe": {"interval_ms": 100, "timeout_ms": 50, "relaxed_interval_ms": 50}},
-        "backends": [{"name": "b0", "address": "198.18.1.2", "port": 80}]}]}
+    doc = {
+        "version": 1,
+        "services": [
+            {
+                "name": "web",
+                "vip": "198.18.0.10",
+                "port": 80,
+                "health": {"probe": {"interval_ms": 100, "timeout_ms": 50, "relaxed_interval_ms": 50}},
+                "backends": [{"name": "b0", "address": "198.18.1.2", "port": 80}],
+            }
+        ],
+    }
     with pytest.raises(ConfigError, match=r"services\[0\]\.health\.probe\.relaxed_interval_ms: 50 must not be less"):
         parse_config(doc)
 
@@ -100,7 +116,7 @@ def test_a_failed_probe_brings_the_full_rate_back_at_once_until_rise_probes_pass
         assert not p.relaxed("b")
         server.pages["/health"] = (200, b"ok")
         await wait_for(lambda: p.relaxed("b"), 3, "relaxed again after rise passes")
-        after = rec.of("b")[rec.of("b").index(failed[-1]) + 1:]
+        after = rec.of("b")[rec.of("b").index(failed[-1]) + 1 :]
         await closing(p, server)
 
         assert [s.error for s in failed] == ["HTTP 503"] * 3
@@ -143,8 +159,17 @@ def test_scrapes_keep_their_interval_while_the_probes_are_relaxed():
         server = await started(pages={"/health": (200, b"ok"), "/metrics": (200, b"vllm:num_requests_waiting 1\n")})
         rec = Recorder()
         p = Prober(on_sample=rec.sample, on_load=rec.load)
-        p.set_targets([Target("b", LOOPBACK, server.port, relaxing(interval_ms=20, relaxed_ms=2000, rise=1),
-                              MetricsScrape(interval_ms=20, stale_ms=1000))])
+        p.set_targets(
+            [
+                Target(
+                    "b",
+                    LOOPBACK,
+                    server.port,
+                    relaxing(interval_ms=20, relaxed_ms=2000, rise=1),
+                    MetricsScrape(interval_ms=20, stale_ms=1000),
+                )
+            ]
+        )
         p.relax(["b"], time.monotonic_ns() + FAR_NS)
         await wait_for(lambda: p.relaxed("b"), 3, "relaxed")
         # The round that set the relaxed schedule may still be answering, and the first
@@ -180,8 +205,12 @@ def test_changing_the_rate_many_times_neither_loses_nor_doubles_a_probe():
         p.relax(keys, 0)
         counts = {k: len(rec.of(k)) for k in keys}
         # not lost: every target goes on at the full rate
-        await wait_for(lambda: all(len(rec.of(k)) >= counts[k] + 5 for k in keys), 3, "5 more probes each",
-                       observe=lambda: {k: len(rec.of(k)) - counts[k] for k in keys})
+        await wait_for(
+            lambda: all(len(rec.of(k)) >= counts[k] + 5 for k in keys),
+            3,
+            "5 more probes each",
+            observe=lambda: {k: len(rec.of(k)) - counts[k] for k in keys},
+        )
         await closing(p, server)
 
         # not doubled: a target's starts are due at least one interval apart (a late loop can
@@ -223,11 +252,30 @@ def test_a_restarted_target_keeps_its_relaxation_and_a_removed_one_forgets_it():
 
 def _relaxing_daemon():
     """edged with one tcp-probed service of two backends (b0, b1) that relaxes to 400 ms."""
-    cfg = parse_config({"version": 1, "services": [{
-        "name": "web", "vip": "198.18.0.10", "port": 80,
-        "health": {"probe": {"kind": "tcp", "interval_ms": 20, "timeout_ms": 20, "rise": 1,
-                             "relaxed_interval_ms": 400}},
-        "backends": [{"name": n, "address": f"198.18.1.{i + 2}", "port": 80} for i, n in enumerate(("b0", "b1"))]}]})
+    cfg = parse_config(
+        {
+            "version": 1,
+            "services": [
+                {
+                    "name": "web",
+                    "vip": "198.18.0.10",
+                    "port": 80,
+                    "health": {
+                        "probe": {
+                            "kind": "tcp",
+                            "interval_ms": 20,
+                            "timeout_ms": 20,
+                            "rise": 1,
+                            "relaxed_interval_ms": 400,
+                        }
+                    },
+                    "backends": [
+                        {"name": n, "address": f"198.18.1.{i + 2}", "port": 80} for i, n in enumerate(("b0", "b1"))
+                    ],
+                }
+            ],
+        }
+    )
     return cfg, edged.Daemon(cfg, "edge-t0", edged.Events())
 
 
@@ -245,16 +293,20 @@ def test_edged_relaxes_the_fresh_backends_and_puts_the_others_back_at_the_full_r
         await wait_for(lambda: d.steering.prober.relaxed(("web", "b0")), 3, "b0 relaxed")
         b1_relaxed = d.steering.prober.relaxed(("web", "b1"))
         now = time.monotonic_ns()
-        shown = {b: {k: d.status.backend_view("web", b, now)[k] for k in ("probe_relaxed", "probe_interval_s")}
-                 for b in ("b0", "b1")}  # what status, the API and the metrics show
+        shown = {
+            b: {k: d.status.backend_view("web", b, now)[k] for k in ("probe_relaxed", "probe_interval_s")}
+            for b in ("b0", "b1")
+        }  # what status, the API and the metrics show
         d.steering.pace_probes(set(), time.monotonic_ns())  # b0's wire signals went stale
         b0_after = d.steering.prober.relaxed(("web", "b0"))
         shown_after = d.status.backend_view("web", "b0", time.monotonic_ns())["probe_interval_s"]
         await closing(d.steering.prober, server)
 
         assert not b1_relaxed and not b0_after
-        assert shown == {"b0": {"probe_relaxed": True, "probe_interval_s": 0.4},
-                         "b1": {"probe_relaxed": False, "probe_interval_s": 0.02}}
+        assert shown == {
+            "b0": {"probe_relaxed": True, "probe_interval_s": 0.4},
+            "b1": {"probe_relaxed": False, "probe_interval_s": 0.02},
+        }
         assert shown_after == 0.02
 
     run(main())

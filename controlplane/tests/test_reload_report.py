@@ -15,8 +15,9 @@ from controlplane.tests.edgedstage import config, daemon, doc, edged
 
 
 def reloaded(new_doc: dict, monkeypatch) -> dict:
-    monkeypatch.setattr(edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services
-                                                                       for b in s.backends})
+    monkeypatch.setattr(
+        edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services for b in s.backends}
+    )
 
     async def go():
         d = daemon(config(("b0", "b1")))
@@ -52,15 +53,19 @@ def test_the_diff_of_a_config_against_itself_is_empty_and_describes_each_change(
     d = copy.deepcopy(doc(("b0", "b2")))
     d["services"][0]["backends"][0]["weight"] = 5
     got = configdiff.diff(configdiff.shape_of_config(old), configdiff.shape_of_config(parse_config(d)))
-    assert configdiff.describe(got) == ["backends added: web/b2", "backends removed: web/b1",
-                                        "weights: web/b0 100 -> 5"]
+    assert configdiff.describe(got) == [
+        "backends added: web/b2",
+        "backends removed: web/b1",
+        "weights: web/b0 100 -> 5",
+    ]
 
 
 def test_an_operator_drain_and_pin_outlive_a_reload_under_the_static_policy(monkeypatch):
     """A reload wrote the configured weights and edged, believing its pushed weights were still
     in the table, never pushed the drain again: the drained backend got new flows."""
-    monkeypatch.setattr(edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services
-                                                                       for b in s.backends})
+    monkeypatch.setattr(
+        edged.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services for b in s.backends}
+    )
 
     async def go():
         d = daemon(config(("b0", "b1", "b2"), policy="static"))

@@ -7,8 +7,9 @@ from hypothesis import given, strategies as st
 
 from controlplane.samples import Sample, Window, quantile, quantiles
 
-samples = st.builds(Sample, t_ns=st.integers(0, 10**12), ok=st.booleans(),
-                    rtt_s=st.none() | st.floats(0, 1, allow_nan=False))
+samples = st.builds(
+    Sample, t_ns=st.integers(0, 10**12), ok=st.booleans(), rtt_s=st.none() | st.floats(0, 1, allow_nan=False)
+)
 steps = st.lists(st.one_of(samples, st.integers(1, 12)), max_size=60)  # a sample to add, or a size
 
 

@@ -222,4 +222,3 @@ def test_watchdog_loop_returns_when_no_watchdog_is_set(manager):
     n = notifier_for(manager)
     asyncio.run(asyncio.wait_for(watchdog_loop(n, lambda: True), RECV_TIMEOUT_S))
     n.close()
-

@@ -39,6 +39,9 @@ def test_a_refused_connection_and_a_hung_server_are_failed_outcomes():
     with run_in_thread(Options(name="s2", host=LOOPBACK)) as h:
         h.degrade(hang=True)
         fired = []
-        (o,) = asyncio.run(Client(LOOPBACK, h.address[1], "new", deadline_s=0.5).run(
-            [Req(0, 0.0, 1, 2)], at=[(0.1, lambda: fired.append(1))]))
+        (o,) = asyncio.run(
+            Client(LOOPBACK, h.address[1], "new", deadline_s=0.5).run(
+                [Req(0, 0.0, 1, 2)], at=[(0.1, lambda: fired.append(1))]
+            )
+        )
         assert not o.ok and "within 0.5 s" in o.error and fired == [1]

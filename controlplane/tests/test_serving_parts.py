@@ -42,8 +42,9 @@ def test_capacity_is_slots_over_service_time_summed_over_the_fleet():
     fast, slow = wl.ServerClass("f", 100, 10, 4), wl.ServerClass("s", 100, 20, 2)
     # service of a 11-token request: ttft + 10 tpot = 0.2 s (fast), 0.3 s (slow)
     assert wl.capacity_rps((fast, slow), out_tokens=11) == pytest.approx(4 / 0.2 + 2 / 0.3)
-    assert wl.capacity_rps() == pytest.approx(sum(c.max_running / wl.service_s(c, wl.mean_output_tokens())
-                                                  for c in wl.FLEET))
+    assert wl.capacity_rps() == pytest.approx(
+        sum(c.max_running / wl.service_s(c, wl.mean_output_tokens()) for c in wl.FLEET)
+    )
 
 
 def test_the_schedule_is_the_same_for_the_same_seed_and_load():
@@ -76,10 +77,14 @@ def test_goodput_needs_ttft_within_the_slo_and_tpot_within_1_5x_the_servers_nomi
 def test_goals_compare_default_steering_with_static_and_leastconn_at_80_percent():
     def r(peer, p99, goodput):
         return acc.Row(peer, 0.8, "new", 100, 0.1, p99, p99, 1, 2, goodput, 0, None)
+
     rows = [r("edge-default", 0.4, 0.90), r("edge-static", 1.0, 0.5), r("haproxy-leastconn", 0.38, 0.94)]
     met = {g: ok for g, ok, _ in acc.goals(rows)}
-    assert met == {"TTFT p99 <= 0.5x static's": True, "TTFT p99 <= 1.1x leastconn's": True,
-                   "goodput within 5 % of leastconn's": True}
+    assert met == {
+        "TTFT p99 <= 0.5x static's": True,
+        "TTFT p99 <= 1.1x leastconn's": True,
+        "goodput within 5 % of leastconn's": True,
+    }
     rows[2] = r("haproxy-leastconn", 0.3, 0.99)
     assert [ok for _, ok, _ in acc.goals(rows)] == [True, False, False]
     assert [ok for _, ok, _ in acc.goals(rows[:1])] == [None, None, None]

@@ -24,6 +24,6 @@ def test_key_words_are_the_little_endian_halves():
 
 def test_a_heartbeat_carries_the_mac_of_its_first_16_bytes_under_its_backends_key():
     hb = abi.heartbeat(8000, 7, 0x5EED0001, 1_700_000_000)
-    assert hb[16:] == siphash24(abi.hb_key(0x5EED0001), hb[:abi.HB_MAC_LEN]).to_bytes(8, "big")
+    assert hb[16:] == siphash24(abi.hb_key(0x5EED0001), hb[: abi.HB_MAC_LEN]).to_bytes(8, "big")
     assert hb[16:] != abi.heartbeat(8000, 7, 0x5EED0002, 1_700_000_000)[16:]
     assert hb[16:] != abi.heartbeat(8000, 7, 0x5EED0001, 1_700_000_001)[16:]

@@ -13,8 +13,13 @@ def _row(out: str, backend: str) -> str:
 
 
 def test_the_backend_table_shows_the_probe_interval_and_relaxed_probes(capsys):
-    snap = {**realistic_snapshot(), "iface": "eth1", "instance": "eth1-4026531840", "return_ifaces": ["eth2"],
-            "xdp": {"attached": True, "mode": "native", "prog_id": 42}}
+    snap = {
+        **realistic_snapshot(),
+        "iface": "eth1",
+        "instance": "eth1-4026531840",
+        "return_ifaces": ["eth2"],
+        "xdp": {"attached": True, "mode": "native", "prog_id": 42},
+    }
     llama = snap["services"][0]["backends"]
     llama[0]["edged"].update(probe_relaxed=True, probe_interval_s=1.0)
     llama[1]["edged"].update(probe_relaxed=False, probe_interval_s=0.1)

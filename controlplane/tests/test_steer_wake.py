@@ -67,6 +67,7 @@ def test_edged_steps_at_once_only_for_results_that_can_move_a_weight():
         assert not woken(static, "b0", Sample(t_ns=t, ok=False, error="refused"))
         passive = daemon(cfg("static", passive={"syn_timeout_ms": 200, "consecutive": 3, "ejection_ms": 1000}))
         assert woken(passive, "b0", Sample(t_ns=t, ok=True, rtt_s=0.001))  # evidence for readmission
+
     on_loop(test)
 
 
@@ -84,6 +85,7 @@ def test_a_backend_a_reload_adds_gets_the_wire_rtt_at_the_next_step_without_a_re
         d.steering.step(st, t + 301 * MS)  # before wire.interval_ms: no read
         assert st.wire_read_ns == read_at and st.trackers["b0"].wire_rtt_s is not None
         assert d.state.wire_fresh == {("web", "b0")}
+
     on_loop(test)
 
 
@@ -106,8 +108,7 @@ def test_under_the_static_policy_steps_come_as_without_probes_or_scrapes():
     from controlplane.edged.steer import interval_s
 
     metrics = {"metrics": {"interval_ms": 200}}
-    for s in (cfg("static").services[0], cfg("static", kind="http").services[0],
-              cfg("static", **metrics).services[0]):
+    for s in (cfg("static").services[0], cfg("static", kind="http").services[0], cfg("static", **metrics).services[0]):
         assert interval_s(s) == interval_s(s, relaxed=True) == 1.0
     computed = cfg(**metrics).services[0]
     assert interval_s(computed) == computed.health.probe.interval_ms / 1000
@@ -123,4 +124,5 @@ def test_a_scrape_wakes_the_step_only_where_it_can_move_a_weight():
             d.steering.on_load(("web", "b0"), Load(t_ns=10**12, ok=True, waiting=3.0, running=1.0))
             assert st.wake.is_set() is wakes, policy
             assert st.trackers["b0"].load is not None  # counted all the same
+
     on_loop(test)

@@ -20,11 +20,17 @@ from controlplane.tests.memtables import INCLUDE, compile_c
 
 @pytest.fixture(scope="module")
 def c_hash_mix(tmp_path_factory):
-    body = re.search(r"static __always_inline __u32 hash_mix\(__u32 h\)\n\{.*?\n\}",
-                     (INCLUDE / "flow.h").read_text(), re.S)
+    body = re.search(
+        r"static __always_inline __u32 hash_mix\(__u32 h\)\n\{.*?\n\}", (INCLUDE / "flow.h").read_text(), re.S
+    )
     assert body, "hash_mix not found in flow.h"
-    lib = compile_c(tmp_path_factory, "#include <linux/types.h>\n#ifndef __always_inline\n#define __always_inline inline\n#endif\n"
-                    + body.group(0) + "\n__u32 mix(__u32 h) { return hash_mix(h); }\n", "vipfilter")
+    lib = compile_c(
+        tmp_path_factory,
+        "#include <linux/types.h>\n#ifndef __always_inline\n#define __always_inline inline\n#endif\n"
+        + body.group(0)
+        + "\n__u32 mix(__u32 h) { return hash_mix(h); }\n",
+        "vipfilter",
+    )
     lib.mix.argtypes, lib.mix.restype = [ctypes.c_uint32], ctypes.c_uint32
     return lib.mix
 

@@ -46,8 +46,9 @@ def _run_rounds(monkeypatch, problems: list[str]) -> tuple[list[str], list[tuple
 
     async def main():
         with ThreadPoolExecutor(max_workers=1) as pool:
-            task = asyncio.create_task(watch.run(lambda: w, lambda p, d: reports.append((p, d)), pool, 0.0,
-                                                 locked, repaired))
+            task = asyncio.create_task(
+                watch.run(lambda: w, lambda p, d: reports.append((p, d)), pool, 0.0, locked, repaired)
+            )
             for _ in range(200):
                 await asyncio.sleep(0.01)
                 if log.count("check") > len(problems):
@@ -62,7 +63,7 @@ def _run_rounds(monkeypatch, problems: list[str]) -> tuple[list[str], list[tuple
 def test_a_repair_runs_inside_the_write_lock_and_edged_hears_of_it_there(monkeypatch):
     log, reports = _run_rounds(monkeypatch, ["rt-b0: the return path is not attached", ""])
     i = log.index("lock")
-    assert log[i:i + 4] == ["lock", "repair locked=True", "repaired locked=True replies=(7,)", "unlock"], log
+    assert log[i : i + 4] == ["lock", "repair locked=True", "repaired locked=True replies=(7,)", "unlock"], log
     assert reports[0] == ("rt-b0: the return path is not attached", "")
     assert ("", "attached the return path on x again") in reports
 
@@ -76,8 +77,14 @@ def test_a_whole_data_path_takes_no_lock(monkeypatch):
 class _Node:
     """A node record and this namespace's interfaces, as check() asks loader for them."""
 
-    def __init__(self, monkeypatch, pin_path: Path, links: dict[int, tuple[str, str | None]],
-                 routes: dict[str, int], return_ifindex: list[int]):
+    def __init__(
+        self,
+        monkeypatch,
+        pin_path: Path,
+        links: dict[int, tuple[str, str | None]],
+        routes: dict[str, int],
+        return_ifindex: list[int],
+    ):
         from controlplane import abi, loader
         from controlplane.netlink import XdpState
 
@@ -88,8 +95,9 @@ class _Node:
         monkeypatch.setattr(loader, "check_bpffs", lambda pin_dir: None)
         monkeypatch.setattr(loader, "ifindex", lambda name: next(i for i, (n, _) in links.items() if n == name))
         monkeypatch.setattr(loader, "ifname", lambda i: links[i][0] if i in links else f"ifindex {i}")
-        monkeypatch.setattr(loader, "xdp_state", lambda i: XdpState(7, links[i][1], "native")
-                            if i in links and links[i][1] else None)
+        monkeypatch.setattr(
+            loader, "xdp_state", lambda i: XdpState(7, links[i][1], "native") if i in links and links[i][1] else None
+        )
         monkeypatch.setattr(loader, "return_filter", lambda i: abi.PROG_RETURN if i in links else None)
         monkeypatch.setattr(loader, "route_oifs", lambda addrs: {a: routes.get(a) for a in addrs})
 
@@ -98,19 +106,24 @@ class _Node:
 
 
 def test_check_names_a_backend_interface_made_again_and_reply_xdp_on_wants_every_return_interface(
-        monkeypatch, tmp_path):
+    monkeypatch, tmp_path
+):
     from controlplane import abi
 
     links = {1: ("rt-c", abi.PROG_INGRESS), 3: ("rt-b1", None), 9: ("rt-b0", None)}  # rt-b0 was 2
     node = _Node(monkeypatch, tmp_path / "pins", links, {"198.18.1.2": 9, "198.18.2.2": 3}, [2, 3])
     args = (node, "rt-c", str(tmp_path), tmp_path / "pins")
 
-    assert watch.check(*args, (2,), ("198.18.1.2", "198.18.2.2")) == \
-        "rt-b0: the return path is not attached (the interface was made again?)"
+    assert (
+        watch.check(*args, (2,), ("198.18.1.2", "198.18.2.2"))
+        == "rt-b0: the return path is not attached (the interface was made again?)"
+    )
     node.record["return_ifindex"] = [3, 9]  # what the repair writes
     assert watch.check(*args, (), ("198.18.1.2", "198.18.2.2")) == ""  # auto: those deploy put it on
-    assert watch.check(*args, (), ("198.18.1.2",), "on") == \
-        "rt-b1: the XDP fast path of replies is not attached (tc carries them)"
+    assert (
+        watch.check(*args, (), ("198.18.1.2",), "on")
+        == "rt-b1: the XDP fast path of replies is not attached (tc carries them)"
+    )
     links[3], links[9] = ("rt-b1", abi.PROG_REPLY), ("rt-b0", abi.PROG_REPLY)
     assert watch.check(*args, (), ("198.18.1.2",), "on") == ""
 
@@ -125,12 +138,16 @@ def test_a_whole_data_path_asks_no_route_per_backend(monkeypatch, tmp_path):
     links = {1: ("rt-c", abi.PROG_INGRESS), 3: ("rt-b1", None)}
     node = _Node(monkeypatch, tmp_path / "pins", links, {}, [3])
     asked = []
-    monkeypatch.setattr(loader, "route_oifs", lambda addrs: {a: asked.append(a) or (3 if 3 in links else 4) for a in addrs})
+    monkeypatch.setattr(
+        loader, "route_oifs", lambda addrs: {a: asked.append(a) or (3 if 3 in links else 4) for a in addrs}
+    )
     backends = tuple(f"198.18.{i // 250}.{i % 250 + 1}" for i in range(1000))
     assert watch.check(node, "rt-c", str(tmp_path), tmp_path / "pins", (), backends) == ""
     assert asked == []
     del links[3]  # gone: now the routes say where its backends went
     links[4] = ("rt-b1", None)
-    assert watch.check(node, "rt-c", str(tmp_path), tmp_path / "pins", (), backends) == \
-        "rt-b1: the return path is not attached (the interface was made again?)"
+    assert (
+        watch.check(node, "rt-c", str(tmp_path), tmp_path / "pins", (), backends)
+        == "rt-b1: the return path is not attached (the interface was made again?)"
+    )
     assert asked

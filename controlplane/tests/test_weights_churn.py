@@ -20,10 +20,10 @@ DEFAULTS = Weights(policy="latency_inverse")  # the shipped defaults: hysteresis
 
 
 def service(n: int, w: Weights = DEFAULTS) -> Service:
-    bs = tuple(Backend(name=f"b{i}", address=IPv4Address(f"198.18.{i + 1}.2"), port=8000, weight=1)
-               for i in range(n))
-    return Service(name="chat", vip=IPv4Address("198.18.255.1"), port=8000, health=Health(probe=PROBE),
-                   weights=w, backends=bs)
+    bs = tuple(Backend(name=f"b{i}", address=IPv4Address(f"198.18.{i + 1}.2"), port=8000, weight=1) for i in range(n))
+    return Service(
+        name="chat", vip=IPv4Address("198.18.255.1"), port=8000, health=Health(probe=PROBE), weights=w, backends=bs
+    )
 
 
 def noisy(rng: random.Random, base_s: float) -> float:
@@ -32,8 +32,16 @@ def noisy(rng: random.Random, base_s: float) -> float:
     return x * rng.uniform(2, 6) if rng.random() < 0.02 else x
 
 
-def run(svc: Service, base: dict[str, float], seconds: float, rng: random.Random, trackers=None,
-        pushed=None, t_ns: int = T0, until=None):
+def run(
+    svc: Service,
+    base: dict[str, float],
+    seconds: float,
+    rng: random.Random,
+    trackers=None,
+    pushed=None,
+    t_ns: int = T0,
+    until=None,
+):
     """Probe every backend each 100 ms (phases staggered), deciding after each sample as edged
     does; returns (pushes, trackers, pushed, t_ns, the time until(decision) first held or None)."""
     trackers = trackers if trackers is not None else {n: Tracker() for n in base}
@@ -52,11 +60,15 @@ def run(svc: Service, base: dict[str, float], seconds: float, rng: random.Random
     return pushes, trackers, pushed, start + int(seconds * 10) * 100 * MS, hit
 
 
-WITHDRAWN = pytest.mark.xfail(strict=True, reason=(
-    "issue 20's churn target is not met: the noise band that met it in this model snapped an RTT "
-    "near its edge to the fastest, a jump of the weight that test_weights_policy's "
-    "noise-within-a-quarter-of-the-hysteresis property found (about 1 run in 8); withdrawn until "
-    "the band is continuous"))
+WITHDRAWN = pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue 20's churn target is not met: the noise band that met it in this model snapped an RTT "
+        "near its edge to the fastest, a jump of the weight that test_weights_policy's "
+        "noise-within-a-quarter-of-the-hysteresis property found (about 1 run in 8); withdrawn until "
+        "the band is continuous"
+    ),
+)
 
 
 @WITHDRAWN
@@ -79,9 +91,25 @@ def test_a_real_2x_rtt_difference_moves_weights_within_two_probe_intervals():
         _, trackers, pushed, t, _ = run(svc, base, 10, rng)
         before = pushed["b0"]
         slower = {**base, "b0": 0.010}
-        _, trackers, pushed, t, hit = run(svc, slower, 2, rng, trackers, pushed, t,
-                                          until=lambda d, before=before: d.push and d.weights["b0"] < 0.85 * before)
+        _, trackers, pushed, t, hit = run(
+            svc,
+            slower,
+            2,
+            rng,
+            trackers,
+            pushed,
+            t,
+            until=lambda d, before=before: d.push and d.weights["b0"] < 0.85 * before,
+        )
         assert hit is not None and hit <= 200 * MS, (seed, hit)
-        _, _, _, _, hit = run(svc, base, 2, rng, trackers, pushed, t,
-                              until=lambda d, before=before: d.push and d.weights["b0"] > 0.95 * before)
+        _, _, _, _, hit = run(
+            svc,
+            base,
+            2,
+            rng,
+            trackers,
+            pushed,
+            t,
+            until=lambda d, before=before: d.push and d.weights["b0"] > 0.95 * before,
+        )
         assert hit is not None, seed

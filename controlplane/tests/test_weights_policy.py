@@ -171,8 +171,9 @@ def test_a_drained_backend_always_gets_0(data, n):
     w = data.draw(weights_cfg(policy=policy))
     metrics = data.draw(st.sampled_from([None, METRICS]))
     drained = data.draw(st.integers(0, n - 1))
-    svc = service([(names[i], 0 if i == drained else data.draw(st.integers(1, 100))) for i in range(n)],
-                  w, metrics=metrics)
+    svc = service(
+        [(names[i], 0 if i == drained else data.draw(st.integers(1, 100))) for i in range(n)], w, metrics=metrics
+    )
     trackers, end = {}, T0
     for i in range(n):
         trackers[names[i]], t = data.draw(history(w, metrics))
@@ -200,8 +201,11 @@ def test_unknown_load_lands_strictly_between_saturated_and_idle(data, rtt_b, slo
     # Bounds chosen so the max_ratio lift cannot meet the unknown weight: A's RTT
     # is within 4x of B's, so A's unknown weight is >= SCALE / 4 * 0.5 = 1250, and
     # the lift is at most max(50, SCALE / 20) = 500.
-    w = data.draw(weights_cfg(policy="latency_inverse", floor=floor, max_ratio=max_ratio, load_aware=True,
-                              slow_start_ms=0, hung_ms=5000))
+    w = data.draw(
+        weights_cfg(
+            policy="latency_inverse", floor=floor, max_ratio=max_ratio, load_aware=True, slow_start_ms=0, hung_ms=5000
+        )
+    )
     svc = service([("a", 1), ("b", 1)], w, metrics=METRICS)
     now = T0 + 10_000 * MS
     stale_t = now - METRICS.stale_ms * MS - data.draw(st.integers(0, 60_000)) * MS
@@ -213,8 +217,15 @@ def test_unknown_load_lands_strictly_between_saturated_and_idle(data, rtt_b, slo
         scrape(b, w, now - 1 * MS)  # b is fresh and idle
         if how == "saturated":
             running = data.draw(st.floats(1, 256))
-            scrape(a, w, now - 1 * MS, waiting=running * data.draw(st.floats(10, 1000)), running=running,
-                   kv=data.draw(st.floats(0.95, 1.0)), progress=1.0)
+            scrape(
+                a,
+                w,
+                now - 1 * MS,
+                waiting=running * data.draw(st.floats(10, 1000)),
+                running=running,
+                kv=data.draw(st.floats(0.95, 1.0)),
+                progress=1.0,
+            )
             scrape(a, w, now, waiting=running * 10, running=running, kv=1.0, progress=2.0)
         elif how == "idle":
             scrape(a, w, now - 1 * MS)
@@ -375,8 +386,9 @@ def test_one_stray_sample_is_ignored_and_a_real_change_counts_from_its_second():
 
 @pytest.mark.parametrize("smoothing, at_once", [("peak_ewma", True), ("ewma", False)])
 def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoothing, at_once):
-    w = Weights(policy="latency_inverse", rtt_offset_ms=0, smoothing=smoothing, decay_ms=500, max_ratio=1000,
-                spike_filter=2)
+    w = Weights(
+        policy="latency_inverse", rtt_offset_ms=0, smoothing=smoothing, decay_ms=500, max_ratio=1000, spike_filter=2
+    )
     svc = service([("a", 1), ("b", 1)], w)
     a, b = steady(w, 0.010, n=20), steady(w, 0.010, n=20)
     t = T0 + 2000 * MS

@@ -37,7 +37,7 @@ def test_quantile_interpolates_inside_the_bucket():
     # 90 fast, 10 slow: p50 is fast, p99 in the slow bucket
     h = hist(b5=90, b14=10)
     assert 32e-6 <= wiresignals.quantile(h, 0.5) < 64e-6
-    assert 2 ** 14 * 1e-6 <= wiresignals.quantile(h, 0.99) < 2 ** 15 * 1e-6
+    assert 2**14 * 1e-6 <= wiresignals.quantile(h, 0.99) < 2**15 * 1e-6
     assert wiresignals.quantile(hist(), 0.5) is None
     assert wiresignals.quantile(hist(**{f"b{N - 1}": 3}), 0.5) == 2.0 ** (N - 1) / 1e6  # open-ended: its low end
 
@@ -65,7 +65,7 @@ def test_the_window_is_the_difference_of_the_newest_and_the_oldest_snapshot_in_i
     w.observe(2000 * MS, {"b0": stats(hist(b5=100, b14=10), opened=20, closed=20)})
     s = w.signals()["b0"]
     assert (s.handshakes, s.fresh, s.active) == (10, True, 0)
-    assert 2 ** 14 * 1e-6 <= s.handshake_p50_s < 2 ** 15 * 1e-6  # the old fast samples are out
+    assert 2**14 * 1e-6 <= s.handshake_p50_s < 2**15 * 1e-6  # the old fast samples are out
     # past the window the first snapshot goes: only what came after 1000 ms counts
     w.observe(3000 * MS, {"b0": stats(hist(b5=100, b14=10), opened=20, closed=20)})
     assert w.signals()["b0"].handshakes == 7
@@ -84,7 +84,9 @@ def test_a_backend_without_traffic_goes_stale_and_a_forgotten_one_goes():
 def test_counts_going_back_are_a_new_map_not_negative_samples():
     new = stats(hist(b3=2), opened=1)
     assert wiresignals.difference(new, stats(hist(b3=5), opened=9)) == new
-    assert wiresignals.difference(stats(hist(b3=5), opened=3), stats(hist(b3=2), opened=1)) == stats(hist(b3=3), opened=2)
+    assert wiresignals.difference(stats(hist(b3=5), opened=3), stats(hist(b3=2), opened=1)) == stats(
+        hist(b3=3), opened=2
+    )
 
 
 def test_summary_is_plain_data_even_without_a_signal():
@@ -108,12 +110,24 @@ def test_rtt_input_is_the_wire_for_tcp_probes_and_the_larger_for_http():
 
 
 def service(kind: str = "tcp"):
-    return parse_config({"version": 1, "services": [{
-        "name": "chat", "vip": "198.18.255.1", "port": 8000,
-        "health": {"probe": {"kind": kind, "interval_ms": 30000, "timeout_ms": 1000}},
-        "weights": {"policy": "latency_inverse", "slow_start_ms": 0},
-        "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000},
-                     {"name": "b1", "address": "198.18.2.2", "port": 8000}]}]}).services[0]
+    return parse_config(
+        {
+            "version": 1,
+            "services": [
+                {
+                    "name": "chat",
+                    "vip": "198.18.255.1",
+                    "port": 8000,
+                    "health": {"probe": {"kind": kind, "interval_ms": 30000, "timeout_ms": 1000}},
+                    "weights": {"policy": "latency_inverse", "slow_start_ms": 0},
+                    "backends": [
+                        {"name": "b0", "address": "198.18.1.2", "port": 8000},
+                        {"name": "b1", "address": "198.18.2.2", "port": 8000},
+                    ],
+                }
+            ],
+        }
+    ).services[0]
 
 
 def test_a_fresh_wire_signal_moves_weight_the_old_probe_did_not_see():
@@ -131,7 +145,17 @@ def test_config_defaults_and_checks_of_weights_wire():
     w = service().weights.wire
     assert (w.enabled, w.window_ms, w.min_samples, w.interval_ms) == (True, 2000, 5, 250)
     with pytest.raises(Exception, match=r"services\[0\]\.weights\.wire\.interval_ms"):
-        parse_config({"version": 1, "services": [{
-            "name": "chat", "vip": "198.18.255.1", "port": 8000,
-            "weights": {"wire": {"interval_ms": 3000, "window_ms": 2000}},
-            "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000}]}]})
+        parse_config(
+            {
+                "version": 1,
+                "services": [
+                    {
+                        "name": "chat",
+                        "vip": "198.18.255.1",
+                        "port": 8000,
+                        "weights": {"wire": {"interval_ms": 3000, "window_ms": 2000}},
+                        "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000}],
+                    }
+                ],
+            }
+        )

@@ -34,10 +34,23 @@ def test_records_add_field_by_field():
 
 
 def cfg():
-    return parse_config({"version": 1, "node": {"max_backends": 8, "max_services": 2, "maglev_m": 1009},
-                         "services": [{"name": "chat", "vip": "198.18.255.1", "port": 8000, "backends": [
-                             {"name": "b0", "address": "198.18.1.2", "port": 8000},
-                             {"name": "b1", "address": "198.18.2.2", "port": 8000}]}]})
+    return parse_config(
+        {
+            "version": 1,
+            "node": {"max_backends": 8, "max_services": 2, "maglev_m": 1009},
+            "services": [
+                {
+                    "name": "chat",
+                    "vip": "198.18.255.1",
+                    "port": 8000,
+                    "backends": [
+                        {"name": "b0", "address": "198.18.1.2", "port": 8000},
+                        {"name": "b1", "address": "198.18.2.2", "port": 8000},
+                    ],
+                }
+            ],
+        }
+    )
 
 
 def test_maps_sum_every_cpu_of_every_valid_backend():

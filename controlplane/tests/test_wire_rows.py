@@ -57,15 +57,28 @@ def test_a_row_is_the_record_field_by_field():
     r = wiresignals.row(s)
     assert r.shape == (wiresignals.ROW_LEN,) and list(r[wiresignals.HANDSHAKE]) == list(range(N))
     assert list(r[wiresignals.FIRST_BYTE]) == [7] * N
-    assert (r[wiresignals.HANDSHAKE_NS], r[wiresignals.FIRST_BYTE_NS], r[wiresignals.OPENED], r[wiresignals.CLOSED]) == (5, 6, 9, 2)
+    assert (
+        r[wiresignals.HANDSHAKE_NS],
+        r[wiresignals.FIRST_BYTE_NS],
+        r[wiresignals.OPENED],
+        r[wiresignals.CLOSED],
+    ) == (5, 6, 9, 2)
 
 
 # one step: ms since the last, then per key present (in this order): counts added to three
 # buckets, connections opened and closed, and whether the map was made again (counts restart)
-key_step = st.tuples(st.sampled_from(["b0", "b1", "b2", "b3"]), st.lists(st.integers(0, 4), min_size=3, max_size=3),
-                     st.integers(0, 5), st.integers(0, 5), st.booleans())
-step = st.tuples(st.sampled_from([0, 100, 250, 999, 1000, 1001, 2500]), st.lists(key_step, max_size=5),
-                 st.sampled_from([None, None, None, 500, 1000, 3000]))
+key_step = st.tuples(
+    st.sampled_from(["b0", "b1", "b2", "b3"]),
+    st.lists(st.integers(0, 4), min_size=3, max_size=3),
+    st.integers(0, 5),
+    st.integers(0, 5),
+    st.booleans(),
+)
+step = st.tuples(
+    st.sampled_from([0, 100, 250, 999, 1000, 1001, 2500]),
+    st.lists(key_step, max_size=5),
+    st.sampled_from([None, None, None, 500, 1000, 3000]),
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -92,8 +105,12 @@ def test_windows_on_rows_give_every_key_the_per_key_rule_signal(steps, min_sampl
             hs[N - 1] += adds[1]
             fb[10] += adds[2]
             stats[key] = cumulative[key] = WireStats(
-                handshake=tuple(hs), first_byte=tuple(fb), handshake_ns=old.handshake_ns + 1000 * adds[0],
-                opened=old.opened + opened, closed=old.closed + closed)
+                handshake=tuple(hs),
+                first_byte=tuple(fb),
+                handshake_ns=old.handshake_ns + 1000 * adds[0],
+                opened=old.opened + opened,
+                closed=old.closed + closed,
+            )
         rows.observe(now, stats)
         per_key.observe(now, stats)
         want = per_key.signals()

@@ -30,12 +30,19 @@ def service(
 ) -> Service:
     """backends: (name, weight) or (name, weight, standby) tuples."""
     bs = tuple(
-        Backend(name=b[0], address=IPv4Address(f"198.18.{i + 1}.2"), port=8000, weight=b[1],
-                standby=b[2] if len(b) > 2 else False)
+        Backend(
+            name=b[0],
+            address=IPv4Address(f"198.18.{i + 1}.2"),
+            port=8000,
+            weight=b[1],
+            standby=b[2] if len(b) > 2 else False,
+        )
         for i, b in enumerate(backends)
     )
     return Service(
-        name="chat", vip=IPv4Address("198.18.255.1"), port=8000,
+        name="chat",
+        vip=IPv4Address("198.18.255.1"),
+        port=8000,
         health=Health(probe=probe, metrics=metrics),
         weights=weights or Weights(policy="latency_inverse", rtt_offset_ms=0),
         backends=bs,

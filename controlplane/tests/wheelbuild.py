@@ -13,16 +13,18 @@ import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.pyc",
-                              ".pytest_cache", ".ruff_cache")
+SKIP = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache"
+)
 TIMEOUT_S = 300
 
 
 def _hook(tree: Path, call: str, out: Path) -> str:
     """Runs setuptools.build_meta.CALL(out) in tree; returns the file name it made."""
     code = f"import sys; from setuptools import build_meta as b; print(b.{call}(sys.argv[1]))"
-    done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=tree, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(out)], cwd=tree, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{call} failed in {tree}: {done.stderr.strip()[-2000:]}")
     return done.stdout.strip().splitlines()[-1]

@@ -19,7 +19,20 @@ from controlplane.lab.inference.page import EngineStats, vllm_page
 from controlplane.lab.inference.server import Handle, Server, run_in_thread, serve
 
 __all__ = [
-    "Engine", "EngineStats", "Handle", "KnobError", "Knobs", "Options", "Server", "UsageError",
-    "degrade_from", "heartbeat_command", "main", "options", "parser", "run_in_thread", "serve",
+    "Engine",
+    "EngineStats",
+    "Handle",
+    "KnobError",
+    "Knobs",
+    "Options",
+    "Server",
+    "UsageError",
+    "degrade_from",
+    "heartbeat_command",
+    "main",
+    "options",
+    "parser",
+    "run_in_thread",
+    "serve",
     "vllm_page",
 ]

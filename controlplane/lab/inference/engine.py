@@ -12,8 +12,24 @@ from typing import Any
 from controlplane.lab.inference.options import Knobs, Options
 from controlplane.lab.inference.page import EngineStats, vllm_page
 
-WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "GPUs",
-         "hum", "in", "the", "rack", "tonight")
+WORDS = (
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "GPUs",
+    "hum",
+    "in",
+    "the",
+    "rack",
+    "tonight",
+)
 
 
 class Overloaded(Exception):
@@ -133,13 +149,25 @@ class Engine:
         return " " + WORDS[(req.generated - 1) % len(WORDS)]
 
     def snapshot(self) -> dict[str, Any]:
-        return {"running": self.busy, "waiting": self.waiting, "kv_cache_usage": self.kv_usage(),
-                "generation_tokens_total": self.generation_tokens + self._phantom(),
-                "prompt_tokens_total": self.prompt_tokens, "request_success_total": self.request_success}
+        return {
+            "running": self.busy,
+            "waiting": self.waiting,
+            "kv_cache_usage": self.kv_usage(),
+            "generation_tokens_total": self.generation_tokens + self._phantom(),
+            "prompt_tokens_total": self.prompt_tokens,
+            "request_success_total": self.request_success,
+        }
 
     def metrics(self) -> str:
         """The engine's /metrics page (page.vllm_page)."""
-        return vllm_page(EngineStats(running=self.busy, waiting=self.waiting, kv_usage=self.kv_usage(),
-                                     prompt_tokens=self.prompt_tokens,
-                                     generation_tokens=self.generation_tokens + self._phantom(),
-                                     request_success=self.request_success), model=self.opts.model)
+        return vllm_page(
+            EngineStats(
+                running=self.busy,
+                waiting=self.waiting,
+                kv_usage=self.kv_usage(),
+                prompt_tokens=self.prompt_tokens,
+                generation_tokens=self.generation_tokens + self._phantom(),
+                request_success=self.request_success,
+            ),
+            model=self.opts.model,
+        )

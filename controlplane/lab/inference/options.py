@@ -105,8 +105,11 @@ class Options:
             raise UsageError("--name: is empty")
         if not limits.is_port(self.port, zero=True):
             raise UsageError(f"--listen: port {self.port} is not in 0..{limits.PORT_MAX}")
-        for flag, value, lo in (("--max-running", self.max_running, 1), ("--max-waiting", self.max_waiting, 0),
-                                ("--kv-capacity-tokens", self.kv_capacity_tokens, 1)):
+        for flag, value, lo in (
+            ("--max-running", self.max_running, 1),
+            ("--max-waiting", self.max_waiting, 0),
+            ("--kv-capacity-tokens", self.kv_capacity_tokens, 1),
+        ):
             if not isinstance(value, int) or value < lo:
                 raise UsageError(f"{flag}: {value!r} is not an integer >= {lo}")
         for flag, value in (("--ttft-ms", self.ttft_ms), ("--tpot-ms", self.tpot_ms)):
@@ -130,8 +133,9 @@ class Options:
             try:
                 ipaddress.IPv4Address(self.host)
             except ValueError:
-                raise UsageError(f"--listen: {self.host!r} is not an IPv4 address "
-                                 f"(heartbeats are sent from it)") from None
+                raise UsageError(
+                    f"--listen: {self.host!r} is not an IPv4 address (heartbeats are sent from it)"
+                ) from None
         return self
 
 
@@ -140,10 +144,23 @@ def heartbeat_command(opts: Options, port: int, token_file: str) -> list[str]:
     listening address (unless that is 0.0.0.0) while GET /health answers 2xx, with the token
     opts.token that the caller wrote to token_file."""
     check_host = "127.0.0.1" if opts.host == "0.0.0.0" else opts.host
-    cmd = [sys.executable, "-m", "controlplane.agent", "--router", str(opts.heartbeat),
-           "--service-port", str(port), "--token-file", token_file,
-           "--interval-ms", f"{opts.hb_interval_ms:g}", "--check", "http",
-           "--check-url", f"http://{check_host}:{port}/health"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "controlplane.agent",
+        "--router",
+        str(opts.heartbeat),
+        "--service-port",
+        str(port),
+        "--token-file",
+        token_file,
+        "--interval-ms",
+        f"{opts.hb_interval_ms:g}",
+        "--check",
+        "http",
+        "--check-url",
+        f"http://{check_host}:{port}/health",
+    ]
     if opts.host != "0.0.0.0":
         cmd += ["--source", opts.host]
     return cmd

@@ -14,8 +14,25 @@ VLLM_METRICS = (
     ("counter", "vllm:generation_tokens_total", "Number of generation tokens processed.", "generation_tokens"),
     ("counter", "vllm:request_success_total", "Count of successfully processed requests.", "request_success"),
 )
-TTFT_BUCKETS = ("0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75",
-                "1.0", "2.5", "5.0", "7.5", "10.0", "+Inf")
+TTFT_BUCKETS = (
+    "0.001",
+    "0.005",
+    "0.01",
+    "0.02",
+    "0.04",
+    "0.06",
+    "0.08",
+    "0.1",
+    "0.25",
+    "0.5",
+    "0.75",
+    "1.0",
+    "2.5",
+    "5.0",
+    "7.5",
+    "10.0",
+    "+Inf",
+)
 
 
 @dataclass(frozen=True)
@@ -39,8 +56,9 @@ def vllm_page(*engines: EngineStats, model: str = "llama", ttft_histogram: bool 
     sample per engine, labelled model_name (and engine="i" when there are several, as vLLM's
     data-parallel engines are). ttft_histogram adds vLLM's time-to-first-token histogram, a
     family the prober must skip, as real pages have many."""
-    labels = [f'model_name="{_label(model)}"' + (f',engine="{i}"' if len(engines) > 1 else "")
-              for i in range(len(engines))]
+    labels = [
+        f'model_name="{_label(model)}"' + (f',engine="{i}"' if len(engines) > 1 else "") for i in range(len(engines))
+    ]
     out = []
     for kind, name, text, attr in VLLM_METRICS:
         out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]

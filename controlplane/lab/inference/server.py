@@ -71,7 +71,7 @@ class Conn:
                     raise BadRequest("400 Bad Request", "connection closed mid-request")
                 return None
         lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
-        del self.buf[:end + 4]
+        del self.buf[: end + 4]
         parts = lines[0].split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
             raise BadRequest("400 Bad Request", f"bad request line {lines[0][:80]!r}")
@@ -101,8 +101,10 @@ class Conn:
 
 
 def _head(status: str, ctype: str, keep_alive: bool, extra: str) -> bytes:
-    return (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}"
-            f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n").encode()
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}"
+        f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
+    ).encode()
 
 
 def _json(doc: Any) -> bytes:
@@ -145,16 +147,18 @@ class Server:
         return f"http://{self.address[0]}:{self.address[1]}"
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._connection, self.opts.host, self.opts.port,
-                                                  backlog=BACKLOG, reuse_address=True)
+        self._server = await asyncio.start_server(
+            self._connection, self.opts.host, self.opts.port, backlog=BACKLOG, reuse_address=True
+        )
         self.address = self._server.sockets[0].getsockname()[:2]
         if self.opts.heartbeat is not None:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
             self._token_dir, token_file = write_token_file(parse_token(self.opts.token))
             # Its chatter goes to stderr: stdout keeps this server's one "listening" line.
-            self.agent = subprocess.Popen(heartbeat_command(self.opts, self.address[1], token_file), env=env,
-                                          stdin=subprocess.DEVNULL, stdout=2)
+            self.agent = subprocess.Popen(
+                heartbeat_command(self.opts, self.address[1], token_file), env=env, stdin=subprocess.DEVNULL, stdout=2
+            )
 
     def degrade(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply a subset of the knobs (all or none: KnobError names the first bad one); return
@@ -173,8 +177,12 @@ class Server:
         return self.snapshot()
 
     def snapshot(self) -> dict[str, Any]:
-        return {"backend": self.name, "model": self.opts.model, "knobs": asdict(self.state),
-                "engine": self.engine.snapshot()}
+        return {
+            "backend": self.name,
+            "model": self.opts.model,
+            "knobs": asdict(self.state),
+            "engine": self.engine.snapshot(),
+        }
 
     def close_soon(self) -> None:
         if self._closing is None:
@@ -237,8 +245,15 @@ class Server:
         if self.state.added_latency_ms and not (req is not None and req.path.startswith("/sim/")):
             await asyncio.sleep(self.state.added_latency_ms / 1000)
 
-    async def _send(self, conn: Conn, req: Optional[HttpRequest], status: str, doc: Any,
-                    keep_alive: bool, ctype: str = "application/json") -> None:
+    async def _send(
+        self,
+        conn: Conn,
+        req: Optional[HttpRequest],
+        status: str,
+        doc: Any,
+        keep_alive: bool,
+        ctype: str = "application/json",
+    ) -> None:
         body = doc if isinstance(doc, bytes) else _json(doc)
         await self._delay(req)
         conn.writer.write(_head(status, ctype, keep_alive, f"Content-Length: {len(body)}\r\n") + body)
@@ -259,11 +274,22 @@ class Server:
             if self.state.metrics_off:
                 await self._send(conn, req, "404 Not Found", {"error": "no /metrics (metrics_off)"}, keep)
             else:
-                await self._send(conn, req, "200 OK", self.engine.metrics().encode(), keep,
-                                 "text/plain; version=0.0.4; charset=utf-8")
+                await self._send(
+                    conn,
+                    req,
+                    "200 OK",
+                    self.engine.metrics().encode(),
+                    keep,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )
         elif route == ("GET", "/v1/models"):
-            await self._send(conn, req, "200 OK", {"object": "list", "data": [
-                {"id": self.opts.model, "object": "model", "owned_by": self.name}]}, keep)
+            await self._send(
+                conn,
+                req,
+                "200 OK",
+                {"object": "list", "data": [{"id": self.opts.model, "object": "model", "owned_by": self.name}]},
+                keep,
+            )
         elif route == ("GET", "/sim/state"):
             await self._send(conn, req, "200 OK", self.snapshot(), keep)
         elif route == ("POST", "/sim/degrade"):
@@ -285,16 +311,20 @@ class Server:
         elif req.method == "POST":
             await self._send(conn, req, "404 Not Found", {"error": f"no POST {req.path[:80]}"}, keep)
         else:
-            await self._send(conn, req, "405 Method Not Allowed", {"error": f"{req.method[:20]} not allowed"},
-                             keep)
+            await self._send(conn, req, "405 Method Not Allowed", {"error": f"{req.method[:20]} not allowed"}, keep)
         return True
 
     # -------------------------------------------------------- completions
 
     async def _api_error(self, conn: Conn, req: HttpRequest, status: str, message: str) -> bool:
         code = int(status.split()[0])
-        await self._send(conn, req, status, {"error": {"message": message, "type": status.split(" ", 1)[1],
-                                                       "code": code}, "backend": self.name}, req.keep_alive)
+        await self._send(
+            conn,
+            req,
+            status,
+            {"error": {"message": message, "type": status.split(" ", 1)[1], "code": code}, "backend": self.name},
+            req.keep_alive,
+        )
         return True
 
     async def _completion(self, conn: Conn, req: HttpRequest, chat: bool) -> bool:
@@ -307,11 +337,13 @@ class Server:
         prompt_key = "messages" if chat else "prompt"
         if prompt_key not in body:
             return await self._api_error(conn, req, "400 Bad Request", f"{prompt_key}: required")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16)) if chat \
-            else body.get("max_tokens", 16)
+        max_tokens = (
+            body.get("max_completion_tokens", body.get("max_tokens", 16)) if chat else body.get("max_tokens", 16)
+        )
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            return await self._api_error(conn, req, "400 Bad Request",
-                                         f"max_tokens: {json.dumps(max_tokens)} is not an integer >= 1")
+            return await self._api_error(
+                conn, req, "400 Bad Request", f"max_tokens: {json.dumps(max_tokens)} is not an integer >= 1"
+            )
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             return await self._api_error(conn, req, "400 Bad Request", f"stream: {json.dumps(stream)} is not a bool")
@@ -339,28 +371,38 @@ class Server:
                 job.cancel()
                 await asyncio.wait({job})
 
-    async def _serve_request(self, conn: Conn, req: HttpRequest, work: Request, chat: bool, stream: bool,
-                             usage_chunk: bool) -> bool:
+    async def _serve_request(
+        self, conn: Conn, req: HttpRequest, work: Request, chat: bool, stream: bool, usage_chunk: bool
+    ) -> bool:
         try:
             await self.engine.admit(work)
         except Overloaded:
-            return await self._api_error(conn, req, "503 Service Unavailable",
-                                         f"queue full ({self.opts.max_waiting} waiting)")
+            return await self._api_error(
+                conn, req, "503 Service Unavailable", f"queue full ({self.opts.max_waiting} waiting)"
+            )
         try:
             return await self._generate(conn, req, work, chat, stream, usage_chunk)
         finally:
             self.engine.release(work)
 
-    async def _generate(self, conn: Conn, req: HttpRequest, work: Request, chat: bool, stream: bool,
-                        usage_chunk: bool) -> bool:
+    async def _generate(
+        self, conn: Conn, req: HttpRequest, work: Request, chat: bool, stream: bool, usage_chunk: bool
+    ) -> bool:
         self._seq += 1
-        common = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{self.name}-{self._seq}",
-                  "object": ("chat.completion" if chat else "text_completion") + (".chunk" if chat and stream else ""),
-                  "created": int(time.time()), "model": self.opts.model, "backend": self.name}
+        common = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{self.name}-{self._seq}",
+            "object": ("chat.completion" if chat else "text_completion") + (".chunk" if chat and stream else ""),
+            "created": int(time.time()),
+            "model": self.opts.model,
+            "backend": self.name,
+        }
 
         def usage() -> dict[str, int]:
-            return {"prompt_tokens": work.prompt_tokens, "completion_tokens": work.generated,
-                    "total_tokens": work.prompt_tokens + work.generated}
+            return {
+                "prompt_tokens": work.prompt_tokens,
+                "completion_tokens": work.generated,
+                "total_tokens": work.prompt_tokens + work.generated,
+            }
 
         def choice(text: str, last: bool) -> dict[str, Any]:
             done = "length" if last else None
@@ -369,13 +411,18 @@ class Server:
             if stream:
                 delta = {"role": "assistant", "content": text} if work.generated == 1 else {"content": text}
                 return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": done}
-            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                    "finish_reason": done}
+            return {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": done,
+            }
 
         if not stream:
             text = "".join([await self.engine.next_token(work) for _ in range(work.max_tokens)])
-            await self._send(conn, req, "200 OK", {**common, "choices": [choice(text, True)], "usage": usage()},
-                             req.keep_alive)
+            await self._send(
+                conn, req, "200 OK", {**common, "choices": [choice(text, True)], "usage": usage()}, req.keep_alive
+            )
             return True
         keep = req.keep_alive and req.chunked_ok
         await self._delay(req)
@@ -439,6 +486,7 @@ class Handle:
     def _call(self, fn: Any, timeout_s: float) -> Any:
         async def run() -> Any:
             return fn()
+
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout_s)
 
     def degrade(self, timeout_s: float = 5.0, **changes: Any) -> dict[str, Any]:

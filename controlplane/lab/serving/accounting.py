@@ -79,16 +79,31 @@ class Row:
     router_cpu_s: Optional[float]  # CPU seconds of the router's process(es) during the run; None: none runs
 
 
-def row(peer: str, load: float, clients: str, outcomes: list[Outcome], nominal_tpot_s: Mapping[str, float],
-        router_cpu_s: Optional[float]) -> Row:
+def row(
+    peer: str,
+    load: float,
+    clients: str,
+    outcomes: list[Outcome],
+    nominal_tpot_s: Mapping[str, float],
+    router_cpu_s: Optional[float],
+) -> Row:
     ttft = [o.ttft_s if o.ttft_s is not None and o.error is None else math.inf for o in outcomes]
     e2e = [o.e2e_s if o.ok else math.inf for o in outcomes]
     n = len(outcomes)
-    return Row(peer=peer, load=load, clients=clients, offered=n,
-               ttft_p50=percentile(ttft, 50), ttft_p99=percentile(ttft, 99), ttft_p999=percentile(ttft, 99.9),
-               e2e_p50=percentile(e2e, 50), e2e_p99=percentile(e2e, 99),
-               goodput=sum(good(o, nominal_tpot_s) for o in outcomes) / n if n else math.nan,
-               failed=sum(not o.ok for o in outcomes), router_cpu_s=router_cpu_s)
+    return Row(
+        peer=peer,
+        load=load,
+        clients=clients,
+        offered=n,
+        ttft_p50=percentile(ttft, 50),
+        ttft_p99=percentile(ttft, 99),
+        ttft_p999=percentile(ttft, 99.9),
+        e2e_p50=percentile(e2e, 50),
+        e2e_p99=percentile(e2e, 99),
+        goodput=sum(good(o, nominal_tpot_s) for o in outcomes) / n if n else math.nan,
+        failed=sum(not o.ok for o in outcomes),
+        router_cpu_s=router_cpu_s,
+    )
 
 
 def _find(rows: list[Row], peer: str, load: float, clients: str) -> Optional[Row]:
@@ -102,15 +117,26 @@ def goals(rows: list[Row], load: float = 0.8, clients: str = "new") -> list[tupl
     lc = _find(rows, "haproxy-leastconn", load, clients)
     out: list[tuple[str, Optional[bool], str]] = []
     if d and s:
-        out.append(("TTFT p99 <= 0.5x static's", d.ttft_p99 <= 0.5 * s.ttft_p99,
-                    f"{_ms(d.ttft_p99)} vs {_ms(s.ttft_p99)} ms"))
+        out.append(
+            ("TTFT p99 <= 0.5x static's", d.ttft_p99 <= 0.5 * s.ttft_p99, f"{_ms(d.ttft_p99)} vs {_ms(s.ttft_p99)} ms")
+        )
     else:
         out.append(("TTFT p99 <= 0.5x static's", None, "a peer is missing"))
     if d and lc:
-        out.append(("TTFT p99 <= 1.1x leastconn's", d.ttft_p99 <= 1.1 * lc.ttft_p99,
-                    f"{_ms(d.ttft_p99)} vs {_ms(lc.ttft_p99)} ms"))
-        out.append(("goodput within 5 % of leastconn's", d.goodput >= lc.goodput - 0.05 * lc.goodput,
-                    f"{d.goodput:.1%} vs {lc.goodput:.1%}"))
+        out.append(
+            (
+                "TTFT p99 <= 1.1x leastconn's",
+                d.ttft_p99 <= 1.1 * lc.ttft_p99,
+                f"{_ms(d.ttft_p99)} vs {_ms(lc.ttft_p99)} ms",
+            )
+        )
+        out.append(
+            (
+                "goodput within 5 % of leastconn's",
+                d.goodput >= lc.goodput - 0.05 * lc.goodput,
+                f"{d.goodput:.1%} vs {lc.goodput:.1%}",
+            )
+        )
     else:
         out.append(("TTFT p99 <= 1.1x leastconn's", None, "a peer is missing"))
         out.append(("goodput within 5 % of leastconn's", None, "a peer is missing"))
@@ -121,14 +147,40 @@ def _ms(x: float) -> str:
     return "inf" if math.isinf(x) else "nan" if math.isnan(x) else f"{x * 1000:.0f}"
 
 
-HEADER = ("peer", "load", "clients", "offered", "ttft p50", "p99", "p99.9", "e2e p50", "p99", "goodput",
-          "failed", "router cpu s")
+HEADER = (
+    "peer",
+    "load",
+    "clients",
+    "offered",
+    "ttft p50",
+    "p99",
+    "p99.9",
+    "e2e p50",
+    "p99",
+    "goodput",
+    "failed",
+    "router cpu s",
+)
 
 
 def table(rows: list[Row]) -> list[str]:
     """The figures as an aligned text table; latencies in ms."""
-    cells = [HEADER] + [(r.peer, f"{r.load:.0%}", r.clients, str(r.offered), _ms(r.ttft_p50), _ms(r.ttft_p99),
-                         _ms(r.ttft_p999), _ms(r.e2e_p50), _ms(r.e2e_p99), f"{r.goodput:.1%}", str(r.failed),
-                         "-" if r.router_cpu_s is None else f"{r.router_cpu_s:.2f}") for r in rows]
+    cells = [HEADER] + [
+        (
+            r.peer,
+            f"{r.load:.0%}",
+            r.clients,
+            str(r.offered),
+            _ms(r.ttft_p50),
+            _ms(r.ttft_p99),
+            _ms(r.ttft_p999),
+            _ms(r.e2e_p50),
+            _ms(r.e2e_p99),
+            f"{r.goodput:.1%}",
+            str(r.failed),
+            "-" if r.router_cpu_s is None else f"{r.router_cpu_s:.2f}",
+        )
+        for r in rows
+    ]
     widths = [max(len(c[k]) for c in cells) for k in range(len(HEADER))]
     return ["  ".join(c[k].rjust(widths[k]) if k else c[k].ljust(widths[k]) for k in range(len(c))) for c in cells]

@@ -48,8 +48,8 @@ class _Conn:
         """Bytes up to and with mark, taken off the buffer."""
         while (end := self.buf.find(mark)) < 0:
             await self.more()
-        out = bytes(self.buf[:end + len(mark)])
-        del self.buf[:end + len(mark)]
+        out = bytes(self.buf[: end + len(mark)])
+        del self.buf[: end + len(mark)]
         return out
 
     def close(self) -> None:
@@ -57,10 +57,13 @@ class _Conn:
 
 
 def _request(r: Req, host: str, keep_alive: bool) -> bytes:
-    body = json.dumps({"model": "sim-model", "prompt": WORD * r.prompt_tokens, "max_tokens": r.max_tokens,
-                       "stream": True}).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n")
+    body = json.dumps(
+        {"model": "sim-model", "prompt": WORD * r.prompt_tokens, "max_tokens": r.max_tokens, "stream": True}
+    ).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
+    )
     return head.encode() + body
 
 

@@ -27,8 +27,11 @@ def edge_service(base: dict, steering: str) -> dict:
     if steering == "static":
         return {**base, "health": {"probe": dict(PROBE)}, "weights": {"policy": "static"}}
     if steering == "default":
-        return {**base, "health": {"probe": dict(PROBE), "metrics": dict(METRICS)},
-                "weights": {"policy": "latency_inverse"}}
+        return {
+            **base,
+            "health": {"probe": dict(PROBE), "metrics": dict(METRICS)},
+            "weights": {"policy": "latency_inverse"},
+        }
     raise ValueError(f"steering: {steering!r} is not static or default")
 
 
@@ -36,11 +39,25 @@ def haproxy_config(bind: str, port: int, balance: str, servers: list[tuple[str, 
     """haproxy.cfg for one TCP-mode frontend on bind:port balancing over servers (name, address, port)."""
     if balance not in ("roundrobin", "leastconn"):
         raise ValueError(f"balance: {balance!r} is not roundrobin or leastconn")
-    lines = ["global", "    maxconn 4096", "    nbthread 1", "",
-             "defaults", "    mode tcp", "    timeout connect 2s", "    timeout client 60s",
-             "    timeout server 60s", "",
-             "frontend serving", f"    bind {bind}:{port}", "    default_backend fleet", "",
-             "backend fleet", f"    balance {balance}", "    option httpchk GET /health"]
+    lines = [
+        "global",
+        "    maxconn 4096",
+        "    nbthread 1",
+        "",
+        "defaults",
+        "    mode tcp",
+        "    timeout connect 2s",
+        "    timeout client 60s",
+        "    timeout server 60s",
+        "",
+        "frontend serving",
+        f"    bind {bind}:{port}",
+        "    default_backend fleet",
+        "",
+        "backend fleet",
+        f"    balance {balance}",
+        "    option httpchk GET /health",
+    ]
     lines += [f"    server {name} {addr}:{p} check inter {HAPROXY_CHECK_MS}" for name, addr, p in servers]
     return "\n".join(lines) + "\n"
 
@@ -64,8 +81,9 @@ class HAProxy:
         if check.returncode != 0:
             os.unlink(self.path)
             raise RuntimeError(f"haproxy -c: {(check.stdout + check.stderr).strip().splitlines()[-1:]}")
-        self.proc: Optional[subprocess.Popen] = ns.popen([exe, "-db", "-f", self.path],
-                                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc: Optional[subprocess.Popen] = ns.popen(
+            [exe, "-db", "-f", self.path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
 
     @property
     def pid(self) -> int:

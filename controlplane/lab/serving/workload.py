@@ -106,12 +106,22 @@ def plan(short: bool = False) -> Plan:
     """The run's timeline. Full: 32 s; b1 throttled (tpot x3) 6..26 s, b2 hung 10..20 s, a burst
     at twice the rate 27..30 s. Short: 6 s with the same events, compressed."""
     if short:
-        return Plan(6.0, Phase(4.5, 5.5, 2.0), (
-            Fault(1, 1.0, 3.0, {"tpot_factor": 3.0}, {"tpot_factor": 1.0}),
-            Fault(2, 2.0, 1.5, {"hang": True}, {"hang": False})))
-    return Plan(32.0, Phase(27.0, 30.0, 2.0), (
-        Fault(1, 6.0, 20.0, {"tpot_factor": 3.0}, {"tpot_factor": 1.0}),
-        Fault(2, 10.0, 10.0, {"hang": True}, {"hang": False})))
+        return Plan(
+            6.0,
+            Phase(4.5, 5.5, 2.0),
+            (
+                Fault(1, 1.0, 3.0, {"tpot_factor": 3.0}, {"tpot_factor": 1.0}),
+                Fault(2, 2.0, 1.5, {"hang": True}, {"hang": False}),
+            ),
+        )
+    return Plan(
+        32.0,
+        Phase(27.0, 30.0, 2.0),
+        (
+            Fault(1, 6.0, 20.0, {"tpot_factor": 3.0}, {"tpot_factor": 1.0}),
+            Fault(2, 10.0, 10.0, {"hang": True}, {"hang": False}),
+        ),
+    )
 
 
 @dataclass(frozen=True)
