@@ -24,12 +24,14 @@ import pytest
 from conftest import require_privileges
 from scapy.layers.inet import ICMP, IP, TCP, IPOption_NOP
 from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
 from verdicts import (  # netns-tests/verdicts.py: the harness
     B0,
     CLIENT,
     CLIENT_MAC,
     CLIENT_PORT,
     D0,
+    DSR_VIP,
     H0,
     H1,
     HB_PORT,
@@ -85,6 +87,29 @@ VERDICTS[REP] = VERDICTS[ING]
 def hb_at(backend: str, *, seq: int, ahead: int = 0) -> Callable[[World], bytes]:
     """backend's heartbeat seq, its epoch ahead seconds from the row's (World.epoch)."""
     return lambda w: heartbeat(backend, seq=seq, epoch=w.epoch + ahead)
+
+
+def icmp_error(quote, *, dst=VIP, src=ROUTER, type=3, code=4) -> bytes:
+    """An ICMP error (default: fragmentation needed, next-hop MTU 1400) from a hop to dst quoting
+    the packet quote."""
+    return bytes(
+        Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
+        / IP(src=str(src), dst=str(dst), ttl=64)
+        / ICMP(type=type, code=code, nexthopmtu=1400 if (type, code) == (3, 4) else 0)
+        / quote
+    )
+
+
+def from_vip(dport: int = CLIENT_PORT, sport: int = 80, vip=VIP) -> IP:
+    """A segment vip sent to the client, as an ICMP error quotes it."""
+    return IP(src=str(vip), dst=str(CLIENT), ttl=60) / TCP(sport=sport, dport=dport, flags="A", seq=1, ack=1)
+
+
+def backend_error(quote, *, src=B0[0]) -> bytes:
+    """An ICMP error (port unreachable) a backend sends to the client about the client's packet."""
+    return bytes(
+        Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IP(src=str(src), dst=str(CLIENT), ttl=64) / ICMP(type=3, code=3) / quote
+    )
 
 
 SAME = "unchanged"  # the frame leaves as it came
@@ -414,6 +439,21 @@ ROWS = [
         after=[pinned_to("s1", vip=SBY_VIP)]),
     row("established flow on a dead backend moves", ING, HB_ACK, XDP_REDIRECT, dnat(H1), {"redirect": 1},
         connected("h0", vip=HB_VIP), silent("h0"), after=[pinned_to("h1", vip=HB_VIP)]),
+    # -- ingress: ICMP errors about VIP flows (icmp.h) --------------------------------------------
+    row("ICMP frag-needed about a VIP flow goes to its backend", ING, icmp_error(from_vip()), XDP_REDIRECT,
+        None, {"icmp_to_backend": 1, "redirect": 1}, connected("b0")),
+    row("ICMP error whose quote is cut short: malformed", ING, icmp_error(Raw(bytes(from_vip())[:12])),
+        XDP_DROP, None, drop("icmp_malformed")),
+    row("ICMP error quoting an ICMP error: nested", ING,
+        icmp_error(IP(src=str(VIP), dst=str(CLIENT)) / ICMP(type=3, code=4) / from_vip()), XDP_DROP, None,
+        drop("icmp_nested")),
+    row("ICMP error about a VIP port no service has: no flow", ING, icmp_error(from_vip(sport=81)), XDP_DROP,
+        None, drop("icmp_no_flow")),
+    # -- ingress: direct server return (encap.h) -------------------------------------------------
+    row("DSR: a SYN is sent to its backend in IPIP", ING, tcp(CLIENT, DSR_VIP, "S"), XDP_REDIRECT, None,
+        {"dsr": 1}),
+    row("DSR: a packet the tunnel cannot carry is dropped", ING, tcp(CLIENT, DSR_VIP, "A", payload=b"x" * 1460),
+        XDP_DROP, None, drop("dsr_too_big")),
     # -- return path (tc, backend side): heartbeats ---------------------------------------------
     row("heartbeat consumed", RET, hb_at("h0", seq=7), TC_ACT_SHOT, None, {"heartbeat": 1},
         after=[stamped("h0", 7)]),
@@ -482,6 +522,9 @@ ROWS = [
         connected("b0")),
     row("not from a backend endpoint: untouched", RET, tcp(B0[0], CLIENT, "A", sport=22, dport=CLIENT_PORT),
         TC_ACT_UNSPEC, SAME, {}),
+    row("a backend's ICMP error about a client's packet goes back as the VIP's", RET,
+        backend_error(IP(src=str(CLIENT), dst=str(B0[0])) / TCP(sport=CLIENT_PORT, dport=B0[1], flags="A")),
+        TC_ACT_OK, None, {"icmp_return": 1}, connected("b0")),
     # -- edge_reply (XDP, backend side): the replies' fast path --------------------------------
     row("reply: reverse NAT, redirect (XDP)", REP, reply(B0, payload=b"HTTP/1.1 200"), XDP_REDIRECT,
         snat(VIP, 80), {"return_xdp": 1}, connected("b0")),

@@ -59,12 +59,15 @@ PAS_VIP = IPv4Address("198.18.255.3")
 P0, P1 = (IPv4Address("198.18.1.6"), 8000), (IPv4Address("198.18.1.7"), 8000)
 SBY_VIP = IPv4Address("198.18.255.4")
 S0, S1 = (IPv4Address("198.18.1.8"), 8000), (IPv4Address("198.18.1.9"), 8000)
+DSR_VIP, X0 = IPv4Address("198.18.255.5"), (IPv4Address("198.18.1.10"), 80)
+ROUTER_B = IPv4Address("198.18.1.1")  # the router's address towards the backends (DSR's outer source)
 HB_PORT, HB_TIMEOUT_MS = 7946, 300
 TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002}
 
 # web: plain TCP NAT to one backend; dns: UDP; hb: two backends judged by heartbeats; pas: two
 # backends under passive detection (three failures in a row eject); sby: a primary and a standby,
-# whose flows stay on their backend when it becomes unusable (existing_flows: keep).
+# whose flows stay on their backend when it becomes unusable (existing_flows: keep); dsr: one
+# backend answering clients directly (forwarding: dsr, IPIP).
 CONFIG = {
     "version": 1,
     "node": {
@@ -117,6 +120,14 @@ CONFIG = {
             "protocol": "tcp",
             "health": {"passive": {"consecutive": 3, "syn_timeout_ms": 200, "ejection_ms": 1000}},
             "backends": [{"name": n, "address": str(a), "port": p} for n, (a, p) in (("p0", P0), ("p1", P1))],
+        },
+        {
+            "name": "dsr",
+            "vip": str(DSR_VIP),
+            "port": 80,
+            "protocol": "tcp",
+            "forwarding": "dsr",
+            "backends": [{"name": "x0", "address": str(X0[0]), "port": X0[1]}],
         },
     ],
 }
@@ -296,7 +307,7 @@ class World:
         self.t = self.loaded.tables()
         self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
         self.cfg = parse_config(CONFIG, "test_verdicts")
-        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1)})
+        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0)})
         self.maps.write_node(
             maglev_m=PARAMS.maglev_m,
             max_services=PARAMS.max_services,
@@ -351,7 +362,16 @@ class World:
             self.set_health(name)
         self.percpu(abi.MAP_CT_BUDGET, 0, window_ns=0, used=0)
         for bid in self._backends:
-            self.percpu(abi.MAP_NEXTHOP, bid, expires=HOP_EXPIRES, ifindex=BACKEND_IF, smac=HOP_SMAC, dmac=HOP_DMAC)
+            self.percpu(
+                abi.MAP_NEXTHOP,
+                bid,
+                expires=HOP_EXPIRES,
+                ifindex=BACKEND_IF,
+                smac=HOP_SMAC,
+                dmac=HOP_DMAC,
+                src=as_loaded(ROUTER_B),
+                mtu=MTU,
+            )
         for vip in (VIP, HB_VIP, PAS_VIP):
             self.reply_hop(CLIENT, vip, CLIENT_IF)
 
