@@ -8,16 +8,12 @@ it a backend is. Unprivileged; needs a C compiler and the kernel's UAPI headers.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from controlplane import abi
-from controlplane.tests.memtables import c_struct
+from controlplane.tests.memtables import c_struct, compile_c
 
-INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
 NOW = 10**12
 N_MAX = abi.MAX_PER_SERVICE
 
@@ -64,30 +60,7 @@ ServiceCfg = c_struct("service_cfg")
 
 @pytest.fixture(scope="module")
 def eject_one(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None or not Path("/usr/include/linux/types.h").exists():
-        pytest.skip("needs a C compiler and the kernel UAPI headers (linux-libc-dev)")
-    out = tmp_path_factory.mktemp("eject")
-    (out / "harness.c").write_text(HARNESS)
-    done = subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-Wall",
-            "-Werror",
-            f"-I{INCLUDE}",
-            "-o",
-            str(out / "eject.so"),
-            str(out / "harness.c"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    lib = ctypes.CDLL(str(out / "eject.so"))
+    lib = compile_c(tmp_path_factory, HARNESS, "eject")
     lib.eject_one.argtypes = [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint64]
     lib.eject_one.restype = ctypes.c_int
 
