@@ -94,9 +94,11 @@ def syn_acks(capture: Capture, iface: str, dport: int) -> list[tuple[str, int]]:
 
 
 def two_syn_acks(capture: Capture, iface: str, dport: int, what: str) -> list[tuple[str, int]]:
-    """Wait until capture holds a SYN-ACK to CRAFTED_SRC:dport and its retransmission; return them."""
+    """Wait until capture holds a SYN-ACK to CRAFTED_SRC:dport and a retransmission; return them.
+    The backend retransmits 1, 3 and 7 s after its first SYN-ACK; the one at 1 s can come while a
+    flood's thousands of SYN-ACKs overrun the capture, so the wait reaches past the one at 7 s."""
 
     def seen() -> list[tuple[str, int]]:
         return syn_acks(capture, iface, dport)
 
-    return wait_until(lambda: (lambda s: s if len(s) >= 2 else None)(seen()), 5.0, what, observe=seen)
+    return wait_until(lambda: (lambda s: s if len(s) >= 2 else None)(seen()), 12.0, what, observe=seen)
