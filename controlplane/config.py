@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Optional
 
 from controlplane.abi import MAX_PER_SERVICE
@@ -24,6 +24,7 @@ from controlplane.configkit import (  # the checks and the machinery the schema 
     _group,
     _ifname,
     _int,
+    _ip,
     _ipv4,
     _join,
     _kind,
@@ -221,7 +222,9 @@ class Backend:
     """One inference server behind a service."""
 
     name: str = option("unique in its service; shown in status and metrics", _name)
-    address: IPv4Address = option("IPv4 address of the backend", _ipv4("backends"))
+    address: IPv4Address | IPv6Address = option(
+        "IPv4 or IPv6 address of the backend (the family of its service's VIP)", _ip("backends")
+    )
     port: int = option("port the backend serves the service on", _port)
     weight: int = option("relative share of new flows; 0 drains (no new flows)", _weight, 1)
     standby: bool = option("gets new flows only while no primary is usable", _bool, False)
@@ -323,12 +326,25 @@ def _check_dsr(s: "Service", path: str) -> None:
             )
 
 
+def _check_ipv6(s: "Service", path: str) -> None:
+    """What an IPv6 service cannot have yet: the data path's IPv6 side forwards, reverse-NATs and judges
+    passive health, but has no heartbeats, DSR or discovery."""
+    if s.forwarding == "dsr":
+        raise ConfigError(f"{path}.forwarding: dsr is not supported for IPv6 VIPs yet")
+    if s.health and s.health.heartbeat:
+        raise ConfigError(f"{path}.health.heartbeat: not supported for IPv6 VIPs yet (use health.passive)")
+    if s.discovery is not None:
+        raise ConfigError(f"{path}.discovery: not supported for IPv6 VIPs yet")
+
+
 @dataclass(frozen=True)
 class Service:
     """A VIP:port/protocol and its backends."""
 
     name: str = option("unique in the config; shown in status and metrics", _name)
-    vip: IPv4Address = option("virtual IPv4 address clients connect to", _ipv4("VIPs"))
+    vip: IPv4Address | IPv6Address = option(
+        "virtual IPv4 or IPv6 address clients connect to; the backends are of its family", _ip("VIPs")
+    )
     port: int = option("port on the VIP", _port)
     protocol: str = option("tcp or udp", _one_of("tcp", "udp"), "tcp")
     existing_flows: str = option(
@@ -361,15 +377,20 @@ class Service:
     )
 
     @property
-    def key(self) -> tuple[IPv4Address, int, str]:
+    def key(self) -> tuple[IPv4Address | IPv6Address, int, str]:
         """What identifies the service in the data path: (vip, port, protocol)."""
         return (self.vip, self.port, self.protocol)
 
     def _validate(self, path: str) -> None:
         names: dict[str, int] = {}
-        endpoints: dict[tuple[IPv4Address, int], int] = {}
+        endpoints: dict[tuple[IPv4Address | IPv6Address, int], int] = {}
         for i, backend in enumerate(self.backends):
             where = f"{path}.backends[{i}]"
+            if backend.address.version != self.vip.version:
+                raise ConfigError(
+                    f"{where}.address: {backend.address} is IPv{backend.address.version} but the VIP "
+                    f"{self.vip} is IPv{self.vip.version} (a service's VIP and backends are one family)"
+                )
             if backend.name in names:
                 raise ConfigError(f"{where}.name: duplicate name {backend.name!r}")
             names[backend.name] = i
@@ -384,6 +405,8 @@ class Service:
             raise ConfigError(f"{path}.backends: none given (set backends, or discovery to find them at run time)")
         if self.backends and all(backend.standby for backend in self.backends) and self.discovery is None:
             raise ConfigError(f"{path}.backends: service {self.name!r} has no primary backend (all are standby)")
+        if self.vip.version == 6:
+            _check_ipv6(self, path)
         if self.forwarding == "dsr":
             _check_dsr(self, path)
         if len(self.backends) > MAX_PER_SERVICE:
@@ -562,7 +585,7 @@ class Config:
 
     def _validate(self, path: str) -> None:
         names: dict[str, int] = {}
-        keys: dict[tuple[IPv4Address, int, str], int] = {}
+        keys: dict[tuple[IPv4Address | IPv6Address, int, str], int] = {}
         for i, service in enumerate(self.services):
             if service.name in names:
                 raise ConfigError(f"services[{i}].name: duplicate name {service.name!r}")
@@ -583,7 +606,7 @@ class Config:
             raise ConfigError(
                 f"services: {total} backends in all services, more than node.max_backends ({node.max_backends})"
             )
-        endpoints: dict[tuple[IPv4Address, int, str], str] = {}
+        endpoints: dict[tuple[IPv4Address | IPv6Address, int, str], str] = {}
         tokens: dict[int, str] = {}
         for i, service in enumerate(self.services):
             for j, backend in enumerate(service.backends):

@@ -13,7 +13,7 @@ import re
 import stat
 from contextvars import ContextVar
 from dataclasses import MISSING, field, fields
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any, Callable
 
 import yaml
@@ -217,6 +217,34 @@ def _ipv4(role: str) -> Check:
             (address.is_unspecified, "the unspecified address"),
             (address.is_loopback, "a loopback address"),
             (address.is_multicast, "a multicast address"),
+            (address.is_reserved, "a reserved address"),
+        )
+        for found, kind in unusable:
+            if found:
+                raise ConfigError(f"{path}: {address} is {kind}")
+        return address
+
+    return check
+
+
+def _ip(role: str) -> Check:
+    """A unicast IPv4 or IPv6 address; role names what it is for ("VIPs")."""
+
+    def check(value: Any, path: str) -> IPv4Address | IPv6Address:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected an IPv4 or IPv6 address, got {_show(value)}")
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            raise ConfigError(f"{path}: {_show(value)} is not an IPv4 or IPv6 address") from None
+        if address.version == 4:
+            return _ipv4(role)(value, path)
+        unusable = (
+            (address.is_unspecified, "the unspecified address"),
+            (address.is_loopback, "a loopback address"),
+            (address.is_multicast, "a multicast address"),
+            (address.is_link_local, "a link-local address"),
+            (address.ipv4_mapped is not None, "an IPv4-mapped address (give the IPv4 address)"),
             (address.is_reserved, "a reserved address"),
         )
         for found, kind in unusable:

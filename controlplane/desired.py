@@ -14,15 +14,15 @@ removes before it adds."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Mapping, Optional
 
 from controlplane.abi import MAX_PER_SERVICE
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
 
-VipKey = tuple[IPv4Address, int, str]  # address, port, protocol
-Endpoint = tuple[IPv4Address, int]
+VipKey = tuple[IPv4Address | IPv6Address, int, str]  # address, port, protocol
+Endpoint = tuple[IPv4Address | IPv6Address, int]
 
 
 @dataclass(frozen=True)

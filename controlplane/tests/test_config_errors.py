@@ -161,16 +161,26 @@ ERROR_CASES = [
     Case(
         "vip not an address",
         {"services[0].vip": "198.18.255.300"},
-        "services[0].vip: '198.18.255.300' is not an IPv4 address",
+        "services[0].vip: '198.18.255.300' is not an IPv4 or IPv6 address",
     ),
     Case(
         "vip with prefix length",
         {"services[0].vip": "198.18.255.1/32"},
-        "services[0].vip: '198.18.255.1/32' is not an IPv4 address",
+        "services[0].vip: '198.18.255.1/32' is not an IPv4 or IPv6 address",
     ),
-    Case("vip IPv6", {"services[0].vip": "2001:db8::1"}, "services[0].vip: IPv6 VIPs are not supported yet"),
     Case(
-        "vip an integer", {"services[0].vip": 3323134721}, "services[0].vip: expected an IPv4 address, got 3323134721"
+        "vip IPv6 with IPv4 backends",
+        {"services[0].vip": "2001:2::1"},
+        "services[0].backends[0].address: 198.18.1.2 is IPv4 but the VIP 2001:2::1 is IPv6 "
+        "(a service's VIP and backends are one family)",
+    ),
+    Case("vip IPv6 link-local", {"services[0].vip": "fe80::1"}, "services[0].vip: fe80::1 is a link-local address"),
+    Case("vip IPv6 loopback", {"services[0].vip": "::1"}, "services[0].vip: ::1 is a loopback address"),
+    Case("vip IPv6 multicast", {"services[0].vip": "ff02::1"}, "services[0].vip: ff02::1 is a multicast address"),
+    Case(
+        "vip an integer",
+        {"services[0].vip": 3323134721},
+        "services[0].vip: expected an IPv4 or IPv6 address, got 3323134721",
     ),
     Case("vip unspecified", {"services[0].vip": "0.0.0.0"}, "services[0].vip: 0.0.0.0 is the unspecified address"),
     Case("vip loopback", {"services[0].vip": "127.0.0.1"}, "services[0].vip: 127.0.0.1 is a loopback address"),
@@ -235,12 +245,13 @@ ERROR_CASES = [
     Case(
         "backend address invalid",
         {"services[0].backends[0].address": "h100-a.example"},
-        "services[0].backends[0].address: 'h100-a.example' is not an IPv4 address",
+        "services[0].backends[0].address: 'h100-a.example' is not an IPv4 or IPv6 address",
     ),
     Case(
         "backend address IPv6",
         {"services[0].backends[0].address": "2001:db8::2"},
-        "services[0].backends[0].address: IPv6 backends are not supported yet",
+        "services[0].backends[0].address: 2001:db8::2 is IPv6 but the VIP 198.18.255.1 is IPv4 "
+        "(a service's VIP and backends are one family)",
     ),
     Case(
         "backend address:port used twice",
@@ -506,3 +517,52 @@ def test_heartbeats_need_every_backend_token():
 )
 def test_document_that_is_not_a_mapping(doc, message):
     assert error_of(doc) == message
+
+
+def _ipv6_service(**extra) -> dict:
+    service = {
+        "name": "chat6",
+        "vip": "2001:2::100",
+        "port": 443,
+        "backends": [
+            {"name": "a", "address": "2001:2:0:1::2", "port": 8000},
+            {"name": "b", "address": "2001:2:0:1::3", "port": 8000},
+        ],
+    }
+    service.update(extra)
+    return service
+
+
+def test_ipv6_service_next_to_ipv4_services_is_accepted():
+    doc = valid_doc()
+    doc["services"].append(_ipv6_service(health={"passive": {}}))
+    service = parse_config(doc).services[-1]
+    assert (str(service.vip), service.vip.version) == ("2001:2::100", 6)
+    assert [str(b.address) for b in service.backends] == ["2001:2:0:1::2", "2001:2:0:1::3"]
+
+
+def test_ipv6_service_with_an_ipv4_backend_is_one_line_naming_it():
+    doc = valid_doc()
+    service = _ipv6_service()
+    service["backends"][1]["address"] = "198.18.1.9"
+    doc["services"].append(service)
+    assert error_of(doc) == (
+        f"services[{len(doc['services']) - 1}].backends[1].address: 198.18.1.9 is IPv4 but the VIP 2001:2::100 "
+        "is IPv6 (a service's VIP and backends are one family)"
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"forwarding": "dsr"}, "forwarding: dsr is not supported for IPv6 VIPs yet"),
+        (
+            {"health": {"heartbeat": {"port": 7946}}},
+            "health.heartbeat: not supported for IPv6 VIPs yet (use health.passive)",
+        ),
+    ],
+)
+def test_ipv6_service_refuses_what_its_data_path_lacks(extra, message):
+    doc = valid_doc()
+    doc["services"].append(_ipv6_service(**extra))
+    assert error_of(doc) == f"services[{len(doc['services']) - 1}].{message}"
