@@ -10,7 +10,8 @@
  * and
  * redirects it towards the client (nat.h, reply_out) without the kernel's
  * forwarding path; everything else continues untouched. The L4 checksum
- * goes through the kernel's helpers, which also handle partial checksums. */
+ * goes through the kernel's helpers, which also handle partial checksums.
+ * IPv6 frames go to return6.h. */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
 #include <linux/stddef.h>
@@ -22,6 +23,7 @@
 #include "include/nat.h"
 #include "include/stateless.h"
 #include "include/icmp.h"
+#include "include/return6.h"
 
 #define ANSWER_NONE (-1)
 
@@ -93,8 +95,11 @@ int edge_return(struct __sk_buff *skb)
 	int answer = ANSWER_NONE;
 
 	proto = parse_eth(&nh, data_end, &eth, &vlans);
-	if (proto != bpf_htons(ETH_P_IP))
+	if (proto != bpf_htons(ETH_P_IP)) {
+		if (proto == bpf_htons(ETH_P_IPV6)) /* return6.h */
+			return return6(skb, nh.pos - (void *)(long)skb->data);
 		return TC_ACT_UNSPEC;
+	}
 	l3_off = nh.pos - (void *)(long)skb->data;
 	proto = parse_ipv4(&nh, data_end, &iph, 0);
 	if (proto == IPPROTO_ICMP && !(iph->frag_off & bpf_htons(IP_MF | IP_OFFSET)))

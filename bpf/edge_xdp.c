@@ -20,6 +20,9 @@
 
 #define EDGE_CONTINUE (-1)
 #define EDGE_ICMP     (-2) /* parse_packet: an ICMP packet for icmp_ingress (icmp.h) */
+#define EDGE_IPV6     (-3) /* parse_packet: an IPv6 packet for edge_ingress6 (ingress6.h) */
+
+#include "include/ingress6.h"
 
 /* Verdict for a packet the fast path cannot take (IPv4 options, fragment,
  * L4 header cut short): dropped with its reason when it is for a VIP
@@ -46,7 +49,7 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 	if (proto < 0)
 		return count_drop(EDGE_DROP_MALFORMED);
 	if (proto != bpf_htons(ETH_P_IP))
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return proto == bpf_htons(ETH_P_IPV6) ? EDGE_IPV6 : count_verdict(EDGE_CNT_PASS, XDP_PASS);
 
 	proto = parse_ipv4(&nh, data_end, &iph, 1);
 	if (proto < 0)
@@ -214,10 +217,18 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	int verdict, new_flow, failover, looked;
 
 	verdict = parse_packet(ctx, &pkt);
-	if (verdict == EDGE_ICMP) /* only the fast path sees ICMP: no tail call takes it on */
-		return stage == EDGE_STAGE_FAST ? icmp_ingress(ctx, &pkt) : count_verdict(EDGE_CNT_PASS, XDP_PASS);
-	if (verdict != EDGE_CONTINUE)
+	if (verdict != EDGE_CONTINUE) {
+		/* only the fast path sees ICMP: no tail call takes it on */
+		if (verdict == EDGE_ICMP)
+			return stage == EDGE_STAGE_FAST ? icmp_ingress(ctx, &pkt)
+							: count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		/* IPv6 has a program of its own (ingress6.h): IPv4 pays nothing for it */
+		if (verdict == EDGE_IPV6) {
+			edge_tails.call(ctx, EDGE_TAIL_V6);
+			return count_verdict(EDGE_CNT_PASS, XDP_PASS); /* not installed */
+		}
 		return verdict;
+	}
 
 	/* Conntrack first: an established flow needs no edge_vips lookup
 	 * (established). A SYN, which established does not take, and
@@ -277,7 +288,7 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 
 	if (!looked)
 		fi = flow_lookup(&pkt, stage != EDGE_STAGE_FAST);
-	be = select_backend(vip, sc, &pkt, fi, now, &bid, &new_flow, &failover, &drop, stage);
+	be = select_backend(vip, sc, &pkt, fi, now, &bid, &new_flow, &failover, &drop, stage, NULL);
 	if (!be) {
 		if (drop == EDGE_TO_NEXT_STAGE) {
 			edge_tails.call(ctx, stage);
@@ -317,4 +328,14 @@ int edge_ingress_slow(struct xdp_md *ctx)
 int edge_ingress_scan(struct xdp_md *ctx)
 {
 	return ingress(ctx, EDGE_STAGE_SCAN);
+}
+
+int edge_ingress6(struct xdp_md *ctx)
+{
+	return ingress6(ctx, EDGE_STAGE_SLOW);
+}
+
+int edge_ingress6_scan(struct xdp_md *ctx)
+{
+	return ingress6(ctx, EDGE_STAGE_SCAN);
 }

@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -17,7 +17,10 @@ MAX_PER_SERVICE = 1024
 TAIL_SLOW = 0  # edge_tails slot of the ingress slow path
 TAIL_SCAN = 1  # edge_tails slot of its fallback scan
 TAIL_SCAN_MORE = 2  # edge_tails slot of the scan's next chunk (the scan program again)
-TAIL_MAX = 3
+TAIL_V6 = 3  # edge_tails slot of the IPv6 ingress
+TAIL_V6_SCAN = 4  # edge_tails slot of its fallback scan (and the scan's next chunk)
+TAIL_MAX = 5
+V6_EXT_MAX = 4  # IPv6 extension headers walked before the L4 header
 MAGLEV_PER_VALUE = 2  # Maglev slots per edge_maglev value: 4 bytes a slot
 
 VIP_F_KEEP_FLOWS = 0x1
@@ -95,7 +98,9 @@ DROP_ICMP_MALFORMED = 11
 DROP_ICMP_NESTED = 12
 DROP_ICMP_NO_FLOW = 13
 DROP_DSR_TOO_BIG = 14
-DROP_MAX = 15
+DROP_V6_FRAGMENT = 15
+DROP_V6_EXT_HEADER = 16
+DROP_MAX = 17
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -128,6 +133,8 @@ DROP_NAMES = {
     DROP_ICMP_NESTED: "icmp_nested",
     DROP_ICMP_NO_FLOW: "icmp_no_flow",
     DROP_DSR_TOO_BIG: "dsr_too_big",
+    DROP_V6_FRAGMENT: "v6_fragment",
+    DROP_V6_EXT_HEADER: "v6_ext_header",
 }
 
 MAP_VIPS = "edge_vips"
@@ -156,6 +163,11 @@ MAP_WIRE = "edge_wire"
 MAP_DIRECT = "edge_direct"
 MAP_HALF_OPEN = "edge_half_open"
 MAP_VIP_FILTER = "edge_vip_filter"
+MAP_VIPS6 = "edge_vips6"
+MAP_VIP_ADDRS6 = "edge_vip_addrs6"
+MAP_BACKENDS6 = "edge_backends6"
+MAP_CT6 = "edge_ct6"
+MAP_RNAT6 = "edge_rnat6"
 
 MAP_NAMES = (
     MAP_VIPS,
@@ -184,6 +196,11 @@ MAP_NAMES = (
     MAP_DIRECT,
     MAP_VIP_FILTER,
     MAP_HALF_OPEN,
+    MAP_VIPS6,
+    MAP_VIP_ADDRS6,
+    MAP_BACKENDS6,
+    MAP_CT6,
+    MAP_RNAT6,
 )
 
 
@@ -210,3 +227,7 @@ PROG_REPLY = "edge_reply"
 # [TAIL_SCAN] (select.h says what each holds).
 PROG_INGRESS_SLOW = "edge_ingress_slow"
 PROG_INGRESS_SCAN = "edge_ingress_scan"
+# The IPv6 ingress (ingress6.h), tail-called by edge_ingress through edge_tails[TAIL_V6], and its
+# fallback scan through [TAIL_V6_SCAN].
+PROG_INGRESS6 = "edge_ingress6"
+PROG_INGRESS6_SCAN = "edge_ingress6_scan"

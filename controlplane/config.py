@@ -525,6 +525,13 @@ def half_open_size(ct_size: int) -> int:
     return max(ct_size // 4, 1024)
 
 
+def ct6_size(ct_size: int) -> int:
+    """Entries of edge_ct6 (IPv6 connections) for an IPv4 conntrack of ct_size entries: a quarter,
+    at least 1024 (an IPv6 entry takes 128 bytes to IPv4's 104: the same count would more than
+    double conntrack's memory on a node whose clients are mostly IPv4). Not a setting of its own."""
+    return max(ct_size // 4, 1024)
+
+
 @dataclass(frozen=True)
 class Node:
     """Settings of this edge node; sizes here are compiled into the BPF programs."""

@@ -237,6 +237,12 @@ def _target(cfg: Config, iface: str) -> _Target:
     loader.check_bpffs(pin_dir)
     ingress = loader.ifindex(iface)
     routes = backend_routes(cfg)
+    v6 = [i for i, s in enumerate(cfg.services) if s.vip.version == 6]
+    if v6 and not loader.ipv6_forwarding():  # bpf_fib_lookup of IPv6 answers "forwarding disabled"
+        raise ConfigError(
+            f"services[{v6[0]}].vip: an IPv6 VIP needs net.ipv6.conf.all.forwarding=1 (the data path's "
+            "FIB lookups); set it and deploy again"
+        )
     return_oifs = list(dict.fromkeys(routes.values()))
     if len(return_oifs) > abi.MAX_RETURN_IFACES:
         raise ConfigError(

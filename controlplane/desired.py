@@ -25,6 +25,11 @@ VipKey = tuple[IPv4Address | IPv6Address, int, str]  # address, port, protocol
 Endpoint = tuple[IPv4Address | IPv6Address, int]
 
 
+def endpoint_order(ep: Endpoint) -> tuple:
+    """A sort key for endpoints of both families (addresses of two versions do not compare)."""
+    return (ep[0].version, ep[0], ep[1])
+
+
 @dataclass(frozen=True)
 class Deployed:
     """The ids the maps hold now (maps.py reads them)."""
@@ -200,7 +205,7 @@ def _backend_ids(deployed: Deployed, cfg: Config, svc: _Part, max_backends: int,
 
 def _health_ids(deployed: Deployed, cfg: Config, max_backends: int) -> _Part:
     """Health ids, one per endpoint (address, port): kept while the endpoint stays, then new ones."""
-    endpoints = sorted({(b.address, b.port) for s in cfg.services for b in s.backends})
+    endpoints = sorted({(b.address, b.port) for s in cfg.services for b in s.backends}, key=endpoint_order)
     health_ids = {ep: deployed.health[ep] for ep in endpoints if ep in deployed.health}
     gone = {h for ep, h in deployed.health.items() if ep not in health_ids}
     hids = _Ids(set(health_ids.values()), gone, max_backends, "backends")

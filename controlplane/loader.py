@@ -29,7 +29,7 @@ from controlplane.bpfcalls import (  # noqa: F401  (re-exported: tests and tools
     verified_insns,
 )
 from controlplane.bpfsource import BPF_DIR, SOURCES, _amalgamate, source_text  # noqa: F401  (re-exported)
-from controlplane.config import Node, half_open_size
+from controlplane.config import Node, ct6_size, half_open_size
 from controlplane.errors import CompileError, LoaderError, MapError, NoBpffs, NotDeployed
 
 # Interfaces, routes, tc and sysctl are pyroute2's, in netlink.py; deploy and
@@ -46,6 +46,7 @@ from controlplane.netlink import (  # noqa: F401  (re-exported)
     ifindexes,
     ifname,
     ip_forward,
+    ipv6_forwarding,
     prog_name,
     return_filter,
     route_oif,
@@ -62,12 +63,16 @@ PROGRAMS = {
     abi.PROG_REPLY: "xdp",
     abi.PROG_INGRESS_SLOW: "xdp",
     abi.PROG_INGRESS_SCAN: "xdp",
+    abi.PROG_INGRESS6: "xdp",
+    abi.PROG_INGRESS6_SCAN: "xdp",
 }
 # Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
 TAILS = {
     abi.TAIL_SLOW: abi.PROG_INGRESS_SLOW,
     abi.TAIL_SCAN: abi.PROG_INGRESS_SCAN,
     abi.TAIL_SCAN_MORE: abi.PROG_INGRESS_SCAN,
+    abi.TAIL_V6: abi.PROG_INGRESS6,
+    abi.TAIL_V6_SCAN: abi.PROG_INGRESS6_SCAN,
 }
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
@@ -93,6 +98,11 @@ class Params:
         """Entries of edge_half_open (TCP connections between SYN and the client's ACK): a quarter
         of conntrack's, at least 1024."""
         return half_open_size(self.ct_size)
+
+    @property
+    def ct6_size(self) -> int:
+        """Entries of edge_ct6 (IPv6 connections): a quarter of conntrack's, at least 1024."""
+        return ct6_size(self.ct_size)
 
     @classmethod
     def of(cls, node: Node) -> "Params":
@@ -372,6 +382,7 @@ def cflags(pin_path: Path, params: Params) -> list[str]:
         f"-DEDGE_MAX_BACKENDS={params.max_backends}",
         f"-DEDGE_CT_SIZE={params.ct_size}",
         f"-DEDGE_HALF_OPEN_SIZE={params.half_open_size}",
+        f"-DEDGE_CT6_SIZE={params.ct6_size}",
     ]
 
 

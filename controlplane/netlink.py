@@ -230,10 +230,19 @@ def _del_clsact(index: int) -> None:
 # ---------------------------------------------------------------- sysctl
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+IPV6_FORWARDING = Path("/proc/sys/net/ipv6/conf/all/forwarding")
 
 
 def ip_forward() -> int:
     return int(IP_FORWARD.read_text().strip())
+
+
+def ipv6_forwarding() -> int:
+    """net.ipv6.conf.all.forwarding; 0 without IPv6."""
+    try:
+        return int(IPV6_FORWARDING.read_text().strip())
+    except FileNotFoundError:
+        return 0
 
 
 def set_ip_forward(value: int) -> None:

@@ -68,6 +68,7 @@ from verdicts import (  # netns-tests/verdicts.py: the harness
     tcp,
     udp,
 )
+from verdicts6 import ROWS6
 
 from controlplane import abi
 
@@ -555,6 +556,9 @@ ROWS = [
 # fmt: on
 
 
+ROWS += [row(*r) for r in ROWS6]  # IPv6 (verdicts6.py)
+
+
 # ---------------------------------------------------------------- running the table
 
 
@@ -590,6 +594,8 @@ def test_verdict(world: World, r: Row) -> None:
     assert counters == r.counters
     if r.out == SAME:
         assert out == frame, "the frame was changed"
+    elif r.out is not None and frame[12:14] == b"\x86\xdd":  # IPv6: verdicts6.py's checksums are scapy's
+        assert out == r.out(frame), "the rewritten IPv6 frame differs"
     elif r.out is not None:
         want = r.out(frame)
         assert parsed(want).checksums_ok(want)

@@ -67,7 +67,7 @@ TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002}
 # web: plain TCP NAT to one backend; dns: UDP; hb: two backends judged by heartbeats; pas: two
 # backends under passive detection (three failures in a row eject); sby: a primary and a standby,
 # whose flows stay on their backend when it becomes unusable (existing_flows: keep); dsr: one
-# backend answering clients directly (forwarding: dsr, IPIP).
+# backend answering clients directly (forwarding: dsr, IPIP); web6: IPv6 (verdicts6.py's rows).
 CONFIG = {
     "version": 1,
     "node": {
@@ -120,6 +120,15 @@ CONFIG = {
             "protocol": "tcp",
             "health": {"passive": {"consecutive": 3, "syn_timeout_ms": 200, "ejection_ms": 1000}},
             "backends": [{"name": n, "address": str(a), "port": p} for n, (a, p) in (("p0", P0), ("p1", P1))],
+        },
+        {
+            "name": "web6",
+            "vip": "2001:2:0:ff::1",
+            "port": 80,
+            "protocol": "tcp",
+            "backends": [
+                {"name": n, "address": a, "port": 8000} for n, a in (("e0", "2001:2:0:1::2"), ("e1", "2001:2:0:1::3"))
+            ],
         },
         {
             "name": "dsr",
@@ -349,7 +358,7 @@ class World:
         # the heartbeats' second for this row (abi.heartbeat: the sender's CLOCK_TAI): taken per
         # row, so the window check sees a current epoch however late in a long run the row runs
         self.epoch = int(time.clock_gettime(time.CLOCK_TAI))
-        for name in (abi.MAP_CT, abi.MAP_HALF_OPEN, abi.MAP_DIRECT):
+        for name in (abi.MAP_CT, abi.MAP_HALF_OPEN, abi.MAP_DIRECT, abi.MAP_CT6):
             self.t[name].clear()
         backends = self.t[abi.MAP_BACKENDS]
         for bid, v in self._backends.items():

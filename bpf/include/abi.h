@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 15
+#define EDGE_ABI_VERSION 16
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -21,7 +21,10 @@
 #define EDGE_TAIL_SLOW	       0	  /* edge_tails slot: the ingress slow path (edge_ingress_slow) */
 #define EDGE_TAIL_SCAN	       1	  /* edge_tails slot: its fallback scan (edge_ingress_scan) */
 #define EDGE_TAIL_SCAN_MORE    2	  /* edge_tails slot: the scan's next chunk (edge_ingress_scan again) */
-#define EDGE_TAIL_MAX	       3
+#define EDGE_TAIL_V6	       3	  /* edge_tails slot: the IPv6 ingress (edge_ingress6, ingress6.h) */
+#define EDGE_TAIL_V6_SCAN      4	  /* edge_tails slot: its fallback scan and the scan's next chunk (edge_ingress6_scan) */
+#define EDGE_TAIL_MAX	       5
+#define EDGE_V6_EXT_MAX	       4 /* IPv6 extension headers walked before the L4 header (ingress6.h) */
 #define EDGE_MAGLEV_PER_VALUE  2 /* Maglev slots per edge_maglev value (struct maglev_slots) */
 
 /* Value of edge_maglev: EDGE_MAGLEV_PER_VALUE consecutive slots, so a slot
@@ -348,6 +351,51 @@ struct node_info {
 	__u64 rnat_gen;
 };
 
+/* IPv6 (ingress6.h, return6.h). Separate maps where a key or value holds an
+ * address, so IPv4's entries stay as small as they were; VIP ids, backend ids,
+ * the Maglev tables, health, stats and the other per-id arrays are shared.
+ * An IPv6 backend's edge_backends entry has addr 0 and its address in
+ * edge_backends6; an IPv6 service's service_cfg has no VIP key (vip_addr 0):
+ * its established flows take the full path. Addresses in network order. */
+struct addr6 {
+	__be32 w[4];
+};
+
+/* Key of edge_vips6 (value: struct vip_info). */
+struct vip_key6 {
+	struct addr6 addr;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* Key of edge_ct6 (value: struct flow_info): a client's connection to an IPv6 VIP. */
+struct flow_key6 {
+	struct addr6 src;
+	struct addr6 dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* Key of edge_rnat6: an IPv6 backend endpoint. */
+struct backend_key6 {
+	struct addr6 addr;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* Value of edge_rnat6: what the return path rewrites the source back to. */
+struct rnat_info6 {
+	struct addr6 vip_addr;
+	__be16 vip_port;
+	__u16 pad;
+	__u32 backend_id;
+	__u32 vip_id;
+};
+
 /* Verdict counters: index into edge_verdicts. */
 #define EDGE_CNT_PASS		  0  /* not for a VIP: handed to the stack untouched */
 #define EDGE_CNT_REDIRECT	  1  /* NATed and redirected to the backend's interface */
@@ -380,7 +428,9 @@ struct node_info {
 #define EDGE_DROP_ICMP_NESTED	 12 /* ICMP error to a VIP address quoting an ICMP packet */
 #define EDGE_DROP_ICMP_NO_FLOW	 13 /* ICMP error quoting a VIP flow neither conntrack nor the Maglev table knows */
 #define EDGE_DROP_DSR_TOO_BIG	 14 /* DSR: the packet with its IPIP header exceeds the backend link's MTU */
-#define EDGE_DROP_MAX		 15
+#define EDGE_DROP_V6_FRAGMENT	 15 /* IPv6 fragment header on VIP traffic (not handled) */
+#define EDGE_DROP_V6_EXT_HEADER	 16 /* IPv6 VIP traffic whose next header is none of TCP, UDP, ICMPv6 after EDGE_V6_EXT_MAX extension headers */
+#define EDGE_DROP_MAX		 17
 
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
@@ -407,5 +457,9 @@ _Static_assert(sizeof(struct service_meta) == 40, "abi: service_meta");
 _Static_assert(sizeof(struct backend_meta) == 40, "abi: backend_meta");
 _Static_assert(sizeof(struct node_info) == 112, "abi: node_info");
 _Static_assert(sizeof(struct backend_probe) == 136, "abi: backend_probe");
+_Static_assert(sizeof(struct vip_key6) == 20, "abi: vip_key6");
+_Static_assert(sizeof(struct flow_key6) == 40, "abi: flow_key6");
+_Static_assert(sizeof(struct backend_key6) == 20, "abi: backend_key6");
+_Static_assert(sizeof(struct rnat_info6) == 28, "abi: rnat_info6");
 
 #endif /* EDGE_ABI_H */

@@ -16,6 +16,8 @@
  * EDGE_MAX_SERVICES: VIPs; each owns two Maglev tables (A/B).
  * EDGE_MAX_BACKENDS: backend ids, across all VIPs.
  * EDGE_CT_SIZE: conntrack entries (and as many reverse-NAT entries).
+ * EDGE_CT6_SIZE: IPv6 conntrack entries (loader: a quarter of EDGE_CT_SIZE,
+ * at least 1024).
  * EDGE_HALF_OPEN_SIZE: half-open TCP connections (loader: a quarter of
  * EDGE_CT_SIZE, at least 1024). */
 #ifndef EDGE_MAGLEV_M
@@ -32,6 +34,9 @@
 #endif
 #ifndef EDGE_HALF_OPEN_SIZE
 #error "EDGE_HALF_OPEN_SIZE must be set by the loader"
+#endif
+#ifndef EDGE_CT6_SIZE
+#error "EDGE_CT6_SIZE must be set by the loader"
 #endif
 
 #define EDGE_PIN(name) EDGE_PIN_DIR "/" #name
@@ -96,6 +101,20 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct nexthop, edge_nexthop,
  * the kernel keeps the entries after the loader that filled them exits. */
 BPF_TABLE_PINNED("prog", __u32, __u32, edge_tails,
 		 EDGE_TAIL_MAX, EDGE_PIN(edge_tails));
+/* IPv6 (abi.h: struct addr6 and the keys with it): VIP key -> vip_info;
+ * VIP address -> VIPs on it; backend id -> address (its edge_backends entry
+ * holds the rest); conntrack (EDGE_CT6_SIZE entries; no half-open table:
+ * a SYN's entry goes into edge_ct6 at once); reverse NAT. */
+BPF_TABLE_PINNED("hash", struct vip_key6, struct vip_info, edge_vips6,
+		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vips6));
+BPF_TABLE_PINNED("hash", struct addr6, __u32, edge_vip_addrs6,
+		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vip_addrs6));
+BPF_TABLE_PINNED("array", __u32, struct addr6, edge_backends6,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_backends6));
+BPF_TABLE_PINNED("lru_hash", struct flow_key6, struct flow_info, edge_ct6,
+		 EDGE_CT6_SIZE, EDGE_PIN(edge_ct6), EDGE_CT_FLAGS);
+BPF_TABLE_PINNED("hash", struct backend_key6, struct rnat_info6, edge_rnat6,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_rnat6));
 /* Per-CPU state of the fallback scan between its runs over one packet
  * (select.h, scan_backends); kernel only, not pinned. */
 struct scan_state {

@@ -255,11 +255,13 @@ out:
  * statelessly: no entry, *new_flow 0, counted EDGE_CNT_STATELESS), or, on
  * the fast path, EDGE_TO_SLOW_PATH. *new_flow: conntrack was missed or replaced;
  * *failover: see pick_new. The slow path takes no budget: the fast path
- * took it before handing the packet over. */
+ * took it before handing the packet over. flow6: see flow_insert (IPv6's
+ * ingress runs the slow and scan stages only). */
 static __always_inline struct backend_info *
 select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 	       struct pkt *pkt, struct flow_info *fi, __u64 now, __u32 *bid,
-	       int *new_flow, int *failover, __u32 *drop, const int stage)
+	       int *new_flow, int *failover, __u32 *drop, const int stage,
+	       const struct flow_key6 *flow6)
 {
 	struct backend_info *be;
 	int stateless;
@@ -306,12 +308,12 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 		/* An established flow moved: rewritten in place, so moving
 		 * flows never evicts another entry. */
 		*failover = 1;
-		fi->flags = syn_flags(pkt) | wire_move(fi, *bid, pkt->syn);
+		fi->flags = syn_flags(pkt) | (flow6 ? 0 : wire_move(fi, *bid, pkt->syn));
 		fi->backend_id = *bid;
 		fi->syn_seq = pkt->seq;
 		return be;
 	}
-	flow_insert(pkt, vip, *bid, sc->flags & EDGE_SVC_F_DSR);
+	flow_insert(pkt, vip, *bid, sc->flags & EDGE_SVC_F_DSR, flow6);
 	return be;
 }
 

@@ -31,6 +31,7 @@ from controlplane.maps.records import (  # noqa: F401  (re-exported)
     ProbeStatus,
     WireStats,
     _name_bytes,
+    addr_of,
     be16,
     be32,
     count_entries,
@@ -187,19 +188,18 @@ class Maps(Writer, Reader):
 
     def _vip_keys_in_maps(self) -> dict[int, tuple]:
         """vip id -> (key ctypes object, vip_info)."""
-        t = self.t[abi.MAP_VIPS]
-        return {v.id: (k, v) for k, v in t.items()}
+        return {v.id: (k, v) for name in (abi.MAP_VIPS, abi.MAP_VIPS6) for k, v in self.t[name].items()}
 
     def _deployed(self) -> desired.Deployed:
         """The ids in the maps, as desired.plan() takes them."""
         vips = {
-            vid: (from_be32(k.addr), from_be16(k.port), PROTO_NAMES.get(k.proto, "?"))
+            vid: (addr_of(k.addr), from_be16(k.port), PROTO_NAMES.get(k.proto, "?"))
             for vid, (k, _) in self._vip_keys_in_maps().items()
         }
         services = {name: (vid, vips.get(vid)) for name, vid in self._services_in_maps().items()}
         backends, health = {}, {}
         for i, b, name in self._valid_backends():
-            ep = (from_be32(b.addr), from_be16(b.port))
+            ep = (self._backend_addr(i, b), from_be16(b.port))
             backends[(b.vip_id, name)] = (i, ep)
             health[ep] = b.health_id
         return desired.Deployed(services, backends, health)
@@ -239,9 +239,8 @@ class Maps(Writer, Reader):
         """A digest of service s's active Maglev table, slot by slot, by backend name (ids are
         per node): two nodes with the same digest send a new flow to the same backend."""
         vid, bids = self.ids(s.name)
-        vips = self.t[abi.MAP_VIPS]
-        key = vips.Key()
-        key.addr, key.port, key.proto = be32(s.vip), be16(s.port), PROTOS[s.protocol]
+        key = self._vip_key(s)
+        vips = self._vip_table(key)
         try:
             half = vips[key].table
         except KeyError:
@@ -265,9 +264,8 @@ class Maps(Writer, Reader):
         backends = tuple(replace(b, weight=int(weights.get(b.name, b.weight))) for b in s.backends)
         s = replace(s, backends=backends)
         ids = [bids[b.name] for b in backends]
-        vips = self.t[abi.MAP_VIPS]
-        key = vips.Key()
-        key.addr, key.port, key.proto = be32(s.vip), be16(s.port), PROTOS[s.protocol]
+        key = self._vip_key(s)
+        vips = self._vip_table(key)
         try:
             old = vips[key]
         except KeyError:
@@ -315,7 +313,7 @@ class Maps(Writer, Reader):
             b = info[info.Key(bid)]
             backend = Backend(
                 name=name,
-                address=from_be32(b.addr),
+                address=self._backend_addr(bid, b),
                 port=from_be16(b.port),
                 weight=int(meta[meta.Key(bid)].weight),
                 standby=bool(b.flags & abi.BE_F_STANDBY),
@@ -360,7 +358,9 @@ class Maps(Writer, Reader):
                     token = token_of_key(hb[k].key)
                 except KeyError:
                     token = None
-            backend = Backend(name=name, address=from_be32(b.addr), port=from_be16(b.port), weight=0, token=token)
+            backend = Backend(
+                name=name, address=self._backend_addr(bid, b), port=from_be16(b.port), weight=0, token=token
+            )
             out.append((backend, p["leave_until_s"]))
         return out
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from ipaddress import IPv4Address
 from typing import AbstractSet, Mapping, Optional
 
+from controlplane import desired
 from controlplane.config import Backend, Config, Service
 from controlplane.desired import Plan
 
@@ -164,7 +165,7 @@ def _plan_health(cfg: Config, pairs: list[tuple[Service, Service]], p: Plan, max
             lost -= {(x.address, x.port) for s in cfg.services if s.protocol != a.protocol for x in s.backends}
     for ep in lost:
         p.health_ids.pop(ep, None)
-    for ep in sorted(gained):
+    for ep in sorted(gained, key=desired.endpoint_order):
         hid = hids.take()
         if hid is None:
             return False

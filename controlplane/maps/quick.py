@@ -7,9 +7,9 @@ names is missing, nothing goes before the tables stop naming it. Part of the map
 
 from __future__ import annotations
 
-from controlplane import abi, desired
+from controlplane import desired
 from controlplane.config import Config, Service
-from controlplane.maps.records import PROTOS, be16, be32
+from controlplane.maps.records import be16, is6, put_addr
 
 
 class Quick:
@@ -26,23 +26,20 @@ class Quick:
             self._flip_in_place(s, vid, p)
 
     def _flip_in_place(self, s: Service, vid: int, p: desired.Plan) -> None:
-        vips = self.t[abi.MAP_VIPS]
         k = self._vip_key(s)
-        self._flip(s, vid, p, {vid: (k, vips[k])})
+        self._flip(s, vid, p, {vid: (k, self._vip_table(k)[k])})
 
     def _rnat_key(self, s: Service, b):
-        k = self.t[abi.MAP_RNAT].Key()
-        k.addr, k.port, k.proto = be32(b.address), be16(b.port), PROTOS[s.protocol]
-        return k
+        return self._rnat_key_of(b.address, b.port, s.protocol)
 
     def _claimed_by_another(self, pairs: list[tuple[Service, Service]], p: desired.Plan) -> bool:
         """Whether an endpoint of a changed service replies for another backend id now (the full
         apply orders that hand-over)."""
-        rnat = self.t[abi.MAP_RNAT]
         for _, s in pairs:
             for b in s.backends:
+                k = self._rnat_key(s, b)
                 try:
-                    owner = rnat[self._rnat_key(s, b)].backend_id
+                    owner = self._rnat_table(k)[k].backend_id
                 except KeyError:
                     continue
                 if owner != p.be_ids[(s.name, b.name)]:
@@ -55,14 +52,17 @@ class Quick:
         if self._claimed_by_another(pairs, p):
             return False
         self._clean_new_ids(p)
-        rnat, new = self.t[abi.MAP_RNAT], set(p.new_backends)
+        new = set(p.new_backends)
         for _, s in pairs:  # reverse NAT of the new endpoints, before any table names them
             for b in s.backends:
                 if (s.name, b.name) in new:
+                    k = self._rnat_key(s, b)
+                    rnat = self._rnat_table(k)
                     v = rnat.Leaf()
-                    v.vip_addr, v.vip_port = be32(s.vip), be16(s.port)
+                    put_addr(v, "vip_addr", s.vip)
+                    v.vip_port = be16(s.port)
                     v.backend_id, v.vip_id = p.be_ids[(s.name, b.name)], p.svc_ids[s.name]
-                    rnat[self._rnat_key(s, b)] = v
+                    rnat[k] = v
         if new:
             self.rnat_changed()
         self._write_changed([s for _, s in pairs], p)
@@ -81,16 +81,17 @@ class Quick:
         if not lost:
             return
         kept = {(b.address, b.port) for _, s in pairs for b in s.backends}
-        rnat, dropped = self.t[abi.MAP_RNAT], False
+        dropped = False
         for s, b in lost.values():
             if (b.address, b.port) in kept:  # renamed in the same service
                 continue
             k = self._rnat_key(s, b)
+            rnat = self._rnat_table(k)
             try:
                 rnat[k]
             except KeyError:
                 continue
             del rnat[k]
-            dropped = True
+            dropped = dropped or not is6(k)
         if dropped:
             self.rnat_changed()

@@ -15,12 +15,17 @@ from controlplane import abi, wiresignals
 from controlplane.maps.records import (
     PROBE_TEXT,
     PROTO_NAMES,
+    PROTOS,
     ProbeStatus,
     WireStats,
+    addr_of,
+    be16,
     count_entries,
     from_be16,
     from_be32,
+    is6,
     pack_probe,
+    put_addr,
     shown_state,
     unpack_probe,
     verdicts_shown,
@@ -40,6 +45,27 @@ CT_FLAG_NAMES = {
 
 class Reader:
     """Readers of health, counters, status records and the snapshot (mixed into Maps)."""
+
+    # ------------------------------------------------------------ the two families (abi.h: IPv6)
+
+    def _vip_key(self, s):
+        """Service s's key in edge_vips, or in edge_vips6 for an IPv6 VIP."""
+        k = self.t[abi.MAP_VIPS if s.vip.version == 4 else abi.MAP_VIPS6].Key()
+        put_addr(k, "addr", s.vip)
+        k.port, k.proto = be16(s.port), PROTOS[s.protocol]
+        return k
+
+    def _vip_table(self, key):
+        """edge_vips or edge_vips6, whichever key is of."""
+        return self.t[abi.MAP_VIPS6 if is6(key) else abi.MAP_VIPS]
+
+    def _backend_addr(self, bid: int, b):
+        """The address of backend bid, whose edge_backends entry is b: an IPv6 backend's is in
+        edge_backends6 (its entry's addr is 0, which no IPv4 backend has)."""
+        if b.addr:
+            return from_be32(b.addr)
+        t = self.t[abi.MAP_BACKENDS6]
+        return addr_of(t[t.Key(bid)])
 
     def write_status(self, bid: int, status: ProbeStatus) -> None:
         """Backend bid's whole edge_be_probe record, from status."""
@@ -236,7 +262,7 @@ class Reader:
                 {
                     "id": bid,
                     "name": m.name.decode(),
-                    "address": str(from_be32(b.addr)),
+                    "address": str(self._backend_addr(bid, b)),
                     "port": from_be16(b.port),
                     "weight": m.weight,
                     "standby": bool(b.flags & abi.BE_F_STANDBY),
@@ -255,7 +281,7 @@ class Reader:
                 {
                     "name": name,
                     "id": vid,
-                    "vip": str(from_be32(key.addr)) if key else None,
+                    "vip": str(addr_of(key.addr)) if key else None,
                     "port": from_be16(key.port) if key else None,
                     "protocol": PROTO_NAMES.get(key.proto, "?") if key else None,
                     "table": v.table if v else None,
@@ -272,6 +298,9 @@ class Reader:
         }
         if count_conntrack:
             n, complete = count_entries(self.t[abi.MAP_CT].keys(), deadline_ns)
+            if complete:  # IPv6 connections (edge_ct6) count too
+                n6, complete = count_entries(self.t[abi.MAP_CT6].keys(), deadline_ns)
+                n += n6
             out["conntrack_entries"] = n if complete else None
             if not complete:
                 out["conntrack_partial"] = n

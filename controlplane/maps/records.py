@@ -9,7 +9,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Iterable, Mapping
 
 from controlplane import abi
@@ -37,6 +37,28 @@ def from_be32(value: int) -> IPv4Address:
 
 def from_be16(value: int) -> int:
     return socket.ntohs(value)
+
+
+def put_addr(obj, field: str, address: IPv4Address | IPv6Address) -> None:
+    """Sets an address field of a map record: a __be32 for IPv4, a struct addr6 (abi.h) for IPv6."""
+    if address.version == 4:
+        setattr(obj, field, be32(address))
+        return
+    words = getattr(obj, field).w
+    for i, w in enumerate(struct.unpack("=4I", address.packed)):
+        words[i] = w
+
+
+def addr_of(value) -> IPv4Address | IPv6Address:
+    """The address an address field holds: a __be32 (an int) or a struct addr6."""
+    if isinstance(value, int):
+        return from_be32(value)
+    return IPv6Address(struct.pack("=4I", *value.w))
+
+
+def is6(key) -> bool:
+    """Whether a key or value with an address field `addr` is IPv6's (abi.h, struct addr6)."""
+    return not isinstance(key.addr, int)
 
 
 def hash_mix(h: int) -> int:

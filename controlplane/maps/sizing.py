@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from controlplane import abi
-from controlplane.config import Node, half_open_size
+from controlplane.config import Node, ct6_size, half_open_size
 
 _ARRAY_HEADER = 312
 _HASH_HEADER = 912
@@ -90,7 +90,20 @@ SHAPES: dict[str, Shape] = {
     abi.MAP_BE_META: Shape("array", 4, 40, _backends),
     abi.MAP_BE_PROBE: Shape("array", 4, 136, _backends),
     abi.MAP_NODE: Shape("array", 4, 112, _one),
+    # IPv6 (abi.h: vip_key6, flow_key6, backend_key6, rnat_info6): pinned whether or not a VIP is IPv6
+    abi.MAP_VIPS6: Shape("hash", 20, 16, _services),
+    abi.MAP_VIP_ADDRS6: Shape("hash", 16, 4, _services),
+    abi.MAP_BACKENDS6: Shape("array", 4, 16, _backends),
+    abi.MAP_CT6: Shape("lru_hash", 40, 24, lambda n: ct6_size(n.ct_size)),
+    abi.MAP_RNAT6: Shape("hash", 20, 28, _backends),
 }
+
+
+def ct_entry_bytes(name: str) -> int:
+    """Bytes the kernel charges per conntrack entry of edge_ct or edge_ct6 (its element and its
+    share of the buckets, at a power-of-two entry count): 104 for IPv4, 128 for IPv6."""
+    shape = SHAPES[name]
+    return _HTAB_ELEM + _round8(shape.key) + _round8(shape.value) + _BUCKET
 
 
 def _round8(x: int) -> int:

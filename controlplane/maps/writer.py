@@ -6,6 +6,7 @@ this in."""
 
 from __future__ import annotations
 
+import struct
 import time
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
@@ -23,11 +24,13 @@ from controlplane.maps.records import (
     PROTO_NAMES,
     PROTOS,
     _name_bytes,
+    addr_of,
     be16,
     be32,
     from_be16,
-    from_be32,
+    is6,
     next_rnat_gen,
+    put_addr,
     vip_filter_words,
 )
 
@@ -156,6 +159,7 @@ class Writer(Quick):
         self._write_config_weights(cfg.services, p)
         want_keys = {bytes(self._vip_key(s)) for s in cfg.services}
         self._make_room(abi.MAP_VIPS, want_keys)
+        self._make_room(abi.MAP_VIPS6, want_keys)  # keys of either family: their lengths differ
         for s in cfg.services:
             self._flip(s, p.svc_ids[s.name], p, old_vips)
         # 5. what the config no longer has, now that nothing names it
@@ -186,12 +190,11 @@ class Writer(Quick):
         """(waits, old owners). An endpoint whose replies change owner (another backend id) is
         "claimed": the backends on either side of it wait (waits(s, b) is true) until the tables
         stop naming them (step 3 of _write); the old owners are the backend ids it leaves."""
-        rnat_t = self.t[abi.MAP_RNAT]
-        rnat = {(k.addr, k.port, k.proto): v.backend_id for k, v in rnat_t.items()}
-        old_ep = {bid: (be32(ep[0]), be16(ep[1])) for bid, ep in old_bes.values()}
+        rnat = {bytes(k): v.backend_id for name in (abi.MAP_RNAT, abi.MAP_RNAT6) for k, v in self.t[name].items()}
+        old_ep = {bid: ep for bid, ep in old_bes.values()}
 
         def ep_of(s, b):
-            return (be32(b.address), be16(b.port), PROTOS[s.protocol])
+            return bytes(self._rnat_key_of(b.address, b.port, s.protocol))
 
         claimed = {
             ep_of(s, b)
@@ -203,7 +206,9 @@ class Writer(Quick):
 
         def waits(s, b) -> bool:
             bid = p.be_ids[(s.name, b.name)]
-            return ep_of(s, b) in claimed or (bid in old_ep and (*old_ep[bid], PROTOS[s.protocol]) in claimed)
+            return ep_of(s, b) in claimed or (
+                bid in old_ep and bytes(self._rnat_key_of(*old_ep[bid], s.protocol)) in claimed
+            )
 
         return waits, old_owners
 
@@ -224,11 +229,11 @@ class Writer(Quick):
             if vid not in old_vips or not (names_old_owner or any(waits(s, b) for b in s.backends)):
                 continue
             k = old_vips[vid][0]  # on the VIP it has now; a move comes with the last flip
-            if bytes(k) not in {bytes(x) for x in self.t[abi.MAP_VIPS].keys()}:  # moving, and gone to make room
+            if bytes(k) not in {bytes(x) for x in self._vip_table(k).keys()}:  # moving, and gone to make room
                 continue
             interim = replace(
                 s,
-                vip=from_be32(k.addr),
+                vip=addr_of(k.addr),
                 port=from_be16(k.port),
                 protocol=PROTO_NAMES[k.proto],
                 backends=tuple(b for b in s.backends if not waits(s, b)),
@@ -256,12 +261,12 @@ class Writer(Quick):
             self._clear_backend(bid)
         if self._drop_unwanted(abi.MAP_RNAT, self._rnat_keys(cfg)):
             self.rnat_changed()
+        self._drop_unwanted(abi.MAP_RNAT6, self._rnat_keys(cfg))
         self._drop_unwanted(abi.MAP_HB, self._hb_wanted)
         self._drop_unwanted(abi.MAP_HB_PORTS, self._hb_ports_wanted)
-        self._drop_unwanted(
-            abi.MAP_VIP_ADDRS, {bytes(self.t[abi.MAP_VIP_ADDRS].Key(be32(s.vip))) for s in cfg.services}
-        )
-        self._write_vip_filter({be32(s.vip) for s in cfg.services})
+        self._drop_unwanted(abi.MAP_VIP_ADDRS, {bytes(self._vip_addr_key(s.vip)) for s in cfg.services})
+        self._drop_unwanted(abi.MAP_VIP_ADDRS6, {bytes(self._vip_addr_key(s.vip)) for s in cfg.services})
+        self._write_vip_filter({be32(s.vip) for s in cfg.services if s.vip.version == 4})
 
     def _flip(self, s: Service, vid: int, p: desired.Plan, old_vips: dict) -> None:
         """Service s's backend list and Maglev table (inactive half), then one VIP update."""
@@ -274,7 +279,7 @@ class Writer(Quick):
             self._set_slots(bid, n)
         self._write_vip(s, vid, half, old)
         k = self._vip_key(s)
-        old_vips[vid] = (k, self.t[abi.MAP_VIPS][k])
+        old_vips[vid] = (k, self._vip_table(k)[k])
 
     def _make_room(self, name: str, wanted: set[bytes]) -> bool:
         """At capacity, a hash map's entries that are going away go before new ones come in
@@ -285,7 +290,7 @@ class Writer(Quick):
             return False
         for raw, k in present.items():
             if raw not in wanted:
-                if name == abi.MAP_VIPS:
+                if name in (abi.MAP_VIPS, abi.MAP_VIPS6):
                     self._delete_vip(k)
                 else:
                     del t[k]
@@ -293,7 +298,7 @@ class Writer(Quick):
 
     def _capacity(self, name: str) -> int:
         """max_entries of a hash map as pinned (bpf/include/maps.h sizes them by these two)."""
-        by_services = (abi.MAP_VIPS, abi.MAP_VIP_ADDRS, abi.MAP_HB_PORTS)
+        by_services = (abi.MAP_VIPS, abi.MAP_VIP_ADDRS, abi.MAP_HB_PORTS, abi.MAP_VIPS6, abi.MAP_VIP_ADDRS6)
         return self.max_services if name in by_services else self.max_backends
 
     def _drop_unwanted(self, name: str, wanted: set[bytes]) -> bool:
@@ -360,7 +365,10 @@ class Writer(Quick):
 
     def _name_service_vip(self, vid: int, key) -> None:
         """Names VIP key `key` in service vid's config once that VIP entry is vid's: a conntrack
-        hit to it is then forwarded without the edge_vips lookup (edge_xdp.c, established)."""
+        hit to it is then forwarded without the edge_vips lookup (edge_xdp.c, established). An IPv6
+        VIP is never named: its flows take the full path (ingress6.h)."""
+        if is6(key):
+            return
         t = self.t[abi.MAP_SVC_CFG]
         v = t[t.Key(vid)]
         if (v.vip_addr, v.vip_port, v.vip_proto) == (key.addr, key.port, key.proto):
@@ -370,7 +378,7 @@ class Writer(Quick):
 
     def _delete_vip(self, key) -> None:
         """Deletes VIP entry `key`, after the config of the service it names stops naming it."""
-        t = self.t[abi.MAP_VIPS]
+        t = self._vip_table(key)
         self._forget_service_vip(t[key].id, key)
         del t[key]
 
@@ -379,7 +387,7 @@ class Writer(Quick):
         entry goes: conntrack hits to that address then take the edge_vips lookup again,
         which finds it gone."""
         t = self.t[abi.MAP_SVC_CFG]
-        if vid >= self.max_services:
+        if vid >= self.max_services or is6(key):
             return
         v = t[t.Key(vid)]
         if (v.vip_addr, v.vip_port, v.vip_proto) != (key.addr, key.port, key.proto):
@@ -433,31 +441,39 @@ class Writer(Quick):
         return True
 
     def _rnat_keys(self, cfg: Config) -> set[bytes]:
-        t = self.t[abi.MAP_RNAT]
-        out = set()
-        for s in cfg.services:
-            for b in s.backends:
-                k = t.Key()
-                k.addr, k.port, k.proto = be32(b.address), be16(b.port), PROTOS[s.protocol]
-                out.add(bytes(k))
-        return out
+        """The edge_rnat and edge_rnat6 keys of cfg's endpoints (of either family: their lengths differ)."""
+        return {bytes(self._rnat_key_of(b.address, b.port, s.protocol)) for s in cfg.services for b in s.backends}
+
+    def _rnat_key_of(self, address, port: int, protocol: str):
+        """The reverse-NAT key of an endpoint, in edge_rnat or edge_rnat6 by its family."""
+        k = self.t[abi.MAP_RNAT if address.version == 4 else abi.MAP_RNAT6].Key()
+        put_addr(k, "addr", address)
+        k.port, k.proto = be16(port), PROTOS[protocol]
+        return k
+
+    def _rnat_table(self, key):
+        return self.t[abi.MAP_RNAT6 if is6(key) else abi.MAP_RNAT]
 
     def _write_reverse_nat(self, cfg: Config, p: desired.Plan, only_new: bool = False) -> None:
         """edge_rnat: each backend endpoint -> the VIP its replies come from (only_new: the
         endpoints that have no entry yet)."""
-        t = self.t[abi.MAP_RNAT]
         changed = self._make_room(abi.MAP_RNAT, self._rnat_keys(cfg))
-        present = {bytes(k) for k in t.keys()} if only_new else set()
+        self._make_room(abi.MAP_RNAT6, self._rnat_keys(cfg))
+        present = set()
+        if only_new:
+            present = {bytes(k) for name in (abi.MAP_RNAT, abi.MAP_RNAT6) for k in self.t[name].keys()}
         for s in cfg.services:
             vid = p.svc_ids[s.name]
             for b in s.backends:
-                k = t.Key()
-                k.addr, k.port, k.proto = be32(b.address), be16(b.port), PROTOS[s.protocol]
+                k = self._rnat_key_of(b.address, b.port, s.protocol)
+                t = self._rnat_table(k)
                 v = t.Leaf()
-                v.vip_addr, v.vip_port = be32(s.vip), be16(s.port)
+                put_addr(v, "vip_addr", s.vip)
+                v.vip_port = be16(s.port)
                 v.backend_id, v.vip_id = p.be_ids[(s.name, b.name)], vid
                 if bytes(k) not in present:
-                    changed = self._put_changed(t, k, v) or changed
+                    # edge_reply's copies are of edge_rnat (IPv4) only
+                    changed = (self._put_changed(t, k, v) and not is6(k)) or changed
         if changed:
             self.rnat_changed()
 
@@ -469,7 +485,14 @@ class Writer(Quick):
         if b.weight == 0:
             flags |= abi.BE_F_DRAINING
         v = info.Leaf()
-        v.addr, v.port, v.flags, v.vip_id = be32(b.address), be16(b.port), flags, vid
+        if b.address.version == 6:  # its address in edge_backends6 (abi.h), before the entry is valid
+            t6 = self.t[abi.MAP_BACKENDS6]
+            a = t6.Leaf()
+            self._put_addr6(a, b.address)
+            t6[t6.Key(bid)] = a
+        else:
+            v.addr = be32(b.address)
+        v.port, v.flags, v.vip_id = be16(b.port), flags, vid
         v.health_id = health_id
         info[info.Key(bid)] = v
         old = meta[meta.Key(bid)]
@@ -484,7 +507,7 @@ class Writer(Quick):
         meta[meta.Key(bid)] = m
 
     def _clear_backend(self, bid: int) -> None:
-        for name in (abi.MAP_BACKENDS, abi.MAP_BE_META, abi.MAP_BE_PROBE):
+        for name in (abi.MAP_BACKENDS, abi.MAP_BE_META, abi.MAP_BE_PROBE, abi.MAP_BACKENDS6):
             t = self.t[name]
             t[t.Key(bid)] = t.Leaf()
 
@@ -503,14 +526,9 @@ class Writer(Quick):
         per_name = dict(zip(names, counts.tolist()))
         return [per_name.get(b.name, 0) for b in s.backends]
 
-    def _vip_key(self, s: Service):
-        k = self.t[abi.MAP_VIPS].Key()
-        k.addr, k.port, k.proto = be32(s.vip), be16(s.port), PROTOS[s.protocol]
-        return k
-
     def _write_vip(self, s: Service, vid: int, half: int, old) -> None:
-        t = self.t[abi.MAP_VIPS]
         k = self._vip_key(s)
+        t = self._vip_table(k)
         v = t.Leaf()
         v.id, v.table = vid, half
         v.flags = abi.VIP_F_KEEP_FLOWS if s.existing_flows == "keep" else 0
@@ -524,17 +542,19 @@ class Writer(Quick):
         self._name_service_vip(vid, k)
         if old and bytes(old[0]) != bytes(k):  # the service moved to a new VIP
             try:
-                if t[old[0]].id == vid:  # not taken over by another service meanwhile
+                if self._vip_table(old[0])[old[0]].id == vid:  # not taken over by another service meanwhile
                     self._delete_vip(old[0])
             except KeyError:  # made room for the new one already
                 pass
 
     def _write_vip_addrs(self, cfg: Config) -> None:
         """How many VIPs each address carries (added and changed; apply() drops the rest last)."""
+        self._write_vip_addrs6(cfg)
         t = self.t[abi.MAP_VIP_ADDRS]
         want: dict[int, int] = {}
         for s in cfg.services:
-            want[be32(s.vip)] = want.get(be32(s.vip), 0) + 1
+            if s.vip.version == 4:
+                want[be32(s.vip)] = want.get(be32(s.vip), 0) + 1
         present = {k.value for k in t.keys()}
         self._write_vip_filter(present | set(want))  # apply() narrows it to want last
         if len(present | set(want)) > self._capacity(abi.MAP_VIP_ADDRS):  # full: VIPs moving off an address go first
@@ -545,6 +565,37 @@ class Writer(Quick):
         self._make_room(abi.MAP_VIP_ADDRS, {bytes(t.Key(a)) for a in want})
         for addr, n in want.items():
             self._put_changed(t, t.Key(addr), t.Leaf(n))
+
+    def _write_vip_addrs6(self, cfg: Config) -> None:
+        """edge_vip_addrs6: _write_vip_addrs for IPv6 VIPs (no filter: the IPv6 ingress has no shortcut)."""
+        t = self.t[abi.MAP_VIP_ADDRS6]
+        want: dict[bytes, tuple] = {}
+        for s in cfg.services:
+            if s.vip.version == 6:
+                k = self._vip_addr_key(s.vip)
+                want[bytes(k)] = (k, want.get(bytes(k), (k, 0))[1] + 1)
+        if len({bytes(k) for k in t.keys()} | set(want)) > self._capacity(abi.MAP_VIP_ADDRS6):
+            vips = self.t[abi.MAP_VIPS6]
+            for k in list(vips.keys()):
+                if bytes(k.addr) not in want:
+                    self._delete_vip(k)
+        self._make_room(abi.MAP_VIP_ADDRS6, set(want))
+        for k, n in want.values():
+            self._put_changed(t, k, t.Leaf(n))
+
+    def _vip_addr_key(self, address):
+        """The edge_vip_addrs or edge_vip_addrs6 key of a VIP address."""
+        if address.version == 4:
+            return self.t[abi.MAP_VIP_ADDRS].Key(be32(address))
+        k = self.t[abi.MAP_VIP_ADDRS6].Key()
+        self._put_addr6(k, address)
+        return k
+
+    @staticmethod
+    def _put_addr6(a, address) -> None:
+        """Fills a struct addr6 (abi.h) with an IPv6 address."""
+        for i, w in enumerate(struct.unpack("=4I", address.packed)):
+            a.w[i] = w
 
     def _write_vip_filter(self, addrs: set[int]) -> None:
         """edge_vip_filter with the bits of these VIP addresses (be32 values): the fast path

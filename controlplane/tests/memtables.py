@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from controlplane import abi
-from controlplane.config import half_open_size
+from controlplane.config import ct6_size, half_open_size
 from controlplane.maps import MAGLEV_STRIDE, Maps
 from controlplane.maps.records import vip_filter_words
 
@@ -38,7 +38,7 @@ SCALARS = {
     "char": ct.c_char,
 }
 STRUCT = re.compile(r"^struct (\w+) \{(.*?)^\};", re.M | re.S)
-FIELD = re.compile(r"^\s*(\w+)\s+(\w+)(?:\[(\w+)\])?;", re.M)
+FIELD = re.compile(r"^\s*(struct\s+\w+|\w+)\s+(\w+)(?:\[(\w+)\])?;", re.M)
 TABLE = re.compile(r'BPF_TABLE_PINNED\(\s*"(\w+)",\s*([^,]+?),\s*([^,]+?),\s*(\w+),\s*([^,]+?),', re.S)
 NCPU = 2
 
@@ -54,7 +54,7 @@ def _structs() -> dict[str, type]:
     for name, body in STRUCT.findall((INCLUDE / "abi.h").read_text()):
         fields = []
         for ctype, fname, dim in FIELD.findall(re.sub(r"/\*.*?\*/", "", body, flags=re.S)):
-            t = SCALARS[ctype]
+            t = out[ctype.split()[1]] if ctype.startswith("struct ") else SCALARS[ctype]  # a struct declared above
             if dim:
                 t = t * (defines[dim] if dim in defines else int(dim))
             fields.append((fname, t))
@@ -222,6 +222,7 @@ class MemMaps:
             "EDGE_MAX_BACKENDS": max_backends,
             "EDGE_CT_SIZE": ct_size,
             "EDGE_HALF_OPEN_SIZE": half_open_size(ct_size),
+            "EDGE_CT6_SIZE": ct6_size(ct_size),
             **_defines(),
         }
         structs = _structs()

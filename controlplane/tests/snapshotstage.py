@@ -237,6 +237,8 @@ def realistic_snapshot() -> dict:
             "icmp_nested": 0,
             "icmp_no_flow": 0,
             "dsr_too_big": 0,
+            "v6_fragment": 0,
+            "v6_ext_header": 0,
         },
         "conntrack_entries": None,
     }

@@ -33,7 +33,15 @@ def test_counter_and_drop_names_cover_every_index():
 def test_entry_points_exist_in_the_c_sources():
     entries = ENTRY.findall("".join((BPF / name).read_text() for name in ("edge_xdp.c", "edge_tc.c", "edge_reply.c")))
     assert sorted(entries) == sorted(
-        [abi.PROG_INGRESS, abi.PROG_INGRESS_SLOW, abi.PROG_INGRESS_SCAN, abi.PROG_RETURN, abi.PROG_REPLY]
+        [
+            abi.PROG_INGRESS,
+            abi.PROG_INGRESS_SLOW,
+            abi.PROG_INGRESS_SCAN,
+            abi.PROG_INGRESS6,
+            abi.PROG_INGRESS6_SCAN,
+            abi.PROG_RETURN,
+            abi.PROG_REPLY,
+        ]
     )
 
 

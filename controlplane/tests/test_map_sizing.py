@@ -37,3 +37,9 @@ def test_misfit_names_the_keys_to_lower_and_says_nothing_when_it_fits():
     assert sizing.misfit(node, None, cpus=2) is None
     line = sizing.misfit(replace(node, ct_size=16777216), need, cpus=2)
     assert line.startswith("node: the maps would pin ") and "node.ct_size" in line and "\n" not in line
+
+
+def test_conntrack_bytes_per_entry_ipv4_unchanged_and_ipv6():
+    # IPv4's entry is what it was before IPv6 (its key stays 16 bytes); IPv6's key holds two addresses
+    assert sizing.ct_entry_bytes(abi.MAP_CT) == 104
+    assert sizing.ct_entry_bytes(abi.MAP_CT6) == 128

@@ -1,0 +1,333 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* ingress6.h: the IPv6 ingress, a program of its own (edge_ingress6), which
+ * edge_ingress tail-calls (edge_tails[EDGE_TAIL_V6]) for every IPv6 frame
+ * once it has read the EtherType, so IPv4 pays nothing for it. It parses
+ * the IPv6 header and walks at most EDGE_V6_EXT_MAX extension headers
+ * (hop-by-hop, routing, destination options); a fragment header, or a next
+ * header other than TCP, UDP or ICMPv6 after them, drops a packet for a VIP
+ * address with its reason and passes anything else; ICMPv6 (neighbour
+ * discovery above all) passes untouched. A TCP or UDP packet for an IPv6 VIP
+ * (edge_vips6) then takes the IPv4 slow path's steps on the shared per-id
+ * maps: conntrack (edge_ct6), the Maglev pick judged by per-packet health,
+ * the walk, and the fallback scan (edge_ingress6_scan, tail-called through
+ * edge_tails[EDGE_TAIL_V6_SCAN]); the destination becomes the backend's
+ * (edge_backends6), the TCP/UDP checksum follows (its pseudo-header holds
+ * the address), and the frame is redirected by a FIB lookup cached per
+ * backend (edge_nexthop, shared: an id is one backend's). Not here yet: the
+ * established-flow shortcut, half-open entries, the stateless path over the
+ * budget (such a packet is dropped as untracked), wire signals, heartbeats,
+ * DSR, ICMPv6 errors about VIP flows. */
+#ifndef EDGE_INGRESS6_H
+#define EDGE_INGRESS6_H
+
+#include <uapi/linux/ipv6.h>
+#include "maps.h"
+#include "parse.h"
+#include "flow.h"
+#include "stats.h"
+#include "select.h"
+#include "nat.h"
+
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+#define EDGE_V6_L4_MAX 512 /* L4 header offset in the frame beyond which a packet counts as unparsed */
+
+/* What parsing an IPv6 packet for a VIP learned besides struct pkt. */
+struct pkt6 {
+	struct flow_key6 key; /* edge_ct6's key: the client's 5-tuple as received */
+	__u32 l3_off;	      /* frame offset of the IPv6 header */
+	__u32 l4_off;	      /* of the TCP or UDP header */
+};
+
+/* Verdict for an IPv6 packet the ingress does not take: dropped with its
+ * reason when it is for a VIP address, else left to the stack. */
+static __always_inline int unusual6(struct ipv6hdr *ip6, __u32 reason)
+{
+	if (!edge_vip_addrs6.lookup((struct addr6 *)&ip6->daddr))
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+	return count_drop(reason);
+}
+
+/* The 32 bits of an address folded, for the flow hash (flow.h, hash_flow):
+ * the Maglev pick of an IPv6 flow hashes its folded 5-tuple. */
+static __always_inline __be32 fold6(const struct addr6 *a)
+{
+	return a->w[0] ^ a->w[1] ^ a->w[2] ^ a->w[3];
+}
+
+/* Fills pkt and p6 for a well-formed IPv6 TCP/UDP packet. Returns
+ * EDGE_CONTINUE, or the verdict for everything else. */
+static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pkt6 *p6)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct hdr_cursor nh = { .pos = data };
+	struct ipv6hdr *ip6;
+	struct ethhdr *eth;
+	__u32 l4_len, off;
+	__u8 next;
+	int proto, i;
+
+	proto = parse_eth(&nh, data_end, &eth, &pkt->vlans);
+	if (proto != bpf_htons(ETH_P_IPV6))
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+	ip6 = nh.pos;
+	if ((void *)(ip6 + 1) > data_end)
+		return count_drop(EDGE_DROP_MALFORMED);
+	if (ip6->version != 6 || (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len) > data_end)
+		return unusual6(ip6, EDGE_DROP_MALFORMED);
+	next = ip6->nexthdr;
+	nh.pos = ip6 + 1;
+#pragma unroll
+	for (i = 0; i < EDGE_V6_EXT_MAX; i++) {
+		struct ipv6_opt_hdr *oh = nh.pos;
+
+		if (next != IPPROTO_HOPOPTS && next != IPPROTO_ROUTING && next != IPPROTO_DSTOPTS)
+			break;
+		if ((void *)(oh + 1) > data_end)
+			return unusual6(ip6, EDGE_DROP_MALFORMED);
+		next = oh->nexthdr;
+		nh.pos += (oh->hdrlen + 1) * 8;
+	}
+	if (next == IPPROTO_FRAGMENT)
+		return unusual6(ip6, EDGE_DROP_V6_FRAGMENT);
+	if (next == IPPROTO_ICMPV6)
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS); /* neighbour discovery, errors: the stack's */
+	if (next != IPPROTO_TCP && next != IPPROTO_UDP)
+		return unusual6(ip6, EDGE_DROP_V6_EXT_HEADER);
+
+	p6->l3_off = (void *)ip6 - data;
+	off = nh.pos - data;
+	if (off > EDGE_V6_L4_MAX || nh.pos > (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len))
+		return unusual6(ip6, EDGE_DROP_MALFORMED);
+	p6->l4_off = off;
+	l4_len = (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len) - nh.pos;
+	pkt->l3_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+	__builtin_memcpy(&p6->key.src, &ip6->saddr, sizeof(struct addr6));
+	__builtin_memcpy(&p6->key.dst, &ip6->daddr, sizeof(struct addr6));
+	if (next == IPPROTO_TCP) {
+		struct tcphdr *th;
+
+		if (parse_tcp(&nh, data_end, l4_len, &th) < 0)
+			return unusual6(ip6, EDGE_DROP_MALFORMED);
+		p6->key.proto = IPPROTO_TCP;
+		p6->key.sport = th->source;
+		p6->key.dport = th->dest;
+		pkt->syn = th->syn && !(th->ack | th->rst | th->fin);
+		pkt->seq = th->seq;
+		pkt->ack_seq = th->ack_seq;
+		pkt->end = th->fin | th->rst;
+		pkt->tcp_hlen = th->doff * 4;
+	} else {
+		struct udphdr *uh;
+
+		if (parse_udp(&nh, data_end, l4_len, &uh) < 0)
+			return unusual6(ip6, EDGE_DROP_MALFORMED);
+		p6->key.proto = IPPROTO_UDP;
+		p6->key.sport = uh->source;
+		p6->key.dport = uh->dest;
+	}
+	pkt->flow.src = fold6(&p6->key.src);
+	pkt->flow.dst = fold6(&p6->key.dst);
+	pkt->flow.sport = p6->key.sport;
+	pkt->flow.dport = p6->key.dport;
+	pkt->flow.proto = p6->key.proto;
+	return EDGE_CONTINUE;
+}
+
+/* One's complement sum of an IPv6 address's four words, unfolded. */
+static __always_inline __u64 sum6(const struct addr6 *a)
+{
+	return (__u64)a->w[0] + a->w[1] + a->w[2] + a->w[3];
+}
+
+/* TCP checksum of a SYN that carries no data, over IPv6's pseudo-header: 1
+ * right, 0 wrong, -1 not checked (as edge_xdp.c's syn_csum). */
+static __always_inline int syn_csum6(struct xdp_md *ctx, const struct pkt *pkt, const struct pkt6 *p6)
+{
+	__u32 buf[15] = {}; /* the longest TCP header */
+	__u32 hlen = pkt->tcp_hlen;
+	__u64 sum;
+
+	if (pkt->l3_len != sizeof(struct ipv6hdr) + hlen || p6->l4_off != p6->l3_off + sizeof(struct ipv6hdr))
+		return -1; /* data, or extension headers: not checked */
+	hlen &= 0x3c;
+	if (hlen < sizeof(struct tcphdr))
+		return 0;
+	if (bpf_xdp_load_bytes(ctx, p6->l4_off & 0xff, buf, hlen) < 0)
+		return 0;
+	sum = (__u32)bpf_csum_diff(NULL, 0, (void *)buf, hlen, 0);
+	sum += sum6(&p6->key.src) + sum6(&p6->key.dst) + bpf_htonl(hlen) + bpf_htonl(IPPROTO_TCP);
+	return csum_fold64(sum) == 0xffff;
+}
+
+/* The checksum change of an address a -> b, folded. */
+static __always_inline __u32 csum_delta6(const struct addr6 *a, const struct addr6 *b)
+{
+	return csum_fold(csum_delta32(a->w[0], b->w[0]) + csum_delta32(a->w[1], b->w[1]) +
+			 csum_delta32(a->w[2], b->w[2]) + csum_delta32(a->w[3], b->w[3]));
+}
+
+/* Destination address and port become the backend's; the TCP/UDP checksum
+ * follows (IPv6 has no header checksum). Returns -1 if the headers parse6
+ * checked are not there. */
+static __always_inline int dnat6(struct xdp_md *ctx, const struct pkt6 *p6, const struct addr6 *to,
+				 __be16 port)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ipv6hdr *ip6 = data + (p6->l3_off & 0x1f);
+	void *l4 = data + (p6->l4_off & 0x3ff);
+	__u32 delta;
+
+	if ((void *)(ip6 + 1) > data_end)
+		return -1;
+	delta = csum_delta6(&p6->key.dst, to);
+	if (p6->key.proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+
+		if ((void *)(th + 1) > data_end)
+			return -1;
+		th->check = csum_apply(th->check, delta + csum_delta16(th->dest, port));
+		th->dest = port;
+	} else {
+		struct udphdr *uh = l4;
+		__u16 c;
+
+		if ((void *)(uh + 1) > data_end)
+			return -1;
+		c = csum_apply(uh->check, delta + csum_delta16(uh->dest, port));
+		uh->check = c ? c : 0xffff; /* IPv6: a UDP checksum is never 0 */
+		uh->dest = port;
+	}
+	__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
+	return 0;
+}
+
+/* Sends the rewritten packet towards backend bid: its cached hop, or a FIB
+ * lookup that refills the cache (nat.h, next_hop, for IPv4); hop limit - 1.
+ * A VLAN tag or no neighbour entry yet: the stack delivers it. */
+static __always_inline int forward6(struct xdp_md *ctx, const struct pkt *pkt, const struct pkt6 *p6,
+				    __u32 bid)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	struct nexthop *nh = edge_nexthop.lookup(&bid);
+	__u64 now = bpf_jiffies64();
+
+	if (pkt->vlans || !nh || (void *)(ip6 + 1) > data_end)
+		return count_verdict(EDGE_CNT_NAT_PASS, XDP_PASS);
+	if (!nh->ifindex || !hop_fresh(nh->expires, now)) {
+		struct bpf_fib_lookup fib = {};
+
+		fib.family = AF_INET6;
+		fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0fffffff);
+		fib.l4_protocol = p6->key.proto;
+		fib.tot_len = pkt->l3_len;
+		__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
+		fib.ifindex = ctx->ingress_ifindex;
+		if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS) {
+			nh->ifindex = 0;
+			return count_verdict(EDGE_CNT_NAT_PASS, XDP_PASS);
+		}
+		nh->ifindex = fib.ifindex;
+		__builtin_memcpy(nh->smac, fib.smac, ETH_ALEN);
+		__builtin_memcpy(nh->dmac, fib.dmac, ETH_ALEN);
+		nh->expires = now + EDGE_NEXTHOP_TTL_JIFFIES;
+	}
+	ip6->hop_limit--;
+	set_macs(eth, nh->dmac, nh->smac);
+	return count_verdict(EDGE_CNT_REDIRECT, bpf_redirect(nh->ifindex, 0));
+}
+
+/* A SYN on an existing edge_ct6 entry: its answer will be ours (flow.h,
+ * flow_mark_syn, for IPv4). */
+static __always_inline void flow_mark_syn6(const struct pkt *pkt, struct flow_key6 *key)
+{
+	struct flow_info *fi = edge_ct6.lookup(key);
+
+	if (!fi)
+		return;
+	fi->syn_seq = pkt->seq;
+	fi->flags = (fi->flags & ~EDGE_CT_F_SYN_PENDING) | syn_flags(pkt);
+}
+
+/* The IPv6 ingress; stage EDGE_STAGE_SLOW (edge_ingress6) or
+ * EDGE_STAGE_SCAN (edge_ingress6_scan): select.h decides as for IPv4. */
+static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
+{
+	struct pkt pkt = {};
+	struct pkt6 p6 = {};
+	struct vip_key6 vk = {};
+	struct vip_info *vip;
+	struct service_cfg *sc;
+	struct backend_info *be;
+	struct flow_info *fi;
+	struct addr6 *to;
+	__u64 now = 0;
+	__u32 bid, drop;
+	int verdict, new_flow, failover;
+
+	verdict = parse6(ctx, &pkt, &p6);
+	if (verdict != EDGE_CONTINUE)
+		return verdict;
+	vk.addr = p6.key.dst;
+	vk.port = p6.key.dport;
+	vk.proto = p6.key.proto;
+	vip = edge_vips6.lookup(&vk);
+	if (!vip)
+		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+	{
+		void *data = (void *)(long)ctx->data;
+		struct ipv6hdr *ip6 = data + (p6.l3_off & 0x1f);
+
+		if ((void *)(ip6 + 1) > (void *)(long)ctx->data_end)
+			return count_drop(EDGE_DROP_MALFORMED);
+		/* the stack answers an expiring packet with time exceeded */
+		if (ip6->hop_limit <= 1)
+			return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+	}
+	if (pkt.syn && stage == EDGE_STAGE_SLOW) {
+		int csum = syn_csum6(ctx, &pkt, &p6);
+
+		if (!csum)
+			return count_drop(EDGE_DROP_BAD_CSUM);
+		pkt.syn_counted = csum > 0;
+	}
+	sc = edge_svc_cfg.lookup(&vip->id);
+	if (!sc)
+		return count_drop(EDGE_DROP_NO_BACKEND);
+	if (sc->flags)
+		now = bpf_ktime_get_ns();
+	fi = edge_ct6.lookup(&p6.key);
+	/* a flood of TCP packets that are no SYN must not push connections
+	 * out of the LRU: as IPv4's budget (flow.h), without its stateless
+	 * pick (such a packet is dropped) */
+	if (stage == EDGE_STAGE_SLOW && !fi && p6.key.proto == IPPROTO_TCP && !pkt.syn && !ct_budget_take())
+		return count_drop(EDGE_DROP_UNTRACKED);
+	be = select_backend(vip, sc, &pkt, fi, now, &bid, &new_flow, &failover, &drop, stage, &p6.key);
+	if (!be) {
+		if (drop == EDGE_TO_NEXT_STAGE) {
+			edge_tails.call(ctx, EDGE_TAIL_V6_SCAN);
+			drop = EDGE_DROP_NO_BACKEND; /* not installed */
+		}
+		return count_drop(drop);
+	}
+	to = edge_backends6.lookup(&bid);
+	if (!to)
+		return count_drop(EDGE_DROP_NO_BACKEND);
+	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
+	if (pkt.syn && !new_flow)
+		flow_mark_syn6(&pkt, &p6.key);
+	if (pkt.syn_counted && (sc->flags & EDGE_SVC_F_PASSIVE))
+		note_syn(be, now);
+	if (dnat6(ctx, &p6, to, be->port) < 0)
+		return count_drop(EDGE_DROP_MALFORMED);
+	return forward6(ctx, &pkt, &p6, bid);
+}
+
+#endif /* EDGE_INGRESS6_H */

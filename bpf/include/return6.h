@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* return6.h: the IPv6 side of the return path (edge_tc.c, tc ingress of the
+ * backend-facing interfaces). A backend's TCP or UDP reply to a client, with
+ * no extension headers, whose endpoint is in edge_rnat6 and whose connection
+ * edge_ct6 pins to that backend gets the VIP back as its source address and
+ * port (the L4 checksum through the kernel's helpers, which know partial
+ * checksums), its SYN-ACK or RST is noted for passive detection, and it is
+ * redirected towards the client by a FIB lookup (per packet: IPv4's reply
+ * cache is keyed by IPv4 addresses). A TCP packet of a connection edge_ct6
+ * gives to another backend is dropped (EDGE_DROP_OTHER_BACKEND), so it never
+ * leaves with the backend's address; everything else continues untouched,
+ * neighbour discovery above all. Not here yet: heartbeats, the stateless
+ * reply (no entry), direct connections, wire signals, ICMPv6 errors. */
+#ifndef EDGE_RETURN6_H
+#define EDGE_RETURN6_H
+
+#include <uapi/linux/ipv6.h>
+#include "maps.h"
+#include "health.h"
+#include "stats.h"
+#include "stateless.h"
+#include "nat.h"
+
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+
+/* Passive detection of an IPv6 flow: as edge_tc.c's classify_answer for
+ * the exact answer (ack = seq + 1) to the SYN it waits for. */
+static __always_inline void note_answer6(struct flow_info *fi, const struct rnat_info6 *ri, __u8 flags,
+					 __be32 ack_seq)
+{
+	int syn_ack = (flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == (TCP_FLAG_SYN_ | TCP_FLAG_ACK_);
+	__u32 bid = ri->backend_id, vid = ri->vip_id;
+	struct backend_info *be;
+	struct service_cfg *sc;
+
+	if (!(fi->flags & EDGE_CT_F_SYN_PENDING) || !(flags & TCP_FLAG_ACK_) ||
+	    bpf_ntohl(ack_seq) != bpf_ntohl(fi->syn_seq) + 1 || !(syn_ack || (flags & TCP_FLAG_RST_)))
+		return;
+	fi->flags &= ~EDGE_CT_F_SYN_PENDING;
+	be = edge_backends.lookup(&bid);
+	sc = edge_svc_cfg.lookup(&vid);
+	if (be && sc && (sc->flags & EDGE_SVC_F_PASSIVE))
+		note_syn_answer(be, sc, syn_ack, bpf_ktime_get_ns());
+}
+
+/* Sends a reverse-NATed reply (source: vip) to its client: FIB lookup, hop
+ * limit - 1, MACs, bpf_redirect; with no neighbour entry yet,
+ * bpf_redirect_neigh. Anything else the stack takes (TC_ACT_OK). */
+static __always_inline int reply_out6(struct __sk_buff *skb, __u32 l3_off)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	struct bpf_fib_lookup fib = {};
+	int rc;
+
+	if (l3_off != sizeof(*eth) || (void *)(ip6 + 1) > data_end || ip6->hop_limit <= 1)
+		return TC_ACT_OK;
+	fib.family = AF_INET6;
+	fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0fffffff);
+	fib.l4_protocol = ip6->nexthdr;
+	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
+	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
+	fib.ifindex = skb->ingress_ifindex;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	ip6 = (void *)(eth + 1);
+	if ((void *)(ip6 + 1) > data_end)
+		return TC_ACT_OK;
+	ip6->hop_limit--;
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct bpf_redir_neigh nb = {};
+
+		nb.nh_family = AF_INET6;
+		__builtin_memcpy(nb.ipv6_nh, fib.ipv6_dst, 16); /* the gateway, or the client */
+		return count_verdict(EDGE_CNT_RETURN_REDIRECT, redirect_neigh(fib.ifindex, &nb, sizeof(nb), 0));
+	}
+	/* not set_macs: its word copies of a stack buffer would be misaligned */
+	__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
+	return count_verdict(EDGE_CNT_RETURN_REDIRECT, bpf_redirect(fib.ifindex, 0));
+}
+
+/* The return path of an IPv6 frame whose IPv6 header starts at l3_off;
+ * the tc verdict. */
+static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + (l3_off & 0x1f);
+	struct backend_key6 rk = {};
+	struct flow_key6 fk = {};
+	struct rnat_info6 *ri;
+	struct flow_info *fi;
+	__u32 l4_off = l3_off + sizeof(*ip6), csum_off, csum_flags, i;
+	__be16 *ports;
+	__u8 proto, tcp_flags = 0;
+	__be32 ack_seq = 0;
+
+	if ((void *)(ip6 + 1) > data_end || ip6->version != 6)
+		return TC_ACT_UNSPEC;
+	proto = ip6->nexthdr;
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return TC_ACT_UNSPEC; /* ICMPv6 (neighbour discovery), extension headers */
+	ports = (void *)(ip6 + 1);
+	if ((void *)(ports + 2) > data_end)
+		return TC_ACT_UNSPEC;
+	if (proto == IPPROTO_TCP) {
+		__u8 *th = (void *)ports;
+
+		if ((void *)(th + 14) > data_end)
+			return TC_ACT_UNSPEC;
+		tcp_flags = th[13];
+		if ((tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == TCP_FLAG_SYN_)
+			return TC_ACT_UNSPEC; /* a connection opened from this side: no reply */
+	}
+	__builtin_memcpy(&rk.addr, &ip6->saddr, sizeof(rk.addr));
+	rk.port = ports[0];
+	rk.proto = proto;
+	ri = edge_rnat6.lookup(&rk);
+	if (!ri)
+		return TC_ACT_UNSPEC;
+	__builtin_memcpy(&fk.src, &ip6->daddr, sizeof(fk.src));
+	fk.dst = ri->vip_addr;
+	fk.sport = ports[1];
+	fk.dport = ri->vip_port;
+	fk.proto = proto;
+	fi = edge_ct6.lookup(&fk);
+	if (!fi)
+		return TC_ACT_UNSPEC; /* the router's own probes, direct connections */
+	if (fi->backend_id != ri->backend_id) {
+		if (proto != IPPROTO_TCP)
+			return TC_ACT_UNSPEC;
+		count_reason(EDGE_DROP_OTHER_BACKEND);
+		return TC_ACT_SHOT;
+	}
+	if (proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_))) {
+		bpf_skb_load_bytes(skb, l4_off + 8, &ack_seq, sizeof(ack_seq));
+		note_answer6(fi, ri, tcp_flags, ack_seq);
+	}
+	if (proto == IPPROTO_TCP) {
+		csum_off = l4_off + offsetof(struct tcphdr, check);
+		csum_flags = 0;
+	} else {
+		csum_off = l4_off + offsetof(struct udphdr, check);
+		csum_flags = BPF_F_MARK_MANGLED_0;
+	}
+#pragma unroll
+	for (i = 0; i < 4; i++)
+		bpf_l4_csum_replace(skb, csum_off, rk.addr.w[i], ri->vip_addr.w[i],
+				    BPF_F_PSEUDO_HDR | csum_flags | sizeof(__be32));
+	if (rk.port != ri->vip_port)
+		bpf_l4_csum_replace(skb, csum_off, rk.port, ri->vip_port, csum_flags | sizeof(__be16));
+	bpf_skb_store_bytes(skb, l3_off + offsetof(struct ipv6hdr, saddr), &ri->vip_addr, sizeof(ri->vip_addr), 0);
+	bpf_skb_store_bytes(skb, l4_off, &ri->vip_port, sizeof(ri->vip_port), 0);
+	count_return(ri->vip_id, ri->backend_id);
+	count_index(EDGE_CNT_RETURN_NAT);
+	return reply_out6(skb, l3_off);
+}
+
+#endif /* EDGE_RETURN6_H */

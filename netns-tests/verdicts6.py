@@ -1,0 +1,176 @@
+"""IPv6 rows of test_verdicts.py's table (ingress6.h, return6.h): frames built here with scapy, the
+expected rewrites computed by scapy's own checksums, and the set-ups they need. The world
+(verdicts.py) deploys the IPv6 service "web6" (VIP6:80 -> e0) next to the IPv4 ones, and every row
+starts with edge_ct6 empty and e0's next hop cached, so no row asks the FIB. ROWS6 holds plain
+tuples in row()'s argument order; test_verdicts.py turns them into its rows."""
+
+from __future__ import annotations
+
+from ipaddress import IPv6Address
+from typing import Callable
+
+from scapy.layers.inet import TCP, UDP
+from scapy.layers.inet6 import ICMPv6ND_NS, IPv6, IPv6ExtHdrDestOpt, IPv6ExtHdrFragment
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+from verdicts import (
+    CLIENT_MAC,
+    CLIENT_PORT,
+    HOP_DMAC,
+    HOP_SMAC,
+    ROUTER_MAC,
+    TC_ACT_OK,
+    TC_ACT_SHOT,
+    XDP_DROP,
+    XDP_PASS,
+    XDP_REDIRECT,
+    World,
+)
+
+from controlplane import abi
+from controlplane.maps.records import be16, put_addr
+
+ING, RET = abi.PROG_INGRESS, abi.PROG_RETURN
+CLIENT6, ROUTER6 = IPv6Address("2001:2::2"), IPv6Address("2001:2::1")
+VIP6 = IPv6Address("2001:2:0:ff::1")
+E0, E1 = (IPv6Address("2001:2:0:1::2"), 8000), (IPv6Address("2001:2:0:1::3"), 8000)
+SAME = "unchanged"
+
+
+def frame6(src, dst, l4, *, ext=None, hlim=64) -> bytes:
+    l3 = IPv6(src=str(src), dst=str(dst), hlim=hlim)
+    if ext is not None:
+        l3 = l3 / ext
+    return bytes(Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / l3 / l4)
+
+
+def tcp6(src=CLIENT6, dst=VIP6, flags="S", *, sport=CLIENT_PORT, dport=80, ext=None, hlim=64, payload=b"") -> bytes:
+    seg = TCP(sport=sport, dport=dport, flags=flags, seq=1000, ack=1 if "A" in flags else 0)
+    return frame6(src, dst, seg / Raw(payload) if payload else seg, ext=ext, hlim=hlim)
+
+
+def reply6(src=E0, flags="SA", hlim=64) -> bytes:
+    """The backend's answer to the client's connection to VIP6:80 (acking its SYN, seq 1000)."""
+    seg = TCP(sport=src[1], dport=CLIENT_PORT, flags=flags, seq=5000, ack=1001)
+    return bytes(Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IPv6(src=str(src[0]), dst=str(CLIENT6), hlim=hlim) / seg)
+
+
+def dnat6(to) -> Callable[[bytes], bytes]:
+    """Expected: destination (address, port) to, hop limit - 1, the cached hop's MACs."""
+
+    def expect(f: bytes) -> bytes:
+        p = Ether(f)
+        p.dst, p.src = HOP_DMAC.hex(":"), HOP_SMAC.hex(":")
+        p[IPv6].dst, p[IPv6].hlim = str(to[0]), p[IPv6].hlim - 1
+        p[TCP].dport = to[1]
+        del p[TCP].chksum
+        return bytes(p)
+
+    return expect
+
+
+def snat6(f: bytes) -> bytes:
+    """Expected: the reply's source is VIP6:80 again (handed to the stack: MACs, hop limit kept)."""
+    p = Ether(f)
+    p[IPv6].src = str(VIP6)
+    p[TCP].sport = 80
+    del p[TCP].chksum
+    return bytes(p)
+
+
+def connected6(backend: str, flags: int = 0, syn_seq: int = 0) -> Callable[[World], None]:
+    """edge_ct6 pins the client's connection to VIP6:80 to backend."""
+
+    def setup(w: World) -> None:
+        t = w.t[abi.MAP_CT6]
+        k = t.Key()
+        put_addr(k, "src", CLIENT6)
+        put_addr(k, "dst", VIP6)
+        k.sport, k.dport, k.proto = be16(CLIENT_PORT), be16(80), 6
+        v = t.Leaf()
+        v.backend_id, v.vip_id, v.flags = w.bid(backend), w.vid("web6"), flags
+        v.syn_seq = syn_seq
+        t[k] = v
+
+    return setup
+
+
+def drop(reason: str) -> dict[str, int]:
+    return {"drop": 1, f"drop:{reason}": 1}
+
+
+DSTOPT = IPv6ExtHdrDestOpt()
+FRAG = IPv6ExtHdrFragment(offset=0, m=1, id=7)
+NS = bytes(
+    Ether(dst="33:33:ff:00:00:01", src=CLIENT_MAC)
+    / IPv6(src=str(CLIENT6), dst="ff02::1:ff00:1", hlim=255)
+    / ICMPv6ND_NS(tgt=str(ROUTER6))
+)
+
+GRE6 = bytes(Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IPv6(src=str(CLIENT6), dst=str(VIP6), nh=47) / Raw(b"\0" * 8))
+
+
+def broken_syn() -> bytes:
+    """A SYN to the VIP whose TCP checksum is one off."""
+    f = bytearray(tcp6())
+    f[14 + 40 + 17] ^= 1  # the checksum's low byte
+    return bytes(f)
+
+
+# (name, prog, frame, verdict, out, counters, *setup)
+ROWS6 = [
+    ("IPv6 SYN to the VIP: NAT to its Maglev pick, redirected", ING, tcp6(), XDP_REDIRECT, None, {"redirect": 1}),
+    (
+        "IPv6 SYN of a pinned flow: NAT to its backend",
+        ING,
+        tcp6(),
+        XDP_REDIRECT,
+        dnat6(E0),
+        {"redirect": 1},
+        connected6("e0"),
+    ),
+    ("IPv6 SYN behind a destination options header: NAT", ING, tcp6(ext=DSTOPT), XDP_REDIRECT, None, {"redirect": 1}),
+    (
+        "IPv6 ACK of a pinned flow: NAT",
+        ING,
+        tcp6(flags="A"),
+        XDP_REDIRECT,
+        dnat6(E0),
+        {"redirect": 1},
+        connected6("e0"),
+    ),
+    (
+        "IPv6 UDP to the VIP's TCP port passes",
+        ING,
+        frame6(CLIENT6, VIP6, UDP(sport=CLIENT_PORT, dport=80) / Raw(b"q")),
+        XDP_PASS,
+        SAME,
+        {"pass": 1},
+    ),
+    ("IPv6 to another address passes", ING, tcp6(dst=ROUTER6, dport=22), XDP_PASS, SAME, {"pass": 1}),
+    ("IPv6 neighbour solicitation passes untouched", ING, NS, XDP_PASS, SAME, {"pass": 1}),
+    ("IPv6 hop limit 1: to the stack (time exceeded)", ING, tcp6(hlim=1), XDP_PASS, SAME, {"pass": 1}),
+    ("IPv6 fragment to the VIP: dropped", ING, tcp6(ext=FRAG), XDP_DROP, SAME, drop("v6_fragment")),
+    ("IPv6 fragment to another address passes", ING, tcp6(dst=ROUTER6, ext=FRAG), XDP_PASS, SAME, {"pass": 1}),
+    ("IPv6 GRE (an unknown next header) to the VIP: dropped", ING, GRE6, XDP_DROP, SAME, drop("v6_ext_header")),
+    ("IPv6 SYN with a wrong checksum: dropped", ING, broken_syn(), XDP_DROP, SAME, drop("bad_checksum")),
+    (
+        "IPv6 SYN-ACK from the pinned backend: source back to the VIP",
+        RET,
+        reply6(hlim=1),
+        TC_ACT_OK,
+        snat6,
+        {"return_nat": 1},
+        connected6("e0", abi.CT_F_SYN, 1000),
+    ),
+    (
+        "IPv6 reply of a flow pinned to another backend: dropped",
+        RET,
+        reply6(src=E1),
+        TC_ACT_SHOT,
+        SAME,
+        drop("other_backend"),
+        connected6("e0"),
+    ),
+    ("IPv6 reply without a connection: untouched", RET, reply6(), 0xFFFFFFFF, SAME, {}),
+]
