@@ -111,8 +111,8 @@ class UdpEcho(asyncio.DatagramProtocol):
         self.transport.sendto(self.reply, addr)
 
 
-async def serve(name: str, host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT."""
+async def serve(name: str, host: str, port: int, host6: str | None = None) -> None:
+    """Serve until SIGTERM or SIGINT; on host6 (an IPv6 address) too when given, same port."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -121,12 +121,21 @@ async def serve(name: str, host: str, port: int) -> None:
     server = await loop.create_server(lambda: HttpProtocol(name, live), host, port, backlog=BACKLOG, reuse_address=True)
     port = server.sockets[0].getsockname()[1]
     udp, _ = await loop.create_datagram_endpoint(lambda: UdpEcho(name), local_addr=(host, port))
+    server6 = udp6 = None
+    if host6:
+        server6 = await loop.create_server(
+            lambda: HttpProtocol(name, live), host6, port, backlog=BACKLOG, reuse_address=True
+        )
+        udp6, _ = await loop.create_datagram_endpoint(lambda: UdpEcho(name), local_addr=(host6, port))
     print(f"listening {name} {host}:{port}", flush=True)
     try:
         await stop.wait()
     finally:
         server.close()
         udp.close()
+        if server6 is not None and udp6 is not None:
+            server6.close()
+            udp6.close()
         for transport in list(live):
             transport.abort()
         await server.wait_closed()
@@ -136,12 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m controlplane.lab.backend", description=__doc__.split("\n")[0])
     parser.add_argument("--name", required=True, help="backend name put in every answer")
     parser.add_argument("--listen", required=True, metavar="ADDR:PORT", help="port 0 picks a free one")
+    parser.add_argument("--listen6", metavar="ADDR", help="an IPv6 address to serve on as well, on the same port")
     args = parser.parse_args(argv)
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit() or not limits.is_port(int(port), zero=True):
         parser.error(f"--listen: {args.listen!r} is not ADDR:PORT")
     try:
-        asyncio.run(serve(args.name, host, int(port)))
+        asyncio.run(serve(args.name, host, int(port), args.listen6))
     except OSError as e:
         print(f"backend {args.name}: {e}", file=sys.stderr)
         return 1

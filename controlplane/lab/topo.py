@@ -7,7 +7,10 @@
 Addresses (all from 198.18.0.0/15): client 198.18.0.2/24, router 198.18.0.1/24 on its
 client side; backend i 198.18.{i+1}.2/24, router 198.18.{i+1}.1/24 facing it. The VIP
 (198.18.255.1) is on no interface: the client routes 198.18.255.0/24 and 198.18.0.0/15
-via the router, backends route everything via their router-side address.
+via the router, backends route everything via their router-side address. IPv6 the same
+way, from 2001:2::/48: client 2001:2::2/64, router 2001:2::1/64; backend i
+2001:2:0:{i+1:x}::2/64, router ...::1/64; the IPv6 VIP 2001:2:0:ffff::1, routed like the
+IPv4 one (DAD is off in every namespace; the router forwards IPv6).
 
 Owns building and removing exactly those things (plus processes started through Ns.popen;
 names: see Net); it knows nothing about the router program.
@@ -27,7 +30,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Address, IPv6Interface, IPv6Network
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -37,6 +40,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from controlplane.lab.traffic import wait_until
 
 TEST_RANGE = IPv4Network("198.18.0.0/15")
+TEST_RANGE6 = IPv6Network("2001:2::/48")
 IFNAME_MAX_LENGTH = 15  # IFNAMSIZ - 1
 CLIENT, ROUTER = "c", "rt"
 NETNS_DIR = Path(netns.NETNS_RUN_DIR)
@@ -95,6 +99,33 @@ class Topo:
     def router_backend_addr(self, i: int) -> IPv4Interface:
         self._check_backend(i)
         return IPv4Interface(f"198.18.{i + 1}.1/24")
+
+    # IPv6 (2001:2::/48, the benchmarking range)
+
+    @property
+    def client_addr6(self) -> IPv6Interface:
+        return IPv6Interface("2001:2::2/64")
+
+    @property
+    def router_client_addr6(self) -> IPv6Interface:
+        return IPv6Interface("2001:2::1/64")
+
+    def backend_addr6(self, i: int) -> IPv6Interface:
+        self._check_backend(i)
+        return IPv6Interface(f"2001:2:0:{i + 1:x}::2/64")
+
+    def router_backend_addr6(self, i: int) -> IPv6Interface:
+        self._check_backend(i)
+        return IPv6Interface(f"2001:2:0:{i + 1:x}::1/64")
+
+    @property
+    def vip6(self) -> IPv6Address:
+        """The IPv6 VIP, on no interface (as the IPv4 one)."""
+        return IPv6Address("2001:2:0:ffff::1")
+
+    @property
+    def vip6_route(self) -> IPv6Network:
+        return IPv6Network("2001:2:0:ffff::/64")
 
     @property
     def vip_route(self) -> IPv4Network:
@@ -356,6 +387,7 @@ class Net:
                 ns.sysctl(f"net.ipv4.conf.{scope}.rp_filter", 0)
         if ns.role == ROUTER:
             ns.sysctl("net.ipv4.ip_forward", 1)
+            ns.sysctl("net.ipv6.conf.all.forwarding", 1)  # bpf_fib_lookup of IPv6 needs it too
         with ns.iproute() as ipr:
             ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
 
@@ -417,29 +449,37 @@ class Net:
 
     def _address_and_route(self) -> None:
         topo = self.topo
-        plan: dict[str, list[tuple[str, IPv4Interface]]] = {
+        plan: dict[str, list[tuple[str, IPv4Interface | IPv6Interface]]] = {
             ROUTER: [(self.router_client_iface, topo.router_client_addr)],
             CLIENT: [(self.client_iface, topo.client_addr)],
         }
         for i in range(topo.backends):
             plan[ROUTER].append((self.backend_iface(i), topo.router_backend_addr(i)))
             plan[backend_role(i)] = [(self.backend_peer_iface(i), topo.backend_addr(i))]
+        plan[ROUTER].append((self.router_client_iface, topo.router_client_addr6))
+        plan[CLIENT].append((self.client_iface, topo.client_addr6))
+        for i in range(topo.backends):
+            plan[ROUTER].append((self.backend_iface(i), topo.router_backend_addr6(i)))
+            plan[backend_role(i)].append((self.backend_peer_iface(i), topo.backend_addr6(i)))
         for role, entries in plan.items():
             with self.namespaces[role].iproute() as ipr:
                 for ifname, addr in entries:
                     index = ipr.link_lookup(ifname=ifname)[0]
                     ipr.addr("add", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
                     ipr.link("set", index=index, state="up")
-                    if role == ROUTER:
+                    if role == ROUTER and addr.version == 4:
                         ns = self.namespaces[role]
                         ns.sysctl(f"net.ipv4.conf.{ifname}.rp_filter", 0)
         gateway = str(topo.router_client_addr.ip)
         with self.client.iproute() as ipr:
             for dst in (topo.vip_route, TEST_RANGE):
                 ipr.route("add", dst=str(dst), gateway=gateway)
+            for dst6 in (topo.vip6_route, TEST_RANGE6):
+                ipr.route("add", dst=str(dst6), gateway=str(topo.router_client_addr6.ip))
         for i in range(topo.backends):
             with self.backends[i].iproute() as ipr:
                 ipr.route("add", dst="0.0.0.0/0", gateway=str(topo.router_backend_addr(i).ip))
+                ipr.route("add", dst="::/0", gateway=str(topo.router_backend_addr6(i).ip))
 
     def _set_offloads(self) -> None:
         # Native XDP cannot fix partial checksums, so senders fill them in (tx off); XDP_REDIRECT
@@ -515,6 +555,7 @@ class Net:
                 backend_role(i),
                 "--listen",
                 f"{addr}:{port}",
+                *(["--listen6", str(self.topo.backend_addr6(i).ip)] if module == "controlplane.lab.backend" else []),
                 *common,
                 *extra,
             ]

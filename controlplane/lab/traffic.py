@@ -14,13 +14,19 @@ import socket
 import time
 from collections import Counter
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 if TYPE_CHECKING:
     from controlplane.lab.topo import Ns
 
-Addr = Union[str, IPv4Address]
+Addr = Union[str, IPv4Address, IPv6Address]
+
+
+def family(addr: Addr) -> int:
+    """AF_INET6 for an IPv6 address, else AF_INET."""
+    return socket.AF_INET6 if ":" in str(addr) else socket.AF_INET
+
 
 MAX_RESPONSE_BYTES = 65536
 
@@ -57,7 +63,7 @@ class Reply:
 
 
 def _hostport(addr: tuple) -> str:
-    return f"{addr[0]}:{addr[1]}"
+    return f"{addr[0]}:{addr[1]}"  # IPv6 too: "2001:2::2:40000" (the last colon is the port's)
 
 
 def _request(addr: Addr, port: int) -> bytes:
@@ -134,7 +140,7 @@ class Conn:
 def connect(ns: Ns, addr: Addr, port: int, timeout_s: float = 2.0) -> Conn:
     """A new TCP connection from namespace ns to addr:port."""
     with ns.enter():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(family(addr), socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -175,7 +181,7 @@ def udp_answers(ns: Ns, addr: Addr, port: int, n: int, timeout_s: float = 2.0) -
     socks: list[socket.socket] = []
     try:
         with ns.enter():
-            socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+            socks = [socket.socket(family(addr), socket.SOCK_DGRAM) for _ in range(n)]
         for sock in socks:
             sock.settimeout(timeout_s)
             sock.sendto(b"who", (str(addr), port))
@@ -271,7 +277,7 @@ def backends_seen(
                     break
                 while started < n_flows and len(flows) < concurrency:
                     started += 1
-                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+                    sock = socket.socket(family(addr), socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
                     err = sock.connect_ex(target)
                     if err not in (0, errno.EINPROGRESS):
                         sock.close()

@@ -1,0 +1,171 @@
+"""IPv6 VIPs with IPv6 backends, forwarded through the router next to IPv4 VIPs on the same node and
+interfaces: NAT to the backends and back (ingress6.h, return6.h), affinity across a weight change,
+passive detection when a backend's server dies, and both families at once.
+
+        client ──veth── router ──veth── b0      IPv4 VIP 198.18.255.1, IPv6 VIP 2001:2:0:ffff::1
+     198.18.0.2      XDP on rt-c   ├──veth── b1  (on no interface); backends 198.18.{i+1}.2 and
+     2001:2::2       tc on rt-bN   └──veth── b2  2001:2:0:{i+1}::2 serve HTTP and UDP on :8000
+
+The client only ever talks to the VIPs; a reply that did not come back from the VIP (the return
+path rewrites the backend's source back to it) would not reach the client's socket. Addresses
+from 2001:2::/48 only (controlplane/lab/topo.py), in the test's own namespaces.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+
+from controlplane.lab.router import Router
+from controlplane.lab.topo import Net
+from controlplane.lab.traffic import backends_seen, close_all, http_get, open_connections, udp_answers, wait_until
+
+PORT = 8000  # conftest.BACKEND_PORT, also the VIPs' port
+ALL = {"b0", "b1", "b2"}
+PASSIVE = {"syn_timeout_ms": 50, "consecutive": 3, "ejection_ms": 2000, "max_ejected_percent": 50}
+
+
+def service6(router: Router, net: Net, name: str = "web6", weights=None, **extra) -> dict:
+    """A service on the IPv6 VIP with the backends' IPv6 addresses."""
+    svc = router.service(name, vip=str(net.topo.vip6), weights=weights, **extra)
+    for entry in svc["backends"]:
+        entry["address"] = str(net.topo.backend_addr6(int(entry["name"][1:])).ip)
+    return svc
+
+
+def by_name(snap: dict) -> dict:
+    return {s["name"]: s for s in snap["services"]}
+
+
+def test_ipv6_http_and_udp_through_the_vip_next_to_ipv4(net, router):
+    """An IPv4 and an IPv6 service deployed at once: 30 IPv6 connections checked one by one answer
+    from the IPv6 VIP with the client's own address as the backend's peer, from every backend (a
+    backend missed with p ~ 2e-5); 300 more reach all three without error; 30 UDP datagrams are
+    answered from the VIP; IPv4 through its VIP works alongside. Status shows both services, the
+    IPv6 one with its VIP and IPv6 backends, and counts exactly the IPv6 flows."""
+    router.deploy([router.service("web"), service6(router, net), service6(router, net, "dns6", protocol="udp")])
+    vip6, client6 = net.topo.vip6, str(net.topo.client_addr6.ip)
+
+    replies = [http_get(net.client, vip6, PORT) for _ in range(30)]
+    seen = backends_seen(net.client, vip6, PORT, 300)
+    answers = udp_answers(net.client, vip6, PORT, 30)
+    replies4 = [http_get(net.client, net.vip, PORT) for _ in range(30)]
+
+    assert {(r.status, r.server_addr) for r in replies} == {(200, f"{vip6}:{PORT}")}
+    assert all(r.peer.startswith(f"{client6}:") for r in replies)  # NAT keeps the client's address
+    assert {r.backend for r in replies} == ALL
+    assert sum(seen.values()) == 300 and set(seen) == ALL, seen
+    assert {src for _, src in answers} == {f"{vip6}:{PORT}"} and {n for n, _ in answers} == ALL
+    assert {(r.status, r.server_addr) for r in replies4} == {(200, f"{net.vip}:{PORT}")}
+
+    snap = router.status()
+    services = by_name(snap)
+    web6, dns6, web = services["web6"], services["dns6"], services["web"]
+    assert (web6["vip"], web6["port"], web6["protocol"]) == (str(vip6), PORT, "tcp")
+    assert [b["address"] for b in web6["backends"]] == [str(net.topo.backend_addr6(i).ip) for i in range(3)]
+    assert web6["new_flows"] == 330 and web["new_flows"] == 30
+    assert web6["return_packets"] >= 2 * 330 and web6["packets"] >= 3 * 330
+    assert (dns6["packets"], dns6["return_packets"], dns6["new_flows"]) == (30, 30, 30)
+    assert snap["verdicts"]["drop"] == 0 and set(snap["drops"].values()) == {0}
+    assert snap["conntrack_entries"] == 30 + 330 + 30  # edge_ct's and edge_ct6's
+
+
+def test_ipv6_connections_keep_their_backend_across_a_weight_change(net, router):
+    """60 keep-alive IPv6 connections opened under 1:1:1 answer from the same backend after a
+    redeploy with 1:0:1 (b1 drains: a change that moves every slot b1 had); 300 new flows after
+    it never reach b1."""
+    router.deploy([service6(router, net, weights=[1, 1, 1])])
+    conns = open_connections(net.client, net.topo.vip6, PORT, 60)
+    try:
+        before = [conn.request().backend for conn in conns]
+        assert set(before) == ALL
+
+        router.deploy([service6(router, net, weights=[1, 0, 1])])
+
+        after = [conn.request().backend for conn in conns]
+        seen = backends_seen(net.client, net.topo.vip6, PORT, 300)
+    finally:
+        close_all(conns)
+    moved = [(i, b, a) for i, (b, a) in enumerate(zip(before, after)) if b != a]
+    assert moved == [], f"{len(moved)} of 60 connections changed backend: {moved[:10]}"
+    assert set(seen) == {"b0", "b2"} and sum(seen.values()) == 300, seen
+
+
+def test_ipv6_backend_whose_server_dies_is_ejected_by_passive_detection(net, router):
+    """b0's IPv6 server is killed (its host lives on, so SYNs to it are refused with RSTs, which
+    the IPv6 return path notes); after 3 (`consecutive`) b0 is ejected for 2 s, and new IPv6 flows
+    made in the first second of that all go to b1 and b2."""
+    router.deploy([service6(router, net, health={"passive": dict(PASSIVE)})])
+    assert set(backends_seen(net.client, net.topo.vip6, PORT, 30)) == ALL
+    proc = net.servers[0].proc
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=5.0)
+
+    refused: Counter = Counter()
+    batch_started = [0.0]
+
+    def ejected() -> bool:
+        batch_started[0] = time.monotonic()
+        refused.update(backends_seen(net.client, net.topo.vip6, PORT, 10, flow_timeout_s=0.5))
+        return router.counters()["verdicts"]["ejection"] >= 1
+
+    wait_until(ejected, 5.0, "an ejection", observe=lambda: refused)
+    seen: Counter = Counter()
+    while sum(seen.values()) < 100 and time.monotonic() - batch_started[0] < 1.0:
+        seen.update(backends_seen(net.client, net.topo.vip6, PORT, 20))
+
+    assert refused["error:refused"] >= PASSIVE["consecutive"], refused
+    assert set(seen) == {"b1", "b2"} and sum(seen.values()) >= 40, seen
+    b0 = next(b for b in by_name(router.status())["web6"]["backends"] if b["name"] == "b0")
+    assert b0["health"]["ejections"] >= 1
+
+
+def test_deploy_refuses_an_ipv6_vip_while_ipv6_forwarding_is_off(net, router):
+    """Without net.ipv6.conf.all.forwarding the FIB lookups of IPv6 fail: deploy says so in one line
+    naming the service's VIP, and deploys once it is on."""
+    net.router.sysctl("net.ipv6.conf.all.forwarding", 0)
+    try:
+        done = router.deploy([router.service("web"), service6(router, net)], check=False)
+    finally:
+        net.router.sysctl("net.ipv6.conf.all.forwarding", 1)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "edgectl: services[1].vip: an IPv6 VIP needs net.ipv6.conf.all.forwarding=1 (the data path's FIB "
+        "lookups); set it and deploy again"
+    ]
+    router.deploy([router.service("web"), service6(router, net)])
+    assert http_get(net.client, net.topo.vip6, PORT).status == 200
+
+
+def test_ipv4_and_ipv6_vips_at_once_under_concurrent_traffic(net, router):
+    """Both families' flows interleaved: 200 IPv4 and 200 IPv6 new connections alternate in
+    batches of 20, every one answered by a backend, each family's counters exactly its own."""
+    router.deploy([router.service("web"), service6(router, net)])
+    seen4: Counter = Counter()
+    seen6: Counter = Counter()
+    for _ in range(10):
+        seen4.update(backends_seen(net.client, net.vip, PORT, 20))
+        seen6.update(backends_seen(net.client, net.topo.vip6, PORT, 20))
+    assert set(seen4) == ALL and sum(seen4.values()) == 200, seen4
+    assert set(seen6) == ALL and sum(seen6.values()) == 200, seen6
+    services = by_name(router.status())
+    assert (services["web"]["new_flows"], services["web6"]["new_flows"]) == (200, 200)
+
+
+def test_neighbour_discovery_to_the_router_passes_untouched(net, router):
+    """With the router deployed, the client's and the backends' IPv6 neighbour discovery towards the
+    router keeps working (ICMPv6 passes the XDP and tc programs): a ping of the router's address on
+    each link is answered."""
+    router.deploy([service6(router, net)])
+    # a fresh neighbour entry: flush, then ping (solicitation, advertisement, echo)
+    net.client.run(["ip", "-6", "neigh", "flush", "all"])
+    done = net.client.run(["ping", "-6", "-c", "1", "-W", "2", str(net.topo.router_client_addr6.ip)], check=False)
+    assert done.returncode == 0, done.stdout
+    for i in range(3):
+        ns = net.backends[i]
+        ns.run(["ip", "-6", "neigh", "flush", "all"])
+        done = ns.run(["ping", "-6", "-c", "1", "-W", "2", str(net.topo.router_backend_addr6(i).ip)], check=False)
+        assert done.returncode == 0, done.stdout
+    wait_until(lambda: router.counters()["verdicts"]["pass"] > 0, 2.0, "passed packets")
