@@ -57,8 +57,10 @@ def _errno_word(code: int) -> str:
     return os.strerror(code).lower()
 
 
-def _new_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+def _new_socket(addr: tuple) -> socket.socket:
+    """A non-blocking TCP socket for addr (host, port), of the host's family."""
+    family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
     # RST on close: thousands of probes a second would otherwise leave as many TIME_WAITs.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
     return sock
@@ -320,7 +322,7 @@ class _TcpCheck(_Check):
     def begin(self) -> None:
         sock = self.sock
         if sock is None:
-            sock = self.sock = _new_socket()
+            sock = self.sock = _new_socket(self.addr)
             self.fd = sock.fileno()
             self.armed_once = False
             self.prober.watch(self.fd, self.on_event)
@@ -424,7 +426,7 @@ class _HttpCheck(_Check):
 
     def _connect(self) -> None:
         self.reused = False
-        sock = self.sock = _new_socket()
+        sock = self.sock = _new_socket(self.addr)
         self.fd = sock.fileno()
         self.connections += 1
         if not self.scrape:

@@ -23,7 +23,7 @@ RECV_SIZE = 262144  # the one receive buffer every HTTP check reads into
 @dataclass(frozen=True)
 class Target:
     """One backend to probe. key names it in callbacks, window() and last_load(); address is
-    IPv4 text (an IPv4Address is converted). probe None: no probes; metrics None: no scrapes."""
+    IPv4 or IPv6 text (an address object is converted). probe None: no probes; metrics None: no scrapes."""
 
     key: Hashable
     address: str
@@ -32,7 +32,7 @@ class Target:
     metrics: Optional[config.MetricsScrape] = None
 
     def __post_init__(self) -> None:
-        address = ipaddress.IPv4Address(str(self.address))  # never a name: no DNS on the loop
+        address = ipaddress.ip_address(str(self.address))  # never a name: no DNS on the loop
         object.__setattr__(self, "address", str(address))
         if not limits.is_port(int(self.port)):
             raise ValueError(f"port {self.port} is out of range {limits.PORTS}")

@@ -140,10 +140,11 @@ def test_a_page_without_engine_metrics_is_an_error(body):
         parse_metrics(body)
 
 
-def test_target_takes_ipv4_only_and_converts_address_objects():
+def test_target_takes_addresses_of_both_families_and_converts_address_objects():
     import ipaddress
 
     assert Target("k", ipaddress.IPv4Address("10.0.0.1"), 80).address == "10.0.0.1"
+    assert Target("k", ipaddress.IPv6Address("2001:2::0:1"), 80).address == "2001:2::1"
     with pytest.raises(ValueError):
         Target("k", "backend.example", 80)  # a name would need DNS on the loop
     with pytest.raises(ValueError):
@@ -176,6 +177,29 @@ def test_tcp_probe_of_a_listener_succeeds_and_of_a_closed_port_is_refused():
 
         assert all(s.ok and 0 < s.rtt_s < 0.1 for s in up), up
         assert all(not s.ok and s.error == "refused" and s.rtt_s is None for s in down), down
+
+    run(main())
+
+
+def test_tcp_probe_over_ipv6_loopback():
+    """An IPv6 backend is probed over IPv6 (the probe's socket is of its address's family)."""
+
+    async def main() -> None:
+        try:
+            server = await asyncio.start_server(lambda r, w: w.close(), "::1", 0)
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        port = server.sockets[0].getsockname()[1]
+        rec = Recorder()
+        p = Prober(on_sample=rec.sample)
+        probe = Probe(kind="tcp", interval_ms=100, timeout_ms=100)
+        p.set_targets([Target("up6", "::1", port, probe)])
+        await wait_for(lambda: len(rec.of("up6")) >= 3, 3, "3 samples")
+        up = rec.of("up6")
+        await p.close()
+        server.close()
+        await server.wait_closed()
+        assert all(s.ok and 0 < s.rtt_s < 0.1 for s in up), up
 
     run(main())
 
