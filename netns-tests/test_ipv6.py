@@ -18,6 +18,7 @@ import signal
 import time
 from collections import Counter
 
+from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.router import Router
 from controlplane.lab.topo import Net
 from controlplane.lab.traffic import backends_seen, close_all, http_get, open_connections, udp_answers, wait_until
@@ -169,3 +170,25 @@ def test_neighbour_discovery_to_the_router_passes_untouched(net, router):
         done = ns.run(["ping", "-6", "-c", "1", "-W", "2", str(net.topo.router_backend_addr6(i).ip)], check=False)
         assert done.returncode == 0, done.stdout
     wait_until(lambda: router.counters()["verdicts"]["pass"] > 0, 2.0, "passed packets")
+
+
+def test_edged_probes_ipv6_backends(net, router, tmp_path):
+    """edged with an IPv4 and an IPv6 service, probes on: it deploys both, probes the IPv6
+    backends over IPv6 (each has passing probes and an RTT in status), and the IPv6 VIP answers."""
+    probe = {"probe": {"kind": "tcp", "interval_ms": 100, "timeout_ms": 100}}
+    doc = router.config(
+        [router.service("web", health=probe), service6(router, net, health=probe)],
+        node={"api_socket": str(tmp_path / "edged.sock")},
+    )
+    edged = EdgedProc.start(net.router, doc, router.iface)
+    try:
+
+        def probed() -> bool:
+            backends = by_name(router.status())["web6"]["backends"]
+            return all(b["probe"]["probes_ok"] > 0 and b["probe"]["rtt_p50_us"] > 0 for b in backends)
+
+        wait_until(probed, 30.0, "every IPv6 backend probed")
+        seen = backends_seen(net.client, net.topo.vip6, PORT, 60)
+    finally:
+        edged.stop()
+    assert set(seen) == ALL and sum(seen.values()) == 60, seen
