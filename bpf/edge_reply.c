@@ -12,13 +12,14 @@
  * egress interface, and L4 checksums in partial form (see partial_csum).
  * The reverse-NAT entry of the sending backend comes from a per-CPU copy
  * (rnat_cached) while edge_rnat is unchanged, so a reply takes one hash
- * lookup, conntrack's. */
+ * lookup, conntrack's. IPv6 replies: reply6.h. */
 #include <uapi/linux/bpf.h>
 #include <linux/stddef.h>
 #include "include/maps.h"
 #include "include/parse.h"
 #include "include/stats.h"
 #include "include/nat.h"
+#include "include/reply6.h"
 
 #define REPLY_TCP_SLOW 0x07 /* FIN | SYN | RST: the return path notes them */
 
@@ -132,8 +133,10 @@ int edge_reply(struct xdp_md *ctx)
 	__be16 *ports;
 	int udp;
 
-	if ((void *)(iph + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if ((void *)(iph + 1) > data_end)
 		return XDP_PASS;
+	if (eth->h_proto != bpf_htons(ETH_P_IP)) /* IPv6: reply6.h */
+		return eth->h_proto == bpf_htons(ETH_P_IPV6) ? reply6(ctx) : XDP_PASS;
 	if (iph->ihl != 5 || iph->ttl <= 1 || (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET)) ||
 	    bpf_ntohs(iph->tot_len) > len - sizeof(*eth))
 		return XDP_PASS;

@@ -73,6 +73,20 @@ def test_ipv6_http_and_udp_through_the_vip_next_to_ipv4(net, router):
     assert snap["conntrack_entries"] == 30 + 330 + 30  # edge_ct's and edge_ct6's
 
 
+def test_ipv6_replies_take_the_xdp_fast_path(net, router):
+    """IPv6 alone: 30 HTTP exchanges over IPv6 (the replies' first segments: SYN-ACKs, tc's; the
+    rest of the response segments) are answered from the VIP, and replies went through edge_reply
+    (XDP, reply6.h) as well as tc: return_xdp counts them, and return_nat (tc's and XDP's, as
+    status adds them) counts every reply."""
+    router.deploy([service6(router, net)])
+    replies = [http_get(net.client, net.topo.vip6, PORT) for _ in range(30)]
+    assert {(r.status, r.server_addr) for r in replies} == {(200, f"{net.topo.vip6}:{PORT}")}
+    verdicts = router.counters()["verdicts"]
+    assert verdicts["return_xdp"] > 0, verdicts
+    snap = router.status()
+    assert snap["verdicts"]["return_nat"] == by_name(snap)["web6"]["return_packets"] > verdicts["return_xdp"]
+
+
 def test_ipv6_connections_keep_their_backend_across_a_weight_change(net, router):
     """60 keep-alive IPv6 connections opened under 1:1:1 answer from the same backend after a
     redeploy with 1:0:1 (b1 drains: a change that moves every slot b1 had); 300 new flows after

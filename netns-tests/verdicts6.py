@@ -30,7 +30,7 @@ from verdicts import (
 from controlplane import abi
 from controlplane.maps.records import be16, put_addr
 
-ING, RET = abi.PROG_INGRESS, abi.PROG_RETURN
+ING, RET, REP = abi.PROG_INGRESS, abi.PROG_RETURN, abi.PROG_REPLY
 CLIENT6, ROUTER6 = IPv6Address("2001:2::2"), IPv6Address("2001:2::1")
 VIP6 = IPv6Address("2001:2:0:ff::1")
 E0, E1 = (IPv6Address("2001:2:0:1::2"), 8000), (IPv6Address("2001:2:0:1::3"), 8000)
@@ -173,4 +173,7 @@ ROWS6 = [
         connected6("e0"),
     ),
     ("IPv6 reply without a connection: untouched", RET, reply6(), 0xFFFFFFFF, SAME, {}),
+    ("IPv6 SYN-ACK: to tc (passive detection)", REP, reply6(), XDP_PASS, SAME, {}, connected6("e0")),
+    ("IPv6 reply without a connection: to tc", REP, reply6(flags="A"), XDP_PASS, SAME, {}),
+    ("IPv6 reply, hop limit 1: to tc", REP, reply6(flags="A", hlim=1), XDP_PASS, SAME, {}, connected6("e0")),
 ]

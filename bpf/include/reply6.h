@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* reply6.h: the IPv6 side of edge_reply (XDP on the backend-facing
+ * interfaces, edge_reply.c): the common case of an IPv6 reply, a TCP segment
+ * without SYN, RST or FIN or a UDP datagram, no extension headers, of a
+ * connection edge_ct6 pins to the backend edge_rnat6 names, gets the VIP back
+ * as its source (the L4 checksum updated incrementally), hop limit - 1, and
+ * is redirected to the client-facing interface the ingress runs on, by a FIB
+ * lookup per reply (IPv4's reply cache is keyed by IPv4 addresses).
+ * Everything else goes on to tc (return6.h): SYN-ACKs and RSTs (passive
+ * detection), replies without an entry, partial checksums, another egress
+ * interface, an MTU exceeded, no neighbour entry yet. */
+#ifndef EDGE_REPLY6_H
+#define EDGE_REPLY6_H
+
+#include <uapi/linux/ipv6.h>
+#include "maps.h"
+#include "stats.h"
+#include "csum.h"
+
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+
+/* One's complement sum of an IPv6 address's four words, unfolded. */
+static __always_inline __u64 reply6_sum(const struct addr6 *a)
+{
+	return (__u64)a->w[0] + a->w[1] + a->w[2] + a->w[3];
+}
+
+/* The checksum change of an address a -> b, folded. */
+static __always_inline __u32 reply6_delta(const struct addr6 *a, const struct addr6 *b)
+{
+	return csum_fold(csum_delta32(a->w[0], b->w[0]) + csum_delta32(a->w[1], b->w[1]) +
+			 csum_delta32(a->w[2], b->w[2]) + csum_delta32(a->w[3], b->w[3]));
+}
+
+static __always_inline int reply6(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	struct bpf_fib_lookup fib = {};
+	struct backend_key6 rk = {};
+	struct flow_key6 fk = {};
+	struct rnat_info6 *ri;
+	struct node_info *node;
+	struct flow_info *fi;
+	__u32 zero = 0, len = data_end - data, l4_len;
+	__u16 *check, c;
+	__be16 *ports;
+	__u64 sum;
+	int udp;
+
+	if ((void *)(ip6 + 1) > data_end || ip6->hop_limit <= 1)
+		return XDP_PASS;
+	l4_len = bpf_ntohs(ip6->payload_len);
+	if (l4_len + sizeof(*ip6) > len - sizeof(*eth))
+		return XDP_PASS;
+	ports = (void *)(ip6 + 1);
+	if (ip6->nexthdr == IPPROTO_TCP) {
+		struct tcphdr *th = (void *)ports;
+
+		if ((void *)(th + 1) > data_end || (((__u8 *)th)[13] & 0x07)) /* FIN | SYN | RST: tc's */
+			return XDP_PASS;
+		check = &th->check;
+		udp = 0;
+	} else if (ip6->nexthdr == IPPROTO_UDP) {
+		struct udphdr *uh = (void *)ports;
+
+		if ((void *)(uh + 1) > data_end)
+			return XDP_PASS;
+		check = &uh->check;
+		udp = 1;
+	} else {
+		return XDP_PASS;
+	}
+	__builtin_memcpy(&rk.addr, &ip6->saddr, sizeof(rk.addr));
+	__builtin_memcpy(&fk.src, &ip6->daddr, sizeof(fk.src));
+	/* a partial checksum (the pseudo-header's sum) needs tc's helpers */
+	sum = reply6_sum(&rk.addr) + reply6_sum(&fk.src) + bpf_htonl(l4_len) + bpf_htonl(ip6->nexthdr);
+	if (csum_fold64(sum) == *check)
+		return XDP_PASS;
+	node = edge_node.lookup(&zero);
+	if (!node)
+		return XDP_PASS;
+	rk.port = ports[0];
+	rk.proto = ip6->nexthdr;
+	ri = edge_rnat6.lookup(&rk);
+	if (!ri)
+		return XDP_PASS;
+	fk.dst = ri->vip_addr;
+	fk.sport = ports[1];
+	fk.dport = ri->vip_port;
+	fk.proto = rk.proto;
+	fi = edge_ct6.lookup(&fk);
+	if (!fi || fi->backend_id != ri->backend_id)
+		return XDP_PASS;
+
+	fib.family = AF_INET6;
+	fib.l4_protocol = rk.proto;
+	__builtin_memcpy(fib.ipv6_src, &ri->vip_addr, 16);
+	__builtin_memcpy(fib.ipv6_dst, &fk.src, 16);
+	fib.ifindex = ctx->ingress_ifindex;
+	/* tot_len 0: mtu_result is the egress device's MTU, compared below */
+	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS ||
+	    fib.ifindex != node->ingress_ifindex || len > fib.mtu_result + sizeof(*eth))
+		return XDP_PASS;
+
+	c = csum_apply(*check, reply6_delta(&rk.addr, &ri->vip_addr) + csum_delta16(rk.port, ri->vip_port));
+	*check = (udp && !c) ? 0xffff : c;
+	__builtin_memcpy(&ip6->saddr, &ri->vip_addr, sizeof(ri->vip_addr));
+	ports[0] = ri->vip_port;
+	ip6->hop_limit--;
+	__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
+	count_return(ri->vip_id, ri->backend_id);
+	return count_verdict(EDGE_CNT_RETURN_XDP, bpf_redirect(fib.ifindex, 0));
+}
+
+#endif /* EDGE_REPLY6_H */
