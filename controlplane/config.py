@@ -604,6 +604,10 @@ class Config:
                 )
             keys[service.key] = i
         node = self.node
+        if node.bgp is not None:
+            for i, service in enumerate(self.services):
+                if service.vip.version == 6:
+                    raise ConfigError(f"services[{i}].vip: IPv6 VIPs are not announced over BGP yet (node.bgp is set)")
         if len(self.services) > node.max_services:
             raise ConfigError(
                 f"services: {len(self.services)} services, more than node.max_services ({node.max_services})"

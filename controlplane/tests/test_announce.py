@@ -330,3 +330,18 @@ def test_what_a_reload_may_change_in_node_bgp(old, new, error):
     with pytest.raises(ConfigError) as e:
         bird.Bird.check_change(bgp(old), bgp(new))
     assert str(e.value) == error
+
+
+def test_an_ipv6_vip_with_bgp_is_refused_in_one_line():
+    d = doc(GOOD)
+    d["services"].append(
+        {
+            "name": "chat6",
+            "vip": "2001:2::1",
+            "port": 80,
+            "backends": [{"name": "a", "address": "2001:2:1::2", "port": 80}],
+        }
+    )
+    with pytest.raises(ConfigError) as e:
+        parse_config(d)
+    assert str(e.value) == "services[1].vip: IPv6 VIPs are not announced over BGP yet (node.bgp is set)"
