@@ -78,8 +78,18 @@ METRICS = (
     Spec("edge_new_flows_total", "counter", "Flows (conntrack misses) that were sent to this backend", BE),
     Spec("edge_return_packets_total", "counter", "Backend-to-client packets reverse-NATed", BE),
     Spec("edge_failovers_total", "counter", "New flows this backend took because their Maglev pick was unusable", BE),
-    Spec("edge_drops_total", "counter", "Packets the data path dropped, by reason", ("reason",)),
-    Spec("edge_verdicts_total", "counter", "Packets by the data path's verdict", ("verdict",)),
+    Spec(
+        "edge_drops_total",
+        "counter",
+        'Packets the data path dropped, by service and reason (service "": before a service was known)',
+        ("service", "reason"),
+    ),
+    Spec(
+        "edge_verdicts_total",
+        "counter",
+        'Packets by the data path\'s verdict, by service (service "": no service known)',
+        ("service", "verdict"),
+    ),
     Spec("edge_backend_up", "gauge", "1 when the data path considers the backend usable for new flows", BE),
     Spec(
         "edge_backend_probe_down",
@@ -418,12 +428,19 @@ def _add_bgp(fams: dict, bgp: dict | None) -> None:
         fams["edge_bgp_speaker_restarts_total"].add_metric([], bgp["speaker_restarts"])
 
 
+def _add_counts(fams: dict[str, Metric], service: str, counts: dict) -> None:
+    """One service's drop and verdict counters ("": the packets no service is known for)."""
+    for reason, n in counts.get("drops", {}).items():
+        fams["edge_drops_total"].add_metric([service, reason], n)
+    for verdict, n in counts.get("verdicts", {}).items():
+        fams["edge_verdicts_total"].add_metric([service, verdict], n)
+
+
 def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     """Adds the maps' counters and edged's view; returns the service names."""
-    for reason, n in snap["drops"].items():
-        fams["edge_drops_total"].add_metric([reason], n)
-    for verdict, n in snap["verdicts"].items():
-        fams["edge_verdicts_total"].add_metric([verdict], n)
+    _add_counts(fams, "", snap.get("no_service") or {})
+    for s in snap["services"]:
+        _add_counts(fams, s["name"], s)
     counters = (
         ("edge_packets_total", "packets"),
         ("edge_bytes_total", "bytes"),
