@@ -190,11 +190,6 @@ class Router:
         """
         return maps.counts_from_dump(self._pinned_dump(abi.MAP_SVC_COUNTS))
 
-    def service_counters(self, slot: int) -> dict[str, dict[str, int]]:
-        """counters() of one slot of edge_svc_counts: a VIP id (Maps.ids), or max_services for
-        the packets no service is known for."""
-        return maps.slot_counts(maps.values_from_dump(self._pinned_dump(abi.MAP_SVC_COUNTS)), slot)
-
     def _pinned_dump(self, map_name: str) -> list[dict]:
         done = subprocess.run(
             ["bpftool", "-j", "map", "dump", "pinned", str(self.pin_path / map_name)],
