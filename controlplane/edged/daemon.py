@@ -21,7 +21,7 @@ from controlplane import abi, deploy, desired, wiresignals
 from controlplane.config import Config
 from controlplane.discovery.supervisor import secrets_of
 from controlplane.edged import announce, bird, metrics, watch
-from controlplane.edged.changes import Changes
+from controlplane.edged.changes import Changes, apply_off_loop
 from controlplane.edged.events import Events
 from controlplane.edged.operations import Operations
 from controlplane.edged.state import State
@@ -367,7 +367,7 @@ class Daemon:
         applied = replace(state.cfg, services=tuple(st.service for st in state.services.values()))
         try:
             routes = await asyncio.to_thread(deploy.backend_routes, applied)
-            state.maps.apply(deploy.adopted(state.maps, applied), routes)
+            await apply_off_loop(state, applied, routes)
         except EdgeError as e:
             state.failed(f"data path: after putting the return path back: {e}", e, None)
 
@@ -397,6 +397,7 @@ class Daemon:
         failing = None
         while True:
             self.steering.pace_probes(self.state.wire_fresh, time.monotonic_ns())  # as of each service's last step
+            await self.state.maps_idle.wait()  # the record is written between applies, not under one
             try:
                 self.status.write_status(time.monotonic_ns())
                 await self.changes.retire_leaving(time.monotonic_ns())
