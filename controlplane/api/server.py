@@ -29,7 +29,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from controlplane import __version__, limits
+from controlplane import __version__, limits, statuspage
 from controlplane.api import convert, edge_pb2, edge_pb2_grpc
 from controlplane.config import MAX_CONFIG_BYTES
 from controlplane.errors import ConfigError, EdgeError
@@ -110,7 +110,12 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
 
     async def GetStatus(self, request, context):
         async def work():
+            view = convert.view_from_proto(request.view) if request.HasField("view") else None
+            if view is not None:
+                view.check()  # a bad view is refused before the walk
             snap = await _maybe_await(self.daemon.snapshot(count_conntrack=request.count_conntrack))
+            if view is not None:  # a page or the summaries: megabytes at 10,000 backends stay here
+                snap = statuspage.apply(snap, view)
             return convert.status_to_proto(
                 snap,
                 {"version": __version__, "pid": os.getpid(), "t": time.time(), "not_serving": self.daemon.not_serving},
