@@ -80,7 +80,9 @@ class Edged(Protocol):
     config_path: Optional[str]  # the file edged was started with: the only one a reload reads
     not_serving: str  # why the data path is not whole, '' while it is
 
-    def snapshot(self, count_conntrack: bool = False) -> Awaitable[dict] | dict: ...
+    def snapshot(
+        self, count_conntrack: bool = False, view: Optional[statuspage.View] = None
+    ) -> Awaitable[dict] | dict: ...
 
     def operate(
         self, kind: str, service: str, backend: str, weight: Optional[int] = None, local: bool = False
@@ -113,9 +115,8 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
             view = convert.view_from_proto(request.view) if request.HasField("view") else None
             if view is not None:
                 view.check()  # a bad view is refused before the walk
-            snap = await _maybe_await(self.daemon.snapshot(count_conntrack=request.count_conntrack))
-            if view is not None:  # a page or the summaries: megabytes at 10,000 backends stay here
-                snap = statuspage.apply(snap, view)
+            # a page or the summaries (view): megabytes at 10,000 backends stay in edged
+            snap = await _maybe_await(self.daemon.snapshot(count_conntrack=request.count_conntrack, view=view))
             return convert.status_to_proto(
                 snap,
                 {"version": __version__, "pid": os.getpid(), "t": time.time(), "not_serving": self.daemon.not_serving},

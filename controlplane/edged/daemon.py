@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable
 
-from controlplane import abi, deploy, desired, wiresignals
+from controlplane import abi, deploy, desired, statuspage, wiresignals
 from controlplane.config import Config
 from controlplane.discovery.supervisor import secrets_of
 from controlplane.edged import announce, bird, metrics, watch
@@ -71,9 +71,10 @@ class Daemon:
         """Why the data path is not whole; '' while it is."""
         return self.state.not_serving
 
-    async def snapshot(self, count_conntrack: bool = False) -> dict:
-        """`edgectl status --json`, with edged's view of every backend (status.Status.snapshot)."""
-        return await self.status.snapshot(self.changes.discovery.view, count_conntrack)
+    async def snapshot(self, count_conntrack: bool = False, view: statuspage.View | None = None) -> dict:
+        """`edgectl status --json`, with edged's view of every backend shown (status.Status.snapshot);
+        view: the summaries or a page (statuspage)."""
+        return await self.status.snapshot(self.changes.discovery.view, count_conntrack, view)
 
     async def operate(
         self, kind: str, service: str, backend: str, weight: int | None = None, local: bool = False

@@ -173,6 +173,7 @@ class FakeMaps:
                             "id": bid,
                             "name": b,
                             "weight": self.table[name][b],
+                            "state": "up",
                             "probe": {},
                             "health": {"usable": True},
                             **self.backend_stats(bid),

@@ -170,3 +170,20 @@ def test_the_api_sends_the_view_asked_for(edged):
         1,
     )
     assert "summary" not in whole["services"][0] and len(whole["services"][0]["backends"]) == 2
+
+
+def test_edged_adds_its_view_to_the_backends_shown_only():
+    """edged applies the view before it adds its view of each backend: a page costs edged's
+    loop the backends on it, the summaries none."""
+    import asyncio
+
+    from controlplane.tests.edgedstage import config, daemon
+
+    async def go():
+        d = daemon(config(("b0", "b1", "b2")))
+        return await d.snapshot(view=View(offset=1, limit=1)), await d.snapshot(view=View(summary=True))
+
+    paged, summed = asyncio.run(go())
+    (web,) = paged["services"]
+    assert [b["name"] for b in web["backends"]] == ["b1"] and web["backends"][0]["edged"]["config_weight"] == 100
+    assert summed["summarized"] and summed["services"][0]["summary"]["backends"] == 3
