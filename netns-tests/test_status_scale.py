@@ -1,8 +1,8 @@
-"""edgectl status at a thousand backends (no edged: the pinned maps' view; edged's view takes
-the same statuspage.apply, tested over the API in controlplane/tests/test_status_scale.py):
-the summaries by default, a page of one service with --service, --offset and --limit, every
-backend with --full, in JSON and in text. No traffic: the backends' block is routed to b0
-(deploy needs a route to each backend), no address answers there.
+"""edgectl status at a thousand backends, from the pinned maps and from an edged that adopts
+them: the summaries by default, a page of one service with --service, --offset and --limit,
+every backend with --full, in JSON and in text, one shape with or without edged. No traffic:
+the backends' block is routed to b0 (deploy needs a route to each backend), no address answers
+there.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Iterator
 
 import pytest
 
+from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.router import Router
 from controlplane.lab.topo import Net, Topo
 
@@ -38,7 +39,8 @@ def router() -> Iterator[Router]:
             "backends": [{"name": f"b{i}", "address": str(address(i)), "port": 8000} for i in range(N)],
         }
         small = router.service("small", vip="198.18.255.2")
-        router.deploy([service, small], node={"max_backends": 2 * N})
+        router.services = [service, small]
+        router.deploy(router.services, node={"max_backends": 2 * N})
         try:
             yield router
         finally:
@@ -78,3 +80,23 @@ def test_a_page_of_one_service(router) -> None:
     assert sum(f"{address(i)}:8000" in text.stdout for i in range(N)) == 5
     wrong = router.edgectl("status", "--iface", router.iface, "--service", "nope")
     assert wrong.returncode != 0 and "--service: no service 'nope' here" in wrong.stderr
+
+
+def _shape(snap: dict) -> tuple:
+    return sorted(snap), [sorted(s) for s in snap["services"]]
+
+
+def test_edged_shows_the_same_shape(router, tmp_path) -> None:
+    """edged (adopting the deployed maps) answers the same views, in the same shape."""
+    sock = str(tmp_path / "edged.sock")
+    cfg = router.config(router.services, node={"max_backends": 2 * N, "api_socket": sock})
+    with EdgedProc.start(router.net.router, cfg, router.iface) as edged:
+        edged.wait_for(lambda e: e["kind"] == "api", 60.0, "the API to listen")
+        from_maps, _ = status(router, "--maps")
+        from_edged, _ = status(router, "--socket", sock)
+        paged, _ = status(router, "--socket", sock, "--service", "big", "--offset", "10", "--limit", "3")
+    assert from_edged["summarized"] and _shape(from_edged) == _shape(from_maps)
+    big = {s["name"]: s for s in from_edged["services"]}["big"]
+    assert big["backends"] == [] and big["summary"]["backends"] == N and big["backends_total"] == N
+    (page,) = paged["services"]
+    assert [b["name"] for b in page["backends"]] == ["b10", "b11", "b12"] and page["backends"][0]["edged"] is not None
