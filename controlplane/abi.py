@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -101,6 +101,9 @@ DROP_DSR_TOO_BIG = 14
 DROP_V6_FRAGMENT = 15
 DROP_V6_EXT_HEADER = 16
 DROP_MAX = 17
+# edge_svc_counts: slot s (a VIP id, or max_services: no service known) holds SVC_COUNTERS u64s
+# from s * SVC_COUNTERS: the CNT_* verdicts, then the DROP_* reasons from CNT_MAX on
+SVC_COUNTERS = 31
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -145,8 +148,7 @@ MAP_CT = "edge_ct"
 MAP_RNAT = "edge_rnat"
 MAP_VIP_STATS = "edge_vip_stats"
 MAP_BE_STATS = "edge_be_stats"
-MAP_VERDICTS = "edge_verdicts"
-MAP_DROPS = "edge_drops"
+MAP_SVC_COUNTS = "edge_svc_counts"
 MAP_SVC_META = "edge_svc_meta"
 MAP_BE_META = "edge_be_meta"
 MAP_NODE = "edge_node"
@@ -178,8 +180,7 @@ MAP_NAMES = (
     MAP_RNAT,
     MAP_VIP_STATS,
     MAP_BE_STATS,
-    MAP_VERDICTS,
-    MAP_DROPS,
+    MAP_SVC_COUNTS,
     MAP_SVC_META,
     MAP_BE_META,
     MAP_NODE,

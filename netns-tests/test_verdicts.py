@@ -1,8 +1,9 @@
 """The data path's verdicts as a table: one row per case, each an input frame, the maps set-up it
 meets, and what the program must do with it: its verdict (XDP_* or TC_ACT_*), the frame it leaves
 (unchanged, or rewritten field by field with checksums computed here, independently of the data
-path), and by how much each verdict and drop counter (edge_verdicts, edge_drops) grows; every
-counter not named must stay put. Every drop reason and every NAT case has a row.
+path), by how much each verdict and drop counter grows, and the service they grow under
+(edge_svc_counts' slot: svc, "" for a packet no service is known for); every counter not named,
+and every other service's, must stay put. Every drop reason and every NAT case has a row.
 
 The programs are compiled once for the module and run through BPF_PROG_TEST_RUN (verdicts.py):
 no namespace, no interface, no traffic; the rows take well under a second. Each row starts from
@@ -308,10 +309,11 @@ class Row:
     setup: tuple[Callable[[World], None], ...] = ()
     after: tuple[tuple[str, Callable[[World], bool]], ...] = ()
     xfail: str | None = None
+    svc: str = ""  # the service the counters grow under; "": none known (before the VIP lookup, heartbeats)
 
 
-def row(name, prog, frame, verdict, out, counters, *setup, after=(), xfail=None) -> Row:
-    return Row(name, prog, frame, verdict, out, counters, tuple(setup), tuple(after), xfail)
+def row(name, prog, frame, verdict, out, counters, *setup, after=(), xfail=None, svc="") -> Row:
+    return Row(name, prog, frame, verdict, out, counters, tuple(setup), tuple(after), xfail, svc)
 
 
 HB_SYN = tcp(CLIENT, HB_VIP, "S")
@@ -359,90 +361,93 @@ ROWS = [
     row("VIP fragment (more fragments)", ING, tcp(CLIENT, VIP, "A", ip_flags="MF"), XDP_DROP, None, drop("fragment")),
     row("VIP fragment (offset)", ING, tcp(CLIENT, VIP, "A", frag=10), XDP_DROP, None, drop("fragment")),
     row("VIP wrong IPv4 checksum", ING, broken_ip_csum(tcp(CLIENT, VIP, "S")), XDP_DROP, None,
-        drop("bad_checksum")),
+        drop("bad_checksum"), svc="web"),
     row("VIP SYN wrong TCP checksum", ING, broken_tcp_csum(tcp(CLIENT, VIP, "S")), XDP_DROP, None,
-        drop("bad_checksum")),
+        drop("bad_checksum"), svc="web"),
     row("no usable backend (all silent)", ING, HB_SYN, XDP_DROP, None, drop("no_backend"),
-        silent("h0"), silent("h1"), after=[pinned_to(None, vip=HB_VIP)]),
+        silent("h0"), silent("h1"), after=[pinned_to(None, vip=HB_VIP)], svc="hb"),
     row("no usable backend (admin down)", ING, tcp(CLIENT, VIP, "S"), XDP_DROP, None, drop("no_backend"),
-        flags("b0", abi.BE_F_VALID)),
+        flags("b0", abi.BE_F_VALID), svc="web"),
+    row("no usable backend of the UDP service on the same address: counted as its, not web's", ING,
+        udp(CLIENT, VIP), XDP_DROP, None, drop("no_backend"), flags("d0", abi.BE_F_VALID), svc="dns"),
     row("no usable backend (the only one drains)", ING, tcp(CLIENT, VIP, "S"), XDP_DROP, None,
-        drop("no_backend"), flags("b0", UP | abi.BE_F_DRAINING)),
+        drop("no_backend"), flags("b0", UP | abi.BE_F_DRAINING), svc="web"),
     row("untracked: no SYN, no entry, budget spent, pick dead", ING, HB_ACK, XDP_DROP, None, drop("untracked"),
-        spent, silent("h0"), silent("h1")),
+        spent, silent("h0"), silent("h1"), svc="hb"),
     row("heartbeat on the client side", ING, heartbeat("h0"), XDP_DROP, None, drop("spoofed_heartbeat")),
     row("heartbeat from an unregistered address", ING, heartbeat("h0", src=CLIENT), XDP_DROP, None,
         drop("spoofed_heartbeat")),
     # -- ingress: forward NAT -----------------------------------------------------------------
     row("new TCP flow: DNAT, redirect, half-open", ING, tcp(CLIENT, VIP, "S"), XDP_REDIRECT, dnat(B0),
-        {"redirect": 1}, after=[half_open_to("b0"), pinned_to(None)]),
+        {"redirect": 1}, after=[half_open_to("b0"), pinned_to(None)], svc="web"),
     row("ACK of the backend's SYN-ACK: the half-open flow moves into conntrack", ING,
         tcp(CLIENT, VIP, "A", seq=1001, ack=5001), XDP_REDIRECT, dnat(B0), {"redirect": 1},
-        half_open("b0", answered_seq=5000), after=[pinned_to("b0"), half_open_to(None)]),
+        half_open("b0", answered_seq=5000), after=[pinned_to("b0"), half_open_to(None)], svc="web"),
     row("budget spent: the ACK of the SYN-ACK still moves the flow into conntrack", ING,
         tcp(CLIENT, VIP, "A", seq=1001, ack=5001), XDP_REDIRECT, dnat(B0), {"redirect": 1},
-        half_open("b0", answered_seq=5000), spent, after=[pinned_to("b0"), half_open_to(None)]),
+        half_open("b0", answered_seq=5000), spent, after=[pinned_to("b0"), half_open_to(None)], svc="web"),
     row("ACK not acknowledging the SYN-ACK: the half-open flow stays half-open", ING,
         tcp(CLIENT, VIP, "A", seq=1001, ack=7777), XDP_REDIRECT, dnat(B0), {"redirect": 1},
-        half_open("b0", answered_seq=5000), after=[half_open_to("b0")]),
+        half_open("b0", answered_seq=5000), after=[half_open_to("b0")], svc="web"),
     row("SYN to a backend's own address: passes, known direct", ING, tcp(CLIENT, B0[0], "S", dport=B0[1]),
         XDP_PASS, SAME, {"pass": 1}, after=[known_direct("b0")]),
     row("established TCP flow: DNAT, redirect", ING, tcp(CLIENT, VIP, "A", payload=b"GET /"), XDP_REDIRECT,
-        dnat(B0), {"redirect": 1}, connected("b0")),
+        dnat(B0), {"redirect": 1}, connected("b0"), svc="web"),
     row("established flow, backend draining: kept", ING, tcp(CLIENT, VIP, "A"), XDP_REDIRECT, dnat(B0),
-        {"redirect": 1}, connected("b0"), flags("b0", UP | abi.BE_F_DRAINING)),
+        {"redirect": 1}, connected("b0"), flags("b0", UP | abi.BE_F_DRAINING), svc="web"),
     row("no SYN, no entry, within budget: entry made", ING, tcp(CLIENT, VIP, "A"), XDP_REDIRECT, dnat(B0),
-        {"redirect": 1}, after=[pinned_to("b0")]),
+        {"redirect": 1}, after=[pinned_to("b0")], svc="web"),
     row("no SYN, no entry, budget spent: stateless", ING, tcp(CLIENT, VIP, "A"), XDP_REDIRECT, dnat(B0),
-        {"redirect": 1, "stateless": 1}, spent, after=[pinned_to(None)]),
+        {"redirect": 1, "stateless": 1}, spent, after=[pinned_to(None)], svc="web"),
     row("new UDP flow: DNAT, redirect", ING, udp(CLIENT, VIP), XDP_REDIRECT, dnat(D0), {"redirect": 1},
-        after=[pinned_to("d0", dport=53, proto=17)]),
+        after=[pinned_to("d0", dport=53, proto=17)], svc="dns"),
     row("UDP without checksum: stays without", ING, udp(CLIENT, VIP, zero_csum=True), XDP_REDIRECT, dnat(D0),
-        {"redirect": 1}),
+        {"redirect": 1}, svc="dns"),
     row("VLAN tagged: DNAT, to the stack", ING, tcp(CLIENT, VIP, "S", vlan=True), XDP_PASS, dnat(B0, hop=False),
-        {"nat_pass": 1}),
+        {"nat_pass": 1}, svc="web"),
     row("TTL 1: to the stack (ICMP time exceeded)", ING, tcp(CLIENT, VIP, "S", ttl=1), XDP_PASS, SAME,
-        {"pass": 1}),
-    row("first pick alive: new flow goes there", ING, to_pick_of("h0"), XDP_REDIRECT, dnat(H0), {"redirect": 1}),
+        {"pass": 1}, svc="web"),
+    row("first pick alive: new flow goes there", ING, to_pick_of("h0"), XDP_REDIRECT, dnat(H0), {"redirect": 1},
+        svc="hb"),
     row("first pick dead: new flow fails over", ING, to_pick_of("h0"), XDP_REDIRECT, dnat(H1), {"redirect": 1},
-        silent("h0")),
+        silent("h0"), svc="hb"),
     row("a SYN as stacks send it (TCP options): DNAT, redirect", ING, syn_with_options(VIP), XDP_REDIRECT,
-        dnat(B0), {"redirect": 1}),
+        dnat(B0), {"redirect": 1}, svc="web"),
     row("padded to 60 bytes: DNAT, padding kept", ING, padded(tcp(CLIENT, VIP, "S")), XDP_REDIRECT, dnat(B0),
-        {"redirect": 1}),
+        {"redirect": 1}, svc="web"),
     row("UDP checksum computing to 0: sent as 0xffff", ING,
         udp_summing_to_zero(CLIENT, VIP, sport=CLIENT_PORT, dport=53, nat_dst=(str(D0[0]), D0[1])), XDP_REDIRECT,
-        dnat(D0), {"redirect": 1}),
+        dnat(D0), {"redirect": 1}, svc="dns"),
     row("UDP of odd length: DNAT, redirect", ING, udp(CLIENT, VIP, payload=b"odd"), XDP_REDIRECT, dnat(D0),
-        {"redirect": 1}),
+        {"redirect": 1}, svc="dns"),
     row("established, wrong IPv4 checksum", ING, broken_ip_csum(tcp(CLIENT, VIP, "A")), XDP_DROP, None,
-        drop("bad_checksum"), connected("b0")),
+        drop("bad_checksum"), connected("b0"), svc="web"),
     row("established, TTL 1: to the stack", ING, tcp(CLIENT, VIP, "A", ttl=1), XDP_PASS, SAME, {"pass": 1},
-        connected("b0")),
+        connected("b0"), svc="web"),
     row("established, VLAN tagged: DNAT, to the stack", ING, tcp(CLIENT, VIP, "A", vlan=True), XDP_PASS,
-        dnat(B0, hop=False), {"nat_pass": 1}, connected("b0")),
+        dnat(B0, hop=False), {"nat_pass": 1}, connected("b0"), svc="web"),
     row("heartbeat where its backend is: to the stack (tc takes it)", ING, heartbeat("h0"), XDP_PASS, SAME,
         {"pass": 1}, hb_on_lo("h0")),
     row("passive: a SYN to the pick is counted", ING, to_pick_of("p0", service="pas", vip=PAS_VIP),
         XDP_REDIRECT, dnat(P0), {"redirect": 1},
-        after=[health_says("p0", "one SYN outstanding", lambda h: h.syn_outstanding == 1)]),
+        after=[health_says("p0", "one SYN outstanding", lambda h: h.syn_outstanding == 1)], svc="pas"),
     row("passive: unanswered SYNs eject the pick, the flow fails over", ING,
         to_pick_of("p0", service="pas", vip=PAS_VIP), XDP_REDIRECT, dnat(P1), {"redirect": 1, "ejection": 1},
-        failing("p0", syns=3), after=[health_says("p0", "ejected", lambda h: h.ejected_until_ns > 0)]),
+        failing("p0", syns=3), after=[health_says("p0", "ejected", lambda h: h.ejected_until_ns > 0)], svc="pas"),
     row("primary down: the standby takes the new flow", ING, tcp(CLIENT, SBY_VIP, "S"), XDP_REDIRECT, dnat(S1),
-        {"redirect": 1}, flags("s0", abi.BE_F_VALID), after=[half_open_to("s1", vip=SBY_VIP)]),
+        {"redirect": 1}, flags("s0", abi.BE_F_VALID), after=[half_open_to("s1", vip=SBY_VIP)], svc="sby"),
     row("primary up: the standby takes nothing", ING, tcp(CLIENT, SBY_VIP, "S"), XDP_REDIRECT, dnat(S0),
-        {"redirect": 1}),
+        {"redirect": 1}, svc="sby"),
     row("existing_flows keep: an established flow stays on its down backend", ING, tcp(CLIENT, SBY_VIP, "A"),
-        XDP_REDIRECT, dnat(S0), {"redirect": 1}, connected("s0", vip=SBY_VIP), flags("s0", abi.BE_F_VALID)),
+        XDP_REDIRECT, dnat(S0), {"redirect": 1}, connected("s0", vip=SBY_VIP), flags("s0", abi.BE_F_VALID), svc="sby"),
     row("existing_flows keep: a SYN reusing the tuple is a new flow", ING, tcp(CLIENT, SBY_VIP, "S"),
         XDP_REDIRECT, dnat(S1), {"redirect": 1}, connected("s0", vip=SBY_VIP), flags("s0", abi.BE_F_VALID),
-        after=[pinned_to("s1", vip=SBY_VIP)]),
+        after=[pinned_to("s1", vip=SBY_VIP)], svc="sby"),
     row("established flow on a dead backend moves", ING, HB_ACK, XDP_REDIRECT, dnat(H1), {"redirect": 1},
-        connected("h0", vip=HB_VIP), silent("h0"), after=[pinned_to("h1", vip=HB_VIP)]),
+        connected("h0", vip=HB_VIP), silent("h0"), after=[pinned_to("h1", vip=HB_VIP)], svc="hb"),
     # -- ingress: ICMP errors about VIP flows (icmp.h) --------------------------------------------
     row("ICMP frag-needed about a VIP flow goes to its backend", ING, icmp_error(from_vip()), XDP_REDIRECT,
-        None, {"icmp_to_backend": 1, "redirect": 1}, connected("b0")),
+        None, {"icmp_to_backend": 1, "redirect": 1}, connected("b0"), svc="web"),
     row("ICMP error whose quote is cut short: malformed", ING, icmp_error(Raw(bytes(from_vip())[:12])),
         XDP_DROP, None, drop("icmp_malformed")),
     row("ICMP error quoting an ICMP error: nested", ING,
@@ -452,9 +457,9 @@ ROWS = [
         None, drop("icmp_no_flow")),
     # -- ingress: direct server return (encap.h) -------------------------------------------------
     row("DSR: a SYN is sent to its backend in IPIP", ING, tcp(CLIENT, DSR_VIP, "S"), XDP_REDIRECT, None,
-        {"dsr": 1}),
+        {"dsr": 1}, svc="dsr"),
     row("DSR: a packet the tunnel cannot carry is dropped", ING, tcp(CLIENT, DSR_VIP, "A", payload=b"x" * 1460),
-        XDP_DROP, None, drop("dsr_too_big")),
+        XDP_DROP, None, drop("dsr_too_big"), svc="dsr"),
     # -- return path (tc, backend side): heartbeats ---------------------------------------------
     row("heartbeat consumed", RET, hb_at("h0", seq=7), TC_ACT_SHOT, None, {"heartbeat": 1},
         after=[stamped("h0", 7)]),
@@ -473,26 +478,26 @@ ROWS = [
         drop("replayed_heartbeat"), heard("h0", seq=5)),
     # -- return path: reverse NAT -----------------------------------------------------------------
     row("reply: reverse NAT, redirect (also with the VIP on lo)", RET, reply(B0), TC_ACT_REDIRECT, snat(VIP, 80),
-        {"return_nat": 1, "return_redirect": 1}, connected("b0")),
+        {"return_nat": 1, "return_redirect": 1}, connected("b0"), svc="web"),
     row("UDP reply: reverse NAT, redirect", RET, udp_reply(D0), TC_ACT_REDIRECT, snat(VIP, 53),
-        {"return_nat": 1, "return_redirect": 1}, connected("d0", dport=53, proto=17)),
+        {"return_nat": 1, "return_redirect": 1}, connected("d0", dport=53, proto=17), svc="dns"),
     row("SYN-ACK of the VIP's SYN: reverse NAT", RET, reply(B0, "SA", ack=1001), TC_ACT_REDIRECT, snat(VIP, 80),
-        {"return_nat": 1, "return_redirect": 1}, connected("b0", flags=abi.CT_F_SYN, syn_seq=1000)),
+        {"return_nat": 1, "return_redirect": 1}, connected("b0", flags=abi.CT_F_SYN, syn_seq=1000), svc="web"),
     row("stateless reverse NAT: no entry, the Maglev slot names it", RET, reply(B0), TC_ACT_REDIRECT,
-        snat(VIP, 80), {"return_nat": 1, "return_redirect": 1, "return_stateless": 1}),
+        snat(VIP, 80), {"return_nat": 1, "return_redirect": 1, "return_stateless": 1}, svc="web"),
     row("TCP of a backend the flow is not pinned to: dropped", RET, reply(H0), TC_ACT_SHOT, None,
-        drop("other_backend"), connected("h1", vip=HB_VIP)),
+        drop("other_backend"), connected("h1", vip=HB_VIP), svc="hb"),
     row("TCP of a backend the flow is not pinned to, directly connected: untouched", RET, reply(H0),
         TC_ACT_UNSPEC, SAME, {}, connected("h1", vip=HB_VIP), lambda w: w.direct("h0")),
     row("SYN-ACK of a half-open flow: reverse NAT, its sequence noted", RET, reply(B0, "SA", seq=5000, ack=1001),
         TC_ACT_REDIRECT, snat(VIP, 80), {"return_nat": 1, "return_redirect": 1}, half_open("b0"),
-        after=[half_open_to("b0"), ("the SYN-ACK's sequence + 1 noted", lambda w: w.answered() == 5001)]),
+        after=[half_open_to("b0"), ("the SYN-ACK's sequence + 1 noted", lambda w: w.answered() == 5001)], svc="web"),
     row("SYN-ACK without an entry, the slot names it: reverse NAT (never the backend's address)", RET,
         reply(B0, "SA", ack=1001), TC_ACT_REDIRECT, snat(VIP, 80),
-        {"return_nat": 1, "return_redirect": 1, "return_stateless": 1}),
+        {"return_nat": 1, "return_redirect": 1, "return_stateless": 1}, svc="web"),
     row("SYN-ACK not answering the VIP's SYN: reverse NAT all the same", RET, reply(B0, "SA", ack=2_000_000),
         TC_ACT_REDIRECT, snat(VIP, 80), {"return_nat": 1, "return_redirect": 1},
-        connected("b0", flags=abi.CT_F_SYN, syn_seq=1000), after=[pinned_to("b0")]),
+        connected("b0", flags=abi.CT_F_SYN, syn_seq=1000), after=[pinned_to("b0")], svc="web"),
     row("SYN-ACK of a direct connection on a VIP flow's port: untouched, the entry goes", RET,
         reply(B0, "SA", ack=2_000_000), TC_ACT_UNSPEC, SAME, {}, connected("b0", flags=abi.CT_F_SYN, syn_seq=1000),
         lambda w: w.direct("b0"), after=[pinned_to(None)]),
@@ -501,41 +506,41 @@ ROWS = [
     row("SYN from a backend: direct, untouched", RET, reply(B0, "S"), TC_ACT_UNSPEC, SAME, {}),
     row("passive: a third RST answering a SYN ejects", RET, reply(P0, "RA", ack=1001), TC_ACT_REDIRECT,
         snat(PAS_VIP, 80), {"return_nat": 1, "return_redirect": 1, "ejection": 1}, pas_flow("p0"),
-        failing("p0", rsts=2), after=[health_says("p0", "ejected", lambda h: h.ejected_until_ns > 0)]),
+        failing("p0", rsts=2), after=[health_says("p0", "ejected", lambda h: h.ejected_until_ns > 0)], svc="pas"),
     row("passive: a SYN-ACK clears the failures", RET, reply(P0, "SA", ack=1001), TC_ACT_REDIRECT,
         snat(PAS_VIP, 80), {"return_nat": 1, "return_redirect": 1}, pas_flow("p0"), failing("p0", syns=2),
-        after=[health_says("p0", "no SYN outstanding", lambda h: h.syn_outstanding == 0)]),
+        after=[health_says("p0", "no SYN outstanding", lambda h: h.syn_outstanding == 0)], svc="pas"),
     row("VLAN tagged reply: reverse NAT, to the stack", RET, reply(B0, vlan=True), TC_ACT_OK,
-        unhopped_snat(VIP, 80), {"return_nat": 1}, connected("b0")),
+        unhopped_snat(VIP, 80), {"return_nat": 1}, connected("b0"), svc="web"),
     row("reply with IP options: reverse NAT, redirect", RET, with_ip_options(reply(B0)), TC_ACT_REDIRECT,
-        snat(VIP, 80), {"return_nat": 1, "return_redirect": 1}, connected("b0")),
+        snat(VIP, 80), {"return_nat": 1, "return_redirect": 1}, connected("b0"), svc="web"),
     row("reply with TTL 1: reverse NAT, to the stack", RET, reply(B0, ttl=1), TC_ACT_OK, unhopped_snat(VIP, 80),
-        {"return_nat": 1}, connected("b0")),
+        {"return_nat": 1}, connected("b0"), svc="web"),
     row("UDP reply without checksum: stays without", RET, udp_reply(D0, zero_csum=True), TC_ACT_REDIRECT,
-        snat(VIP, 53), {"return_nat": 1, "return_redirect": 1}, connected("d0", dport=53, proto=17)),
+        snat(VIP, 53), {"return_nat": 1, "return_redirect": 1}, connected("d0", dport=53, proto=17), svc="dns"),
     row("UDP reply checksum computing to 0: sent as 0xffff", RET,
         udp_summing_to_zero(D0[0], CLIENT, sport=D0[1], dport=CLIENT_PORT, nat_src=(str(VIP), 53)),
         TC_ACT_REDIRECT, snat(VIP, 53), {"return_nat": 1, "return_redirect": 1},
-        connected("d0", dport=53, proto=17)),
+        connected("d0", dport=53, proto=17), svc="dns"),
     row("padded reply: reverse NAT, padding kept", RET, padded(reply(B0)), TC_ACT_REDIRECT, snat(VIP, 80),
-        {"return_nat": 1, "return_redirect": 1}, connected("b0")),
+        {"return_nat": 1, "return_redirect": 1}, connected("b0"), svc="web"),
     row("fragment from a backend: untouched", RET, reply(B0, ip_flags="MF"), TC_ACT_UNSPEC, SAME, {},
         connected("b0")),
     row("not from a backend endpoint: untouched", RET, tcp(B0[0], CLIENT, "A", sport=22, dport=CLIENT_PORT),
         TC_ACT_UNSPEC, SAME, {}),
     row("a backend's ICMP error about a client's packet goes back as the VIP's", RET,
         backend_error(IP(src=str(CLIENT), dst=str(B0[0])) / TCP(sport=CLIENT_PORT, dport=B0[1], flags="A")),
-        TC_ACT_OK, None, {"icmp_return": 1}, connected("b0")),
+        TC_ACT_OK, None, {"icmp_return": 1}, connected("b0"), svc="web"),
     # -- edge_reply (XDP, backend side): the replies' fast path --------------------------------
     row("reply: reverse NAT, redirect (XDP)", REP, reply(B0, payload=b"HTTP/1.1 200"), XDP_REDIRECT,
-        snat(VIP, 80), {"return_xdp": 1}, connected("b0")),
+        snat(VIP, 80), {"return_xdp": 1}, connected("b0"), svc="web"),
     row("UDP reply: reverse NAT, redirect (XDP)", REP, udp_reply(D0), XDP_REDIRECT, snat(VIP, 53),
-        {"return_xdp": 1}, connected("d0", dport=53, proto=17)),
+        {"return_xdp": 1}, connected("d0", dport=53, proto=17), svc="dns"),
     row("UDP reply without checksum (XDP): stays without", REP, udp_reply(D0, zero_csum=True), XDP_REDIRECT,
-        snat(VIP, 53), {"return_xdp": 1}, connected("d0", dport=53, proto=17)),
+        snat(VIP, 53), {"return_xdp": 1}, connected("d0", dport=53, proto=17), svc="dns"),
     row("UDP reply checksum computing to 0 (XDP): sent as 0xffff", REP,
         udp_summing_to_zero(D0[0], CLIENT, sport=D0[1], dport=CLIENT_PORT, nat_src=(str(VIP), 53)),
-        XDP_REDIRECT, snat(VIP, 53), {"return_xdp": 1}, connected("d0", dport=53, proto=17)),
+        XDP_REDIRECT, snat(VIP, 53), {"return_xdp": 1}, connected("d0", dport=53, proto=17), svc="dns"),
     row("SYN-ACK: to tc", REP, reply(B0, "SA", ack=1001), XDP_PASS, SAME, {},
         connected("b0", flags=abi.CT_F_SYN, syn_seq=1000)),
     row("FIN: to tc", REP, reply(B0, "FA"), XDP_PASS, SAME, {}, connected("b0")),
@@ -548,7 +553,7 @@ ROWS = [
     row("VLAN tagged: to tc", REP, reply(B0, vlan=True), XDP_PASS, SAME, {}, connected("b0")),
     row("IP options: to tc", REP, with_ip_options(reply(B0)), XDP_PASS, SAME, {}, connected("b0")),
     row("padded reply: reverse NAT, padding kept (XDP)", REP, padded(reply(B0)), XDP_REDIRECT, snat(VIP, 80),
-        {"return_xdp": 1}, connected("b0")),
+        {"return_xdp": 1}, connected("b0"), svc="web"),
     row("TTL 1: to tc", REP, reply(B0, ttl=1), XDP_PASS, SAME, {}, connected("b0")),
     row("client behind another interface: to tc", REP, reply(B0), XDP_PASS, SAME, {}, connected("b0"),
         lambda w: w.reply_hop(CLIENT, VIP, 99)),
@@ -556,7 +561,7 @@ ROWS = [
 # fmt: on
 
 
-ROWS += [row(*r) for r in ROWS6]  # IPv6 (verdicts6.py)
+ROWS += [row(*r[:6], *r[7:], svc=r[6]) for r in ROWS6]  # IPv6 (verdicts6.py)
 
 
 # ---------------------------------------------------------------- running the table
@@ -588,10 +593,11 @@ def test_verdict(world: World, r: Row) -> None:
     for step in r.setup:
         step(world)
     frame = r.frame(world) if callable(r.frame) else r.frame
-    verdict, out, counters = world.run(r.prog, frame)
+    verdict, out, counters, by_service = world.run(r.prog, frame)
     names = VERDICTS[r.prog]
     assert names.get(verdict, verdict) == names[r.verdict], f"counters moved: {counters}"
     assert counters == r.counters
+    assert by_service == ({r.svc: r.counters} if r.counters else {}), "counted under another service"
     if r.out == SAME:
         assert out == frame, "the frame was changed"
     elif r.out is not None and frame[12:14] == b"\x86\xdd":  # IPv6: verdicts6.py's checksums are scapy's

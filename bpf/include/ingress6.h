@@ -45,8 +45,8 @@ struct pkt6 {
 static __always_inline int unusual6(struct ipv6hdr *ip6, __u32 reason)
 {
 	if (!edge_vip_addrs6.lookup((struct addr6 *)&ip6->daddr))
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
-	return count_drop(reason);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+	return count_drop(EDGE_NO_SERVICE, reason);
 }
 
 /* The 32 bits of an address folded, for the flow hash (flow.h, hash_flow):
@@ -71,10 +71,10 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 
 	proto = parse_eth(&nh, data_end, &eth, &pkt->vlans);
 	if (proto != bpf_htons(ETH_P_IPV6))
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	ip6 = nh.pos;
 	if ((void *)(ip6 + 1) > data_end)
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_MALFORMED);
 	if (ip6->version != 6 || (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len) > data_end)
 		return unusual6(ip6, EDGE_DROP_MALFORMED);
 	next = ip6->nexthdr;
@@ -93,7 +93,7 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 	if (next == IPPROTO_FRAGMENT)
 		return unusual6(ip6, EDGE_DROP_V6_FRAGMENT);
 	if (next == IPPROTO_ICMPV6)
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS); /* neighbour discovery, errors: the stack's */
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS); /* neighbour discovery, errors: the stack's */
 	if (next != IPPROTO_TCP && next != IPPROTO_UDP)
 		return unusual6(ip6, EDGE_DROP_V6_EXT_HEADER);
 
@@ -209,7 +209,7 @@ static __always_inline int dnat6(struct xdp_md *ctx, const struct pkt6 *p6, cons
  * lookup that refills the cache (nat.h, next_hop, for IPv4); hop limit - 1.
  * A VLAN tag or no neighbour entry yet: the stack delivers it. */
 static __always_inline int forward6(struct xdp_md *ctx, const struct pkt *pkt, const struct pkt6 *p6,
-				    __u32 bid)
+				    __u32 bid, __u32 vid)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -219,7 +219,7 @@ static __always_inline int forward6(struct xdp_md *ctx, const struct pkt *pkt, c
 	__u64 now = bpf_jiffies64();
 
 	if (pkt->vlans || !nh || (void *)(ip6 + 1) > data_end)
-		return count_verdict(EDGE_CNT_NAT_PASS, XDP_PASS);
+		return count_verdict(vid, EDGE_CNT_NAT_PASS, XDP_PASS);
 	if (!nh->ifindex || !hop_fresh(nh->expires, now)) {
 		struct bpf_fib_lookup fib = {};
 
@@ -232,7 +232,7 @@ static __always_inline int forward6(struct xdp_md *ctx, const struct pkt *pkt, c
 		fib.ifindex = ctx->ingress_ifindex;
 		if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS) {
 			nh->ifindex = 0;
-			return count_verdict(EDGE_CNT_NAT_PASS, XDP_PASS);
+			return count_verdict(vid, EDGE_CNT_NAT_PASS, XDP_PASS);
 		}
 		nh->ifindex = fib.ifindex;
 		__builtin_memcpy(nh->smac, fib.smac, ETH_ALEN);
@@ -241,7 +241,7 @@ static __always_inline int forward6(struct xdp_md *ctx, const struct pkt *pkt, c
 	}
 	ip6->hop_limit--;
 	set_macs(eth, nh->dmac, nh->smac);
-	return count_verdict(EDGE_CNT_REDIRECT, bpf_redirect(nh->ifindex, 0));
+	return count_verdict(vid, EDGE_CNT_REDIRECT, bpf_redirect(nh->ifindex, 0));
 }
 
 /* A SYN on an existing edge_ct6 entry: its answer will be ours (flow.h,
@@ -280,27 +280,27 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	vk.proto = p6.key.proto;
 	vip = edge_vips6.lookup(&vk);
 	if (!vip)
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	{
 		void *data = (void *)(long)ctx->data;
 		struct ipv6hdr *ip6 = data + (p6.l3_off & 0x1f);
 
 		if ((void *)(ip6 + 1) > (void *)(long)ctx->data_end)
-			return count_drop(EDGE_DROP_MALFORMED);
+			return count_drop(vip->id, EDGE_DROP_MALFORMED);
 		/* the stack answers an expiring packet with time exceeded */
 		if (ip6->hop_limit <= 1)
-			return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+			return count_verdict(vip->id, EDGE_CNT_PASS, XDP_PASS);
 	}
 	if (pkt.syn && stage == EDGE_STAGE_SLOW) {
 		int csum = syn_csum6(ctx, &pkt, &p6);
 
 		if (!csum)
-			return count_drop(EDGE_DROP_BAD_CSUM);
+			return count_drop(vip->id, EDGE_DROP_BAD_CSUM);
 		pkt.syn_counted = csum > 0;
 	}
 	sc = edge_svc_cfg.lookup(&vip->id);
 	if (!sc)
-		return count_drop(EDGE_DROP_NO_BACKEND);
+		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
 	if (sc->flags)
 		now = bpf_ktime_get_ns();
 	fi = edge_ct6.lookup(&p6.key);
@@ -308,26 +308,26 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	 * out of the LRU: as IPv4's budget (flow.h), without its stateless
 	 * pick (such a packet is dropped) */
 	if (stage == EDGE_STAGE_SLOW && !fi && p6.key.proto == IPPROTO_TCP && !pkt.syn && !ct_budget_take())
-		return count_drop(EDGE_DROP_UNTRACKED);
+		return count_drop(vip->id, EDGE_DROP_UNTRACKED);
 	be = select_backend(vip, sc, &pkt, fi, now, &bid, &new_flow, &failover, &drop, stage, &p6.key);
 	if (!be) {
 		if (drop == EDGE_TO_NEXT_STAGE) {
 			edge_tails.call(ctx, EDGE_TAIL_V6_SCAN);
 			drop = EDGE_DROP_NO_BACKEND; /* not installed */
 		}
-		return count_drop(drop);
+		return count_drop(vip->id, drop);
 	}
 	to = edge_backends6.lookup(&bid);
 	if (!to)
-		return count_drop(EDGE_DROP_NO_BACKEND);
+		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
 	if (pkt.syn && !new_flow)
 		flow_mark_syn6(&pkt, &p6.key);
 	if (pkt.syn_counted && (sc->flags & EDGE_SVC_F_PASSIVE))
 		note_syn(be, now);
 	if (dnat6(ctx, &p6, to, be->port) < 0)
-		return count_drop(EDGE_DROP_MALFORMED);
-	return forward6(ctx, &pkt, &p6, bid);
+		return count_drop(vip->id, EDGE_DROP_MALFORMED);
+	return forward6(ctx, &pkt, &p6, bid, vip->id);
 }
 
 #endif /* EDGE_INGRESS6_H */

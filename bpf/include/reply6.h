@@ -115,7 +115,7 @@ static __always_inline int reply6(struct xdp_md *ctx)
 	__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
 	count_return(ri->vip_id, ri->backend_id);
-	return count_verdict(EDGE_CNT_RETURN_XDP, bpf_redirect(fib.ifindex, 0));
+	return count_verdict(ri->vip_id, EDGE_CNT_RETURN_XDP, bpf_redirect(fib.ifindex, 0));
 }
 
 #endif /* EDGE_REPLY6_H */

@@ -48,7 +48,7 @@ static __always_inline void note_answer6(struct flow_info *fi, const struct rnat
 /* Sends a reverse-NATed reply (source: vip) to its client: FIB lookup, hop
  * limit - 1, MACs, bpf_redirect; with no neighbour entry yet,
  * bpf_redirect_neigh. Anything else the stack takes (TC_ACT_OK). */
-static __always_inline int reply_out6(struct __sk_buff *skb, __u32 l3_off)
+static __always_inline int reply_out6(struct __sk_buff *skb, __u32 l3_off, __u32 vid)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -80,12 +80,12 @@ static __always_inline int reply_out6(struct __sk_buff *skb, __u32 l3_off)
 
 		nb.nh_family = AF_INET6;
 		__builtin_memcpy(nb.ipv6_nh, fib.ipv6_dst, 16); /* the gateway, or the client */
-		return count_verdict(EDGE_CNT_RETURN_REDIRECT, redirect_neigh(fib.ifindex, &nb, sizeof(nb), 0));
+		return count_verdict(vid, EDGE_CNT_RETURN_REDIRECT, redirect_neigh(fib.ifindex, &nb, sizeof(nb), 0));
 	}
 	/* not set_macs: its word copies of a stack buffer would be misaligned */
 	__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
-	return count_verdict(EDGE_CNT_RETURN_REDIRECT, bpf_redirect(fib.ifindex, 0));
+	return count_verdict(vid, EDGE_CNT_RETURN_REDIRECT, bpf_redirect(fib.ifindex, 0));
 }
 
 /* The return path of an IPv6 frame whose IPv6 header starts at l3_off;
@@ -138,7 +138,7 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 	if (fi->backend_id != ri->backend_id) {
 		if (proto != IPPROTO_TCP)
 			return TC_ACT_UNSPEC;
-		count_reason(EDGE_DROP_OTHER_BACKEND);
+		count_reason(ri->vip_id, EDGE_DROP_OTHER_BACKEND);
 		return TC_ACT_SHOT;
 	}
 	if (proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_))) {
@@ -161,8 +161,8 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 	bpf_skb_store_bytes(skb, l3_off + offsetof(struct ipv6hdr, saddr), &ri->vip_addr, sizeof(ri->vip_addr), 0);
 	bpf_skb_store_bytes(skb, l4_off, &ri->vip_port, sizeof(ri->vip_port), 0);
 	count_return(ri->vip_id, ri->backend_id);
-	count_index(EDGE_CNT_RETURN_NAT);
-	return reply_out6(skb, l3_off);
+	count_index(ri->vip_id, EDGE_CNT_RETURN_NAT);
+	return reply_out6(skb, l3_off, ri->vip_id);
 }
 
 #endif /* EDGE_RETURN6_H */
