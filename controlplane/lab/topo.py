@@ -30,17 +30,17 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Address, IPv6Interface, IPv6Network
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Interface
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
+from controlplane.lab.topo6 import TEST_RANGE6, Topo6
 from controlplane.lab.traffic import wait_until
 
 TEST_RANGE = IPv4Network("198.18.0.0/15")
-TEST_RANGE6 = IPv6Network("2001:2::/48")
 IFNAME_MAX_LENGTH = 15  # IFNAMSIZ - 1
 CLIENT, ROUTER = "c", "rt"
 NETNS_DIR = Path(netns.NETNS_RUN_DIR)
@@ -68,7 +68,7 @@ def backend_role(i: int) -> str:
 
 
 @dataclass(frozen=True)
-class Topo:
+class Topo(Topo6):
     """What to build. Pure data: printable and testable without root."""
 
     backends: int = 3
@@ -99,33 +99,6 @@ class Topo:
     def router_backend_addr(self, i: int) -> IPv4Interface:
         self._check_backend(i)
         return IPv4Interface(f"198.18.{i + 1}.1/24")
-
-    # IPv6 (2001:2::/48, the benchmarking range)
-
-    @property
-    def client_addr6(self) -> IPv6Interface:
-        return IPv6Interface("2001:2::2/64")
-
-    @property
-    def router_client_addr6(self) -> IPv6Interface:
-        return IPv6Interface("2001:2::1/64")
-
-    def backend_addr6(self, i: int) -> IPv6Interface:
-        self._check_backend(i)
-        return IPv6Interface(f"2001:2:0:{i + 1:x}::2/64")
-
-    def router_backend_addr6(self, i: int) -> IPv6Interface:
-        self._check_backend(i)
-        return IPv6Interface(f"2001:2:0:{i + 1:x}::1/64")
-
-    @property
-    def vip6(self) -> IPv6Address:
-        """The IPv6 VIP, on no interface (as the IPv4 one)."""
-        return IPv6Address("2001:2:0:ffff::1")
-
-    @property
-    def vip6_route(self) -> IPv6Network:
-        return IPv6Network("2001:2:0:ffff::/64")
 
     @property
     def vip_route(self) -> IPv4Network:

@@ -6,7 +6,6 @@ this in."""
 
 from __future__ import annotations
 
-import struct
 import time
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
@@ -18,11 +17,11 @@ from controlplane import abi, desired, maglev, siphash
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
 from controlplane.maps.changed import changed_services, member_plan
+from controlplane.maps.family6 import Family6
 from controlplane.maps.journal import Journal
 from controlplane.maps.quick import Quick
 from controlplane.maps.records import (
     PROTO_NAMES,
-    PROTOS,
     _name_bytes,
     addr_of,
     be16,
@@ -47,7 +46,7 @@ class ApplyReport:
     renamed_services: list[str] = field(default_factory=list)
 
 
-class Writer(Quick):
+class Writer(Quick, Family6):
     """The apply transaction and the writers it orders (mixed into Maps)."""
 
     def _zero_stats(self, name: str, index: int) -> None:
@@ -447,16 +446,6 @@ class Writer(Quick):
         """The edge_rnat and edge_rnat6 keys of cfg's endpoints (of either family: their lengths differ)."""
         return {bytes(self._rnat_key_of(b.address, b.port, s.protocol)) for s in cfg.services for b in s.backends}
 
-    def _rnat_key_of(self, address, port: int, protocol: str):
-        """The reverse-NAT key of an endpoint, in edge_rnat or edge_rnat6 by its family."""
-        k = self.t[abi.MAP_RNAT if address.version == 4 else abi.MAP_RNAT6].Key()
-        put_addr(k, "addr", address)
-        k.port, k.proto = be16(port), PROTOS[protocol]
-        return k
-
-    def _rnat_table(self, key):
-        return self.t[abi.MAP_RNAT6 if is6(key) else abi.MAP_RNAT]
-
     def _write_reverse_nat(self, cfg: Config, p: desired.Plan, only_new: bool = False) -> None:
         """edge_rnat: each backend endpoint -> the VIP its replies come from (only_new: the
         endpoints that have no entry yet)."""
@@ -568,37 +557,6 @@ class Writer(Quick):
         self._make_room(abi.MAP_VIP_ADDRS, {bytes(t.Key(a)) for a in want})
         for addr, n in want.items():
             self._put_changed(t, t.Key(addr), t.Leaf(n))
-
-    def _write_vip_addrs6(self, cfg: Config) -> None:
-        """edge_vip_addrs6: _write_vip_addrs for IPv6 VIPs (no filter: the IPv6 ingress has no shortcut)."""
-        t = self.t[abi.MAP_VIP_ADDRS6]
-        want: dict[bytes, tuple] = {}
-        for s in cfg.services:
-            if s.vip.version == 6:
-                k = self._vip_addr_key(s.vip)
-                want[bytes(k)] = (k, want.get(bytes(k), (k, 0))[1] + 1)
-        if len({bytes(k) for k in t.keys()} | set(want)) > self._capacity(abi.MAP_VIP_ADDRS6):
-            vips = self.t[abi.MAP_VIPS6]
-            for k in list(vips.keys()):
-                if bytes(k.addr) not in want:
-                    self._delete_vip(k)
-        self._make_room(abi.MAP_VIP_ADDRS6, set(want))
-        for k, n in want.values():
-            self._put_changed(t, k, t.Leaf(n))
-
-    def _vip_addr_key(self, address):
-        """The edge_vip_addrs or edge_vip_addrs6 key of a VIP address."""
-        if address.version == 4:
-            return self.t[abi.MAP_VIP_ADDRS].Key(be32(address))
-        k = self.t[abi.MAP_VIP_ADDRS6].Key()
-        self._put_addr6(k, address)
-        return k
-
-    @staticmethod
-    def _put_addr6(a, address) -> None:
-        """Fills a struct addr6 (abi.h) with an IPv6 address."""
-        for i, w in enumerate(struct.unpack("=4I", address.packed)):
-            a.w[i] = w
 
     def _write_vip_filter(self, addrs: set[int]) -> None:
         """edge_vip_filter with the bits of these VIP addresses (be32 values): the fast path
