@@ -17,10 +17,10 @@ def _fmt_count(n: int) -> str:
 def same_shape(snap: dict) -> dict:
     """snap with every key `status --json` can have, None where its source has nothing: what
     only edged knows (edged, each backend's edged view, discovery), with node.fleet or node.bgp
-    only (fleet, bgp), after a cut conntrack count only (conntrack_partial). So a script sees
+    only (fleet, bgp), edged's prober only (probe_budget), after a cut conntrack count only (conntrack_partial). So a script sees
     one shape with or without edged. Units are in the names: *_us, *_ns and *_permille in the
     data path's records (probe), seconds and ratios everywhere else."""
-    for key in ("edged", "fleet", "bgp", "conntrack_partial"):
+    for key in ("edged", "fleet", "bgp", "conntrack_partial", "probe_budget"):
         snap.setdefault(key, None)
     for s in snap["services"]:
         s.setdefault("discovery", None)
@@ -51,6 +51,8 @@ def print_status(snap: dict) -> None:
         )
     if snap.get("fleet"):
         print("  " + fmt_fleet(snap["fleet"]))
+    if snap.get("probe_budget"):
+        print("  " + fmt_probe_budget(snap["probe_budget"]))
     ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
     print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{ct_entries}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
@@ -116,6 +118,20 @@ def print_status(snap: dict) -> None:
             print("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         for note in notes:
             print(f"    {note}")
+
+
+def fmt_probe_budget(b: dict) -> str:
+    """One line: the probes run against node.probe_budget, and the shortfall when there is one."""
+    budget = f"budget {b['budget_per_s']:.0f}/s" if b["budget_per_s"] else "no budget"
+    if 0 < b["budget_per_s"] < b.get("configured_per_s", 0):
+        budget += f" (node.probe_budget {b['configured_per_s']:.0f}/s, lowered: edged's loop runs late)"
+    line = f"probes: {b['run_per_s']:.0f}/s of {b['demand_per_s']:.0f}/s asked for, {budget}"
+    if b["stretch"] > 1:
+        line += (
+            f"; SHORT by {b['shortfall_ratio']:.0%}: every interval {b['stretch']:.2f}x as configured"
+            " (raise node.probe_budget or the intervals)"
+        )
+    return line
 
 
 def fmt_fleet(f: dict) -> str:

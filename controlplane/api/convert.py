@@ -110,8 +110,8 @@ def status_from_proto(msg: edge_pb2.GetStatusResponse) -> dict:
     snap["verdicts"] = _in_order(snap["verdicts"], abi.CNT_NAMES)
     snap["drops"] = _in_order(snap["drops"], abi.DROP_NAMES)
     del snap["edged"]
-    # no node.fleet / node.bgp, a complete count: the key is absent, as in the daemon's snapshot
-    for key in ("fleet", "bgp", "conntrack_partial"):
+    # no node.fleet / node.bgp, a complete count, no edged: the key is absent, as in the daemon's snapshot
+    for key in ("fleet", "bgp", "conntrack_partial", "probe_budget"):
         if snap[key] is None:
             del snap[key]
     if msg.HasField("edged"):

@@ -198,7 +198,7 @@ def test_edgectl_status_shows_edgeds_view(edged):
     (snap,) = json.loads(out.stdout)
     assert snap.pop("edged")["pid"] == os.getpid()
     # every key status can have is there (statusview.same_shape), None where this edged has nothing
-    assert snap == {**SNAP, "fleet": None, "conntrack_partial": None}
+    assert snap == {**SNAP, "fleet": None, "conntrack_partial": None, "probe_budget": None}
     table = edgectl("status", "--socket", edged.path)
     assert (table.returncode, table.stderr) == (0, "")
     lines = table.stdout.splitlines()
