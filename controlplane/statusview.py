@@ -124,7 +124,9 @@ def fmt_probe_budget(b: dict) -> str:
     """One line: the probes run against node.probe_budget, and the shortfall when there is one."""
     budget = f"budget {b['budget_per_s']:.0f}/s" if b["budget_per_s"] else "no budget"
     if 0 < b["budget_per_s"] < b.get("configured_per_s", 0):
-        budget += f" (node.probe_budget {b['configured_per_s']:.0f}/s, lowered: edged's loop runs late)"
+        budget += (
+            f" (node.probe_budget {b['configured_per_s']:.0f}/s, lowered: the probes took over half of edged's loop)"
+        )
     line = f"probes: {b['run_per_s']:.0f}/s of {b['demand_per_s']:.0f}/s asked for, {budget}"
     if b["stretch"] > 1:
         line += (

@@ -177,7 +177,7 @@ METRICS = (
     Spec(
         "edge_probe_budget_per_second",
         "gauge",
-        "Probes a second edged starts at most now: node.probe_budget, lower while its loop runs late (0: no budget)",
+        "Probes a second edged starts at most now: node.probe_budget, lower while probes take over half of its loop (0: no budget)",
     ),
     Spec("edge_probe_demand_per_second", "gauge", "Probes and scrapes a second the configured intervals ask for now"),
     Spec(

@@ -103,7 +103,7 @@ class Status:
         return snap
 
     def probe_budget(self) -> dict:
-        """The prober's budget (node.probe_budget, lowered while the loop runs late), what the
+        """The prober's budget (node.probe_budget, lowered while probes take over half of the loop), what the
         probes ask for and the shortfall."""
         b = self.prober.budget
         return {

@@ -138,7 +138,7 @@ class Steering:
         if b.short:
             over = f"node.probe_budget {b.budget_per_s:.0f}"
             if b.limited_by_loop:
-                over = f"the budget {b.budget_per_s:.0f} (node.probe_budget {b.cap_per_s:.0f}, lowered: the loop runs late)"
+                over = f"the budget {b.budget_per_s:.0f} (node.probe_budget {b.cap_per_s:.0f}, lowered: the probes took over half of the loop)"
             text = (
                 f"probes: the configured intervals ask for {b.demand_per_s:.0f} probes/s, over {over}: every interval "
                 f"runs {b.stretch:.2f}x longer ({b.shortfall:.0%} of the probes are not run)"

@@ -3,12 +3,12 @@ schedule's interval stretches when the targets ask for more. Every check is stre
 same factor, so every target is still probed, each at its interval times the stretch, and the
 probes of all targets together start at about the budget. The engine (probe.engine) applies the
 stretch; edged reports it (status, the edge_probe_* metrics, the probe-budget event). The budget is
-node.probe_budget, lowered while edged's loop runs late (adapt) and raised again as it catches
-up. No I/O.
+node.probe_budget, lowered while the prober takes more than half of edged's loop (adapt) and
+raised again when it takes less. No I/O.
 
     b = plan(demand([100_000_000] * 10_000), budget_per_s=5000)   # 10,000 targets every 100 ms
     b.stretch == 20.0, b.shortfall == 0.95, b.interval_ms(100) == 2000.0
-    budget = adapt(budget, cap_per_s=10_000, late_ns=...)          # once a second: the loop's room
+    budget = adapt(budget, 10_000, b.run_per_s, share)   # once a second: share of the loop the prober took
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ from typing import Iterable
 # about 50 us a tcp probe with its steering), so the default 1,000 backends every 100 ms are
 # probed at their rate on a quiet core. 0 in the config: no budget and no adaptation.
 DEFAULT_BUDGET_PER_S = 10_000
-# Below node.probe_budget the budget follows the loop (adapt): a loop whose timers fire late
-# has less than a core (other processes, the API, an apply), and more probes would only make
-# every call on it wait. Once a second: late by more than LATE_HIGH_NS on average, the budget
-# shrinks by DOWN; under LATE_LOW_NS it grows by UP, up to node.probe_budget; never below
-# FLOOR_PER_S (health probing goes on, at a stretched interval).
-LATE_HIGH_NS = 20_000_000
-LATE_LOW_NS = 5_000_000
+# Below node.probe_budget the budget follows the loop (adapt): the prober may take about
+# SHARE_TARGET of the wall time of edged's loop (its timer and epoll callbacks, the steering
+# they call included), so the API, status and the steering steps find the loop free half the
+# time whatever a probe costs here: a slower or busier core (other processes preempt the loop
+# inside the callbacks too) lowers the budget, a quiet one raises it back to the key. Once a
+# second, by at most DOWN or UP; never below FLOOR_PER_S (health probing goes on, stretched).
+# The loop's lateness alone would not do: on a busy machine the timers fire late however few
+# probes run (measured: 20-30 ms at load 10 on 2 cores with the loop mostly idle).
+SHARE_TARGET = 0.5
 DOWN = 0.7
 UP = 1.15
 FLOOR_PER_S = 200.0
@@ -41,7 +43,7 @@ CLEAR_BELOW = 0.9
 class Budget:
     """The prober's budget and what it does: budget_per_s 0 is no budget (stretch 1)."""
 
-    budget_per_s: float  # the budget now: node.probe_budget, or less while the loop runs late (adapt)
+    budget_per_s: float  # the budget now: node.probe_budget, or less while the loop has no room (adapt)
     demand_per_s: float  # the probes a second the targets' intervals ask for (relaxed ones at theirs)
     stretch: float  # every interval is multiplied by this; >= 1
     cap_per_s: float = 0.0  # node.probe_budget
@@ -89,16 +91,17 @@ def plan(demand_per_s: float, budget_per_s: float, cap_per_s: float | None = Non
     return Budget(float(budget_per_s), demand_per_s, max(1.0, demand_per_s / budget_per_s), cap)
 
 
-def adapt(budget_per_s: float, cap_per_s: float, late_ns: float) -> float:
+def adapt(budget_per_s: float, cap_per_s: float, run_per_s: float, share: float) -> float:
     """The next budget from this one, the configured cap (node.probe_budget; 0: none, no
-    adaptation) and how late the loop's timers fired on average over the last period."""
+    adaptation), the probes a second run over the last period and the share of that period's
+    wall time the prober's callbacks took: the rate that would take SHARE_TARGET, moved to by at
+    most DOWN or UP of the rate run now."""
     if cap_per_s <= 0:
         return 0.0
-    if late_ns > LATE_HIGH_NS:
-        budget_per_s *= DOWN
-    elif late_ns < LATE_LOW_NS:
-        budget_per_s *= UP
-    return min(float(cap_per_s), max(min(float(cap_per_s), FLOOR_PER_S), budget_per_s))
+    base = min(budget_per_s, run_per_s) if run_per_s > 0 else budget_per_s
+    want = base * SHARE_TARGET / share if share > 0 else float(cap_per_s)
+    new = min(max(want, base * DOWN), max(base, budget_per_s) * UP)
+    return min(float(cap_per_s), max(min(float(cap_per_s), FLOOR_PER_S), new))
 
 
 def still_short(was_short: bool, b: Budget) -> bool:

@@ -8,6 +8,7 @@ import asyncio
 import ipaddress
 import select
 import socket
+import time
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Optional
 
@@ -17,6 +18,7 @@ from controlplane.probe.checks import _Check, _HttpCheck, _monotonic_ns, _TcpChe
 from controlplane.probe.grpccheck import _GrpcCheck
 from controlplane.samples import Load, Sample, Window
 
+_perf_ns = time.perf_counter_ns
 TICK_S = 0.002  # timer wheel resolution: probe times are rounded up to this
 REBUDGET_S = 1.0  # how often the demand is summed again (relaxed targets ask for fewer probes)
 RECV_SIZE = 262144  # the one receive buffer every HTTP check reads into
@@ -161,8 +163,8 @@ class Prober:
       than that (probe.budget): every target is still probed, all at the same share of their
       rate, rather than the loop falling behind and skipping starts at random. The demand is
       summed at set_targets() and every REBUDGET_S (a relaxed target asks for fewer), and the
-      budget follows the loop below budget_per_s: lowered while the wheel's timers fire late
-      (the loop has less than a core), raised as they come on time (budget.adapt).
+      budget follows the loop below budget_per_s: lowered while the prober's callbacks take
+      more than half of the loop's wall time, raised while they take less (budget.adapt).
       on_budget(Budget) is called when the shortfall starts and when it ends (budget.still_short).
     """
 
@@ -179,9 +181,9 @@ class Prober:
         self.on_load = on_load
         self.on_budget = on_budget
         self._cap_per_s = budget_per_s  # node.probe_budget
-        self._budget_per_s = budget_per_s  # the budget now: the cap, or less while the loop runs late
-        self._late_ns = 0  # how late the wheel's timers fired, summed since the last _rebudget
-        self._fires = 0
+        self._budget_per_s = budget_per_s  # the budget now: the cap, or less while probes take over half of the loop
+        self._busy_ns = 0  # wall time in the prober's callbacks since the last _rebudget
+        self._period_ns = _perf_ns()
         self.budget = budgets.NO_BUDGET  # the last plan (probe.budget)
         self.stretch = 1.0  # every check's intervals are multiplied by this (checks.Host)
         self._short = False  # a shortfall is being reported (on_budget)
@@ -362,9 +364,10 @@ class Prober:
         relaxed interval), and the stretch planned from it; again in REBUDGET_S."""
         if self._closed:
             return
-        late_ns = self._late_ns / self._fires if self._fires else 0
-        self._late_ns = self._fires = 0
-        self._budget_per_s = budgets.adapt(self._budget_per_s, self._cap_per_s, late_ns)
+        now = _perf_ns()
+        share = self._busy_ns / (now - self._period_ns) if now > self._period_ns else 0.0
+        self._busy_ns, self._period_ns = 0, now
+        self._budget_per_s = budgets.adapt(self._budget_per_s, self._cap_per_s, self.budget.run_per_s, share)
         rates = (check.interval_now_ns() for backend in self._backends.values() for check in backend.checks)
         self._plan(budgets.demand(rates))
         self._rebudget_timer = self._loop.call_later(REBUDGET_S, self._rebudget)
@@ -382,17 +385,18 @@ class Prober:
                     self.report("prober: on_budget failed", e)
 
     def _fire(self, tick: int) -> None:
+        t0 = _perf_ns()
         self._timers.pop(tick, None)
         due_ns = tick * self._tick_ns
-        self._late_ns += _monotonic_ns() - due_ns  # the loop's room (budget.adapt)
-        self._fires += 1
         for check in self._slots.pop(tick, ()):
             try:
                 check.tick(due_ns)
             except Exception as e:  # the tick's other probes still run
                 self.report("prober: a scheduled call failed", e)
+        self._busy_ns += _perf_ns() - t0  # the prober's share of the loop (budget.adapt)
 
     def _on_epoll(self) -> None:
+        t0 = _perf_ns()
         handlers = self._handlers
         self._in_batch = True
         try:
@@ -408,6 +412,7 @@ class Prober:
             dead, self._dead = self._dead, []
             for sock in dead:
                 sock.close()
+            self._busy_ns += _perf_ns() - t0
 
     def _later(self, coroutine) -> None:
         task = self._loop.create_task(coroutine)

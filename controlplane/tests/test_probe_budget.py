@@ -50,17 +50,28 @@ def test_no_budget_never_stretches_and_a_budget_never_speeds_up():
         budgets.plan(-1.0, 100)
 
 
-def test_the_budget_shrinks_while_the_loop_runs_late_and_grows_back_to_the_cap():
-    ms = 1_000_000
-    b, seen = 10_000.0, []
-    for late in [50 * ms] * 3 + [10 * ms] + [1 * ms] * 12:
-        b = budgets.adapt(b, 10_000, late)
-        seen.append(round(b))
-    assert seen[:4] == [7000, 4900, 3430, 3430]  # down while late, held in between
-    assert seen[-1] == 10_000 and seen == sorted(seen[:3], reverse=True) + sorted(seen[3:])  # back up to the cap
-    assert budgets.adapt(250.0, 10_000, 50 * ms) == budgets.FLOOR_PER_S  # health probing never stops
-    assert budgets.adapt(150.0, 150, 50 * ms) == 150  # a cap below the floor holds
-    assert budgets.adapt(5000.0, 0, 50 * ms) == 0  # no budget: no adaptation either
+def test_the_budget_follows_the_share_of_the_loop_the_prober_takes():
+    cap = 10_000
+    # the prober took 90 % of the loop running 10,000/s: down, by at most DOWN a second
+    assert budgets.adapt(10_000, cap, 10_000, 0.9) == pytest.approx(7000)
+    # 60 % at 7,000/s: to the rate that takes half, 7,000 * 0.5 / 0.6
+    assert budgets.adapt(7000, cap, 7000, 0.6) == pytest.approx(7000 * 0.5 / 0.6)
+    # 25 % at 4,000/s: up, by at most UP a second, and never past the cap
+    assert budgets.adapt(4000, cap, 4000, 0.25) == pytest.approx(4600)
+    assert budgets.adapt(9500, cap, 9500, 0.1) == cap
+    # a settled loop: the budget that takes half stays
+    assert budgets.adapt(5000, cap, 5000, 0.5) == pytest.approx(5000)
+    # the probes ask for less than the budget: a busy loop lowers it from what runs, not from above
+    assert budgets.adapt(10_000, cap, 2000, 1.0) == pytest.approx(1400)
+    # health probing never stops; a cap below the floor holds; no budget: no adaptation
+    assert budgets.adapt(250.0, cap, 250, 1.0) == budgets.FLOOR_PER_S
+    assert budgets.adapt(150.0, 150, 150, 1.0) == 150
+    assert budgets.adapt(5000.0, 0, 5000, 1.0) == 0
+    # converges: a probe costing 100 us of loop time settles at half the loop, 5,000/s
+    b = float(cap)
+    for _ in range(30):
+        b = budgets.adapt(b, cap, b, b * 100e-6)
+    assert b == pytest.approx(5000, rel=0.01)
     limited = budgets.plan(20_000, 3430, cap_per_s=10_000)
     assert limited.limited_by_loop and limited.cap_per_s == 10_000
     assert not budgets.plan(20_000, 10_000).limited_by_loop
