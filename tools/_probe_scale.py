@@ -379,6 +379,22 @@ def run(args) -> int:
     return 0
 
 
+def add_arguments(parser) -> None:
+    """--scale's own options of tools/bench-probe (--scale itself is there)."""
+    parser.add_argument(
+        "--budget", type=int, default=None, help="--scale: node.probe_budget (default: the config's; 0: none)"
+    )
+    parser.add_argument(
+        "--no-status-calls",
+        dest="status_calls",
+        action="store_false",
+        help="--scale: no status calls in the measured window (each holds edged's loop for seconds at 5,000+)",
+    )
+    parser.add_argument(
+        "--package-root", default=None, help="--scale: run edged from this checkout (a before/after comparison)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
