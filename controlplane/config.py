@@ -198,6 +198,17 @@ class Weights:
         _int(1, 5),
         2,
     )
+    steady_window: int = option(
+        "RTT samples whose lower median is a backend's steady RTT, which the weights follow until a jump",
+        _int(1, 1000),
+        20,
+    )
+    jump_pct: int = option(
+        "the spike-filtered RTT this many % above or below the steady RTT moves the weights at once "
+        "(the smoothed RTT is weighed then); 0 weighs the smoothed RTT always",
+        _int(0, 1000),
+        80,
+    )
     rtt_offset_ms: int = option(
         "added to every smoothed RTT before weighting: differences far below it are probe noise", _int(0, MAX_MS), 1
     )
