@@ -231,6 +231,11 @@ def _deploy(
     return result
 
 
+def _runs_return_path(index: int) -> bool:
+    """Whether interface index runs a router's return path (edge_return on clsact ingress)."""
+    return loader.has_clsact(index) and (loader.return_filter(index) or "").startswith(abi.PROG_RETURN)
+
+
 def _target(cfg: Config, iface: str) -> _Target:
     """What deploying cfg on iface means here; raises (changing nothing) when it cannot be done."""
     pin_dir = cfg.node.pin_dir
@@ -243,11 +248,14 @@ def _target(cfg: Config, iface: str) -> _Target:
             f"services: backends sit behind {len(return_oifs)} interfaces; at most {abi.MAX_RETURN_IFACES}"
         )
     current = loader.xdp_state(ingress)
-    if current and current.name == abi.PROG_REPLY:  # removing it would break the router it serves
+    # a router's backend-facing interface runs its return path on tc, and with node.reply_xdp
+    # (not off) its reply path on XDP: taking it over would break the router it serves
+    reply = current.name == abi.PROG_REPLY if current else _runs_return_path(ingress)
+    if reply:
+        runs = f"reply path, {abi.PROG_REPLY}" if current else f"return path, {abi.PROG_RETURN}, on tc ingress"
         raise LoaderError(
             f"{iface} is a backend-facing interface of the router deployed here (it runs its "
-            f"reply path, {abi.PROG_REPLY}); deploy on the client-facing interface "
-            f"('edgectl status' names it), and leave {iface} as it is"
+            f"{runs}); deploy on the client-facing interface ('edgectl status' names it), and leave {iface} as it is"
         )
     if current and current.name != abi.PROG_INGRESS:
         raise LoaderError(
@@ -533,7 +541,7 @@ def _undeploy_other_abi(iface: str, current, pins: list[Path], progress: Progres
     for index in loader.ifindexes():
         if detach_reply(index):
             progress(f"detached the reply fast path from {loader.ifname(index)}")
-        if loader.has_clsact(index) and (loader.return_filter(index) or "").startswith(abi.PROG_RETURN):
+        if _runs_return_path(index):
             loader.detach_tc(index)
             progress(f"detached the return path from {loader.ifname(index)}")
     for path in pins:

@@ -55,12 +55,14 @@ def print_status(snap: dict) -> None:
     print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{ct_entries}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
     print("  drops:    " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["drops"].items()))
+    print("  drops before a service was known: " + fmt_drops((snap.get("no_service") or {}).get("drops", {})))
     for s in snap["services"]:
         print(
             f"\n  service {s['name']}  {s['vip']}:{s['port']}/{s['protocol']}  "
             f"packets {_fmt_count(s['packets'])}  bytes {_fmt_count(s['bytes'])}  "
             f"new flows {_fmt_count(s['new_flows'])}  returned {_fmt_count(s['return_packets'])}"
         )
+        print("    drops: " + fmt_drops(s.get("drops", {})))
         if s.get("discovery"):
             print("    " + _fmt_discovery(s["discovery"]))
         total = sum(b["slots"] for b in s["backends"]) or 1
@@ -116,6 +118,12 @@ def print_status(snap: dict) -> None:
             print("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         for note in notes:
             print(f"    {note}")
+
+
+def fmt_drops(drops: dict[str, int]) -> str:
+    """The drop reasons that counted any packet, most first: 'no_backend 12, untracked 3', or 'none'."""
+    seen = sorted(((n, reason) for reason, n in drops.items() if n), key=lambda x: (-x[0], x[1]))
+    return ", ".join(f"{reason} {_fmt_count(n)}" for n, reason in seen) or "none"
 
 
 def fmt_fleet(f: dict) -> str:

@@ -107,8 +107,11 @@ def status_to_proto(snap: dict, edged: dict | None = None) -> edge_pb2.GetStatus
 def status_from_proto(msg: edge_pb2.GetStatusResponse) -> dict:
     """The snapshot dict `edgectl status --json` prints for one instance, with edged's additions."""
     snap = to_dict(msg)
-    snap["verdicts"] = _in_order(snap["verdicts"], abi.CNT_NAMES)
-    snap["drops"] = _in_order(snap["drops"], abi.DROP_NAMES)
+    for counts in (snap, snap["no_service"] or {}, *snap["services"]):
+        if "verdicts" not in counts:
+            continue
+        counts["verdicts"] = _in_order(counts["verdicts"], abi.CNT_NAMES)
+        counts["drops"] = _in_order(counts["drops"], abi.DROP_NAMES)
     del snap["edged"]
     # no node.fleet / node.bgp, a complete count: the key is absent, as in the daemon's snapshot
     for key in ("fleet", "bgp", "conntrack_partial"):

@@ -149,6 +149,8 @@ SNAP = {
             "new_flows": 21,
             "return_packets": 1801,
             "failovers": 1,
+            "verdicts": {name: 50 + i for i, name in enumerate(abi.CNT_NAMES.values())},
+            "drops": {name: 2 * i for i, name in enumerate(abi.DROP_NAMES.values())},
             "discovery": {
                 "source": "dns",
                 "state": "stale",
@@ -232,6 +234,10 @@ SNAP = {
     ],
     "verdicts": {name: 100 + i for i, name in enumerate(abi.CNT_NAMES.values())},
     "drops": {name: i for i, name in enumerate(abi.DROP_NAMES.values())},
+    "no_service": {
+        "verdicts": {name: 10 + i for i, name in enumerate(abi.CNT_NAMES.values())},
+        "drops": {name: 3 * i for i, name in enumerate(abi.DROP_NAMES.values())},
+    },
     "conntrack_entries": None,
     "node_drained": True,
     "node_drained_t": 1764540000.5,

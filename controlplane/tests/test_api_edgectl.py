@@ -35,7 +35,12 @@ def test_edgectl_drain_undrain_and_weight(edged):
         (0, "undrained chat/b0\n", ""),
         (0, "chat/b1: weight pinned at 0 (0% of the best backend's 3)\n", ""),
         (0, "chat/b1: weight override cleared\n", ""),
-        (0, "chat/b1: weight pinned at 2 (66.7% of the best backend's 3)\n", ""),  # 50% of 3, rounded
+        (
+            0,
+            "chat/b1: weight pinned at 2 (66.7% of the best backend's 3)\n",  # 50% of 3, rounded
+            "edgectl: note: 50% of the best backend's weight 3 is 2 (66.7%): the service's weights are too small "
+            "to express it; give its backends larger weights (e.g. 100)\n",
+        ),
     ]
     assert edged.daemon.calls == [
         ("drain", "chat", "b0"),
