@@ -292,7 +292,7 @@ def decide(
     latency_inverse, per backend b (base_b = backend.weight):
       drained   base_b == 0 -> 0 always (operator drain), state "draining".
       RTT       x = the lower median of the backend's last weights.spike_filter samples
-                (default 1: every sample; with 2, the smaller of two: host and scheduling
+                (1: every sample; with 2, the default, the smaller of two: host and scheduling
                 noise only ever adds delay, so one stray slow sample is ignored, a slowdown
                 counts from its second sample and a speedup at once), then
                 smoothed per backend, tau = decay_ms, dt = time since the previous sample:
@@ -311,7 +311,7 @@ def decide(
                 sqrt(1 + jump_pct %) below the steady RTT (a speedup is evidence already).
                 A real 2x step jumps at its second sample; on a loaded host probe RTTs make
                 bursts of two samples at 1.5-1.75x, which do not. A backend with no RTT yet uses the
-                median smoothed RTT of the backends being computed, or, when none has one,
+                median RTT of the backends being computed, or, when none has one,
                 the same RTT for all (weights follow base alone).
       wire      while the backend's wire signal is fresh (edged sets tr.wire_rtt_s: the handshake
                 p50 of real connections over weights.wire.window_ms), the RTT is rtt_input():
@@ -319,7 +319,7 @@ def decide(
       health    probe.fall failed probes in a row -> "down", weight 0; probe.rise good ones
                 in a row -> up again, with slow start. A new backend starts up.
       fail-open when no non-drained backend (primary or standby) is up by its probes, the
-                down ones get their computed weights from their last smoothed RTT, state
+                down ones get their computed weights from their last RTT, state
                 "fail-open"; the kernel's heartbeats still gate liveness. A standby that is
                 up is not failed open over: the data path serves from it while every
                 primary has weight 0.
