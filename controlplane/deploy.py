@@ -9,6 +9,7 @@ and no map layouts (maps.py), imports no bcc (loader.py), and no locks or marks
 from __future__ import annotations
 
 import errno
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -31,6 +32,10 @@ from controlplane.nodelock import (  # noqa: F401  (re-exported: edged and tests
     undeployed_at,
 )
 from controlplane.pinsearch import pin_dirs_holding
+
+# `edgectl status` without edged walks the maps within this, as `edgectl conntrack` (a 16M
+# conntrack counts in about 30 s); edged's walks have edged/status.py's WALK_DEADLINE_S
+STATUS_WALK_S = 10.0
 
 Progress = Callable[[str], None]
 
@@ -560,9 +565,13 @@ def _remove_instance(pin_path: Path, progress: Progress) -> None:
     progress(f"removed pins under {pin_path}")
 
 
-def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False) -> list[dict]:
-    """Snapshots of the instances deployed in this network namespace."""
+def status(
+    pin_dir: str, iface: str | None = None, count_conntrack: bool = False, walk_s: float | None = None
+) -> list[dict]:
+    """Snapshots of the instances deployed in this network namespace, each walked within
+    walk_s (default STATUS_WALK_S; what a walk cut short says so in stopped_early)."""
     loader.check_bpffs(pin_dir)
+    walk_ns = int((STATUS_WALK_S if walk_s is None else walk_s) * 1e9)
     names = [loader.instance_name(iface)] if iface else loader.instances_here(pin_dir)
     out = []
     for name in names:
@@ -570,7 +579,7 @@ def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False
         loaded = loader.open_pinned(pin_path)
         try:
             maps = open_maps(loaded)
-            out.append(describe(maps, name, pin_path, count_conntrack))
+            out.append(describe(maps, name, pin_path, count_conntrack, time.monotonic_ns() + walk_ns))
             maps.close()
         finally:
             loaded.close()

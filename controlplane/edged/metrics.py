@@ -195,6 +195,12 @@ METRICS = (
         "Connections the data path tracks (edge_ct), counted by walking the table at most every 30 s",
     ),
     Spec("edge_conntrack_capacity", "gauge", "Entries edge_ct holds before its LRU evicts (node.ct_size)"),
+    Spec(
+        "edge_scrape_walk_complete",
+        "gauge",
+        "1 when this scrape's walk of the maps read them all; 0: it stopped at its deadline "
+        "and the series of what it did not reach are absent (edgectl status says what it cut)",
+    ),
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
     Spec(
@@ -416,6 +422,9 @@ def _add_conntrack(fams: dict[str, Metric], snap: dict) -> None:
         fams["edge_conntrack_entries"].add_metric([], snap["conntrack_entries"])
     if snap.get("node", {}).get("ct_size"):
         fams["edge_conntrack_capacity"].add_metric([], snap["node"]["ct_size"])
+    # a conntrack count cut short keeps the last complete one (_snapshot): only the backends' walk counts here
+    cut = [line for line in snap.get("stopped_early") or () if not line.startswith("conntrack:")]
+    fams["edge_scrape_walk_complete"].add_metric([], 0 if cut else 1)
 
 
 def _add_bgp(fams: dict, bgp: dict | None) -> None:

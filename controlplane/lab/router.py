@@ -164,16 +164,16 @@ class Router:
         return done
 
     def status_all(self) -> list[dict]:
-        """`edgectl status --json` with no --iface: every instance in the router namespace."""
-        done = self.edgectl("status", "--json", "--conntrack")
+        """`edgectl status --json --full` with no --iface: every instance in the router namespace."""
+        done = self.edgectl("status", "--json", "--conntrack", "--full")
         if done.returncode != 0:
             raise EdgectlError(f"edgectl status exited {done.returncode}: {done.stderr.strip()}")
         return json.loads(done.stdout)
 
     def status(self, iface: str | None = None) -> dict:
-        """The `edgectl status --json` instance deployed on iface (default: the client-facing one)."""
+        """The `edgectl status --json --full` instance deployed on iface (default: the client-facing one)."""
         iface = iface or self.iface
-        done = self.edgectl("status", "--iface", iface, "--json", "--conntrack")
+        done = self.edgectl("status", "--iface", iface, "--json", "--conntrack", "--full")
         if done.returncode != 0:
             raise EdgectlError(f"edgectl status exited {done.returncode}: {done.stderr.strip()}")
         found = [snap for snap in json.loads(done.stdout) if snap["iface"] == iface]

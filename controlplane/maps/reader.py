@@ -217,7 +217,11 @@ class Reader:
         """Everything status shows, as plain data. Counting conntrack entries
         walks the whole table (seconds when it is full), so it is asked for; past
         deadline_ns (CLOCK_MONOTONIC) the count stops: conntrack_entries is None and
-        conntrack_partial the entries counted before."""
+        conntrack_partial the entries counted before. The walk of the backends stops there too
+        (O(max_backends): a second or more at the largest sizes); stopped_early says what each
+        walk cut short, one line each."""
+        started = time.monotonic_ns()
+        stopped: list[str] = []
         node = self.node()
         vips = self._vip_keys_in_maps()
         svc_names = self._services_in_maps()
@@ -226,6 +230,12 @@ class Reader:
         now = time.monotonic_ns()  # CLOCK_MONOTONIC, as bpf_ktime_get_ns()
         backends_by_vip: dict[int, list] = {}
         for bid in range(self.max_backends):
+            if deadline_ns is not None and bid % 256 == 255 and time.monotonic_ns() > deadline_ns:
+                stopped.append(
+                    f"backends: read {bid} of {self.max_backends} backend ids in "
+                    f"{(time.monotonic_ns() - started) / 1e9:.1f} s; the others are not shown"
+                )
+                break
             b = info[info.Key(bid)]
             if not b.flags & abi.BE_F_VALID:
                 continue
@@ -274,10 +284,15 @@ class Reader:
             # not for a VIP, heartbeats): edge_svc_counts' slot after the last VIP id
             "no_service": slot_counts(counts, len(counts) // abi.SVC_COUNTERS - 1),
             "conntrack_entries": None,
+            "stopped_early": stopped,
         }
         if count_conntrack:
+            counting = time.monotonic_ns()
             n, complete = count_entries(self.t[abi.MAP_CT].keys(), deadline_ns)
             out["conntrack_entries"] = n if complete else None
             if not complete:
                 out["conntrack_partial"] = n
+                stopped.append(
+                    f"conntrack: >= {n} entries (counted for {(time.monotonic_ns() - counting) / 1e9:.1f} s)"
+                )
         return out

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from controlplane import abi
+from controlplane import abi, statuspage
 from controlplane.api import server
 from controlplane.api.client import Client
 from controlplane.config import parse_config
@@ -272,12 +272,12 @@ class FakeDaemon:
         if backend is not None and backend not in {b.name for b in services[service].backends}:
             raise LookupError(f"unknown backend {service}/{backend}")
 
-    def snapshot(self, count_conntrack: bool = False) -> dict:
+    def snapshot(self, count_conntrack: bool = False, view: statuspage.View | None = None) -> dict:
         self.calls.append(("snapshot", count_conntrack))
         snap = copy.deepcopy(SNAP)
         if count_conntrack:
             snap["conntrack_entries"] = 12345
-        return snap
+        return statuspage.apply(snap, view) if view is not None else snap  # as edged.Daemon
 
     async def operate(
         self, kind: str, service: str, backend: str, weight: int | None = None, local: bool = False

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 
-from controlplane import cli
+from controlplane import cli, statuspage
 from controlplane.api.client import Client
 from controlplane.errors import NotRunning
 from controlplane.tests.apistage import CALL_TIMEOUT_S, REPO, SNAP, edgectl, wait_until
@@ -203,7 +203,19 @@ def test_edgectl_status_shows_edgeds_view(edged):
     (snap,) = json.loads(out.stdout)
     assert snap.pop("edged")["pid"] == os.getpid()
     # every key status can have is there (statusview.same_shape), None where this edged has nothing
-    assert snap == {**SNAP, "fleet": None, "conntrack_partial": None}
+    # with the view edgectl asks for (statuspage): two backends, below the summary's threshold
+    services = [
+        {**s, "summary": statuspage.summarize(s), "backends_total": len(s["backends"]), "backends_offset": 0}
+        for s in SNAP["services"]
+    ]
+    assert snap == {
+        **SNAP,
+        "services": services,
+        "fleet": None,
+        "conntrack_partial": None,
+        "summarized": False,
+        "stopped_early": [],
+    }
     table = edgectl("status", "--socket", edged.path)
     assert (table.returncode, table.stderr) == (0, "")
     lines = table.stdout.splitlines()
