@@ -134,7 +134,7 @@ class Changes:
                 state.events.emit("error", f"{name}: operator weights not pushed again yet: {e}", service=name)
 
     async def _apply(self, applied: Config):
-        """Programs applied into the maps; a full deploy when it needs a new return interface.
+        """Programs applied into the maps (and the return path on a new backend-facing interface).
         Holds the router's write lock meanwhile: an edgectl undeploy waits for it."""
         await asyncio.to_thread(self.state.write_lock.acquire)
         try:
@@ -148,15 +148,17 @@ class Changes:
         node = state.maps.node()
         if set(routes.values()) <= set(node["return_ifindex"]):
             report = state.maps.apply(deploy.adopted(state.maps, applied), routes)
-        else:  # new backend-facing interface: deploy attaches the return path there
-            res = await asyncio.to_thread(
-                deploy.deploy, applied, state.iface, adopt_weights=True, hold=True, lock=state.node_lock
+        else:  # a new backend-facing interface: the programs edged holds go there too, no compile
+            loop = asyncio.get_running_loop()
+            report, state.reply_ifindex = await asyncio.to_thread(
+                deploy.apply_on_new_links,
+                state.held,
+                state.maps,
+                deploy.adopted(state.maps, applied),
+                routes,
+                state.reply_ifindex,
+                lambda line: loop.call_soon_threadsafe(state.events.emit, "progress", line),
             )
-            old_held, old_maps = state.held, state.maps
-            state.held, state.maps, state.reply_ifindex = res.held, res.maps, res.reply_ifindex
-            old_maps.close()
-            old_held.close()
-            report = res.report
         self.steering.set_services(applied)
         self.steering.start_loops()
         return report
