@@ -25,16 +25,11 @@ from controlplane.pinned import Pinned, open_pins
 
 _MAX_MSG = 1 << 16
 
-# how many compiles this process had done for it (tests assert that a change needed none)
-compiles = 0
-
 
 def build(pin_path: Path, params: loader.Params, progs: Sequence[tuple[str, str]]) -> Pinned:
     """Compiles the data path sized by params in a child, with its maps pinned at pin_path
     (made there when missing), and loads progs ((function, "xdp" | "tc"), in order); returns
     the pins opened, holding those programs. Raises the child's EdgeError."""
-    global compiles
-    compiles += 1
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     request = json.dumps({"pin_path": str(pin_path), "params": asdict(params), "progs": list(map(list, progs))})
     with ours, tempfile.TemporaryFile() as err:
