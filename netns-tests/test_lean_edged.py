@@ -14,6 +14,7 @@ from pathlib import Path
 
 from controlplane import abi
 from controlplane.lab.daemon import EdgedProc
+from controlplane.lab.foreign import foreign_xdp
 from controlplane.lab.traffic import backends_seen
 
 PORT = 8000
@@ -80,3 +81,31 @@ def test_a_reload_puts_a_backend_behind_a_new_link_into_service_without_a_compil
     finally:
         edged.stop()
     assert programs(net, b1_link)[1] == before[b0_link][1]  # a stopped edged leaves the data path forwarding
+
+
+def test_a_new_link_that_cannot_take_the_replies_fast_path_leaves_nothing_behind(net, router, tmp_path):
+    """node.reply_xdp on, and a foreign XDP program holds b1's link: the reload adding b1 is refused
+    in one line, and the return path it had put on b1's link comes off again (no clsact, no filter),
+    the node record and the maps are as before, and b0 keeps serving."""
+    b1_link = net.backend_iface(1)
+    one = config(router, tmp_path, [0])
+    one["node"]["reply_xdp"] = "on"
+    with foreign_xdp(router, b1_link) as foreign:
+        edged = EdgedProc.start(net.router, one, router.iface)
+        try:
+            edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API")
+            before = router.iface_state(b1_link)
+            two = config(router, tmp_path, [0, 1])
+            two["node"]["reply_xdp"] = "on"
+            edged.rewrite_config(two)
+            done = router.edgectl("reload", "--socket", str(tmp_path / "edged.sock"))
+            assert done.returncode != 0
+            assert done.stderr.count("\n") == 1 and "reply_xdp" in done.stderr and b1_link in done.stderr, done.stderr
+            assert router.iface_state(b1_link) == before and before.xdp_prog_id == foreign and not before.clsact
+            status = router.status()
+            assert status["return_ifaces"] == [net.backend_iface(0)], status["return_ifaces"]
+            assert [b["name"] for b in status["services"][0]["backends"]] == ["b0"]
+            seen = backends_seen(net.client, net.vip, PORT, 40)
+            assert seen == {"b0": 40}, seen
+        finally:
+            edged.stop()
