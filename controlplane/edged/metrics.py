@@ -70,8 +70,18 @@ METRICS = (
     Spec("edge_new_flows_total", "counter", "Flows (conntrack misses) that were sent to this backend", BE),
     Spec("edge_return_packets_total", "counter", "Backend-to-client packets reverse-NATed", BE),
     Spec("edge_failovers_total", "counter", "New flows this backend took because their Maglev pick was unusable", BE),
-    Spec("edge_drops_total", "counter", "Packets the data path dropped, by reason", ("reason",)),
-    Spec("edge_verdicts_total", "counter", "Packets by the data path's verdict", ("verdict",)),
+    Spec(
+        "edge_drops_total",
+        "counter",
+        'Packets the data path dropped, by service and reason (service "": before a service was known)',
+        ("service", "reason"),
+    ),
+    Spec(
+        "edge_verdicts_total",
+        "counter",
+        'Packets by the data path\'s verdict, by service (service "": no service known)',
+        ("service", "verdict"),
+    ),
     Spec("edge_backend_up", "gauge", "1 when the data path considers the backend usable for new flows", BE),
     Spec(
         "edge_backend_probe_down",
@@ -180,6 +190,12 @@ METRICS = (
         "Connections the data path tracks (edge_ct), counted by walking the table at most every 30 s",
     ),
     Spec("edge_conntrack_capacity", "gauge", "Entries edge_ct holds before its LRU evicts (node.ct_size)"),
+    Spec(
+        "edge_scrape_walk_complete",
+        "gauge",
+        "1 when this scrape's walk of the maps read them all; 0: it stopped at its deadline "
+        "and the series of what it did not reach are absent (edgectl status says what it cut)",
+    ),
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
     Spec(
@@ -401,6 +417,9 @@ def _add_conntrack(fams: dict[str, Metric], snap: dict) -> None:
         fams["edge_conntrack_entries"].add_metric([], snap["conntrack_entries"])
     if snap.get("node", {}).get("ct_size"):
         fams["edge_conntrack_capacity"].add_metric([], snap["node"]["ct_size"])
+    # a conntrack count cut short keeps the last complete one (_snapshot): only the backends' walk counts here
+    cut = [line for line in snap.get("stopped_early") or () if not line.startswith("conntrack:")]
+    fams["edge_scrape_walk_complete"].add_metric([], 0 if cut else 1)
 
 
 def _add_bgp(fams: dict, bgp: dict | None) -> None:
@@ -410,12 +429,19 @@ def _add_bgp(fams: dict, bgp: dict | None) -> None:
         fams["edge_bgp_speaker_restarts_total"].add_metric([], bgp["speaker_restarts"])
 
 
+def _add_counts(fams: dict[str, Metric], service: str, counts: dict) -> None:
+    """One service's drop and verdict counters ("": the packets no service is known for)."""
+    for reason, n in counts.get("drops", {}).items():
+        fams["edge_drops_total"].add_metric([service, reason], n)
+    for verdict, n in counts.get("verdicts", {}).items():
+        fams["edge_verdicts_total"].add_metric([service, verdict], n)
+
+
 def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     """Adds the maps' counters and edged's view; returns the service names."""
-    for reason, n in snap["drops"].items():
-        fams["edge_drops_total"].add_metric([reason], n)
-    for verdict, n in snap["verdicts"].items():
-        fams["edge_verdicts_total"].add_metric([verdict], n)
+    _add_counts(fams, "", snap.get("no_service") or {})
+    for s in snap["services"]:
+        _add_counts(fams, s["name"], s)
     counters = (
         ("edge_packets_total", "packets"),
         ("edge_bytes_total", "bytes"),

@@ -6,6 +6,7 @@ without bcc (controlplane/bpfmap.py) takes its types from here. Pure text work a
 
 from __future__ import annotations
 
+import ast
 import ctypes as ct
 import functools
 import re
@@ -92,11 +93,18 @@ def layouts(include: Path | None = None) -> dict[str, Layout]:
 
 
 def entries(layout: Layout, sizes: dict[str, int], include: Path | None = None) -> int:
-    """max_entries of a map from its size expression (a product of EDGE_* names and numbers);
-    sizes: the loader's -D sizes (EDGE_MAGLEV_M, ...)."""
+    """max_entries of a map from its size expression (EDGE_* names and numbers joined by + and *,
+    in parentheses or not); sizes: the loader's -D sizes (EDGE_MAGLEV_M, ...)."""
     known = {**defines(include), **sizes}
-    n = 1
-    for part in layout.size.split("*"):
-        part = part.strip()
-        n *= known[part] if part in known else int(part)
-    return n
+    return _value(ast.parse(layout.size, mode="eval").body, known, layout.size)
+
+
+def _value(node: ast.AST, known: dict[str, int], text: str) -> int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in known:
+        return known[node.id]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _value(node.left, known, text), _value(node.right, known, text)
+        return left + right if isinstance(node.op, ast.Add) else left * right
+    raise ValueError(f"maps.h: a map size this reader cannot work out: {text}")

@@ -38,7 +38,7 @@ def test_every_map_has_a_layout_of_its_declared_kind():
     found = layouts.layouts()
     assert sorted(found) == sorted(abi.MAP_NAMES)
     assert found[abi.MAP_CT].kind == "lru_hash" and found[abi.MAP_WIRE].percpu and found[abi.MAP_NODE].array
-    assert found[abi.MAP_VERDICTS].value is ct.c_ulonglong
+    assert found[abi.MAP_SVC_COUNTS].value is ct.c_ulonglong
     sizes = {"EDGE_MAX_SERVICES": 16, "EDGE_MAGLEV_M": 4099}
     assert layouts.entries(found[abi.MAP_MAGLEV], sizes) == 16 * 4099
-    assert layouts.entries(found[abi.MAP_VERDICTS], sizes) == abi.CNT_MAX
+    assert layouts.entries(found[abi.MAP_SVC_COUNTS], sizes) == 17 * (abi.CNT_MAX + abi.DROP_MAX)
