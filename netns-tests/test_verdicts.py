@@ -112,6 +112,24 @@ def backend_error(quote, *, src=B0[0]) -> bytes:
     )
 
 
+def icmp_to(to: tuple) -> Callable[[bytes], bytes]:
+    """Expected: an ICMP error about a VIP flow translated to backend to (outer destination, quoted
+    source address and port; outer IP, quoted IP and ICMP checksums; the quoted L4 checksum left),
+    TTL - 1, redirected to the next hop."""
+
+    def out(f: bytes) -> bytes:
+        p = Ether(f)
+        p.dst, p.src = TO_BACKEND[0].hex(":"), TO_BACKEND[1].hex(":")
+        p[IP].dst, p[IP].ttl = str(to[0]), p[IP].ttl - 1
+        quote = p[ICMP].payload
+        quote.src = str(to[0])
+        quote.payload.sport = to[1]
+        del p[IP].chksum, p[ICMP].chksum, quote.chksum
+        return bytes(p)
+
+    return out
+
+
 SAME = "unchanged"  # the frame leaves as it came
 TO_BACKEND = (HOP_DMAC, HOP_SMAC)  # the MACs of the cached next hop towards the backends
 TO_CLIENT = (REPLY_DMAC, REPLY_SMAC)  # the MACs of the cached reply hop
@@ -449,6 +467,9 @@ ROWS = [
         drop("icmp_nested")),
     row("ICMP error about a VIP port no service has: no flow", ING, icmp_error(from_vip(sport=81)), XDP_DROP,
         None, drop("icmp_no_flow")),
+    row("ICMP error about a VIP flow conntrack does not hold goes to its Maglev pick", ING,
+        lambda w: icmp_error(from_vip(dport=w.port_picking("hb", "h1", vip=HB_VIP), vip=HB_VIP), dst=HB_VIP),
+        XDP_REDIRECT, icmp_to(H1), {"icmp_to_backend": 1, "redirect": 1}),
     # -- ingress: direct server return (encap.h) -------------------------------------------------
     row("DSR: a SYN is sent to its backend in IPIP", ING, tcp(CLIENT, DSR_VIP, "S"), XDP_REDIRECT, None,
         {"dsr": 1}),

@@ -172,9 +172,10 @@ class Parsed:
         return f[self.l3 + 8]
 
     def fields(self, f: bytes) -> dict:
-        """What a rewrite may change, for a readable failure: MACs, ends, TTL, both checksums."""
+        """What a rewrite may change, for a readable failure: MACs, ends, TTL, both checksums (for
+        ICMP, the ends' ports are its type and code and its checksum)."""
         l4 = self.l4(f)
-        csum_off = l4 + (16 if self.proto(f) == 6 else 6)
+        csum_off = l4 + {6: 16, 17: 6}.get(self.proto(f), 2)
         return {
             "dmac": f[0:6].hex(":"),
             "smac": f[6:12].hex(":"),
@@ -186,13 +187,15 @@ class Parsed:
         }
 
     def checksums_ok(self, f: bytes) -> bool:
-        """IPv4 header and L4 checksums verify (a UDP checksum of 0 is "none")."""
+        """IPv4 header and L4 (or ICMP) checksums verify (a UDP checksum of 0 is "none")."""
         ip, l4 = self.l3, self.l4(f)
         tot_len = struct.unpack_from("!H", f, ip + 2)[0]
         seg = f[l4 : ip + tot_len]
         pseudo = f[ip + 12 : ip + 20] + struct.pack("!BBH", 0, self.proto(f), len(seg))
         if self.proto(f) == 17 and struct.unpack_from("!H", f, l4 + 6)[0] == 0:
             return inet_sum(f[ip:l4]) == 0
+        if self.proto(f) == 1:  # ICMP: no pseudo header
+            return inet_sum(f[ip:l4]) == 0 and inet_sum(seg) == 0
         return inet_sum(f[ip:l4]) == 0 and inet_sum(pseudo + seg) == 0
 
 

@@ -80,7 +80,7 @@ static __always_inline __u32 icmp_flow_backend(struct flow_key *k)
 	if (!vip || vip->id >= EDGE_MAX_SERVICES)
 		return EDGE_NO_BACKEND;
 	idx = maglev_index(maglev_base(vip), hash_flow(k));
-	id = edge_maglev.lookup(&idx);
+	id = maglev_slot(idx); /* two slots a value (abi.h, maglev_slots) */
 	return id ? *id : EDGE_NO_BACKEND;
 }
 
