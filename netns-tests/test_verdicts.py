@@ -112,6 +112,26 @@ def backend_error(quote, *, src=B0[0]) -> bytes:
     )
 
 
+def echo(dst=VIP, *, src=CLIENT, type=8, code=0) -> bytes:
+    """An ICMP echo request (ping) from src to dst."""
+    return bytes(
+        Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
+        / IP(src=str(src), dst=str(dst), ttl=61)
+        / ICMP(type=type, code=code, id=0x1234, seq=7)
+        / (b"p" * 56)
+    )
+
+
+def echo_reply(f: bytes) -> bytes:
+    """Expected: f answered from where it went: MACs and addresses swapped, TTL 64, echo reply."""
+    p = Ether(f)
+    p.src, p.dst = p.dst, p.src
+    p[IP].src, p[IP].dst, p[IP].ttl = p[IP].dst, p[IP].src, 64
+    p[ICMP].type = 0
+    del p[IP].chksum, p[ICMP].chksum
+    return bytes(p)
+
+
 def icmp_to(to: tuple) -> Callable[[bytes], bytes]:
     """Expected: an ICMP error about a VIP flow translated to backend to (outer destination, quoted
     source address and port; outer IP, quoted IP and ICMP checksums; the quoted L4 checksum left),
@@ -356,9 +376,8 @@ ROWS = [
     row("non-VIP TCP passes", ING, tcp(CLIENT, ROUTER, "S", dport=22), XDP_PASS, SAME, {"pass": 1}),
     row("non-IPv4 (ARP) passes", ING, arp(), XDP_PASS, SAME, {"pass": 1}),
     row("VIP address, other port passes", ING, tcp(CLIENT, VIP, "S", dport=443), XDP_PASS, SAME, {"pass": 1}),
-    row("ICMP to the VIP passes (the stack answers a VIP on lo)", ING,
-        bytes(Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IP(src=str(CLIENT), dst=str(VIP)) / ICMP()), XDP_PASS, SAME,
-        {"pass": 1}),
+    row("ICMP to the VIP other than echo or an error passes", ING, echo(type=13), XDP_PASS, SAME, {"pass": 1}),
+    row("ping to a non-VIP address passes", ING, echo(ROUTER), XDP_PASS, SAME, {"pass": 1}),
     row("non-VIP IP options pass", ING, ip_options(ROUTER), XDP_PASS, SAME, {"pass": 1}),
     row("non-VIP fragment passes", ING, tcp(CLIENT, ROUTER, "A", dport=22, ip_flags="MF"), XDP_PASS, SAME,
         {"pass": 1}),
@@ -470,6 +489,15 @@ ROWS = [
     row("ICMP error about a VIP flow conntrack does not hold goes to its Maglev pick", ING,
         lambda w: icmp_error(from_vip(dport=w.port_picking("hb", "h1", vip=HB_VIP), vip=HB_VIP), dst=HB_VIP),
         XDP_REDIRECT, icmp_to(H1), {"icmp_to_backend": 1, "redirect": 1}),
+    # -- ingress: echo requests to a VIP address (icmp.h, icmp_echo) --------------------------
+    row("ping to a VIP address: answered from the VIP, back where it came from", ING, echo(), XDP_REDIRECT,
+        echo_reply, {"icmp_echo": 1}),
+    row("ping to a VIP address, node.answer_ping off: to the stack", ING, echo(), XDP_PASS, SAME, {"pass": 1},
+        lambda w: w.node(answer_ping=False)),
+    row("ping from a broadcast source: to the stack", ING, echo(src="255.255.255.255"), XDP_PASS, SAME,
+        {"pass": 1}),
+    row("ping with a bad IPv4 header checksum: dropped", ING, broken_ip_csum(echo()), XDP_DROP, None,
+        drop("bad_checksum")),
     # -- ingress: direct server return (encap.h) -------------------------------------------------
     row("DSR: a SYN is sent to its backend in IPIP", ING, tcp(CLIENT, DSR_VIP, "S"), XDP_REDIRECT, None,
         {"dsr": 1}),

@@ -311,6 +311,15 @@ class World:
         self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
         self.cfg = parse_config(CONFIG, "test_verdicts")
         self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0)})
+        self.node()
+        self.ids = {s.name: self.maps.ids(s.name) for s in self.cfg.services}
+        backends = self.t[abi.MAP_BACKENDS]
+        self._backends = {bid: backends[backends.Key(bid)] for _, ids in self.ids.values() for bid in ids.values()}
+        self._backends = {bid: type(v).from_buffer_copy(v) for bid, v in self._backends.items()}
+        self._hb = [(type(k).from_buffer_copy(k), type(v).from_buffer_copy(v)) for k, v in self.t[abi.MAP_HB].items()]
+
+    def node(self, *, answer_ping: bool = True) -> None:
+        """The node record deploy writes (node.answer_ping as given)."""
         self.maps.write_node(
             maglev_m=PARAMS.maglev_m,
             max_services=PARAMS.max_services,
@@ -321,12 +330,8 @@ class World:
             ip_forward_was=None,
             return_ifindex=[BACKEND_IF],
             return_clsact_added=[False],
+            answer_ping=answer_ping,
         )
-        self.ids = {s.name: self.maps.ids(s.name) for s in self.cfg.services}
-        backends = self.t[abi.MAP_BACKENDS]
-        self._backends = {bid: backends[backends.Key(bid)] for _, ids in self.ids.values() for bid in ids.values()}
-        self._backends = {bid: type(v).from_buffer_copy(v) for bid, v in self._backends.items()}
-        self._hb = [(type(k).from_buffer_copy(k), type(v).from_buffer_copy(v)) for k, v in self.t[abi.MAP_HB].items()]
 
     def close(self) -> None:
         if self.maps is not None:
@@ -377,6 +382,8 @@ class World:
             )
         for vip in (VIP, HB_VIP, PAS_VIP):
             self.reply_hop(CLIENT, vip, CLIENT_IF)
+        if not self.maps.node()["answer_ping"]:
+            self.node()
 
     def percpu(self, name: str, index: int, **fields) -> None:
         """Every CPU's entry index of a per-CPU array: zeroed, then fields set."""

@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 15
+#define EDGE_ABI_VERSION 16
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -340,13 +340,16 @@ struct node_info {
 	__u32 n_return;	      /* entries used in return_ifindex */
 	__u32 return_ifindex[EDGE_MAX_RETURN_IFACES];
 	__u32 return_clsact_added; /* bit i: deploy created clsact on return_ifindex[i] */
-	__u32 pad;
+	__u32 flags;		   /* EDGE_NODE_F_* (node settings the data path reads) */
 	/* Raised (never lowered, never reused) after every change of edge_rnat:
 	 * edge_reply's per-CPU copies of edge_rnat entries (edge_rnat_cache,
 	 * maps.h) hold the value they were copied under and are used only
 	 * while it is current. */
 	__u64 rnat_gen;
 };
+
+/* node_info.flags */
+#define EDGE_NODE_F_NO_ECHO 0x1 /* node.answer_ping off: echo requests to a VIP go to the stack */
 
 /* Verdict counters: index into edge_verdicts. */
 #define EDGE_CNT_PASS		  0  /* not for a VIP: handed to the stack untouched */
@@ -363,7 +366,8 @@ struct node_info {
 #define EDGE_CNT_ICMP_TO_BACKEND  11 /* ICMP error about a VIP flow, translated to its backend (icmp.h; also counted redirect or nat_pass) */
 #define EDGE_CNT_ICMP_RETURN	  12 /* return path: a backend's ICMP error about a client packet, translated back to the VIP (icmp.h) */
 #define EDGE_CNT_DSR		  13 /* encapsulated in IPIP and redirected to its backend (direct server return, encap.h) */
-#define EDGE_CNT_MAX		  14
+#define EDGE_CNT_ICMP_ECHO	  14 /* ICMP echo request to a VIP address, answered from the VIP, redirected back out (icmp.h) */
+#define EDGE_CNT_MAX		  15
 
 /* Drop reasons: index into edge_drops. Never reuse a number; retire it. */
 #define EDGE_DROP_MALFORMED	 1  /* truncated or inconsistent headers */

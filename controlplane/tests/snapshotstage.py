@@ -221,6 +221,7 @@ def realistic_snapshot() -> dict:
             "icmp_to_backend": 3,
             "icmp_return": 1,
             "dsr": 0,
+            "icmp_echo": 2,
         },
         "drops": {
             "malformed": 2,
