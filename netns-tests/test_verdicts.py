@@ -105,11 +105,31 @@ def from_vip(dport: int = CLIENT_PORT, sport: int = 80, vip=VIP) -> IP:
     return IP(src=str(vip), dst=str(CLIENT), ttl=60) / TCP(sport=sport, dport=dport, flags="A", seq=1, ack=1)
 
 
-def backend_error(quote, *, src=B0[0]) -> bytes:
+def backend_error(quote, *, src=B0[0], ttl=64) -> bytes:
     """An ICMP error (port unreachable) a backend sends to the client about the client's packet."""
     return bytes(
-        Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IP(src=str(src), dst=str(CLIENT), ttl=64) / ICMP(type=3, code=3) / quote
+        Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
+        / IP(src=str(src), dst=str(CLIENT), ttl=ttl)
+        / ICMP(type=3, code=3)
+        / quote
     )
+
+
+def icmp_back(backend: tuple, vip=VIP, port: int = 80) -> Callable[[bytes], bytes]:
+    """Expected: a backend's ICMP error with the VIP back as outer source and quoted destination
+    address and port (outer IP, quoted IP and ICMP checksums), TTL - 1, sent to the reply hop."""
+
+    def out(f: bytes) -> bytes:
+        p = Ether(f)
+        p.dst, p.src = TO_CLIENT[0].hex(":"), TO_CLIENT[1].hex(":")
+        p[IP].src, p[IP].ttl = str(vip), p[IP].ttl - 1
+        quote = p[ICMP].payload
+        quote.dst = str(vip)
+        quote.payload.dport = port
+        del p[IP].chksum, p[ICMP].chksum, quote.chksum
+        return bytes(p)
+
+    return out
 
 
 def echo(dst=VIP, *, src=CLIENT, type=8, code=0) -> bytes:
@@ -571,8 +591,11 @@ ROWS = [
         connected("b0")),
     row("not from a backend endpoint: untouched", RET, tcp(B0[0], CLIENT, "A", sport=22, dport=CLIENT_PORT),
         TC_ACT_UNSPEC, SAME, {}),
-    row("a backend's ICMP error about a client's packet goes back as the VIP's", RET,
+    row("a backend's ICMP error about a client's packet goes back as the VIP's, redirected", RET,
         backend_error(IP(src=str(CLIENT), dst=str(B0[0])) / TCP(sport=CLIENT_PORT, dport=B0[1], flags="A")),
+        TC_ACT_REDIRECT, icmp_back(B0), {"icmp_return": 1}, connected("b0")),
+    row("a backend's ICMP error with a TTL about to expire: translated, to the stack", RET,
+        backend_error(IP(src=str(CLIENT), dst=str(B0[0])) / TCP(sport=CLIENT_PORT, dport=B0[1], flags="A"), ttl=1),
         TC_ACT_OK, None, {"icmp_return": 1}, connected("b0")),
     # -- edge_reply (XDP, backend side): the replies' fast path --------------------------------
     row("reply: reverse NAT, redirect (XDP)", REP, reply(B0, payload=b"HTTP/1.1 200"), XDP_REDIRECT,

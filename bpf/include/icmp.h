@@ -16,7 +16,7 @@
  * Return (tc, edge_tc.c): an ICMP error a backend sends about a client's
  * packet (the quoted destination is the backend's endpoint of a VIP flow)
  * gets the VIP back as outer source and quoted destination address and
- * port, and is handed to the stack. For a service with direct server
+ * port, and is sent to the client as replies are (icmp_out). For a service with direct server
  * return the error goes to the backend encapsulated as it is (encap.h): the
  * backend's socket is the VIP's.
  *
@@ -212,6 +212,27 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 	return forward(ctx, pkt, bid);
 }
 
+/* tc: an ICMP error from vip (translated: icmp_return) on its way to the
+ * client, the way replies go (nat.h, reply_send): redirected, not through
+ * the stack, which drops a packet from a VIP that is a local address (on
+ * lo) as a martian. With a VLAN tag or IPv4 options, an expiring TTL, no
+ * route: to the stack, as before. Counted as icmp_return either way. */
+static __always_inline int icmp_out(struct __sk_buff *skb, __u32 l3_off, __be32 vip)
+{
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *iph = (void *)(long)skb->data + sizeof(struct ethhdr);
+	struct bpf_fib_lookup fib; /* filled by reply_hop on a cache miss */
+	struct reply_hop *hop = NULL;
+	int rc;
+
+	if (l3_off != sizeof(struct ethhdr) || (void *)(iph + 1) > data_end || iph->ttl <= 1)
+		return count_verdict(EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
+	rc = reply_hop(skb, iph, vip, &fib, &hop);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return count_verdict(EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
+	return reply_send(skb, rc, &fib, hop, EDGE_CNT_ICMP_RETURN);
+}
+
 /* tc: the return path's part. An ICMP error from a backend (outer source)
  * quoting a client's packet to that backend's endpoint of a VIP flow that
  * conntrack pins to it: the VIP goes back in as outer source and as the
@@ -260,7 +281,7 @@ static __always_inline int icmp_return(struct __sk_buff *skb, struct iphdr *iph,
 			    sizeof(saddr));
 	bpf_skb_store_bytes(skb, l3_off + offsetof(struct iphdr, saddr), &ri->vip_addr,
 			    sizeof(ri->vip_addr), 0);
-	return count_verdict(EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
+	return icmp_out(skb, l3_off, ri->vip_addr);
 }
 
 #endif /* EDGE_ICMP_H */
