@@ -20,7 +20,7 @@ from typing import Callable
 from controlplane import abi, deploy, desired, wiresignals
 from controlplane.config import Config
 from controlplane.discovery.supervisor import secrets_of
-from controlplane.edged import announce, bird, metrics, watch
+from controlplane.edged import announce, bird, metrics, metricsserver, watch
 from controlplane.edged.changes import Changes
 from controlplane.edged.events import Events
 from controlplane.edged.operations import Operations
@@ -53,7 +53,7 @@ class Daemon:
         self.operations = Operations(self.state, self.steering, self.status)
         self.changes = Changes(self.state, self.steering, self.status)
         self.on_serving: Callable[[bool], object] | None = None  # serve() sets grpc health with it
-        self._metrics: metrics.MetricsServer | None = None
+        self._metrics: metricsserver.MetricsServer | None = None
         self._adopted: dict = {}  # at start: discovered backends kept from the pinned maps
 
     # ------------------------------------------------------------ what the API and cli.py call
@@ -106,7 +106,7 @@ class Daemon:
         # first: a second edged on the same router is told so here, not by the metrics port it shares
         state.node_lock.acquire()  # held until close(): edgectl deploy is refused meanwhile
         # before deploy: a bad metrics_listen fails with the kernel untouched
-        self._metrics = metrics.start_http(state.cfg.node.metrics_listen, metrics.make_registry(collector))
+        self._metrics = metricsserver.start_http(state.cfg.node.metrics_listen, metrics.make_registry(collector))
         # drain-node outlives edged (a mark beside the locks): a restart must not announce again
         state.node_drained = deploy.node_drain(state.instance) is not None
         # discovered backends are there from the first deploy (or a source's failure is on record)

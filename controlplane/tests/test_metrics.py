@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane import __version__, abi
-from controlplane.edged import metrics
+from controlplane.edged import metrics, metricsserver
 from controlplane.errors import EdgeError
 from controlplane.samples import Sample
 from controlplane.tests.snapshotstage import realistic_snapshot
@@ -46,14 +46,14 @@ class Source:
 @contextmanager
 def endpoint(source, observer: metrics.Observer | None = None, **kw):
     collector = metrics.EdgeCollector(source, observer, iface="eth1", **kw)
-    server = metrics.start_http("127.0.0.1:0", metrics.make_registry(collector, process=False))
+    server = metricsserver.start_http("127.0.0.1:0", metrics.make_registry(collector, process=False))
     try:
         yield server
     finally:
         server.close()
 
 
-def scrape(server: metrics.MetricsServer) -> dict:
+def scrape(server: metricsserver.MetricsServer) -> dict:
     """name -> family, parsed from one GET /metrics."""
     url = f"http://{server.address}/metrics"
     with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as r:
@@ -386,17 +386,17 @@ def test_bind_failure_is_one_line_naming_the_address():
         taken.listen()
         listen = f"127.0.0.1:{taken.getsockname()[1]}"
         with pytest.raises(EdgeError) as e:
-            metrics.start_http(listen, metrics.make_registry(metrics.EdgeCollector(Source()), process=False))
+            metricsserver.start_http(listen, metrics.make_registry(metrics.EdgeCollector(Source()), process=False))
     assert listen in str(e.value) and "\n" not in str(e.value)
 
 
 def test_close_frees_the_port():
     registry = metrics.make_registry(metrics.EdgeCollector(Source()), process=False)
-    server = metrics.start_http("127.0.0.1:0", registry)
+    server = metricsserver.start_http("127.0.0.1:0", registry)
     listen = server.address
     server.close()
     server.close()  # twice is harmless
-    again = metrics.start_http(listen, registry)
+    again = metricsserver.start_http(listen, registry)
     again.close()
 
 
@@ -408,7 +408,7 @@ def test_ipv6_loopback_literal():
             s.bind(("::1", 0))
     except OSError:
         pytest.skip("::1 is not configured here")
-    server = metrics.start_http("[::1]:0", metrics.make_registry(metrics.EdgeCollector(Source()), process=False))
+    server = metricsserver.start_http("[::1]:0", metrics.make_registry(metrics.EdgeCollector(Source()), process=False))
     try:
         assert server.address.startswith("[::1]:")
         assert value(scrape(server), "edge_packets_total", **be("embed", "l4-0")) == 3_000
@@ -425,13 +425,13 @@ def test_ipv6_loopback_literal():
     ],
 )
 def test_split_listen(listen, expected):
-    assert metrics.split_listen(listen) == expected
+    assert metricsserver.split_listen(listen) == expected
 
 
 @pytest.mark.parametrize("listen", ["127.0.0.1", "::1:9470", "127.0.0.1:70000", "", "[::1]"])
 def test_split_listen_rejects(listen):
     with pytest.raises(EdgeError):
-        metrics.split_listen(listen)
+        metricsserver.split_listen(listen)
 
 
 # ---------------------------------------------------------------- edged's loop
