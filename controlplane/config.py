@@ -51,6 +51,7 @@ from controlplane.configkit import (  # the checks and the machinery the schema 
 )
 from controlplane.errors import ConfigError
 from controlplane.limits import WEIGHT_MAX
+from controlplane.probe.budget import DEFAULT_BUDGET_PER_S
 
 
 @dataclass(frozen=True)
@@ -520,6 +521,13 @@ class Node:
         "mutual TLS of the TCP API (clients must show a certificate)", _section(ApiTls), None
     )
     metrics_listen: str = option("HOST:PORT of the Prometheus endpoint", _listen, "127.0.0.1:9470")
+    probe_budget: int = option(
+        "probes a second edged starts at most, all services together; when the probes configured ask "
+        "for more, every probe and scrape interval is stretched by the same factor and the shortfall "
+        "is reported (status, edge_probe_shortfall_ratio, a probe-budget event); 0: no budget",
+        _int(0, 1_000_000),
+        DEFAULT_BUDGET_PER_S,
+    )
     iface: Optional[str] = option("interface edged deploys on when it finds nothing deployed", _ifname, None)
     xdp_mode: str = option("native (driver) or generic (skb) XDP", _one_of("native", "generic"), "native")
     reply_xdp: str = option(

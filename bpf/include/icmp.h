@@ -146,11 +146,11 @@ static __always_inline int icmp_echo(struct xdp_md *ctx, struct iphdr *iph, stru
 	__be32 addr = iph->saddr;
 
 	if ((node && (node->flags & EDGE_NODE_F_NO_ECHO)) || icmp->code || !icmp_unicast_src(addr))
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	if (!ipv4_csum_ok(iph))
-		return count_drop(EDGE_DROP_BAD_CSUM);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_BAD_CSUM);
 	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_MALFORMED);
 	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
 	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
@@ -160,7 +160,7 @@ static __always_inline int icmp_echo(struct xdp_md *ctx, struct iphdr *iph, stru
 	iph->check = csum_replace16(iph->check, old_ttl, *(__be16 *)&iph->ttl);
 	icmp->type = ICMP_ECHOREPLY;
 	icmp->checksum = csum_replace16(icmp->checksum, bpf_htons(ICMP_ECHO << 8), bpf_htons(ICMP_ECHOREPLY << 8));
-	return count_verdict(EDGE_CNT_ICMP_ECHO, bpf_redirect(ctx->ingress_ifindex, 0));
+	return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_ICMP_ECHO, bpf_redirect(ctx->ingress_ifindex, 0));
 }
 
 /* XDP: an ICMP packet (pkt->iph: a 20-byte header, not a fragment, whole in
@@ -178,24 +178,24 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 	__u32 bid, why;
 
 	if ((void *)(iph + 1) > data_end || !edge_vip_addrs.lookup(&iph->daddr))
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	if ((void *)&e->icmp + sizeof(e->icmp) > data_end)
-		return count_drop(EDGE_DROP_ICMP_MALFORMED);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_MALFORMED);
 	if (e->icmp.type == ICMP_ECHO)
 		return icmp_echo(ctx, iph, &e->icmp);
 	if (!icmp4_is_error(e->icmp.type))
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	if ((void *)(e + 1) > data_end)
-		return count_drop(EDGE_DROP_ICMP_MALFORMED);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_MALFORMED);
 	why = icmp4_quote(&e->inner);
 	if (why)
-		return count_drop(why);
+		return count_drop(EDGE_NO_SERVICE, why);
 	if (e->inner.saddr != iph->daddr) /* not about a packet from this VIP */
-		return count_drop(EDGE_DROP_ICMP_MALFORMED);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_MALFORMED);
 	if (!ipv4_csum_ok(iph))
-		return count_drop(EDGE_DROP_BAD_CSUM);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_BAD_CSUM);
 	if (iph->ttl <= 1)
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	k.src = e->inner.daddr;
 	k.dst = e->inner.saddr;
 	k.sport = e->dport;
@@ -204,12 +204,12 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 	bid = icmp_flow_backend(&k);
 	be = edge_backends.lookup(&bid);
 	if (!be || !(be->flags & EDGE_BE_F_VALID))
-		return count_drop(EDGE_DROP_ICMP_NO_FLOW);
-	count_index(EDGE_CNT_ICMP_TO_BACKEND);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_NO_FLOW);
+	count_index(be->vip_id, EDGE_CNT_ICMP_TO_BACKEND);
 	if (icmp_dsr(be)) /* the backend's socket is the VIP's: the error goes as it is */
 		return dsr_forward(ctx, pkt, be, bid);
 	icmp4_to_backend(iph, e, be);
-	return forward(ctx, pkt, bid);
+	return forward(ctx, pkt, be->vip_id, bid);
 }
 
 /* tc: an ICMP error from vip (translated: icmp_return) on its way to the
@@ -217,7 +217,7 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
  * the stack, which drops a packet from a VIP that is a local address (on
  * lo) as a martian. With a VLAN tag or IPv4 options, an expiring TTL, no
  * route: to the stack, as before. Counted as icmp_return either way. */
-static __always_inline int icmp_out(struct __sk_buff *skb, __u32 l3_off, __be32 vip)
+static __always_inline int icmp_out(struct __sk_buff *skb, __u32 l3_off, __be32 vip, __u32 vid)
 {
 	void *data_end = (void *)(long)skb->data_end;
 	struct iphdr *iph = (void *)(long)skb->data + sizeof(struct ethhdr);
@@ -226,11 +226,11 @@ static __always_inline int icmp_out(struct __sk_buff *skb, __u32 l3_off, __be32 
 	int rc;
 
 	if (l3_off != sizeof(struct ethhdr) || (void *)(iph + 1) > data_end || iph->ttl <= 1)
-		return count_verdict(EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
+		return count_verdict(vid, EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
 	rc = reply_hop(skb, iph, vip, &fib, &hop);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return count_verdict(EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
-	return reply_send(skb, rc, &fib, hop, EDGE_CNT_ICMP_RETURN);
+		return count_verdict(vid, EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
+	return reply_send(skb, rc, &fib, hop, vid, EDGE_CNT_ICMP_RETURN);
 }
 
 /* tc: the return path's part. An ICMP error from a backend (outer source)
@@ -281,7 +281,7 @@ static __always_inline int icmp_return(struct __sk_buff *skb, struct iphdr *iph,
 			    sizeof(saddr));
 	bpf_skb_store_bytes(skb, l3_off + offsetof(struct iphdr, saddr), &ri->vip_addr,
 			    sizeof(ri->vip_addr), 0);
-	return icmp_out(skb, l3_off, ri->vip_addr);
+	return icmp_out(skb, l3_off, ri->vip_addr, ri->vip_id);
 }
 
 #endif /* EDGE_ICMP_H */

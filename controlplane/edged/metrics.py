@@ -70,8 +70,18 @@ METRICS = (
     Spec("edge_new_flows_total", "counter", "Flows (conntrack misses) that were sent to this backend", BE),
     Spec("edge_return_packets_total", "counter", "Backend-to-client packets reverse-NATed", BE),
     Spec("edge_failovers_total", "counter", "New flows this backend took because their Maglev pick was unusable", BE),
-    Spec("edge_drops_total", "counter", "Packets the data path dropped, by reason", ("reason",)),
-    Spec("edge_verdicts_total", "counter", "Packets by the data path's verdict", ("verdict",)),
+    Spec(
+        "edge_drops_total",
+        "counter",
+        'Packets the data path dropped, by service and reason (service "": before a service was known)',
+        ("service", "reason"),
+    ),
+    Spec(
+        "edge_verdicts_total",
+        "counter",
+        'Packets by the data path\'s verdict, by service (service "": no service known)',
+        ("service", "verdict"),
+    ),
     Spec("edge_backend_up", "gauge", "1 when the data path considers the backend usable for new flows", BE),
     Spec(
         "edge_backend_probe_down",
@@ -165,6 +175,18 @@ METRICS = (
         "counter",
         "Documents read from the fleet's etcd prefix and refused (garbage, not from the leader, unsafe weights)",
     ),
+    # the prober's budget (node.probe_budget, from the snapshot)
+    Spec(
+        "edge_probe_budget_per_second",
+        "gauge",
+        "Probes a second edged starts at most now: node.probe_budget, lower while probes take over half of its loop (0: no budget)",
+    ),
+    Spec("edge_probe_demand_per_second", "gauge", "Probes and scrapes a second the configured intervals ask for now"),
+    Spec(
+        "edge_probe_shortfall_ratio",
+        "gauge",
+        "Share of the asked-for probes not run for the budget (0: none); every interval is stretched by 1 / (1 - this)",
+    ),
     # the BGP speaker (node.bgp, from the snapshot)
     Spec(
         "edge_bgp_speaker_up",
@@ -180,6 +202,12 @@ METRICS = (
         "Connections the data path tracks (edge_ct), counted by walking the table at most every 30 s",
     ),
     Spec("edge_conntrack_capacity", "gauge", "Entries edge_ct holds before its LRU evicts (node.ct_size)"),
+    Spec(
+        "edge_scrape_walk_complete",
+        "gauge",
+        "1 when this scrape's walk of the maps read them all; 0: it stopped at its deadline "
+        "and the series of what it did not reach are absent (edgectl status says what it cut)",
+    ),
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
     Spec(
@@ -401,6 +429,17 @@ def _add_conntrack(fams: dict[str, Metric], snap: dict) -> None:
         fams["edge_conntrack_entries"].add_metric([], snap["conntrack_entries"])
     if snap.get("node", {}).get("ct_size"):
         fams["edge_conntrack_capacity"].add_metric([], snap["node"]["ct_size"])
+    # a conntrack count cut short keeps the last complete one (_snapshot): only the backends' walk counts here
+    cut = [line for line in snap.get("stopped_early") or () if not line.startswith("conntrack:")]
+    fams["edge_scrape_walk_complete"].add_metric([], 0 if cut else 1)
+
+
+def _add_probe_budget(fams: dict, b: dict | None) -> None:
+    """The prober's budget, what the probes ask for and the shortfall (edged only)."""
+    if b:
+        fams["edge_probe_budget_per_second"].add_metric([], b["budget_per_s"])
+        fams["edge_probe_demand_per_second"].add_metric([], b["demand_per_s"])
+        fams["edge_probe_shortfall_ratio"].add_metric([], b["shortfall_ratio"])
 
 
 def _add_bgp(fams: dict, bgp: dict | None) -> None:
@@ -410,12 +449,19 @@ def _add_bgp(fams: dict, bgp: dict | None) -> None:
         fams["edge_bgp_speaker_restarts_total"].add_metric([], bgp["speaker_restarts"])
 
 
+def _add_counts(fams: dict[str, Metric], service: str, counts: dict) -> None:
+    """One service's drop and verdict counters ("": the packets no service is known for)."""
+    for reason, n in counts.get("drops", {}).items():
+        fams["edge_drops_total"].add_metric([service, reason], n)
+    for verdict, n in counts.get("verdicts", {}).items():
+        fams["edge_verdicts_total"].add_metric([service, verdict], n)
+
+
 def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     """Adds the maps' counters and edged's view; returns the service names."""
-    for reason, n in snap["drops"].items():
-        fams["edge_drops_total"].add_metric([reason], n)
-    for verdict, n in snap["verdicts"].items():
-        fams["edge_verdicts_total"].add_metric([verdict], n)
+    _add_counts(fams, "", snap.get("no_service") or {})
+    for s in snap["services"]:
+        _add_counts(fams, s["name"], s)
     counters = (
         ("edge_packets_total", "packets"),
         ("edge_bytes_total", "bytes"),
@@ -441,6 +487,7 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
         fams["edge_fleet_faults_total"].add_metric([], fleet.get("faults", 0))
         fams["edge_fleet_refused_total"].add_metric([], fleet.get("refused", 0))
     _add_bgp(fams, snap.get("bgp"))
+    _add_probe_budget(fams, snap.get("probe_budget"))
     services = []
     for s in snap["services"]:
         services.append(s["name"])

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from controlplane import abi, deploy, desired, weights, wiresignals
+from controlplane import abi, deploy, desired, statuspage, weights, wiresignals
 from controlplane.edged import announce
 from controlplane.edged.state import State
 from controlplane.errors import EdgeError
@@ -69,15 +69,22 @@ class Status:
             problem=state.not_serving,
         )
 
-    async def snapshot(self, discovered: Callable[[], dict], count_conntrack: bool = False) -> dict:
+    async def snapshot(
+        self, discovered: Callable[[], dict], count_conntrack: bool = False, view: statuspage.View | None = None
+    ) -> dict:
         """This instance as `edgectl status --json` shows it, plus edged's view per backend and
         discovered() (discovery's view per service, asked once the walk is done). The maps are
         walked on a worker thread within WALK_DEADLINE_S: a conntrack count cut by the deadline
-        is None (conntrack_partial: entries counted before it)."""
+        is None (conntrack_partial: entries counted before it). view: the summaries or a page
+        (statuspage.apply), applied before edged's views are added: only to the backends shown."""
         state = self.state
         if state.maps is None:
             raise EdgeError("edged has no data path open (starting or stopping)")
+        if view is not None:
+            view.check()  # refused before the walk
         snap = await self._walk(count_conntrack)
+        if view is not None:
+            snap = statuspage.apply(snap, view)
         now = time.monotonic_ns()
         found = discovered()
         if state.fleet is not None:  # node.fleet: this node's view of its fleet
@@ -91,6 +98,7 @@ class Status:
                 "speaker_up": not announcer.problem,
                 "speaker_restarts": announcer.restarts,
             }
+        snap["probe_budget"] = self.probe_budget()
         for svc in snap["services"]:
             st = state.services.get(svc["name"])
             svc["pushes"] = st.pushes if st else 0
@@ -100,6 +108,20 @@ class Status:
                 if st and b["name"] in st.trackers:
                     b["edged"] = self.backend_view(svc["name"], b["name"], now)
         return snap
+
+    def probe_budget(self) -> dict:
+        """The prober's budget (node.probe_budget, lowered while probes take over half of the loop), what the
+        probes ask for and the shortfall."""
+        b = self.prober.budget
+        return {
+            "budget_per_s": b.budget_per_s,
+            "configured_per_s": b.cap_per_s,
+            "demand_per_s": b.demand_per_s,
+            "run_per_s": b.run_per_s,
+            "stretch": b.stretch,
+            "shortfall_ratio": b.shortfall,
+            "short": self.prober.short,
+        }
 
     async def _walk(self, count_conntrack: bool) -> dict:
         """deploy.describe on the walker thread (State.walks holds it while it runs)."""
@@ -156,7 +178,9 @@ class Status:
                 "probe_relaxed": relaxed,
                 "probe_interval_s": None
                 if probe is None
-                else (max(probe.relaxed_ms, probe.interval_ms) if relaxed else probe.interval_ms) / 1000,
+                else (max(probe.relaxed_ms, probe.interval_ms) if relaxed else probe.interval_ms)
+                * self.prober.stretch  # as run: under node.probe_budget, stretched
+                / 1000,
             }
         )
         if full:

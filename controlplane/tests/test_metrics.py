@@ -104,14 +104,28 @@ def test_traffic_counters_are_totals_per_service_and_backend():
     assert value(fams, "edge_failovers_total", **be("llama-70b", "h100-spare")) == 12
 
 
-def test_drops_by_reason_and_verdicts_cover_every_abi_name():
+def test_drops_by_reason_and_verdicts_cover_every_abi_name_per_service():
+    """Every service, and "" for the packets no service was known for, has every reason and
+    verdict; summed over services they are the node's counts."""
     with endpoint(Source()) as server:
         fams = scrape(server)
-    drops = samples(fams, "edge_drops_total")
-    assert {dict(k)["reason"] for k in drops} == set(abi.DROP_NAMES.values())
-    assert value(fams, "edge_drops_total", reason="no_backend") == 4
-    assert {dict(k)["verdict"] for k in samples(fams, "edge_verdicts_total")} == set(abi.CNT_NAMES.values())
-    assert value(fams, "edge_verdicts_total", verdict="redirect") == 173_900
+    drops, verdicts = samples(fams, "edge_drops_total"), samples(fams, "edge_verdicts_total")
+    services = {"", "llama-70b", "embed"}
+    assert {(dict(k)["service"], dict(k)["reason"]) for k in drops} == {
+        (s, r) for s in services for r in abi.DROP_NAMES.values()
+    }
+    assert {(dict(k)["service"], dict(k)["verdict"]) for k in verdicts} == {
+        (s, v) for s in services for v in abi.CNT_NAMES.values()
+    }
+    assert value(fams, "edge_drops_total", service="llama-70b", reason="no_backend") == 4
+    assert value(fams, "edge_drops_total", service="embed", reason="no_backend") == 0
+    assert value(fams, "edge_drops_total", service="", reason="malformed") == 2
+    assert value(fams, "edge_verdicts_total", service="embed", verdict="redirect") == 3_000
+    node = Source().snapshot()
+    for reason, n in node["drops"].items():
+        assert sum(v for k, v in drops.items() if dict(k)["reason"] == reason) == n
+    for verdict, n in node["verdicts"].items():
+        assert sum(v for k, v in verdicts.items() if dict(k)["verdict"] == verdict) == n
     assert fams["edge_drops"].type == fams["edge_verdicts"].type == "counter"
 
 
