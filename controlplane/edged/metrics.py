@@ -117,7 +117,12 @@ METRICS = (
         BE,
     ),
     # what edged measured, in the snapshot (absent when unknown)
-    Spec("edge_backend_rtt_smoothed_seconds", "gauge", "Smoothed probe RTT the weights are computed from", BE),
+    Spec(
+        "edge_backend_rtt_smoothed_seconds",
+        "gauge",
+        "Smoothed probe RTT (weighed with weights.jump_pct 0; else the steady RTT, shown in the reason)",
+        BE,
+    ),
     Spec("edge_backend_queue_waiting", "gauge", "Requests waiting in the backend's queue, as it reports", BE),
     Spec("edge_backend_queue_running", "gauge", "Requests the backend is running, as it reports", BE),
     Spec("edge_backend_kv_cache_usage_ratio", "gauge", "KV-cache use the backend reports, 0..1", BE),
