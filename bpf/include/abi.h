@@ -4,7 +4,9 @@
  * #defines only: no maps, no functions, no bcc macros.
  *
  * Shared with controlplane/abi.py; controlplane/tests/test_abi.py compares
- * them. Struct layouts are not mirrored: Python uses bcc's generated types.
+ * them. Struct layouts are not mirrored: Python reads them from this file
+ * (controlplane/maps/layouts.py), as bcc does; netns-tests/test_map_layouts.py
+ * compares the two.
  * Changing a layout or a number here means bumping EDGE_ABI_VERSION, which is
  * part of the pin path, so a new build never reads an old layout. */
 #ifndef EDGE_ABI_H
