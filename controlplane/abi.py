@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 17
+ABI_VERSION = 18
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -24,6 +24,8 @@ V6_EXT_MAX = 4  # IPv6 extension headers walked before the L4 header
 MAGLEV_PER_VALUE = 2  # Maglev slots per edge_maglev value: 4 bytes a slot
 
 VIP_F_KEEP_FLOWS = 0x1
+
+NODE_F_NO_ECHO = 0x1  # node.answer_ping off
 
 BE_F_VALID = 0x1
 BE_F_UP = 0x2
@@ -82,7 +84,8 @@ CNT_RETURN_XDP = 10
 CNT_ICMP_TO_BACKEND = 11
 CNT_ICMP_RETURN = 12
 CNT_DSR = 13
-CNT_MAX = 14
+CNT_ICMP_ECHO = 14
+CNT_MAX = 15
 
 DROP_MALFORMED = 1
 DROP_NO_BACKEND = 2
@@ -103,7 +106,7 @@ DROP_V6_EXT_HEADER = 16
 DROP_MAX = 17
 # edge_svc_counts: slot s (a VIP id, or max_services: no service known) holds SVC_COUNTERS u64s
 # from s * SVC_COUNTERS: the CNT_* verdicts, then the DROP_* reasons from CNT_MAX on
-SVC_COUNTERS = 31
+SVC_COUNTERS = 32
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -120,6 +123,7 @@ CNT_NAMES = {
     CNT_ICMP_TO_BACKEND: "icmp_to_backend",
     CNT_ICMP_RETURN: "icmp_return",
     CNT_DSR: "dsr",
+    CNT_ICMP_ECHO: "icmp_echo",
 }
 DROP_NAMES = {
     DROP_MALFORMED: "malformed",

@@ -354,6 +354,7 @@ def _attach(
         ip_forward_was=forward_was,
         return_ifindex=list(added),
         return_clsact_added=list(added.values()),
+        answer_ping=cfg.node.answer_ping,
     )
     return DeployResult(t.iface, t.instance, t.pin_path, mode, t.updating, names, report, reply_ifindex=replies)
 
