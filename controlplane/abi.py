@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -52,6 +52,7 @@ SVC_F_HEARTBEAT = 0x1
 SVC_F_PASSIVE = 0x2
 SVC_F_PROBED = 0x4
 SVC_F_DSR = 0x8
+SVC_F_TWO_CHOICES = 0x10
 
 HB_MAGIC = 0x45444745
 HB_VERSION = 3
@@ -156,6 +157,7 @@ MAP_WIRE = "edge_wire"
 MAP_DIRECT = "edge_direct"
 MAP_HALF_OPEN = "edge_half_open"
 MAP_VIP_FILTER = "edge_vip_filter"
+MAP_INFLIGHT = "edge_inflight"
 
 MAP_NAMES = (
     MAP_VIPS,
@@ -184,6 +186,7 @@ MAP_NAMES = (
     MAP_DIRECT,
     MAP_VIP_FILTER,
     MAP_HALF_OPEN,
+    MAP_INFLIGHT,
 )
 
 

@@ -32,6 +32,7 @@ SCALARS = {
     "__u16": ct.c_uint16,
     "__u32": ct.c_uint32,
     "__u64": ct.c_uint64,
+    "__s64": ct.c_int64,
     "__be16": ct.c_uint16,
     "__be32": ct.c_uint32,
     "__be64": ct.c_uint64,
