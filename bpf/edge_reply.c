@@ -190,5 +190,5 @@ int edge_reply(struct xdp_md *ctx)
 	set_macs(eth, hop->dmac, hop->smac);
 	count_return(ri->vip_id, ri->backend_id);
 	/* one verdict counter per reply: readers count it under return_nat too */
-	return count_verdict(EDGE_CNT_RETURN_XDP, bpf_redirect(hop->ifindex, 0));
+	return count_verdict(ri->vip_id, EDGE_CNT_RETURN_XDP, bpf_redirect(hop->ifindex, 0));
 }

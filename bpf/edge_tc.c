@@ -163,7 +163,7 @@ int edge_return(struct __sk_buff *skb)
 		 * address, unless its SYN went to it directly. */
 		if (proto != IPPROTO_TCP || is_direct(&fk, &rk))
 			return TC_ACT_UNSPEC;
-		count_reason(EDGE_DROP_OTHER_BACKEND);
+		count_reason(ri->vip_id, EDGE_DROP_OTHER_BACKEND);
 		return TC_ACT_SHOT;
 	} else if (proto == IPPROTO_TCP) {
 		if (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_)) {
@@ -198,6 +198,6 @@ int edge_return(struct __sk_buff *skb)
 	if (proto == IPPROTO_TCP && fi)					/* none on the stateless path */
 		wire_reply(skb, fi, ri->backend_id, tcp_flags, l4_off); /* wire.h */
 	count_return(ri->vip_id, ri->backend_id);
-	count_index(EDGE_CNT_RETURN_NAT);
-	return reply_out(skb, l3_off, l4_off, ri->vip_addr, ri->vip_port);
+	count_index(ri->vip_id, EDGE_CNT_RETURN_NAT);
+	return reply_out(skb, l3_off, l4_off, ri->vip_addr, ri->vip_port, ri->vip_id);
 }

@@ -27,8 +27,8 @@
 static __always_inline int unusual(struct iphdr *iph, __u32 reason)
 {
 	if (!edge_vip_addrs.lookup(&iph->daddr))
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
-	return count_drop(reason);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+	return count_drop(EDGE_NO_SERVICE, reason);
 }
 
 /* Fills pkt for a well-formed IPv4 TCP/UDP packet. Returns EDGE_CONTINUE,
@@ -44,17 +44,17 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 
 	proto = parse_eth(&nh, data_end, &eth, &pkt->vlans);
 	if (proto < 0)
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_MALFORMED);
 	if (proto != bpf_htons(ETH_P_IP))
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 
 	proto = parse_ipv4(&nh, data_end, &iph, 1);
 	if (proto < 0)
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_MALFORMED);
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP) {
 		/* after TCP/UDP's test: their packets pay nothing for ICMP */
 		if (proto != IPPROTO_ICMP || iph->ihl != 5 || (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
-			return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+			return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 		pkt->iph = iph;
 		return EDGE_ICMP;
 	}
@@ -176,17 +176,17 @@ static __always_inline int established(struct xdp_md *ctx, struct pkt *pkt,
 		return EDGE_CONTINUE;
 	/* the full path's checks, in its order, now that this is VIP traffic */
 	if ((void *)(pkt->iph + 1) > (void *)(long)ctx->data_end)
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(vid, EDGE_DROP_MALFORMED);
 	if (!ipv4_csum_ok(pkt->iph))
-		return count_drop(EDGE_DROP_BAD_CSUM);
+		return count_drop(vid, EDGE_DROP_BAD_CSUM);
 	if (pkt->iph->ttl <= 1)
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(vid, EDGE_CNT_PASS, XDP_PASS);
 	count_traffic(vid, bid, pkt->l3_len, 0, 0);
 	wire_forward(fi, bid, 0, pkt->end, pkt->seq,
 		     pkt->l3_len - sizeof(struct iphdr) - pkt->tcp_hlen);
 	if (dnat(pkt, be, (void *)(long)ctx->data_end) < 0)
-		return count_drop(EDGE_DROP_MALFORMED);
-	return forward(ctx, pkt, bid);
+		return count_drop(vid, EDGE_DROP_MALFORMED);
+	return forward(ctx, pkt, vid, bid);
 }
 
 /* 0 when daddr is no VIP address: its bit in edge_vip_filter is clear. An
@@ -215,7 +215,7 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 
 	verdict = parse_packet(ctx, &pkt);
 	if (verdict == EDGE_ICMP) /* only the fast path sees ICMP: no tail call takes it on */
-		return stage == EDGE_STAGE_FAST ? icmp_ingress(ctx, &pkt) : count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return stage == EDGE_STAGE_FAST ? icmp_ingress(ctx, &pkt) : count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	if (verdict != EDGE_CONTINUE)
 		return verdict;
 
@@ -239,37 +239,37 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	if (!vip) {
 		if (pkt.flow.proto == IPPROTO_UDP &&
 		    hb_misrouted(ctx, pkt.iph, (void *)(long)ctx->data_end))
-			return count_drop(EDGE_DROP_SPOOFED_HB);
+			return count_drop(EDGE_NO_SERVICE, EDGE_DROP_SPOOFED_HB);
 		/* a connection to a backend's own address? (The later stages
 		 * see VIP traffic only. verifier: there this call cost
 		 * edge_ingress_scan ~280k instructions.) */
 		if (stage == EDGE_STAGE_FAST && pkt.syn)
 			direct_syn(&pkt.flow);
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	}
 
 	/* A corrupted header must not be NATed: the checksum would be fixed up
 	 * incrementally and stay wrong. */
 	if ((void *)(pkt.iph + 1) > (void *)(long)ctx->data_end)
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(vip->id, EDGE_DROP_MALFORMED);
 	if (!ipv4_csum_ok(pkt.iph))
-		return count_drop(EDGE_DROP_BAD_CSUM);
+		return count_drop(vip->id, EDGE_DROP_BAD_CSUM);
 
 	/* Let the stack answer an expiring packet with ICMP time exceeded. */
 	if (pkt.iph->ttl <= 1)
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(vip->id, EDGE_CNT_PASS, XDP_PASS);
 
 	if (pkt.syn) {
 		int csum = syn_csum(ctx, &pkt);
 
 		if (!csum)
-			return count_drop(EDGE_DROP_BAD_CSUM);
+			return count_drop(vip->id, EDGE_DROP_BAD_CSUM);
 		pkt.syn_counted = csum > 0;
 	}
 
 	sc = edge_svc_cfg.lookup(&vip->id);
 	if (!sc)
-		return count_drop(EDGE_DROP_NO_BACKEND);
+		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
 	/* verifier: the slow stages read the clock itself (the cached one
 	 * took the scan ~150k instructions more) */
 	if (sc->flags)
@@ -283,7 +283,7 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 			edge_tails.call(ctx, stage);
 			drop = EDGE_DROP_NO_BACKEND; /* no next stage installed */
 		}
-		return count_drop(drop);
+		return count_drop(vip->id, drop);
 	}
 
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
@@ -300,8 +300,8 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	if (pkt.syn_counted && (sc->flags & EDGE_SVC_F_PASSIVE))
 		note_syn(be, now);
 	if (dnat(&pkt, be, (void *)(long)ctx->data_end) < 0)
-		return count_drop(EDGE_DROP_MALFORMED);
-	return forward(ctx, &pkt, bid);
+		return count_drop(vip->id, EDGE_DROP_MALFORMED);
+	return forward(ctx, &pkt, vip->id, bid);
 }
 
 int edge_ingress(struct xdp_md *ctx)

@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -97,6 +97,9 @@ DROP_ICMP_NESTED = 12
 DROP_ICMP_NO_FLOW = 13
 DROP_DSR_TOO_BIG = 14
 DROP_MAX = 15
+# edge_svc_counts: slot s (a VIP id, or max_services: no service known) holds SVC_COUNTERS u64s
+# from s * SVC_COUNTERS: the CNT_* verdicts, then the DROP_* reasons from CNT_MAX on
+SVC_COUNTERS = 29
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -139,8 +142,7 @@ MAP_CT = "edge_ct"
 MAP_RNAT = "edge_rnat"
 MAP_VIP_STATS = "edge_vip_stats"
 MAP_BE_STATS = "edge_be_stats"
-MAP_VERDICTS = "edge_verdicts"
-MAP_DROPS = "edge_drops"
+MAP_SVC_COUNTS = "edge_svc_counts"
 MAP_SVC_META = "edge_svc_meta"
 MAP_BE_META = "edge_be_meta"
 MAP_NODE = "edge_node"
@@ -168,8 +170,7 @@ MAP_NAMES = (
     MAP_RNAT,
     MAP_VIP_STATS,
     MAP_BE_STATS,
-    MAP_VERDICTS,
-    MAP_DROPS,
+    MAP_SVC_COUNTS,
     MAP_SVC_META,
     MAP_BE_META,
     MAP_NODE,

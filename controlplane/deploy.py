@@ -9,6 +9,7 @@ and no map layouts (maps.py), imports no bcc (loader.py), and no locks or marks
 from __future__ import annotations
 
 import errno
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -31,6 +32,10 @@ from controlplane.nodelock import (  # noqa: F401  (re-exported: edged and tests
     undeployed_at,
 )
 from controlplane.pinsearch import pin_dirs_holding
+
+# `edgectl status` without edged walks the maps within this, as `edgectl conntrack` (a 16M
+# conntrack counts in about 30 s); edged's walks have edged/status.py's WALK_DEADLINE_S
+STATUS_WALK_S = 10.0
 
 Progress = Callable[[str], None]
 
@@ -231,6 +236,11 @@ def _deploy(
     return result
 
 
+def _runs_return_path(index: int) -> bool:
+    """Whether interface index runs a router's return path (edge_return on clsact ingress)."""
+    return loader.has_clsact(index) and (loader.return_filter(index) or "").startswith(abi.PROG_RETURN)
+
+
 def _target(cfg: Config, iface: str) -> _Target:
     """What deploying cfg on iface means here; raises (changing nothing) when it cannot be done."""
     pin_dir = cfg.node.pin_dir
@@ -243,11 +253,14 @@ def _target(cfg: Config, iface: str) -> _Target:
             f"services: backends sit behind {len(return_oifs)} interfaces; at most {abi.MAX_RETURN_IFACES}"
         )
     current = loader.xdp_state(ingress)
-    if current and current.name == abi.PROG_REPLY:  # removing it would break the router it serves
+    # a router's backend-facing interface runs its return path on tc, and with node.reply_xdp
+    # (not off) its reply path on XDP: taking it over would break the router it serves
+    reply = current.name == abi.PROG_REPLY if current else _runs_return_path(ingress)
+    if reply:
+        runs = f"reply path, {abi.PROG_REPLY}" if current else f"return path, {abi.PROG_RETURN}, on tc ingress"
         raise LoaderError(
             f"{iface} is a backend-facing interface of the router deployed here (it runs its "
-            f"reply path, {abi.PROG_REPLY}); deploy on the client-facing interface "
-            f"('edgectl status' names it), and leave {iface} as it is"
+            f"{runs}); deploy on the client-facing interface ('edgectl status' names it), and leave {iface} as it is"
         )
     if current and current.name != abi.PROG_INGRESS:
         raise LoaderError(
@@ -533,7 +546,7 @@ def _undeploy_other_abi(iface: str, current, pins: list[Path], progress: Progres
     for index in loader.ifindexes():
         if detach_reply(index):
             progress(f"detached the reply fast path from {loader.ifname(index)}")
-        if loader.has_clsact(index) and (loader.return_filter(index) or "").startswith(abi.PROG_RETURN):
+        if _runs_return_path(index):
             loader.detach_tc(index)
             progress(f"detached the return path from {loader.ifname(index)}")
     for path in pins:
@@ -552,9 +565,13 @@ def _remove_instance(pin_path: Path, progress: Progress) -> None:
     progress(f"removed pins under {pin_path}")
 
 
-def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False) -> list[dict]:
-    """Snapshots of the instances deployed in this network namespace."""
+def status(
+    pin_dir: str, iface: str | None = None, count_conntrack: bool = False, walk_s: float | None = None
+) -> list[dict]:
+    """Snapshots of the instances deployed in this network namespace, each walked within
+    walk_s (default STATUS_WALK_S; what a walk cut short says so in stopped_early)."""
     loader.check_bpffs(pin_dir)
+    walk_ns = int((STATUS_WALK_S if walk_s is None else walk_s) * 1e9)
     names = [loader.instance_name(iface)] if iface else loader.instances_here(pin_dir)
     out = []
     for name in names:
@@ -562,7 +579,7 @@ def status(pin_dir: str, iface: str | None = None, count_conntrack: bool = False
         loaded = loader.open_pinned(pin_path)
         try:
             maps = open_maps(loaded)
-            out.append(describe(maps, name, pin_path, count_conntrack))
+            out.append(describe(maps, name, pin_path, count_conntrack, time.monotonic_ns() + walk_ns))
             maps.close()
         finally:
             loaded.close()

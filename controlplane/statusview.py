@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+from controlplane import statuspage
+
 
 def _fmt_count(n: int) -> str:
     for unit, div in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
@@ -22,8 +24,13 @@ def same_shape(snap: dict) -> dict:
     data path's records (probe), seconds and ratios everywhere else."""
     for key in ("edged", "fleet", "bgp", "conntrack_partial"):
         snap.setdefault(key, None)
+    snap.setdefault("stopped_early", [])
+    snap.setdefault("summarized", False)
     for s in snap["services"]:
         s.setdefault("discovery", None)
+        s.setdefault("summary", None)
+        s.setdefault("backends_total", len(s["backends"]))
+        s.setdefault("backends_offset", 0)
         for b in s["backends"]:
             b.setdefault("edged", None)
     return snap
@@ -51,71 +58,97 @@ def print_status(snap: dict) -> None:
         )
     if snap.get("fleet"):
         print("  " + fmt_fleet(snap["fleet"]))
-    ct_entries = "" if snap["conntrack_entries"] is None else f"   conntrack entries: {snap['conntrack_entries']}"
-    print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{ct_entries}")
+    print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{statuspage.fmt_conntrack(snap)}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
     print("  drops:    " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["drops"].items()))
+    print("  drops before a service was known: " + fmt_drops((snap.get("no_service") or {}).get("drops", {})))
+    for line in snap.get("stopped_early") or ():
+        print(f"  stopped early: {line}")
+    if snap.get("summarized"):
+        print(
+            f"  summaries only ({sum(s['backends_total'] for s in snap['services'])} backends): "
+            "--service S, --offset N, --limit N or --full list them"
+        )
     for s in snap["services"]:
         print(
             f"\n  service {s['name']}  {s['vip']}:{s['port']}/{s['protocol']}  "
             f"packets {_fmt_count(s['packets'])}  bytes {_fmt_count(s['bytes'])}  "
             f"new flows {_fmt_count(s['new_flows'])}  returned {_fmt_count(s['return_packets'])}"
         )
+        print("    drops: " + fmt_drops(s.get("drops", {})))
         if s.get("discovery"):
             print("    " + _fmt_discovery(s["discovery"]))
-        total = sum(b["slots"] for b in s["backends"]) or 1
-        rows = [
+        if s.get("summary"):
+            print("    " + statuspage.fmt_summary(s))
+        if snap.get("summarized"):
+            continue
+        page = statuspage.fmt_page(s) if s.get("backends_total") is not None else None
+        if page:
+            print(f"    {page}")
+        _print_backends(s, bool(snap.get("fleet")))
+
+
+def _print_backends(s: dict, fleet: bool) -> None:
+    """A service's backends as a table, the operator's notes under it."""
+    total = sum(b["slots"] for b in s["backends"]) or 1
+    rows = [
+        (
+            "backend",
+            "address",
+            "weight",
+            "share",
+            "state",
+            "heartbeat",
+            "rtt p50/p99",
+            "load",
+            "probe",
+            "probe every",
+            "wire hs/fb p50",
+            "active",
+            "packets",
+            "new flows",
+            "failovers",
+            "returned",
+        )
+    ]
+    notes = []
+    for b in s["backends"]:
+        h, p = b["health"], b["probe"]
+        age = h["heartbeat_age_s"]
+        beat = "-" if not h["heartbeat"] else ("never" if age is None else f"{age * 1000:.0f}ms ago")
+        rows.append(
             (
-                "backend",
-                "address",
-                "weight",
-                "share",
-                "state",
-                "heartbeat",
-                "rtt p50/p99",
-                "load",
-                "probe",
-                "probe every",
-                "wire hs/fb p50",
-                "active",
-                "packets",
-                "new flows",
-                "failovers",
-                "returned",
+                b["name"] + (" (standby)" if b["standby"] else ""),
+                f"{b['address']}:{b['port']}",
+                str(b["weight"]),
+                f"{100 * b['slots'] / total:.1f}%",
+                b["state"],
+                beat,
+                _fmt_rtt(p),
+                _fmt_load(p),
+                p["state"] or "-",
+                fmt_probe_every(b),
+                *_fmt_wire(b),
+                _fmt_count(b["packets"]),
+                _fmt_count(b["new_flows"]),
+                _fmt_count(b["failovers"]),
+                _fmt_count(b["return_packets"]),
             )
-        ]
-        notes = []
-        for b in s["backends"]:
-            h, p = b["health"], b["probe"]
-            age = h["heartbeat_age_s"]
-            beat = "-" if not h["heartbeat"] else ("never" if age is None else f"{age * 1000:.0f}ms ago")
-            rows.append(
-                (
-                    b["name"] + (" (standby)" if b["standby"] else ""),
-                    f"{b['address']}:{b['port']}",
-                    str(b["weight"]),
-                    f"{100 * b['slots'] / total:.1f}%",
-                    b["state"],
-                    beat,
-                    _fmt_rtt(p),
-                    _fmt_load(p),
-                    p["state"] or "-",
-                    fmt_probe_every(b),
-                    *_fmt_wire(b),
-                    _fmt_count(b["packets"]),
-                    _fmt_count(b["new_flows"]),
-                    _fmt_count(b["failovers"]),
-                    _fmt_count(b["return_packets"]),
-                )
-            )
-            if p["reason"]:
-                notes.append(f"{b['name']}: {p['reason']}")
-            notes.extend(f"{b['name']}: {note}" for note in _operator_notes(b, bool(snap.get("fleet"))))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for r in rows:
-            print("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        for note in notes:
-            print(f"    {note}")
+        )
+        if p["reason"]:
+            notes.append(f"{b['name']}: {p['reason']}")
+        notes.extend(f"{b['name']}: {note}" for note in _operator_notes(b, fleet))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    for note in notes:
+        print(f"    {note}")
+
+
+def fmt_drops(drops: dict[str, int]) -> str:
+    """The drop reasons that counted any packet, most first: 'no_backend 12, untracked 3', or 'none'."""
+    seen = sorted(((n, reason) for reason, n in drops.items() if n), key=lambda x: (-x[0], x[1]))
+    return ", ".join(f"{reason} {_fmt_count(n)}" for n, reason in seen) or "none"
 
 
 def fmt_fleet(f: dict) -> str:

@@ -95,7 +95,7 @@ def test_status_drain_weight_events_and_metrics_through_edged(net, router, tmp_p
             value(families["edge_backend_rtt_seconds"], "edge_backend_rtt_seconds_count", service="web", backend="b2")
             >= 5
         )
-        assert value(families["edge_drops"], "edge_drops_total", reason="no_backend") == 0
+        assert value(families["edge_drops"], "edge_drops_total", service="web", reason="no_backend") == 0
         assert value(families["edge_backend_up"], "edge_backend_up", service="web", backend="b0") == 1
 
         recent = [

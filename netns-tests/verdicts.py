@@ -27,7 +27,7 @@ from scapy.layers.l2 import Dot1Q, Ether
 
 from controlplane import abi, loader
 from controlplane.config import parse_config
-from controlplane.maps import Maps, be16, be32
+from controlplane.maps import Maps, be16, be32, slot_counts
 from controlplane.maps.records import hash_mix  # flow.h's, checked against it by test_vip_filter
 
 XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = 1, 2, 3, 4
@@ -517,22 +517,36 @@ class World:
 
     # ------------------------------------------------------------ running
 
-    def counters(self) -> dict[str, int]:
-        """Every verdict and drop counter, summed over CPUs, by abi.py's names (drops as drop:NAME)."""
+    def counters(self) -> dict[tuple[str, str], int]:
+        """Every verdict and drop counter of edge_svc_counts, summed over CPUs, as
+        (service, name) -> n: service "" for the slot of packets no service is known for, names
+        abi.py's as the readers show them (drops as drop:NAME; records.slot_counts)."""
+        values = self.maps.counter_values()
+        slots = {vid: name for name, (vid, _) in self.ids.items()} | {PARAMS.max_services: ""}
         out = {}
-        for table, names, prefix in ((abi.MAP_VERDICTS, abi.CNT_NAMES, ""), (abi.MAP_DROPS, abi.DROP_NAMES, "drop:")):
-            t = self.t[table]
-            for i, name in names.items():
-                out[prefix + name] = sum(t[t.Key(i)])
+        for slot, service in slots.items():
+            counts = slot_counts(values, slot)
+            out |= {(service, k): n for k, n in counts["verdicts"].items() if k != "return_nat"}
+            out[(service, "return_nat")] = counts["verdicts"]["return_nat"] - counts["verdicts"]["return_xdp"]
+            out |= {(service, f"drop:{k}"): n for k, n in counts["drops"].items()}
         return out
 
-    def run(self, prog: str, frame: bytes) -> tuple[int, bytes, dict[str, int]]:
-        """(verdict, frame out, counters that changed and by how much) of one test run."""
+    def run(self, prog: str, frame: bytes) -> tuple[int, bytes, dict[str, int], dict[str, dict[str, int]]]:
+        """(verdict, frame out, counters that changed and by how much, the same by service) of
+        one test run; counters are the data path's own (return_nat: tc's alone)."""
         before = self.counters()
         ctx = _sk_buff(BACKEND_IF, LO) if prog == abi.PROG_RETURN else _xdp_md(len(frame), LO)
         done = loader.prog_test_run(self.fds[prog], frame, ctx=ctx)
         after = self.counters()
-        return done.retval, done.data_out, {k: after[k] - before[k] for k in after if after[k] != before[k]}
+        moved: dict[str, dict[str, int]] = {}
+        for (service, name), n in after.items():
+            if n != before[(service, name)]:
+                moved.setdefault(service, {})[name] = n - before[(service, name)]
+        node: dict[str, int] = {}
+        for counts in moved.values():
+            for name, n in counts.items():
+                node[name] = node.get(name, 0) + n
+        return done.retval, done.data_out, node, moved
 
 
 def _c(current, value):

@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 16
+#define EDGE_ABI_VERSION 17
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -349,11 +349,17 @@ struct node_info {
 	__u64 rnat_gen;
 };
 
-/* Verdict counters: index into edge_verdicts. */
+/* Counters of edge_svc_counts: slot s (a VIP id, or the slot after the last,
+ * max_services, for packets no service is known for) holds EDGE_SVC_COUNTERS
+ * u64s from index s * EDGE_SVC_COUNTERS: the EDGE_CNT_* verdicts, then the
+ * EDGE_DROP_* reasons from EDGE_CNT_MAX on (stats.h). */
+#define EDGE_SVC_COUNTERS 29 /* EDGE_CNT_MAX + EDGE_DROP_MAX */
+
+/* Verdict counters: EDGE_CNT_* of a slot of edge_svc_counts. */
 #define EDGE_CNT_PASS		  0  /* not for a VIP: handed to the stack untouched */
 #define EDGE_CNT_REDIRECT	  1  /* NATed and redirected to the backend's interface */
 #define EDGE_CNT_NAT_PASS	  2  /* NATed, handed to the stack (neighbour unresolved, VLAN) */
-#define EDGE_CNT_DROP		  3  /* dropped; edge_drops says why */
+#define EDGE_CNT_DROP		  3  /* dropped; the slot's EDGE_DROP_* counter says why */
 #define EDGE_CNT_RETURN_NAT	  4  /* return path: reverse NAT applied by tc; readers add RETURN_XDP (every reverse-NATed reply) */
 #define EDGE_CNT_HEARTBEAT	  5  /* valid heartbeat consumed */
 #define EDGE_CNT_EJECTION	  6  /* passive detection ejected a backend */
@@ -366,7 +372,8 @@ struct node_info {
 #define EDGE_CNT_DSR		  13 /* encapsulated in IPIP and redirected to its backend (direct server return, encap.h) */
 #define EDGE_CNT_MAX		  14
 
-/* Drop reasons: index into edge_drops. Never reuse a number; retire it. */
+/* Drop reasons: EDGE_CNT_MAX + EDGE_DROP_* of a slot of edge_svc_counts.
+ * Never reuse a number; retire it. */
 #define EDGE_DROP_MALFORMED	 1  /* truncated or inconsistent headers */
 #define EDGE_DROP_NO_BACKEND	 2  /* the VIP has no usable backend */
 #define EDGE_DROP_IP_OPTIONS	 3  /* IPv4 options on VIP traffic (not handled) */
@@ -383,6 +390,7 @@ struct node_info {
 #define EDGE_DROP_DSR_TOO_BIG	 14 /* DSR: the packet with its IPIP header exceeds the backend link's MTU */
 #define EDGE_DROP_MAX		 15
 
+_Static_assert(EDGE_SVC_COUNTERS == EDGE_CNT_MAX + EDGE_DROP_MAX, "abi: svc_counters");
 _Static_assert(sizeof(struct vip_key) == 8, "abi: vip_key");
 _Static_assert(sizeof(struct vip_info) == 16, "abi: vip_info");
 _Static_assert(sizeof(struct backend_info) == 16, "abi: backend_info");

@@ -97,32 +97,32 @@ static __always_inline int dsr_forward(struct xdp_md *ctx, struct pkt *pkt,
 	int rc;
 
 	if ((void *)(in + 1) > (void *)(long)ctx->data_end)
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(be->vip_id, EDGE_DROP_MALFORMED);
 	rc = encap_hop(ctx, in, be, bid, &nh);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS ? !nh : rc != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return count_drop(EDGE_DROP_NO_BACKEND);
+		return count_drop(be->vip_id, EDGE_DROP_NO_BACKEND);
 	len = bpf_ntohs(in->tot_len);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS && (__u32)len + sizeof(struct iphdr) > nh->mtu)
-		return count_drop(EDGE_DROP_DSR_TOO_BIG);
+		return count_drop(be->vip_id, EDGE_DROP_DSR_TOO_BIG);
 	/* No neighbour entry yet: the stack sends this one and resolves the
 	 * next hop. Its outer source is the client's: the router's own would
 	 * be a martian source to its stack. */
 	src = rc == BPF_FIB_LKUP_RET_SUCCESS ? nh->src : in->saddr;
 	eth = (void *)(long)ctx->data;
 	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(be->vip_id, EDGE_DROP_MALFORMED);
 	__builtin_memcpy(macs, eth, sizeof(macs)); /* for the stack: to the router, as it came */
 	decrease_ttl(in);
 	tos = in->tos;
 	df = in->frag_off & bpf_htons(0x4000);
 	if (bpf_xdp_adjust_head(ctx, -grow))
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(be->vip_id, EDGE_DROP_MALFORMED);
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
 	eth = data;
 	o = (void *)(eth + 1);
 	if ((void *)(o + 1) > data_end)
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(be->vip_id, EDGE_DROP_MALFORMED);
 	__builtin_memcpy(eth, macs, sizeof(macs));
 	eth->h_proto = bpf_htons(ETH_P_IP);
 	*(__u16 *)o = bpf_htons(0x4500 | tos); /* version 4, IHL 5, the inner TOS */
@@ -135,11 +135,11 @@ static __always_inline int dsr_forward(struct xdp_md *ctx, struct pkt *pkt,
 	o->daddr = be->addr;
 	encap_csum(o);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS || !nh)
-		return count_verdict(EDGE_CNT_DSR, XDP_PASS);
+		return count_verdict(be->vip_id, EDGE_CNT_DSR, XDP_PASS);
 	set_macs(eth, nh->dmac, nh->smac);
 	/* verifier: masked, the verdict cannot be the callers' EDGE_CONTINUE,
 	 * so no path goes on with the packet pointers adjust_head voided */
-	return count_verdict(EDGE_CNT_DSR, bpf_redirect(nh->ifindex, 0) & 0xff);
+	return count_verdict(be->vip_id, EDGE_CNT_DSR, bpf_redirect(nh->ifindex, 0) & 0xff);
 }
 
 #endif /* EDGE_ENCAP_H */

@@ -82,7 +82,7 @@ static __always_inline int backend_alive(const struct backend_info *be,
  * (n / EDGE_EJECT_SAMPLE)-th, rounded up) and the share ejected estimated
  * from the sample. verifier: a loop over all of EDGE_MAX_PER_SERVICE (1,024)
  * would not fit the slow path's budget. */
-static __always_inline int try_eject(const struct service_cfg *sc,
+static __always_inline int try_eject(__u32 vid, const struct service_cfg *sc,
 				     struct backend_health *h, __u64 now)
 {
 	__u32 i, ejected = 0, seen = 0, n = sc->n_backends, step, shift;
@@ -121,7 +121,7 @@ static __always_inline int try_eject(const struct service_cfg *sc,
 	h->probation = 1;
 	h->syn_outstanding = 0;
 	h->rst_count = 0;
-	count_index(EDGE_CNT_EJECTION);
+	count_index(vid, EDGE_CNT_EJECTION);
 	return 1;
 }
 
@@ -179,7 +179,7 @@ static __always_inline int passive_ok(const struct backend_info *be,
 	if (!h)
 		return 1;
 	if (passive_due(h, sc, now))
-		return !try_eject(sc, h, now);
+		return !try_eject(be->vip_id, sc, h, now);
 	if (!h->probation)
 		return 1;
 	if (h->trial_ns || (sc->flags & EDGE_SVC_F_PROBED))
@@ -222,7 +222,7 @@ static __always_inline void note_syn_answer(const struct backend_info *be,
 	}
 	h->rst_count++;
 	if ((sc->flags & EDGE_SVC_F_PASSIVE) && h->rst_count >= eject_after(h, sc))
-		try_eject(sc, h, now);
+		try_eject(be->vip_id, sc, h, now);
 }
 
 #endif /* EDGE_HEALTH_H */

@@ -116,12 +116,12 @@ static __always_inline int consume_heartbeat(struct __sk_buff *skb,
 	epoch = bpf_ntohl(hb.epoch);
 	seq = bpf_ntohl(hb.seq);
 	if (!hb_epoch_ok(epoch)) {
-		count_reason(EDGE_DROP_STALE_HB);
+		count_reason(EDGE_NO_SERVICE, EDGE_DROP_STALE_HB);
 		return TC_ACT_SHOT;
 	}
 	/* A copy of an earlier heartbeat must not keep a dead backend alive. */
 	if (!epoch || epoch < h->hb_epoch || (epoch == h->hb_epoch && seq <= h->hb_seq)) {
-		count_reason(EDGE_DROP_REPLAYED_HB);
+		count_reason(EDGE_NO_SERVICE, EDGE_DROP_REPLAYED_HB);
 		return TC_ACT_SHOT;
 	}
 	now = bpf_ktime_get_ns();
@@ -137,10 +137,10 @@ static __always_inline int consume_heartbeat(struct __sk_buff *skb,
 	}
 	h->hb_epoch = epoch;
 	h->hb_seq = seq;
-	count_index(EDGE_CNT_HEARTBEAT);
+	count_index(EDGE_NO_SERVICE, EDGE_CNT_HEARTBEAT);
 	return TC_ACT_SHOT;
 spoofed:
-	count_reason(EDGE_DROP_SPOOFED_HB);
+	count_reason(EDGE_NO_SERVICE, EDGE_DROP_SPOOFED_HB);
 	return TC_ACT_SHOT;
 }
 

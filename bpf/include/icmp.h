@@ -125,22 +125,22 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 	__u32 bid, why;
 
 	if ((void *)(iph + 1) > data_end || !edge_vip_addrs.lookup(&iph->daddr))
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	if ((void *)&e->icmp + sizeof(e->icmp) > data_end)
-		return count_drop(EDGE_DROP_ICMP_MALFORMED);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_MALFORMED);
 	if (!icmp4_is_error(e->icmp.type))
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	if ((void *)(e + 1) > data_end)
-		return count_drop(EDGE_DROP_ICMP_MALFORMED);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_MALFORMED);
 	why = icmp4_quote(&e->inner);
 	if (why)
-		return count_drop(why);
+		return count_drop(EDGE_NO_SERVICE, why);
 	if (e->inner.saddr != iph->daddr) /* not about a packet from this VIP */
-		return count_drop(EDGE_DROP_ICMP_MALFORMED);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_MALFORMED);
 	if (!ipv4_csum_ok(iph))
-		return count_drop(EDGE_DROP_BAD_CSUM);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_BAD_CSUM);
 	if (iph->ttl <= 1)
-		return count_verdict(EDGE_CNT_PASS, XDP_PASS);
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	k.src = e->inner.daddr;
 	k.dst = e->inner.saddr;
 	k.sport = e->dport;
@@ -149,12 +149,12 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 	bid = icmp_flow_backend(&k);
 	be = edge_backends.lookup(&bid);
 	if (!be || !(be->flags & EDGE_BE_F_VALID))
-		return count_drop(EDGE_DROP_ICMP_NO_FLOW);
-	count_index(EDGE_CNT_ICMP_TO_BACKEND);
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_NO_FLOW);
+	count_index(be->vip_id, EDGE_CNT_ICMP_TO_BACKEND);
 	if (icmp_dsr(be)) /* the backend's socket is the VIP's: the error goes as it is */
 		return dsr_forward(ctx, pkt, be, bid);
 	icmp4_to_backend(iph, e, be);
-	return forward(ctx, pkt, bid);
+	return forward(ctx, pkt, be->vip_id, bid);
 }
 
 /* tc: the return path's part. An ICMP error from a backend (outer source)
@@ -205,7 +205,7 @@ static __always_inline int icmp_return(struct __sk_buff *skb, struct iphdr *iph,
 			    sizeof(saddr));
 	bpf_skb_store_bytes(skb, l3_off + offsetof(struct iphdr, saddr), &ri->vip_addr,
 			    sizeof(ri->vip_addr), 0);
-	return count_verdict(EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
+	return count_verdict(ri->vip_id, EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
 }
 
 #endif /* EDGE_ICMP_H */

@@ -148,11 +148,12 @@ BPF_TABLE_PINNED("array", __u32, __s64, edge_inflight,
 /* Per-CPU latency histograms and open/close counts per backend id (wire.h). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct wire_stats, edge_wire,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_wire));
-/* Per-CPU packet counts by EDGE_CNT_* and by EDGE_DROP_* reason. */
-BPF_TABLE_PINNED("percpu_array", __u32, __u64, edge_verdicts,
-		 EDGE_CNT_MAX, EDGE_PIN(edge_verdicts));
-BPF_TABLE_PINNED("percpu_array", __u32, __u64, edge_drops,
-		 EDGE_DROP_MAX, EDGE_PIN(edge_drops));
+/* Per-CPU packet counts by EDGE_CNT_* verdict and EDGE_DROP_* reason, per
+ * service: slot VIP id, and EDGE_NO_SERVICE for packets dropped or passed
+ * before a service is known (abi.h, EDGE_SVC_COUNTERS; stats.h). */
+#define EDGE_NO_SERVICE EDGE_MAX_SERVICES
+BPF_TABLE_PINNED("percpu_array", __u32, __u64, edge_svc_counts,
+		 (EDGE_MAX_SERVICES + 1) * EDGE_SVC_COUNTERS, EDGE_PIN(edge_svc_counts));
 /* User space only: names, weights, and what deploy did to the node. */
 BPF_TABLE_PINNED("array", __u32, struct service_meta, edge_svc_meta,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_svc_meta));

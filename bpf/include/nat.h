@@ -137,8 +137,8 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct iphdr *iph,
 	return 0;
 }
 
-/* Sends the rewritten packet towards backend bid. */
-static __always_inline int forward(struct xdp_md *ctx, struct pkt *pkt, __u32 bid)
+/* Sends the rewritten packet towards backend bid of service vid. */
+static __always_inline int forward(struct xdp_md *ctx, struct pkt *pkt, __u32 vid, __u32 bid)
 {
 	struct iphdr *iph = pkt->iph;
 	struct ethhdr *eth = (void *)(long)ctx->data;
@@ -146,12 +146,12 @@ static __always_inline int forward(struct xdp_md *ctx, struct pkt *pkt, __u32 bi
 	struct nexthop *nh;
 
 	if (pkt->vlans || next_hop(ctx, iph, bid, &nh) < 0)
-		return count_verdict(EDGE_CNT_NAT_PASS, XDP_PASS);
+		return count_verdict(vid, EDGE_CNT_NAT_PASS, XDP_PASS);
 	if ((void *)(eth + 1) > data_end)
-		return count_drop(EDGE_DROP_MALFORMED);
+		return count_drop(vid, EDGE_DROP_MALFORMED);
 	decrease_ttl(iph);
 	set_macs(eth, nh->dmac, nh->smac);
-	return count_verdict(EDGE_CNT_REDIRECT, bpf_redirect(nh->ifindex, 0));
+	return count_verdict(vid, EDGE_CNT_REDIRECT, bpf_redirect(nh->ifindex, 0));
 }
 
 /* tc: the rest of the reverse NAT of a reply whose L4 checksum the caller
@@ -250,11 +250,11 @@ static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, _
  * client: cached FIB result (reply_hop), TTL - 1, MACs, bpf_redirect; with
  * no neighbour entry yet, bpf_redirect_neigh lets the kernel resolve it on
  * the way out (the stack would drop a reply from a local VIP as a martian).
- * Returns the tc verdict; TC_ACT_OK hands the packet to the stack (VLAN tag
+ * vid: the service, for the counters. Returns the tc verdict; TC_ACT_OK hands the packet to the stack (VLAN tag
  * or IPv4 options, TTL about to expire, no route, MTU exceeded, forwarding
  * off). The helper calls come first: they invalidate packet pointers. */
 static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 l4_off,
-				     __be32 vip_addr, __be16 vip_port)
+				     __be32 vip_addr, __be16 vip_port, __u32 vid)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -285,11 +285,11 @@ static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 
 
 		nb.nh_family = AF_INET;
 		nb.ipv4_nh = fib.ipv4_dst; /* the gateway, or the client */
-		return count_verdict(EDGE_CNT_RETURN_REDIRECT,
+		return count_verdict(vid, EDGE_CNT_RETURN_REDIRECT,
 				     redirect_neigh(fib.ifindex, &nb, sizeof(nb), 0));
 	}
 	set_macs(eth, hop->dmac, hop->smac);
-	return count_verdict(EDGE_CNT_RETURN_REDIRECT, bpf_redirect(hop->ifindex, 0));
+	return count_verdict(vid, EDGE_CNT_RETURN_REDIRECT, bpf_redirect(hop->ifindex, 0));
 }
 
 #endif /* EDGE_NAT_H */

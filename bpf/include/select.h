@@ -344,7 +344,7 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 		 * without an entry: a flow another router had (ECMP) finds the
 		 * backend the identical table gives it (stateless.h). */
 		*new_flow = 0;
-		count_index(EDGE_CNT_STATELESS);
+		count_index(vip->id, EDGE_CNT_STATELESS);
 		return be;
 	}
 	if (fi) {

@@ -121,7 +121,7 @@ static __always_inline int stateless_reply(struct __sk_buff *skb, struct flow_ke
 	id = maglev_slot(idx);
 	if (!id || *id != ri->backend_id)
 		return 0;
-	count_index(EDGE_CNT_RETURN_STATELESS);
+	count_index(ri->vip_id, EDGE_CNT_RETURN_STATELESS);
 	return 1;
 }
 

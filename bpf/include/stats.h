@@ -1,40 +1,49 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* stats.h: the one place verdicts, drops and traffic are counted. Every exit
- * of the data path goes through count_verdict() or count_drop(). */
+ * of the data path goes through count_verdict() or count_drop(), with the
+ * service it belongs to (EDGE_NO_SERVICE when none is known). */
 #ifndef EDGE_STATS_H
 #define EDGE_STATS_H
 
 #include "maps.h"
 
-static __always_inline void count_index(__u32 idx)
+/* Counter i (EDGE_CNT_*, or EDGE_CNT_MAX + EDGE_DROP_*) of service vid: a
+ * VIP id, or EDGE_NO_SERVICE when the packet is no known service's (before
+ * the VIP lookup, heartbeats). One lookup, as a node-wide counter cost:
+ * readers sum the slots for the node's counts. */
+static __always_inline void count_index(__u32 vid, __u32 i)
 {
-	__u64 *cnt = edge_verdicts.lookup(&idx);
+	__u32 key;
+	__u64 *cnt;
 
+	if (vid > EDGE_NO_SERVICE)
+		vid = EDGE_NO_SERVICE;
+	key = vid * EDGE_SVC_COUNTERS + i;
+	cnt = edge_svc_counts.lookup(&key);
 	if (cnt)
 		*cnt += 1;
 }
 
-/* Counts a packet under EDGE_CNT_* and returns the action to take. */
-static __always_inline int count_verdict(__u32 cnt, int action)
+/* Counts a packet of service vid under EDGE_CNT_* and returns the action. */
+static __always_inline int count_verdict(__u32 vid, __u32 cnt, int action)
 {
-	count_index(cnt);
+	count_index(vid, cnt);
 	return action;
 }
 
-/* Counts a drop under its EDGE_DROP_* reason (and as a drop verdict). */
-static __always_inline void count_reason(__u32 reason)
+/* Counts a drop of service vid under its EDGE_DROP_* reason (and as a drop
+ * verdict). */
+static __always_inline void count_reason(__u32 vid, __u32 reason)
 {
-	__u64 *cnt = edge_drops.lookup(&reason);
-
-	if (cnt)
-		*cnt += 1;
-	count_index(EDGE_CNT_DROP);
+	if (reason < EDGE_DROP_MAX) /* else no reason's number: a drop only */
+		count_index(vid, EDGE_CNT_MAX + reason);
+	count_index(vid, EDGE_CNT_DROP);
 }
 
-/* XDP: counts a drop with its reason; returns XDP_DROP. */
-static __always_inline int count_drop(__u32 reason)
+/* XDP: counts a drop of service vid with its reason; returns XDP_DROP. */
+static __always_inline int count_drop(__u32 vid, __u32 reason)
 {
-	count_reason(reason);
+	count_reason(vid, reason);
 	return XDP_DROP;
 }
 

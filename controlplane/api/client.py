@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from controlplane import statuspage
 from controlplane.api import convert, edge_pb2, edge_pb2_grpc
 from controlplane.errors import ApiDenied, ApiError, EdgeError, NotRunning
 
@@ -140,9 +141,13 @@ class Client:
 
     # ------------------------------------------------------------ calls
 
-    def status(self, count_conntrack: bool = False) -> dict:
-        """edged's snapshot, in the shape of `edgectl status --json` (one instance)."""
-        msg = self._call("GetStatus", edge_pb2.GetStatusRequest(count_conntrack=count_conntrack))
+    def status(self, count_conntrack: bool = False, view: statuspage.View | None = None) -> dict:
+        """edged's snapshot, in the shape of `edgectl status --json` (one instance); view: the
+        summaries or a page of backends, as edged applies it (statuspage.apply)."""
+        request = edge_pb2.GetStatusRequest(count_conntrack=count_conntrack)
+        if view is not None:
+            request.view.CopyFrom(convert.view_to_proto(view))
+        msg = self._call("GetStatus", request)
         return convert.status_from_proto(msg)
 
     # In a fleet these act on every node unless local; each returns the scope edged applied

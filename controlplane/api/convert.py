@@ -9,6 +9,7 @@ No gRPC here, and no policy: server.py and client.py call these.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from controlplane import abi
+from controlplane import abi, statuspage
 from controlplane.api import edge_pb2
 
 EVENT_KEYS = ("t", "kind", "text", "service", "backend")
@@ -104,16 +105,33 @@ def status_to_proto(snap: dict, edged: dict | None = None) -> edge_pb2.GetStatus
     return msg
 
 
+def view_to_proto(view: statuspage.View) -> edge_pb2.StatusView:
+    return fill(edge_pb2.StatusView(), dataclasses.asdict(view))
+
+
+def view_from_proto(msg: edge_pb2.StatusView) -> statuspage.View:
+    return statuspage.View(**to_dict(msg))
+
+
 def status_from_proto(msg: edge_pb2.GetStatusResponse) -> dict:
     """The snapshot dict `edgectl status --json` prints for one instance, with edged's additions."""
     snap = to_dict(msg)
-    snap["verdicts"] = _in_order(snap["verdicts"], abi.CNT_NAMES)
-    snap["drops"] = _in_order(snap["drops"], abi.DROP_NAMES)
+    for counts in (snap, snap["no_service"] or {}, *snap["services"]):
+        if "verdicts" not in counts:
+            continue
+        counts["verdicts"] = _in_order(counts["verdicts"], abi.CNT_NAMES)
+        counts["drops"] = _in_order(counts["drops"], abi.DROP_NAMES)
     del snap["edged"]
     # no node.fleet / node.bgp, a complete count: the key is absent, as in the daemon's snapshot
-    for key in ("fleet", "bgp", "conntrack_partial"):
+    for key in ("fleet", "bgp", "conntrack_partial", "summarized"):
         if snap[key] is None:
             del snap[key]
+    if not snap["stopped_early"]:
+        del snap["stopped_early"]
+    for s in snap["services"]:  # a snapshot without a view: no summaries, as the daemon's
+        for key in ("summary", "backends_total", "backends_offset"):
+            if s[key] is None:
+                del s[key]
     if msg.HasField("edged"):
         snap["edged"] = {
             "version": msg.edged.version,

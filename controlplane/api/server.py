@@ -29,7 +29,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from controlplane import __version__, limits
+from controlplane import __version__, limits, statuspage
 from controlplane.api import convert, edge_pb2, edge_pb2_grpc
 from controlplane.config import MAX_CONFIG_BYTES
 from controlplane.errors import ConfigError, EdgeError
@@ -80,7 +80,9 @@ class Edged(Protocol):
     config_path: Optional[str]  # the file edged was started with: the only one a reload reads
     not_serving: str  # why the data path is not whole, '' while it is
 
-    def snapshot(self, count_conntrack: bool = False) -> Awaitable[dict] | dict: ...
+    def snapshot(
+        self, count_conntrack: bool = False, view: Optional[statuspage.View] = None
+    ) -> Awaitable[dict] | dict: ...
 
     def operate(
         self, kind: str, service: str, backend: str, weight: Optional[int] = None, local: bool = False
@@ -110,7 +112,11 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
 
     async def GetStatus(self, request, context):
         async def work():
-            snap = await _maybe_await(self.daemon.snapshot(count_conntrack=request.count_conntrack))
+            view = convert.view_from_proto(request.view) if request.HasField("view") else None
+            if view is not None:
+                view.check()  # a bad view is refused before the walk
+            # a page or the summaries (view): megabytes at 10,000 backends stay in edged
+            snap = await _maybe_await(self.daemon.snapshot(count_conntrack=request.count_conntrack, view=view))
             return convert.status_to_proto(
                 snap,
                 {"version": __version__, "pid": os.getpid(), "t": time.time(), "not_serving": self.daemon.not_serving},

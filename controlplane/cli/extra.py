@@ -31,11 +31,11 @@ def _fleet_of(args):
 def cmd_fleet_status(args) -> int:
     import asyncio
 
-    from controlplane.fleet import member, snapshot
+    from controlplane.fleet import etcdio, snapshot
 
     fleet = _fleet_of(args)
     try:
-        status = asyncio.run(member.read_status(fleet))
+        status = asyncio.run(etcdio.read_status(fleet))
     except ConnectionError as e:
         raise EdgeError(str(e)) from None
     return emit(args, status, snapshot.format_status(status))

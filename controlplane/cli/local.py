@@ -4,11 +4,11 @@ and api_socket (nodeconf); status prefers edged's view when an edged answers."""
 
 from __future__ import annotations
 
-from controlplane import configdiff, statusview
+from controlplane import configdiff, statuspage, statusview
 from controlplane.cli import nodeconf
-from controlplane.cli.exits import REFUSED
+from controlplane.cli.exits import REFUSED, UsageError
 from controlplane.cli.output import PROG, emit, progress
-from controlplane.errors import ConfigError, NotRunning
+from controlplane.errors import ConfigError, EdgeError, NotRunning
 
 
 def _config_file(args) -> str:
@@ -58,18 +58,23 @@ def cmd_validate(args) -> int:
     )
 
 
-def running(args, iface: str | None = None) -> list[dict]:
+def running(args, iface: str | None = None, view: statuspage.View | None = None) -> list[dict]:
     """Snapshots of what runs here: edged's view when one answers (and runs iface), else the
-    pinned maps'."""
-    snaps = None if getattr(args, "maps", False) else _status_from_edged(args, iface)
+    pinned maps' (their walks within deploy.STATUS_WALK_S); view: the summaries or a page of
+    backends (statuspage), as edged applies it or here to the maps'."""
+    snaps = None if getattr(args, "maps", False) else _status_from_edged(args, iface, view)
     if snaps is None:
         from controlplane import deploy
 
         snaps = deploy.status(nodeconf.pin_dir(args), iface, count_conntrack=getattr(args, "conntrack", False))
+        try:
+            snaps = [statuspage.apply(snap, view) for snap in snaps] if view is not None else snaps
+        except LookupError as e:
+            raise EdgeError(str(e).strip("'\"")) from None
     return snaps
 
 
-def _status_from_edged(args, iface: str | None) -> list[dict] | None:
+def _status_from_edged(args, iface: str | None, view: statuspage.View | None = None) -> list[dict] | None:
     import os
 
     from controlplane.cli.served import client
@@ -78,7 +83,7 @@ def _status_from_edged(args, iface: str | None) -> list[dict] | None:
         return None
     try:
         with client(args) as edged:
-            snap = edged.status(count_conntrack=getattr(args, "conntrack", False))
+            snap = edged.status(count_conntrack=getattr(args, "conntrack", False), view=view)
     except NotRunning:
         if args.api:
             raise
@@ -150,7 +155,12 @@ def cmd_undeploy(args) -> int:
 
 
 def cmd_status(args) -> int:
-    snaps = [statusview.same_shape(snap) for snap in running(args, args.iface)]
+    view = statuspage.View(args.summary, args.full, args.service, args.offset, args.limit)
+    try:
+        view.check()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    snaps = [statusview.same_shape(snap) for snap in running(args, args.iface, view)]
     if args.json:
         return emit(args, snaps, "")
     if not snaps:

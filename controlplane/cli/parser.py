@@ -147,6 +147,17 @@ def _local_commands(sub) -> None:
     _node_config(s)
     _pin_dir(s)
     s.add_argument("--maps", action="store_true", help="read the pinned maps even when edged answers")
+    s.add_argument(
+        "--summary",
+        action="store_true",
+        default=None,
+        help="per service only counts: backends up, down, draining, weights sum, failovers "
+        "(the default above 256 backends)",
+    )
+    s.add_argument("--full", action="store_true", help="list every backend, whatever the size")
+    s.add_argument("--service", default="", help="only this service")
+    s.add_argument("--offset", type=int, default=0, help="list each service's backends from this one on (from 0)")
+    s.add_argument("--limit", type=int, default=None, help="list at most this many backends per service")
     _api_args(s)
     s.set_defaults(func=local.cmd_status)
 

@@ -11,7 +11,7 @@ import time
 from controlplane import configdiff, limits
 from controlplane.cli import nodeconf
 from controlplane.cli.exits import UsageError
-from controlplane.cli.output import emit
+from controlplane.cli.output import emit, progress
 from controlplane.errors import EdgeError
 
 WEIGHT_MAX = limits.WEIGHT_MAX
@@ -90,6 +90,17 @@ def share_to_weight(pct: float, scale: int) -> int:
     return max(weight, 1) if pct > 0 else 0
 
 
+def share_note(pct: float, weight: int, scale: int) -> str | None:
+    """One line when the pinned weight is more than 5 points away from the share asked for
+    (weights too small to express it, e.g. static weights of 1); None when it is close."""
+    if not scale or abs(100 * weight / scale - pct) <= 5:
+        return None
+    return (
+        f"note: {pct:g}% of the best backend's weight {scale} is {weight} ({100 * weight / scale:.3g}%): "
+        f"the service's weights are too small to express it; give its backends larger weights (e.g. 100)"
+    )
+
+
 def _scale(edged, service: str) -> int:
     """The largest weight among the service's primaries now (10,000 under latency_inverse)."""
     for s in edged.status()["services"]:
@@ -106,6 +117,9 @@ def cmd_weight(args) -> int:
         scale = None if args.clear else _scale(edged, args.service)
         if pct is not None:
             weight = share_to_weight(pct, scale)
+            note = share_note(pct, weight, scale)
+            if note:
+                progress(args)(note)
         scope = _scope(edged.set_weight(args.service, args.backend, weight, local=args.local), args.local)
     name = f"{args.service}/{args.backend}"
     if args.clear:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable, Mapping, TypeVar
 
 from controlplane import configdiff, deploy, desired, netlink
 from controlplane.config import Config, load_config, load_config_text
@@ -18,8 +19,47 @@ from controlplane.edged.state import State
 from controlplane.edged.status import Status
 from controlplane.edged.steer import Steering
 from controlplane.errors import ConfigError, EdgeError
+from controlplane.maps import ApplyReport
+
+T = TypeVar("T")
 
 LEAVING_IDLE_S = 3.0  # a removed backend with no packets this long has no connections left
+
+
+async def off_loop(state: State, work: Callable[[], T]) -> T:
+    """work() on a worker thread, awaited to its end: a thread cannot be stopped, so a caller
+    cancelled meanwhile (an API client gone, edged stopping) still holds its locks until the
+    work is done, then is cancelled. State.walks holds it too: close() waits for it before
+    closing the maps."""
+    fut = asyncio.ensure_future(asyncio.to_thread(work))
+    state.walks.add(fut)
+    fut.add_done_callback(state.walks.discard)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(fut)
+            break
+        except asyncio.CancelledError:
+            if fut.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
+async def apply_off_loop(state: State, applied: Config, routes: Mapping) -> ApplyReport:
+    """The maps made to describe applied (deploy.adopted: the weights in force stay) on a worker
+    thread: a full apply at 10,000 backends takes about 2 s of CPU, which edged's loop (the API,
+    probes, the watch) must not wait for. The caller holds apply_lock and the write lock;
+    State.maps_idle is clear meanwhile, so no step, operator action or status record writes the
+    maps under the apply (they wait for it); status and metrics walks read on."""
+    maps = state.maps
+    state.maps_idle.clear()
+    try:
+        return await off_loop(state, lambda: maps.apply(deploy.adopted(maps, applied), routes))
+    finally:
+        state.maps_idle.set()
 
 
 class Changes:
@@ -147,11 +187,16 @@ class Changes:
         routes = await asyncio.to_thread(deploy.backend_routes, applied)
         node = state.maps.node()
         if set(routes.values()) <= set(node["return_ifindex"]):
-            report = state.maps.apply(deploy.adopted(state.maps, applied), routes)
+            report = await apply_off_loop(state, applied, routes)
         else:  # new backend-facing interface: deploy attaches the return path there
-            res = await asyncio.to_thread(
-                deploy.deploy, applied, state.iface, adopt_weights=True, hold=True, lock=state.node_lock
-            )
+            state.maps_idle.clear()  # the old maps take no writes while deploy writes the pins
+            try:
+                res = await off_loop(
+                    state,
+                    lambda: deploy.deploy(applied, state.iface, adopt_weights=True, hold=True, lock=state.node_lock),
+                )
+            finally:
+                state.maps_idle.set()
             old_held, old_maps = state.held, state.maps
             state.held, state.maps, state.reply_ifindex = res.held, res.maps, res.reply_ifindex
             old_maps.close()

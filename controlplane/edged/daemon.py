@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable
 
-from controlplane import abi, deploy, desired, wiresignals
+from controlplane import abi, deploy, desired, statuspage, wiresignals
 from controlplane.config import Config
 from controlplane.discovery.supervisor import secrets_of
-from controlplane.edged import announce, bird, metrics, watch
-from controlplane.edged.changes import Changes
+from controlplane.edged import announce, bird, metrics, metricsserver, watch
+from controlplane.edged.changes import Changes, apply_off_loop
 from controlplane.edged.events import Events
 from controlplane.edged.operations import Operations
 from controlplane.edged.state import State
@@ -53,7 +53,7 @@ class Daemon:
         self.operations = Operations(self.state, self.steering, self.status)
         self.changes = Changes(self.state, self.steering, self.status)
         self.on_serving: Callable[[bool], object] | None = None  # serve() sets grpc health with it
-        self._metrics: metrics.MetricsServer | None = None
+        self._metrics: metricsserver.MetricsServer | None = None
         self._adopted: dict = {}  # at start: discovered backends kept from the pinned maps
 
     # ------------------------------------------------------------ what the API and cli.py call
@@ -71,9 +71,10 @@ class Daemon:
         """Why the data path is not whole; '' while it is."""
         return self.state.not_serving
 
-    async def snapshot(self, count_conntrack: bool = False) -> dict:
-        """`edgectl status --json`, with edged's view of every backend (status.Status.snapshot)."""
-        return await self.status.snapshot(self.changes.discovery.view, count_conntrack)
+    async def snapshot(self, count_conntrack: bool = False, view: statuspage.View | None = None) -> dict:
+        """`edgectl status --json`, with edged's view of every backend shown (status.Status.snapshot);
+        view: the summaries or a page (statuspage)."""
+        return await self.status.snapshot(self.changes.discovery.view, count_conntrack, view)
 
     async def operate(
         self, kind: str, service: str, backend: str, weight: int | None = None, local: bool = False
@@ -106,7 +107,7 @@ class Daemon:
         # first: a second edged on the same router is told so here, not by the metrics port it shares
         state.node_lock.acquire()  # held until close(): edgectl deploy is refused meanwhile
         # before deploy: a bad metrics_listen fails with the kernel untouched
-        self._metrics = metrics.start_http(state.cfg.node.metrics_listen, metrics.make_registry(collector))
+        self._metrics = metricsserver.start_http(state.cfg.node.metrics_listen, metrics.make_registry(collector))
         # drain-node outlives edged (a mark beside the locks): a restart must not announce again
         state.node_drained = deploy.node_drain(state.instance) is not None
         # discovered backends are there from the first deploy (or a source's failure is on record)
@@ -367,7 +368,7 @@ class Daemon:
         applied = replace(state.cfg, services=tuple(st.service for st in state.services.values()))
         try:
             routes = await asyncio.to_thread(deploy.backend_routes, applied)
-            state.maps.apply(deploy.adopted(state.maps, applied), routes)
+            await apply_off_loop(state, applied, routes)
         except EdgeError as e:
             state.failed(f"data path: after putting the return path back: {e}", e, None)
 
@@ -397,6 +398,7 @@ class Daemon:
         failing = None
         while True:
             self.steering.pace_probes(self.state.wire_fresh, time.monotonic_ns())  # as of each service's last step
+            await self.state.maps_idle.wait()  # the record is written between applies, not under one
             try:
                 self.status.write_status(time.monotonic_ns())
                 await self.changes.retire_leaving(time.monotonic_ns())

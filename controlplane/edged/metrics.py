@@ -1,6 +1,6 @@
 """edged's Prometheus metrics: a collector that reads the data path's counters
 at scrape time, the few things only edged sees (RTT histograms, SLA windows,
-probe and push counts, kept by Observer), and the HTTP endpoint serving them.
+probe and push counts, kept by Observer), served by metricsserver.py's endpoint.
 
 It decides nothing and writes no map. The source is duck-typed: anything with
 snapshot() -> dict shaped like maps.Maps.snapshot(), each backend optionally
@@ -13,15 +13,12 @@ import asyncio
 import bisect
 import concurrent.futures
 import inspect
-import re
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from typing import Awaitable, Callable, Iterable, Iterator, Optional
 
-from prometheus_client import MetricsHandler, ProcessCollector
+from prometheus_client import ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -32,7 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from controlplane import __version__, abi, limits, wiresignals
+from controlplane import __version__, abi, wiresignals
 from controlplane.errors import EdgeError
 from controlplane.samples import Sample, quantile
 
@@ -40,11 +37,6 @@ from controlplane.samples import Sample, quantile
 RTT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 CT_COUNT_EVERY_S = 30.0  # edge_conntrack_entries: a scrape walks the conntrack table at most this often
 LOOP_TIMEOUT_S = 6.0  # LoopSource: longest a scrape waits for edged (its walks end within 5 s)
-# The endpoint is reachable by any local user: a connection that sends nothing is closed after
-# IDLE_TIMEOUT_S, and at most MAX_CONNECTIONS are served at once (each holds a thread and an
-# fd); one more is closed as soon as it is accepted. A scrape sends its request at once.
-IDLE_TIMEOUT_S = 10.0
-MAX_CONNECTIONS = 32
 
 BE = ("service", "backend")
 
@@ -78,8 +70,18 @@ METRICS = (
     Spec("edge_new_flows_total", "counter", "Flows (conntrack misses) that were sent to this backend", BE),
     Spec("edge_return_packets_total", "counter", "Backend-to-client packets reverse-NATed", BE),
     Spec("edge_failovers_total", "counter", "New flows this backend took because their Maglev pick was unusable", BE),
-    Spec("edge_drops_total", "counter", "Packets the data path dropped, by reason", ("reason",)),
-    Spec("edge_verdicts_total", "counter", "Packets by the data path's verdict", ("verdict",)),
+    Spec(
+        "edge_drops_total",
+        "counter",
+        'Packets the data path dropped, by service and reason (service "": before a service was known)',
+        ("service", "reason"),
+    ),
+    Spec(
+        "edge_verdicts_total",
+        "counter",
+        'Packets by the data path\'s verdict, by service (service "": no service known)',
+        ("service", "verdict"),
+    ),
     Spec("edge_backend_up", "gauge", "1 when the data path considers the backend usable for new flows", BE),
     Spec(
         "edge_backend_probe_down",
@@ -188,6 +190,12 @@ METRICS = (
         "Connections the data path tracks (edge_ct), counted by walking the table at most every 30 s",
     ),
     Spec("edge_conntrack_capacity", "gauge", "Entries edge_ct holds before its LRU evicts (node.ct_size)"),
+    Spec(
+        "edge_scrape_walk_complete",
+        "gauge",
+        "1 when this scrape's walk of the maps read them all; 0: it stopped at its deadline "
+        "and the series of what it did not reach are absent (edgectl status says what it cut)",
+    ),
     Spec("edge_info", "info", "edged's version, interface and data-path ABI", ("version", "iface", "abi")),
     Spec("edge_scrape_errors_total", "counter", "Scrapes that could not read the data path's maps"),
     Spec(
@@ -409,6 +417,9 @@ def _add_conntrack(fams: dict[str, Metric], snap: dict) -> None:
         fams["edge_conntrack_entries"].add_metric([], snap["conntrack_entries"])
     if snap.get("node", {}).get("ct_size"):
         fams["edge_conntrack_capacity"].add_metric([], snap["node"]["ct_size"])
+    # a conntrack count cut short keeps the last complete one (_snapshot): only the backends' walk counts here
+    cut = [line for line in snap.get("stopped_early") or () if not line.startswith("conntrack:")]
+    fams["edge_scrape_walk_complete"].add_metric([], 0 if cut else 1)
 
 
 def _add_bgp(fams: dict, bgp: dict | None) -> None:
@@ -418,12 +429,19 @@ def _add_bgp(fams: dict, bgp: dict | None) -> None:
         fams["edge_bgp_speaker_restarts_total"].add_metric([], bgp["speaker_restarts"])
 
 
+def _add_counts(fams: dict[str, Metric], service: str, counts: dict) -> None:
+    """One service's drop and verdict counters ("": the packets no service is known for)."""
+    for reason, n in counts.get("drops", {}).items():
+        fams["edge_drops_total"].add_metric([service, reason], n)
+    for verdict, n in counts.get("verdicts", {}).items():
+        fams["edge_verdicts_total"].add_metric([service, verdict], n)
+
+
 def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
     """Adds the maps' counters and edged's view; returns the service names."""
-    for reason, n in snap["drops"].items():
-        fams["edge_drops_total"].add_metric([reason], n)
-    for verdict, n in snap["verdicts"].items():
-        fams["edge_verdicts_total"].add_metric([verdict], n)
+    _add_counts(fams, "", snap.get("no_service") or {})
+    for s in snap["services"]:
+        _add_counts(fams, s["name"], s)
     counters = (
         ("edge_packets_total", "packets"),
         ("edge_bytes_total", "bytes"),
@@ -571,93 +589,3 @@ class LoopSource:
         except concurrent.futures.TimeoutError:  # not yet the builtin before Python 3.11
             future.cancel()
             raise EdgeError(f"the daemon's loop did not answer within {self.timeout_s:g}s") from None
-
-
-# ---------------------------------------------------------------- the endpoint
-
-_LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9][A-Za-z0-9.-]*)):(?P<port>[0-9]{1,5})")
-
-
-def split_listen(listen: str) -> tuple[str, int]:
-    """HOST:PORT or [IPv6]:PORT -> (host, port); port 0 picks a free one."""
-    m = _LISTEN.fullmatch(listen)
-    if m is None or not limits.is_port(int(m["port"]), zero=True):
-        raise EdgeError(f"metrics: {listen!r} is not HOST:PORT")
-    return m["v6"] or m["host"], int(m["port"])
-
-
-class _Server4(ThreadingHTTPServer):
-    """One thread per connection, at most max_connections of them (see MAX_CONNECTIONS)."""
-
-    daemon_threads = True
-    max_connections = MAX_CONNECTIONS
-    request_queue_size = 64  # the listen backlog: a burst is accepted (and refused) quickly
-
-    def server_activate(self) -> None:
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-        self.refused = 0
-        super().server_activate()
-
-    def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
-class _Server6(_Server4):
-    address_family = socket.AF_INET6
-
-
-class MetricsServer:
-    """The running endpoint; close() stops it and frees the port."""
-
-    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread):
-        self._httpd, self._thread = httpd, thread
-        host, port = httpd.server_address[:2]
-        self.port: int = port
-        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-    def close(self) -> None:
-        if self._httpd is None:
-            return
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-        self._httpd = None
-
-    def __enter__(self) -> "MetricsServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def start_http(listen: str, registry: CollectorRegistry, idle_timeout_s: float = IDLE_TIMEOUT_S) -> MetricsServer:
-    """Serves registry at /metrics on listen (node.metrics_listen) from a thread; a connection
-    silent for idle_timeout_s is closed, and at most MAX_CONNECTIONS are served at once."""
-    host, port = split_listen(listen)
-    handler = type("EdgeMetricsHandler", (MetricsHandler.factory(registry),), {"timeout": idle_timeout_s})
-    try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        server = _Server6 if family == socket.AF_INET6 else _Server4
-        httpd = server(addr[:2], handler)
-    except OSError as e:
-        raise EdgeError(f"metrics: cannot listen on {listen}: {e.strerror or e}") from None
-    # a short poll keeps close() quick
-    thread = threading.Thread(
-        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"metrics {listen}", daemon=True
-    )
-    thread.start()
-    return MetricsServer(httpd, thread)

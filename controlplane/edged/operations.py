@@ -58,6 +58,7 @@ class Operations:
         if fleet is not None and not local:
             await self._in_fleet(fleet, kind, service, backend, weight)
             return "fleet"
+        await self.state.maps_idle.wait()  # an apply writing the maps on a worker thread comes first
         if kind == "drain":
             self.drain(service, backend)
         elif kind == "undrain":

@@ -24,6 +24,12 @@ from controlplane.maps import Maps
 Key = tuple[str, str]  # (service, backend)
 
 
+def _set_event() -> asyncio.Event:
+    e = asyncio.Event()
+    e.set()
+    return e
+
+
 @dataclass
 class Steered:
     """One service as edged drives it."""
@@ -79,6 +85,9 @@ class State:
     # (service, backend) whose wire signal was fresh at its service's last step (adaptive probing)
     wire_fresh: set[Key] = field(default_factory=set)
     apply_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one change of the maps at a time
+    # clear while an apply writes the maps on a worker thread (changes.apply_off_loop): the loop's
+    # writers (steps, operator actions, the status record) wait for it; readers (status, metrics) do not
+    maps_idle: asyncio.Event = field(default_factory=_set_event)
     tasks: list[asyncio.Task] = field(default_factory=list)  # edged's loops, for healthy() and close()
     walks: set[asyncio.Future] = field(default_factory=set)  # status walks, for close() to wait for
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -104,6 +113,11 @@ class State:
             cfg=cfg,
             static_cfg=cfg,
         )
+
+    @property
+    def applying(self) -> bool:
+        """An apply is writing the maps on a worker thread: nothing on the loop may write them."""
+        return not self.maps_idle.is_set()
 
     def failed(self, text: str, e: EdgeError, before: str | None, **fields) -> str:
         """A loop's step failed and the loop goes on: counted every time when a map is to

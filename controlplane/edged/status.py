@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from controlplane import abi, deploy, desired, weights, wiresignals
+from controlplane import abi, deploy, desired, statuspage, weights, wiresignals
 from controlplane.edged import announce
 from controlplane.edged.state import State
 from controlplane.errors import EdgeError
@@ -69,15 +69,22 @@ class Status:
             problem=state.not_serving,
         )
 
-    async def snapshot(self, discovered: Callable[[], dict], count_conntrack: bool = False) -> dict:
+    async def snapshot(
+        self, discovered: Callable[[], dict], count_conntrack: bool = False, view: statuspage.View | None = None
+    ) -> dict:
         """This instance as `edgectl status --json` shows it, plus edged's view per backend and
         discovered() (discovery's view per service, asked once the walk is done). The maps are
         walked on a worker thread within WALK_DEADLINE_S: a conntrack count cut by the deadline
-        is None (conntrack_partial: entries counted before it)."""
+        is None (conntrack_partial: entries counted before it). view: the summaries or a page
+        (statuspage.apply), applied before edged's views are added: only to the backends shown."""
         state = self.state
         if state.maps is None:
             raise EdgeError("edged has no data path open (starting or stopping)")
+        if view is not None:
+            view.check()  # refused before the walk
         snap = await self._walk(count_conntrack)
+        if view is not None:
+            snap = statuspage.apply(snap, view)
         now = time.monotonic_ns()
         found = discovered()
         if state.fleet is not None:  # node.fleet: this node's view of its fleet

@@ -150,6 +150,7 @@ class Steering:
             st = self.state.services.get(name)
             if st is None:
                 return
+            await self.state.maps_idle.wait()  # an apply writing the maps on a worker thread comes first
             st.wake.clear()
             try:
                 self.step(st, time.monotonic_ns())
@@ -166,8 +167,11 @@ class Steering:
                     pass
 
     def step(self, st: Steered, now_ns: int) -> bool:
-        """One decision for one service; pushes it when the policy says so."""
+        """One decision for one service; pushes it when the policy says so. Not while an apply
+        writes the maps on a worker thread (State.applying): callers on the loop wait for it."""
         s, state = st.service, self.state
+        if state.applying:
+            raise EdgeError(f"{s.name}: an apply is writing the maps; the step waits for it")
         self._readmit(st)
         self._read_wire(st, now_ns)
         forced = self._operator_weights(s)
@@ -249,7 +253,9 @@ class Steering:
         tables = {}
         for name in got.weights:
             st = self.state.services.get(name)
-            if st is not None:
+            if st is not None and self.state.applying:  # its steer loop steps once the apply is done
+                st.wake.set()
+            elif st is not None:
                 try:
                     self.step(st, time.monotonic_ns())
                     tables[name] = self.state.maps.table_digest(st.service)

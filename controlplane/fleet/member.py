@@ -22,7 +22,7 @@ snapshot it applied (the data path keeps forwarding with it) and says so (a flee
 edge_fleet_connected 0, `edgectl status`); it counts it (edge_fleet_faults_total), reconnects
 (next endpoint, after retry_ms, doubled up to BACKOFF_MAX_S while it cannot connect) and
 resumes with a full read.
-The decisions are snapshot.py's; this file only moves documents.
+The decisions are snapshot.py's and the I/O helpers etcdio.py's; this file only moves documents.
 """
 
 from __future__ import annotations
@@ -34,16 +34,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Optional
 
 import aetcd
-import grpc
 from aetcd import utils
 
 from controlplane import weights as policy
 from controlplane.config import Fleet, Service
-from controlplane.discovery.etcd import client as etcd_client, close_quietly
-from controlplane.discovery.tokens import read_secret
-from controlplane.fleet import operator as op, schema, snapshot as fs
+from controlplane.discovery.etcd import close_quietly
+from controlplane.fleet import etcdio, operator as op, schema, snapshot as fs
 
-FAULTS = (asyncio.TimeoutError, aetcd.ClientError, grpc.RpcError, OSError, ConnectionError, ValueError)
+FAULTS = etcdio.FAULTS
 BACKOFF_MAX_S = 10.0  # a session that fails before it connects waits twice as long each time, up to this
 
 
@@ -168,7 +166,7 @@ class Member:
             self._client = None
             reached = False
             try:
-                self._client = await _connect(self.cfg, host, port)
+                self._client = await etcdio.connect(self.cfg, host, port)
                 await self._session(self._client)
                 why = "session ended"
             except asyncio.CancelledError:  # edged stops: the lease goes now, so another node leads at once
@@ -345,7 +343,7 @@ class Member:
         return snap
 
     async def _follow_snapshot(self, c: aetcd.Client, start: int) -> None:
-        async for event in _events(c, self.k_snapshot, None, self.cfg.timeout_ms, start_revision=start):
+        async for event in etcdio.events(c, self.k_snapshot, None, self.cfg.timeout_ms, start_revision=start):
             if event.kind == aetcd.EventKind.PUT:
                 await self._take(c, event.kv)
 
@@ -371,7 +369,7 @@ class Member:
             if value.decode(errors="replace") != self.leader:
                 self.leader = value.decode(errors="replace")
                 self.emit("fleet-leader", f"fleet: {self.leader} is the leader", leader=self.leader)
-            async for event in _events(
+            async for event in etcdio.events(
                 c, self.k_leader, None, self.cfg.timeout_ms, start_revision=meta.mod_revision + 1
             ):
                 if event.kind == aetcd.EventKind.DELETE:
@@ -415,11 +413,11 @@ class Member:
             self._put_report(term, kv.key, kv.value)
         for kv in marked:
             self._put_mark(term, kv.key, kv.value, kv.mod_revision)
-        term.last = _continue_from(got, term.reports.values(), listing.header.revision)
+        term.last = etcdio.continue_from(got, term.reports.values(), listing.header.revision)
         return term, (listing.header.revision + 1, marked.header.revision + 1)
 
     async def _pump(self, c: aetcd.Client, k: bytes, start: int, queue: asyncio.Queue) -> None:
-        async for event in _events(c, k, utils.prefix_range_end(k), self.cfg.timeout_ms, start_revision=start):
+        async for event in etcdio.events(c, k, utils.prefix_range_end(k), self.cfg.timeout_ms, start_revision=start):
             queue.put_nowait(event)
 
     async def _publish(self, c: aetcd.Client, term: _Term, force: bool) -> None:
@@ -553,109 +551,3 @@ class Member:
             if ok:
                 return before, after
         raise ConnectionError(f"{k.decode()}: changed by others five times in a row; try again")
-
-
-def _password(cfg: Fleet) -> Optional[bytes]:
-    """node.fleet.password_file's password (None without etcd auth); ConfigError naming the field."""
-    if cfg.password_file is None:
-        return None
-    return read_secret(cfg.password_file, "node.fleet.password_file")
-
-
-async def _connect(cfg: Fleet, host: str, port: int) -> aetcd.Client:
-    """A client for one endpoint, with this node's etcd user if it has one (its password read
-    off the loop, at every connect: a changed password takes effect at the next session)."""
-    password = await asyncio.to_thread(_password, cfg)
-    return etcd_client(host, port, cfg.timeout_ms, cfg.user, password)
-
-
-def _continue_from(got, reports: Iterable[dict], revision: int) -> Optional[dict]:
-    """The snapshot a new leader continues from: the last one if it is well-formed and its
-    version no jump (never above its revision), with its version raised to the highest that a
-    node reports having applied (never above the revision now): whatever was written to the
-    snapshot key, the next version is newer than every node's."""
-    last = None
-    if got is not None:
-        try:
-            last = schema.snapshot(got.value)
-        except ValueError:
-            last = None
-        if last is not None and last["version"] > got.mod_revision:
-            last = None
-    base = max([r["version"] for r in reports if r["version"] <= revision] + [last["version"] if last else 0])
-    if last is None:
-        return {"version": base, "services": {}} if base else None
-    return {**last, "version": base}
-
-
-def _reports_of(kvs) -> list[dict]:
-    """The well-formed reports among kvs (garbage counts as no report)."""
-    out = []
-    for kv in kvs:
-        try:
-            out.append(schema.report(kv.value, kv.key.decode(errors="replace")))
-        except ValueError:
-            continue
-    return out
-
-
-def _marks_of(prefix: str, kvs) -> list[dict]:
-    """The fleet-wide operator marks for `edgectl fleet status`, garbage left out."""
-    out = []
-    for kv in kvs:
-        names = op.split_key(prefix, kv.key)
-        try:
-            mark = op.decode(kv.value) if names else None
-        except ValueError:
-            continue
-        if mark is not None:
-            out.append({"service": names[0], "backend": names[1], **mark})
-    return out
-
-
-async def _events(
-    c: aetcd.Client, key: bytes, range_end: Optional[bytes], timeout_ms: int, start_revision: Optional[int] = None
-):
-    """The watch's events one by one; ConnectionError when the stream ends."""
-    watch = await asyncio.wait_for(c.watch(key, range_end=range_end, start_revision=start_revision), timeout_ms / 1000)
-    try:
-        async for event in watch:
-            yield event
-        raise ConnectionError("watch stream ended")
-    finally:
-        await watch.cancel()
-
-
-async def read_status(cfg: Fleet) -> dict:
-    """`edgectl fleet status`: the leader, the snapshot and every node's report, read from etcd
-    (the first endpoint that answers). Raises ConnectionError naming the endpoints."""
-    errors = []
-    password = _password(cfg)
-    for host, port in cfg.etcd:
-        c = etcd_client(host, port, cfg.timeout_ms, cfg.user, password)
-        try:
-            await asyncio.wait_for(c.connect(), cfg.timeout_ms / 1000)
-            prefix = cfg.prefix.encode()
-            leader = await asyncio.wait_for(c.get(prefix + fs.LEADER.encode()), cfg.timeout_ms / 1000)
-            snap = await asyncio.wait_for(c.get(prefix + fs.SNAPSHOT.encode()), cfg.timeout_ms / 1000)
-            nodes = await asyncio.wait_for(c.get_prefix(prefix + fs.NODES.encode()), cfg.timeout_ms / 1000)
-            marked = await asyncio.wait_for(c.get_prefix(prefix + op.OPERATOR.encode()), cfg.timeout_ms / 1000)
-        except FAULTS as e:
-            errors.append(f"{host}:{port}: {' '.join(str(e).split())[:80] or type(e).__name__}")
-            continue
-        finally:
-            await close_quietly(c)
-        reports = {i: r for i, r in enumerate(_reports_of(nodes))}
-        try:
-            snapshot = schema.snapshot(snap.value) if snap is not None else None
-        except ValueError:
-            snapshot = None
-        leader_name = leader.value.decode(errors="replace") if leader is not None else ""
-        return {
-            "leader": leader_name,
-            "version": int(snapshot["version"]) if snapshot else 0,
-            "published_t": snapshot.get("t") if snapshot else None,
-            "nodes": fs.status_rows(leader_name, snapshot, reports.values(), time.time()),
-            "operator": _marks_of(cfg.prefix, marked),
-        }
-    raise ConnectionError("etcd: " + "; ".join(errors))

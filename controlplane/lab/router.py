@@ -164,16 +164,16 @@ class Router:
         return done
 
     def status_all(self) -> list[dict]:
-        """`edgectl status --json` with no --iface: every instance in the router namespace."""
-        done = self.edgectl("status", "--json", "--conntrack")
+        """`edgectl status --json --full` with no --iface: every instance in the router namespace."""
+        done = self.edgectl("status", "--json", "--conntrack", "--full")
         if done.returncode != 0:
             raise EdgectlError(f"edgectl status exited {done.returncode}: {done.stderr.strip()}")
         return json.loads(done.stdout)
 
     def status(self, iface: str | None = None) -> dict:
-        """The `edgectl status --json` instance deployed on iface (default: the client-facing one)."""
+        """The `edgectl status --json --full` instance deployed on iface (default: the client-facing one)."""
         iface = iface or self.iface
-        done = self.edgectl("status", "--iface", iface, "--json", "--conntrack")
+        done = self.edgectl("status", "--iface", iface, "--json", "--conntrack", "--full")
         if done.returncode != 0:
             raise EdgectlError(f"edgectl status exited {done.returncode}: {done.stderr.strip()}")
         found = [snap for snap in json.loads(done.stdout) if snap["iface"] == iface]
@@ -188,9 +188,9 @@ class Router:
         first (seconds): for tests that poll counters or read them per case. The names are those
         of `status --json`.
         """
-        return {"verdicts": self._pinned_counts(abi.MAP_VERDICTS), "drops": self._pinned_counts(abi.MAP_DROPS)}
+        return maps.counts_from_dump(self._pinned_dump(abi.MAP_SVC_COUNTS))
 
-    def _pinned_counts(self, map_name: str) -> dict[str, int]:
+    def _pinned_dump(self, map_name: str) -> list[dict]:
         done = subprocess.run(
             ["bpftool", "-j", "map", "dump", "pinned", str(self.pin_path / map_name)],
             capture_output=True,
@@ -199,7 +199,7 @@ class Router:
         )
         if done.returncode != 0:
             raise EdgectlError(f"bpftool map dump {map_name}: {done.stderr.strip()}")
-        return maps.counts_from_dump(map_name, json.loads(done.stdout))
+        return json.loads(done.stdout)
 
     # ------------------------------------------------------------ what is on the node
 

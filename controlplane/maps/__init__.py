@@ -39,7 +39,9 @@ from controlplane.maps.records import (  # noqa: F401  (re-exported)
     from_be32,
     next_rnat_gen,
     pack_probe,
+    slot_counts,
     unpack_probe,
+    values_from_dump,
 )
 from controlplane.maps.writer import ApplyReport, Writer  # noqa: F401  (re-exported)
 

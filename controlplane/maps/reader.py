@@ -20,10 +20,11 @@ from controlplane.maps.records import (
     count_entries,
     from_be16,
     from_be32,
+    node_counts,
     pack_probe,
     shown_state,
+    slot_counts,
     unpack_probe,
-    verdicts_shown,
     wire_columns,
     wire_from_row,
 )
@@ -177,17 +178,16 @@ class Reader:
             )
         return out
 
-    def _sum_counter(self, name: str, index: int) -> int:
-        t = self.t[name]
-        return sum(int(v) for v in t.getvalue(t.Key(index)))
+    def counter_values(self) -> list[int]:
+        """edge_svc_counts summed over CPUs, by index (records.slot_counts reads a slot of it)."""
+        t = self.t[abi.MAP_SVC_COUNTS]
+        return [sum(int(v) for v in t.getvalue(t.Key(i))) for i in range(len(t))]
 
-    def counters(self) -> dict[str, dict[str, int]]:
-        """{"verdicts": {name: n}, "drops": {name: n}}, summed over CPUs; verdicts as shown
+    def counters(self, values: Sequence[int] | None = None) -> dict[str, dict[str, int]]:
+        """The node's {"verdicts": {name: n}, "drops": {name: n}}: every service's and those of
+        packets no service is known for, summed over CPUs; verdicts as shown
         (records.verdicts_shown: return_nat includes return_xdp)."""
-        return {
-            "verdicts": verdicts_shown({n: self._sum_counter(abi.MAP_VERDICTS, i) for i, n in abi.CNT_NAMES.items()}),
-            "drops": {n: self._sum_counter(abi.MAP_DROPS, i) for i, n in abi.DROP_NAMES.items()},
-        }
+        return node_counts(self.counter_values() if values is None else values)
 
     def conntrack(
         self, limit: int, vip_id: int | None = None, backend_id: int | None = None, deadline_ns: int | None = None
@@ -224,7 +224,11 @@ class Reader:
         """Everything status shows, as plain data. Counting conntrack entries
         walks the whole table (seconds when it is full), so it is asked for; past
         deadline_ns (CLOCK_MONOTONIC) the count stops: conntrack_entries is None and
-        conntrack_partial the entries counted before."""
+        conntrack_partial the entries counted before. The walk of the backends stops there too
+        (O(max_backends): a second or more at the largest sizes); stopped_early says what each
+        walk cut short, one line each."""
+        started = time.monotonic_ns()
+        stopped: list[str] = []
         node = self.node()
         vips = self._vip_keys_in_maps()
         svc_names = self._services_in_maps()
@@ -233,6 +237,12 @@ class Reader:
         now = time.monotonic_ns()  # CLOCK_MONOTONIC, as bpf_ktime_get_ns()
         backends_by_vip: dict[int, list] = {}
         for bid in range(self.max_backends):
+            if deadline_ns is not None and bid % 256 == 255 and time.monotonic_ns() > deadline_ns:
+                stopped.append(
+                    f"backends: read {bid} of {self.max_backends} backend ids in "
+                    f"{(time.monotonic_ns() - started) / 1e9:.1f} s; the others are not shown"
+                )
+                break
             b = info[info.Key(bid)]
             if not b.flags & abi.BE_F_VALID:
                 continue
@@ -255,6 +265,7 @@ class Reader:
                     **self._sum_percpu(abi.MAP_BE_STATS, bid),
                 }
             )
+        counts = self.counter_values()
         services = []
         for name, vid in sorted(svc_names.items(), key=lambda kv: kv[1]):
             key, v = vips.get(vid, (None, None))
@@ -268,18 +279,27 @@ class Reader:
                     "table": v.table if v else None,
                     "existing_flows": "keep" if v and v.flags & abi.VIP_F_KEEP_FLOWS else "reselect",
                     **self._sum_percpu(abi.MAP_VIP_STATS, vid),
+                    **slot_counts(counts, vid),  # its verdicts and drops
                     "backends": backends_by_vip.get(vid, []),
                 }
             )
         out = {
             "node": node,
             "services": services,
-            **self.counters(),
+            **self.counters(counts),
+            # packets dropped or passed before a service was known (malformed, fragments,
+            # not for a VIP, heartbeats): edge_svc_counts' slot after the last VIP id
+            "no_service": slot_counts(counts, len(counts) // abi.SVC_COUNTERS - 1),
             "conntrack_entries": None,
+            "stopped_early": stopped,
         }
         if count_conntrack:
+            counting = time.monotonic_ns()
             n, complete = count_entries(self.t[abi.MAP_CT].keys(), deadline_ns)
             out["conntrack_entries"] = n if complete else None
             if not complete:
                 out["conntrack_partial"] = n
+                stopped.append(
+                    f"conntrack: >= {n} entries (counted for {(time.monotonic_ns() - counting) / 1e9:.1f} s)"
+                )
         return out

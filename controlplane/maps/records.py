@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from ipaddress import IPv4Address
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from controlplane import abi
 
@@ -249,19 +249,40 @@ def verdicts_shown(counts: dict[str, int]) -> dict[str, int]:
     return counts
 
 
-def counts_from_dump(map_name: str, dump: list[dict]) -> dict[str, int]:
-    """`bpftool -j map dump` of edge_verdicts or edge_drops (per-CPU arrays of u64, key
-    u32, both host byte order) as {name: count summed over CPUs}, verdicts as shown
-    (verdicts_shown): for readers that do not compile the data path (tests, tools)."""
-    names = {abi.MAP_VERDICTS: abi.CNT_NAMES, abi.MAP_DROPS: abi.DROP_NAMES}[map_name]
-    counts = {}
+def slot_counts(values: Sequence[int], slot: int) -> dict[str, dict[str, int]]:
+    """{"verdicts": {name: n}, "drops": {name: n}} of one slot of edge_svc_counts (a VIP id, or
+    max_services: no service known), values: the map's counters summed over CPUs, by index;
+    verdicts as shown (verdicts_shown)."""
+    base = slot * abi.SVC_COUNTERS
+    return {
+        "verdicts": verdicts_shown({n: int(values[base + i]) for i, n in abi.CNT_NAMES.items()}),
+        "drops": {n: int(values[base + abi.CNT_MAX + i]) for i, n in abi.DROP_NAMES.items()},
+    }
+
+
+def node_counts(values: Sequence[int]) -> dict[str, dict[str, int]]:
+    """slot_counts summed over every slot: the node's counts (a service's stay in them until
+    its id is given to another service, which starts from zero)."""
+    per_index = [0] * abi.SVC_COUNTERS
+    for key, n in enumerate(values):
+        per_index[key % abi.SVC_COUNTERS] += int(n)
+    return slot_counts(per_index, 0)
+
+
+def values_from_dump(dump: list[dict]) -> list[int]:
+    """`bpftool -j map dump` of edge_svc_counts (a per-CPU array of u64, key u32, both host byte
+    order) as its counters summed over CPUs, by index: for readers that do not compile the data
+    path (tests, tools)."""
+    out: dict[int, int] = {}
     for entry in dump:
         key = int.from_bytes(bytes(int(b, 16) for b in entry["key"]), sys.byteorder)
-        if key in names:
-            counts[names[key]] = sum(
-                int.from_bytes(bytes(int(b, 16) for b in v["value"]), sys.byteorder) for v in entry["values"]
-            )
-    return verdicts_shown(counts) if map_name == abi.MAP_VERDICTS else counts
+        out[key] = sum(int.from_bytes(bytes(int(b, 16) for b in v["value"]), sys.byteorder) for v in entry["values"])
+    return [out.get(i, 0) for i in range(max(out, default=-1) + 1)]
+
+
+def counts_from_dump(dump: list[dict]) -> dict[str, dict[str, int]]:
+    """The node's {"verdicts", "drops"} from a bpftool dump of edge_svc_counts (node_counts)."""
+    return node_counts(values_from_dump(dump))
 
 
 def count_entries(keys: Iterable, deadline_ns: int | None = None, every: int = 1024) -> tuple[int, bool]:

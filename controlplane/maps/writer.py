@@ -165,7 +165,10 @@ class Writer(Quick):
         """Step 0 of _write: zeroed stats and open counts for new ids, no cached next hop for new or moved
         backends, unknown load for new backends, a down health entry for new endpoints."""
         for name in p.new_services:
-            self._zero_stats(abi.MAP_VIP_STATS, p.svc_ids[name])
+            vid = p.svc_ids[name]
+            self._zero_stats(abi.MAP_VIP_STATS, vid)
+            for i in range(vid * abi.SVC_COUNTERS, (vid + 1) * abi.SVC_COUNTERS):  # a reused id's counts
+                self._zero_stats(abi.MAP_SVC_COUNTS, i)
         for key in p.new_backends:
             bid = p.be_ids[key]
             self._zero_stats(abi.MAP_BE_STATS, bid)

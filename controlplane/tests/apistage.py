@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from controlplane import abi
+from controlplane import abi, statuspage
 from controlplane.api import server
 from controlplane.api.client import Client
 from controlplane.config import parse_config
@@ -149,6 +149,8 @@ SNAP = {
             "new_flows": 21,
             "return_packets": 1801,
             "failovers": 1,
+            "verdicts": {name: 50 + i for i, name in enumerate(abi.CNT_NAMES.values())},
+            "drops": {name: 2 * i for i, name in enumerate(abi.DROP_NAMES.values())},
             "discovery": {
                 "source": "dns",
                 "state": "stale",
@@ -232,6 +234,10 @@ SNAP = {
     ],
     "verdicts": {name: 100 + i for i, name in enumerate(abi.CNT_NAMES.values())},
     "drops": {name: i for i, name in enumerate(abi.DROP_NAMES.values())},
+    "no_service": {
+        "verdicts": {name: 10 + i for i, name in enumerate(abi.CNT_NAMES.values())},
+        "drops": {name: 3 * i for i, name in enumerate(abi.DROP_NAMES.values())},
+    },
     "conntrack_entries": None,
     "node_drained": True,
     "node_drained_t": 1764540000.5,
@@ -266,12 +272,12 @@ class FakeDaemon:
         if backend is not None and backend not in {b.name for b in services[service].backends}:
             raise LookupError(f"unknown backend {service}/{backend}")
 
-    def snapshot(self, count_conntrack: bool = False) -> dict:
+    def snapshot(self, count_conntrack: bool = False, view: statuspage.View | None = None) -> dict:
         self.calls.append(("snapshot", count_conntrack))
         snap = copy.deepcopy(SNAP)
         if count_conntrack:
             snap["conntrack_entries"] = 12345
-        return snap
+        return statuspage.apply(snap, view) if view is not None else snap  # as edged.Daemon
 
     async def operate(
         self, kind: str, service: str, backend: str, weight: int | None = None, local: bool = False

@@ -65,9 +65,29 @@ class FakeMaps:
         self.walk_gate: threading.Event | None = None  # when set, a walk waits for it (a slow walk)
         self.walk_deadlines: list = []
         self.wire: dict[int, WireStats] = {}  # the data path's wire signals (edge_wire), cumulative
+        # when set, an apply waits for it (a long apply: 2 s of CPU at 10,000 backends)
+        self.apply_gate: threading.Event | None = None
+        self.in_apply = threading.Event()  # set while an apply runs
+        self.applies_done = 0
+        self.written_under_apply: list[str] = []  # writes that came while an apply ran
         self.apply(cfg)
 
+    def _written(self, what: str) -> None:
+        if self.in_apply.is_set():
+            self.written_under_apply.append(what)
+
     def apply(self, cfg, oifs=None) -> ApplyReport:
+        self._written("apply")
+        self.in_apply.set()
+        try:
+            if self.apply_gate is not None:
+                self.apply_gate.wait(timeout=3)
+            return self._apply(cfg)
+        finally:
+            self.in_apply.clear()
+            self.applies_done += 1
+
+    def _apply(self, cfg) -> ApplyReport:
         report = ApplyReport()
         used = {bid for _, bids in self.ids_of.values() for bid in bids.values()}
         for s in cfg.services:
@@ -103,12 +123,14 @@ class FakeMaps:
         return dict(self.table[service])
 
     def set_weights(self, s, weights):
+        self._written(f"set_weights {s.name}")
         if self.refusing is not None:
             self.refusing[self.refusing.Key(0)] = 1
         self.writes += 1
         self.table[s.name] = {b.name: int(weights.get(b.name, b.weight)) for b in s.backends}
 
     def write_status(self, bid, status: ProbeStatus):
+        self._written(f"write_status {bid}")
         self.probe[bid] = status
 
     def read_status(self, bid) -> ProbeStatus:
@@ -151,6 +173,7 @@ class FakeMaps:
                             "id": bid,
                             "name": b,
                             "weight": self.table[name][b],
+                            "state": "up",
                             "probe": {},
                             "health": {"usable": True},
                             **self.backend_stats(bid),

@@ -229,10 +229,9 @@ class MemMaps:
         self.faults = Faults()
         self.tables: dict[str, Table] = {}
         for kind, key, leaf, name, size in TABLE.findall((INCLUDE / "maps.h").read_text()):
-            n = 1
-            for part in size.split("*"):
-                part = part.strip()
-                n *= sizes[part] if part in sizes else int(part)
+            expr = re.sub(r"EDGE_\w+", lambda m: str(sizes[m.group(0)]), size)
+            assert re.fullmatch(r"[\d\s()+*]+", expr), f"maps.h: size of {name}: {size}"
+            n = eval(expr)  # digits, parentheses, + and * only (checked above)
             if name == abi.MAP_MAGLEV:
                 continue  # the mmap'd memfd below
             self.tables[name] = Table(name, kind, _ctype(key, structs), _ctype(leaf, structs), n, self.faults)

@@ -5,6 +5,8 @@ test_metrics.py and test_statusview.py.
 
 from __future__ import annotations
 
+from controlplane import abi
+
 
 def _probe(config_weight: int, **fields) -> dict:
     """One backend's edge_be_probe entry as maps.read_probe() gives it."""
@@ -70,6 +72,22 @@ def _edged(**fields) -> dict:
     }
     out.update(fields)
     return out
+
+
+def _counts(verdicts: dict | None = None, drops: dict | None = None) -> dict:
+    """A slot of edge_svc_counts as the snapshot shows it: every name, zero unless given."""
+    return {
+        "verdicts": {n: (verdicts or {}).get(n, 0) for n in abi.CNT_NAMES.values()},
+        "drops": {n: (drops or {}).get(n, 0) for n in abi.DROP_NAMES.values()},
+    }
+
+
+def with_node_counts(snap: dict) -> dict:
+    """snap with the node's verdicts and drops: its services' and no_service's, summed."""
+    slots = [snap["no_service"], *snap["services"]]
+    for kind in ("verdicts", "drops"):
+        snap[kind] = {n: sum(c[kind][n] for c in slots) for n in slots[0][kind]}
+    return snap
 
 
 def realistic_snapshot() -> dict:
@@ -170,73 +188,60 @@ def realistic_snapshot() -> dict:
             **_traffic(3_000, 2_500_000, 40, 2_900, 0),
         },
     ]
-    return {
-        "node": {
-            "maglev_m": 65537,
-            "max_services": 16,
-            "max_backends": 1024,
-            "ct_size": 262144,
-            "ingress_ifindex": 4,
-            "xdp_flags": 2,
-            "ip_forward_was": 0,
-            "return_ifindex": [5, 6],
-            "return_clsact_added": [True, True],
-        },
-        "services": [
-            {
-                "name": "llama-70b",
-                "id": 0,
-                "vip": "198.18.0.10",
-                "port": 8000,
-                "protocol": "tcp",
-                "table": 1,
-                "existing_flows": "reselect",
-                **_traffic(170_900, 137_700_000, 1162, 157_850, 12),
-                "backends": llama,
+    return with_node_counts(
+        {
+            "node": {
+                "maglev_m": 65537,
+                "max_services": 16,
+                "max_backends": 1024,
+                "ct_size": 262144,
+                "ingress_ifindex": 4,
+                "xdp_flags": 2,
+                "ip_forward_was": 0,
+                "return_ifindex": [5, 6],
+                "return_clsact_added": [True, True],
             },
-            {
-                "name": "embed",
-                "id": 1,
-                "vip": "198.18.0.11",
-                "port": 9000,
-                "protocol": "tcp",
-                "table": 0,
-                "existing_flows": "keep",
-                **_traffic(3_000, 2_500_000, 40, 2_900, 0),
-                "backends": embed,
-            },
-        ],
-        "verdicts": {
-            "pass": 90,
-            "redirect": 173_900,
-            "nat_pass": 0,
-            "drop": 7,
-            "return_nat": 160_750,
-            "heartbeat": 52_000,
-            "ejection": 0,
-            "return_redirect": 160_700,
-            "stateless": 30,
-            "return_stateless": 25,
-            "return_xdp": 0,
-            "icmp_to_backend": 3,
-            "icmp_return": 1,
-            "dsr": 0,
-        },
-        "drops": {
-            "malformed": 2,
-            "no_backend": 4,
-            "ip_options": 0,
-            "fragment": 1,
-            "spoofed_heartbeat": 0,
-            "bad_checksum": 0,
-            "untracked": 0,
-            "replayed_heartbeat": 0,
-            "stale_heartbeat": 0,
-            "other_backend": 0,
-            "icmp_malformed": 0,
-            "icmp_nested": 0,
-            "icmp_no_flow": 0,
-            "dsr_too_big": 0,
-        },
-        "conntrack_entries": None,
-    }
+            "services": [
+                {
+                    "name": "llama-70b",
+                    "id": 0,
+                    "vip": "198.18.0.10",
+                    "port": 8000,
+                    "protocol": "tcp",
+                    "table": 1,
+                    "existing_flows": "reselect",
+                    **_traffic(170_900, 137_700_000, 1162, 157_850, 12),
+                    **_counts(
+                        verdicts={
+                            "redirect": 170_900,
+                            "drop": 4,
+                            "return_nat": 157_850,
+                            "return_redirect": 157_800,
+                            "stateless": 30,
+                            "return_stateless": 25,
+                            "icmp_to_backend": 3,
+                            "icmp_return": 1,
+                        },
+                        drops={"no_backend": 4},
+                    ),
+                    "backends": llama,
+                },
+                {
+                    "name": "embed",
+                    "id": 1,
+                    "vip": "198.18.0.11",
+                    "port": 9000,
+                    "protocol": "tcp",
+                    "table": 0,
+                    "existing_flows": "keep",
+                    **_traffic(3_000, 2_500_000, 40, 2_900, 0),
+                    **_counts(verdicts={"redirect": 3_000, "return_nat": 2_900, "return_redirect": 2_900}),
+                    "backends": embed,
+                },
+            ],
+            "no_service": _counts(
+                verdicts={"pass": 90, "drop": 3, "heartbeat": 52_000}, drops={"malformed": 2, "fragment": 1}
+            ),
+            "conntrack_entries": None,
+        }
+    )

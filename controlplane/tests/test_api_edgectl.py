@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 
-from controlplane import cli
+from controlplane import cli, statuspage
 from controlplane.api.client import Client
 from controlplane.errors import NotRunning
 from controlplane.tests.apistage import CALL_TIMEOUT_S, REPO, SNAP, edgectl, wait_until
@@ -35,7 +35,12 @@ def test_edgectl_drain_undrain_and_weight(edged):
         (0, "undrained chat/b0\n", ""),
         (0, "chat/b1: weight pinned at 0 (0% of the best backend's 3)\n", ""),
         (0, "chat/b1: weight override cleared\n", ""),
-        (0, "chat/b1: weight pinned at 2 (66.7% of the best backend's 3)\n", ""),  # 50% of 3, rounded
+        (
+            0,
+            "chat/b1: weight pinned at 2 (66.7% of the best backend's 3)\n",  # 50% of 3, rounded
+            "edgectl: note: 50% of the best backend's weight 3 is 2 (66.7%): the service's weights are too small "
+            "to express it; give its backends larger weights (e.g. 100)\n",
+        ),
     ]
     assert edged.daemon.calls == [
         ("drain", "chat", "b0"),
@@ -198,7 +203,19 @@ def test_edgectl_status_shows_edgeds_view(edged):
     (snap,) = json.loads(out.stdout)
     assert snap.pop("edged")["pid"] == os.getpid()
     # every key status can have is there (statusview.same_shape), None where this edged has nothing
-    assert snap == {**SNAP, "fleet": None, "conntrack_partial": None}
+    # with the view edgectl asks for (statuspage): two backends, below the summary's threshold
+    services = [
+        {**s, "summary": statuspage.summarize(s), "backends_total": len(s["backends"]), "backends_offset": 0}
+        for s in SNAP["services"]
+    ]
+    assert snap == {
+        **SNAP,
+        "services": services,
+        "fleet": None,
+        "conntrack_partial": None,
+        "summarized": False,
+        "stopped_early": [],
+    }
     table = edgectl("status", "--socket", edged.path)
     assert (table.returncode, table.stderr) == (0, "")
     lines = table.stdout.splitlines()

@@ -266,3 +266,17 @@ def test_weight_takes_a_share_of_the_services_scale(text, scale, weight):
 
     n, pct = parse_weight(text)
     assert (n if pct is None else share_to_weight(pct, scale)) == weight
+
+
+@pytest.mark.parametrize(
+    "pct, scale, warned",
+    [(50, 1, True), (30, 2, True), (50, 10_000, False), (33, 3, False), (100, 1, False), (0, 1, False)],
+)
+def test_a_share_the_services_weights_cannot_express_is_said(pct, scale, warned):
+    """`edgectl weight web b0 50%` on static weights of 1 pins 1 (100 %): said in one line, not silently."""
+    from controlplane.cli.served import share_note, share_to_weight
+
+    note = share_note(pct, share_to_weight(pct, scale), scale)
+    assert (note is not None) == warned
+    if warned:
+        assert f"{pct:g}%" in note and "weights" in note

@@ -122,7 +122,7 @@ def test_descriptors_are_limited_explicitly():
     """edged opens a socket per probe, per metrics and API connection, and fds per map; the
     unit says how many it may hold instead of inheriting 1,024 (the metrics endpoint caps its
     own connections well below it)."""
-    from controlplane.edged import metrics
+    from controlplane.edged import metricsserver
 
     limit = int(one("LimitNOFILE"))
-    assert limit >= 8 * metrics.MAX_CONNECTIONS and limit >= 4096
+    assert limit >= 8 * metricsserver.MAX_CONNECTIONS and limit >= 4096

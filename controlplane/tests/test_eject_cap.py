@@ -31,7 +31,7 @@ static struct backend_health *health_lookup(__u32 *id) { return *id <= EDGE_MAX_
 static struct backend_info *backend_lookup(__u32 *id) { return *id < EDGE_MAX_PER_SERVICE ? &the_backends[*id] : 0; }
 static struct { struct backend_health *(*lookup)(__u32 *); } edge_health = { health_lookup };
 static struct { struct backend_info *(*lookup)(__u32 *); } edge_backends = { backend_lookup };
-static void count_index(__u32 index) { (void)index; }
+static void count_index(__u32 vid, __u32 index) { (void)vid; (void)index; }
 
 #include "health.h"
 
@@ -51,7 +51,7 @@ int eject_one(__u32 n, const unsigned char *ejected, __u32 pct, __u64 now)
 		the_health[i].ejected_until_ns = ejected[i] ? now + 1 : 0;
 	}
 	the_health[EDGE_MAX_PER_SERVICE] = (struct backend_health){0};
-	return try_eject(&sc, &the_health[EDGE_MAX_PER_SERVICE], now);
+	return try_eject(0, &sc, &the_health[EDGE_MAX_PER_SERVICE], now);
 }
 """
 

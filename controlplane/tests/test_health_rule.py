@@ -34,7 +34,7 @@ static struct backend_health *health_lookup(__u32 *id) { (void)id; return the_he
 static struct backend_info *backend_lookup(__u32 *id) { (void)id; return 0; }
 static struct { struct backend_health *(*lookup)(__u32 *); } edge_health = { health_lookup };
 static struct { struct backend_info *(*lookup)(__u32 *); } edge_backends = { backend_lookup };
-static void count_index(__u32 index) { (void)index; }
+static void count_index(__u32 vid, __u32 index) { (void)vid; (void)index; }
 
 #include "health.h"
 

@@ -16,7 +16,16 @@ from pathlib import Path
 from hypothesis import given, settings, strategies as st
 
 from controlplane import abi
-from controlplane.maps import PROBE_TEXT, Maps, ProbeStatus, counts_from_dump, pack_probe, unpack_probe
+from controlplane.maps import (
+    PROBE_TEXT,
+    Maps,
+    ProbeStatus,
+    counts_from_dump,
+    pack_probe,
+    slot_counts,
+    unpack_probe,
+    values_from_dump,
+)
 from controlplane.tests.memtables import Array, c_struct
 
 ABI_H = Path(__file__).resolve().parents[2] / "bpf" / "include" / "abi.h"
@@ -100,47 +109,48 @@ def test_out_of_range_load_signals_are_clamped_not_wrapped():
     assert packed["rtt_p50_us"] == 0xFFFFFFFE
 
 
-def test_a_bpftool_dump_of_the_verdict_counters_sums_cpus_by_name():
-    def hexes(n: int, size: int) -> list[str]:
-        return [f"0x{b:02x}" for b in n.to_bytes(size, sys.byteorder)]
+def _hexes(n: int, size: int) -> list[str]:
+    return [f"0x{b:02x}" for b in n.to_bytes(size, sys.byteorder)]
 
+
+def _entry(key: int, *per_cpu: int) -> dict:
+    return {"key": _hexes(key, 4), "values": [{"cpu": c, "value": _hexes(v, 8)} for c, v in enumerate(per_cpu)]}
+
+
+def test_a_bpftool_dump_of_the_counters_sums_cpus_and_services_by_name():
+    """edge_svc_counts: slot s holds SVC_COUNTERS counters from s * SVC_COUNTERS, verdicts then
+    drops; the node's counts are every slot's."""
+    n = abi.SVC_COUNTERS
     dump = [
-        {
-            "key": hexes(abi.CNT_REDIRECT, 4),
-            "values": [{"cpu": 0, "value": hexes(5, 8)}, {"cpu": 1, "value": hexes(2**40, 8)}],
-        },
-        {"key": hexes(abi.CNT_PASS, 4), "values": [{"cpu": 0, "value": hexes(0, 8)}]},
-        {"key": hexes(999, 4), "values": [{"cpu": 0, "value": hexes(7, 8)}]},
+        _entry(abi.CNT_REDIRECT, 5, 2**40),  # slot 0
+        _entry(n + abi.CNT_REDIRECT, 1),  # slot 1
+        _entry(2 * n + abi.CNT_PASS, 7),  # slot 2
+        _entry(n + abi.CNT_MAX + abi.DROP_NO_BACKEND, 3),
+        _entry(n + abi.CNT_DROP, 3),
     ]
-    assert counts_from_dump(abi.MAP_VERDICTS, dump) == {"redirect": 5 + 2**40, "pass": 0}
+    node = counts_from_dump(dump)
+    assert node["verdicts"]["redirect"] == 6 + 2**40
+    assert (node["verdicts"]["pass"], node["verdicts"]["drop"], node["drops"]["no_backend"]) == (7, 3, 3)
+    assert set(node["drops"]) == set(abi.DROP_NAMES.values())
+    one = slot_counts(values_from_dump(dump), 1)
+    assert one["verdicts"]["redirect"] == 1 and one["drops"]["no_backend"] == 3
+    assert sum(one["verdicts"].values()) == 4 and sum(one["drops"].values()) == 3
 
 
 def test_return_nat_counts_the_replies_of_tc_and_of_xdp():
     """edge_reply counts a reply once, under return_xdp; tc's edge_return counts its own under
     return_nat (EDGE_CNT_RETURN_NAT). Readers show return_nat as every reverse-NATed reply:
     both, from a bpftool dump and from the maps."""
-
-    def hexes(n: int, size: int) -> list[str]:
-        return [f"0x{b:02x}" for b in n.to_bytes(size, sys.byteorder)]
-
-    dump = [
-        {
-            "key": hexes(abi.CNT_RETURN_NAT, 4),
-            "values": [{"cpu": 0, "value": hexes(7, 8)}, {"cpu": 1, "value": hexes(1, 8)}],
-        },
-        {
-            "key": hexes(abi.CNT_RETURN_XDP, 4),
-            "values": [{"cpu": 0, "value": hexes(5, 8)}, {"cpu": 1, "value": hexes(2, 8)}],
-        },
-    ]
-    assert counts_from_dump(abi.MAP_VERDICTS, dump) == {"return_nat": 15, "return_xdp": 7}
+    dump = [_entry(abi.CNT_RETURN_NAT, 7, 1), _entry(abi.CNT_RETURN_XDP, 5, 2)]
+    verdicts = counts_from_dump(dump)["verdicts"]
+    assert (verdicts["return_nat"], verdicts["return_xdp"]) == (15, 7)
 
     from controlplane.tests.memtables import NCPU, MemMaps
 
     mem = MemMaps(1009, 2, 4)
     try:
-        t = mem.tables[abi.MAP_VERDICTS]
-        for idx, per_cpu in ((abi.CNT_RETURN_NAT, (3, 4)), (abi.CNT_RETURN_XDP, (10, 20))):
+        t = mem.tables[abi.MAP_SVC_COUNTS]
+        for idx, per_cpu in ((abi.CNT_RETURN_NAT, (3, 4)), (abi.SVC_COUNTERS + abi.CNT_RETURN_XDP, (10, 20))):
             leaf = t.Leaf()
             for cpu in range(NCPU):
                 leaf[cpu] = per_cpu[cpu]

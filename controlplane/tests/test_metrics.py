@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane import __version__, abi
-from controlplane.edged import metrics
+from controlplane.edged import metrics, metricsserver
 from controlplane.errors import EdgeError
 from controlplane.samples import Sample
 from controlplane.tests.snapshotstage import realistic_snapshot
@@ -46,14 +46,14 @@ class Source:
 @contextmanager
 def endpoint(source, observer: metrics.Observer | None = None, **kw):
     collector = metrics.EdgeCollector(source, observer, iface="eth1", **kw)
-    server = metrics.start_http("127.0.0.1:0", metrics.make_registry(collector, process=False))
+    server = metricsserver.start_http("127.0.0.1:0", metrics.make_registry(collector, process=False))
     try:
         yield server
     finally:
         server.close()
 
 
-def scrape(server: metrics.MetricsServer) -> dict:
+def scrape(server: metricsserver.MetricsServer) -> dict:
     """name -> family, parsed from one GET /metrics."""
     url = f"http://{server.address}/metrics"
     with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as r:
@@ -104,14 +104,28 @@ def test_traffic_counters_are_totals_per_service_and_backend():
     assert value(fams, "edge_failovers_total", **be("llama-70b", "h100-spare")) == 12
 
 
-def test_drops_by_reason_and_verdicts_cover_every_abi_name():
+def test_drops_by_reason_and_verdicts_cover_every_abi_name_per_service():
+    """Every service, and "" for the packets no service was known for, has every reason and
+    verdict; summed over services they are the node's counts."""
     with endpoint(Source()) as server:
         fams = scrape(server)
-    drops = samples(fams, "edge_drops_total")
-    assert {dict(k)["reason"] for k in drops} == set(abi.DROP_NAMES.values())
-    assert value(fams, "edge_drops_total", reason="no_backend") == 4
-    assert {dict(k)["verdict"] for k in samples(fams, "edge_verdicts_total")} == set(abi.CNT_NAMES.values())
-    assert value(fams, "edge_verdicts_total", verdict="redirect") == 173_900
+    drops, verdicts = samples(fams, "edge_drops_total"), samples(fams, "edge_verdicts_total")
+    services = {"", "llama-70b", "embed"}
+    assert {(dict(k)["service"], dict(k)["reason"]) for k in drops} == {
+        (s, r) for s in services for r in abi.DROP_NAMES.values()
+    }
+    assert {(dict(k)["service"], dict(k)["verdict"]) for k in verdicts} == {
+        (s, v) for s in services for v in abi.CNT_NAMES.values()
+    }
+    assert value(fams, "edge_drops_total", service="llama-70b", reason="no_backend") == 4
+    assert value(fams, "edge_drops_total", service="embed", reason="no_backend") == 0
+    assert value(fams, "edge_drops_total", service="", reason="malformed") == 2
+    assert value(fams, "edge_verdicts_total", service="embed", verdict="redirect") == 3_000
+    node = Source().snapshot()
+    for reason, n in node["drops"].items():
+        assert sum(v for k, v in drops.items() if dict(k)["reason"] == reason) == n
+    for verdict, n in node["verdicts"].items():
+        assert sum(v for k, v in verdicts.items() if dict(k)["verdict"] == verdict) == n
     assert fams["edge_drops"].type == fams["edge_verdicts"].type == "counter"
 
 
@@ -386,17 +400,17 @@ def test_bind_failure_is_one_line_naming_the_address():
         taken.listen()
         listen = f"127.0.0.1:{taken.getsockname()[1]}"
         with pytest.raises(EdgeError) as e:
-            metrics.start_http(listen, metrics.make_registry(metrics.EdgeCollector(Source()), process=False))
+            metricsserver.start_http(listen, metrics.make_registry(metrics.EdgeCollector(Source()), process=False))
     assert listen in str(e.value) and "\n" not in str(e.value)
 
 
 def test_close_frees_the_port():
     registry = metrics.make_registry(metrics.EdgeCollector(Source()), process=False)
-    server = metrics.start_http("127.0.0.1:0", registry)
+    server = metricsserver.start_http("127.0.0.1:0", registry)
     listen = server.address
     server.close()
     server.close()  # twice is harmless
-    again = metrics.start_http(listen, registry)
+    again = metricsserver.start_http(listen, registry)
     again.close()
 
 
@@ -408,7 +422,7 @@ def test_ipv6_loopback_literal():
             s.bind(("::1", 0))
     except OSError:
         pytest.skip("::1 is not configured here")
-    server = metrics.start_http("[::1]:0", metrics.make_registry(metrics.EdgeCollector(Source()), process=False))
+    server = metricsserver.start_http("[::1]:0", metrics.make_registry(metrics.EdgeCollector(Source()), process=False))
     try:
         assert server.address.startswith("[::1]:")
         assert value(scrape(server), "edge_packets_total", **be("embed", "l4-0")) == 3_000
@@ -425,13 +439,13 @@ def test_ipv6_loopback_literal():
     ],
 )
 def test_split_listen(listen, expected):
-    assert metrics.split_listen(listen) == expected
+    assert metricsserver.split_listen(listen) == expected
 
 
 @pytest.mark.parametrize("listen", ["127.0.0.1", "::1:9470", "127.0.0.1:70000", "", "[::1]"])
 def test_split_listen_rejects(listen):
     with pytest.raises(EdgeError):
-        metrics.split_listen(listen)
+        metricsserver.split_listen(listen)
 
 
 # ---------------------------------------------------------------- edged's loop

@@ -1,5 +1,5 @@
 """The metrics endpoint against idle connections: any local user can open them, so each one
-is closed after a read timeout and at most metrics.MAX_CONNECTIONS are served at once (the
+is closed after a read timeout and at most metricsserver.MAX_CONNECTIONS are served at once (the
 rest are closed at once), so neither edged's descriptors nor its threads run out."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import urllib.request
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from controlplane.edged import metrics
+from controlplane.edged import metricsserver
 
 IDLE = 200  # well over the cap, well under the test process's 1,024 descriptors
 
@@ -52,7 +52,7 @@ def _handler_threads() -> int:
 
 
 def test_idle_connections_beyond_the_cap_take_no_thread_and_are_closed():
-    server = metrics.start_http("127.0.0.1:0", _registry())
+    server = metricsserver.start_http("127.0.0.1:0", _registry())
     host, port = server.address.rsplit(":", 1)
     idle = []
     try:
@@ -60,9 +60,9 @@ def test_idle_connections_beyond_the_cap_take_no_thread_and_are_closed():
             idle.append(socket.create_connection((host, int(port)), timeout=5))
         deadline = time.monotonic() + 20
         while getattr(server._httpd, "refused", 0) == 0 and time.monotonic() < deadline:
-            assert _handler_threads() <= metrics.MAX_CONNECTIONS
+            assert _handler_threads() <= metricsserver.MAX_CONNECTIONS
             time.sleep(0.02)
-        assert _handler_threads() <= metrics.MAX_CONNECTIONS
+        assert _handler_threads() <= metricsserver.MAX_CONNECTIONS
         # those over the cap were closed by the server without a thread
         readable, _, _ = select.select(idle, [], [], 5.0)
         assert any(_closed_by_peer(s, within_s=1) for s in readable)
@@ -73,7 +73,7 @@ def test_idle_connections_beyond_the_cap_take_no_thread_and_are_closed():
 
 
 def test_an_idle_connection_is_closed_after_the_read_timeout_and_scrapes_go_on():
-    server = metrics.start_http("127.0.0.1:0", _registry(), idle_timeout_s=0.3)
+    server = metricsserver.start_http("127.0.0.1:0", _registry(), idle_timeout_s=0.3)
     host, port = server.address.rsplit(":", 1)
     try:
         with socket.create_connection((host, int(port)), timeout=5) as s:
@@ -85,5 +85,5 @@ def test_an_idle_connection_is_closed_after_the_read_timeout_and_scrapes_go_on()
 
 
 def test_the_default_read_timeout_is_bounded():
-    assert 0 < metrics.IDLE_TIMEOUT_S <= 30
-    assert 8 <= metrics.MAX_CONNECTIONS <= 256
+    assert 0 < metricsserver.IDLE_TIMEOUT_S <= 30
+    assert 8 <= metricsserver.MAX_CONNECTIONS <= 256

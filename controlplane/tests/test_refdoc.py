@@ -14,7 +14,7 @@ import pytest
 
 from controlplane import refdoc
 from controlplane.config import Config
-from controlplane.edged import metrics
+from controlplane.edged import metrics, metricsserver
 from controlplane.tests.snapshotstage import realistic_snapshot
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -68,7 +68,7 @@ def test_the_configuration_reference_has_every_key_of_the_schema_and_no_other():
 
 def test_the_metrics_page_lists_exactly_what_the_exporter_serves():
     collector = metrics.EdgeCollector(Source(), iface="eth1", serving=lambda: True)
-    server = metrics.start_http("127.0.0.1:0", metrics.make_registry(collector, process=False))
+    server = metricsserver.start_http("127.0.0.1:0", metrics.make_registry(collector, process=False))
     try:
         with urllib.request.urlopen(f"http://{server.address}/metrics", timeout=5) as r:
             text = r.read().decode()

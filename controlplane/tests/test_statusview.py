@@ -38,3 +38,25 @@ def test_probe_every_without_edged_or_without_a_probe_is_a_dash():
     assert statusview.fmt_probe_every({"edged": {"probe_interval_s": None, "probe_relaxed": None}}) == "-"
     assert statusview.fmt_probe_every({"edged": {"probe_interval_s": 2.5, "probe_relaxed": True}}) == "2.5s relaxed"
     assert statusview.fmt_probe_every({"edged": {"probe_interval_s": 0.02, "probe_relaxed": False}}) == "20ms"
+
+
+def test_each_service_shows_its_drop_reasons_and_the_node_those_before_a_service(capsys):
+    snap = {
+        **realistic_snapshot(),
+        "iface": "eth1",
+        "instance": "eth1-4026531840",
+        "return_ifaces": ["eth2"],
+        "xdp": {"attached": True, "mode": "native", "prog_id": 42},
+    }
+    snap["services"][0]["drops"]["untracked"] = 1500
+
+    statusview.print_status(snap)
+    lines = capsys.readouterr().out.splitlines()
+
+    def under(service: str) -> str:
+        at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"service {service} "))
+        return lines[at + 1].strip()
+
+    assert under("llama-70b") == "drops: untracked 1.5k, no_backend 4"  # most first
+    assert under("embed") == "drops: none"
+    assert "  drops before a service was known: malformed 2, fragment 1" in lines
