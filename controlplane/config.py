@@ -51,6 +51,7 @@ from controlplane.configkit import (  # the checks and the machinery the schema 
 )
 from controlplane.errors import ConfigError
 from controlplane.limits import WEIGHT_MAX
+from controlplane.probe.budget import DEFAULT_BUDGET_PER_S
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class Weights:
     max_ratio: int = option("largest weight / smallest weight", _int(1, WEIGHT_MAX), 20)
     hysteresis_pct: int = option("changes smaller than this are not applied", _int(0, 100), 10)
     smoothing: str = option(
-        "RTT smoothing: peak_ewma (a slower sample counts at once, a faster one decays in) or ewma",
+        "RTT smoothing: peak_ewma (a slower sample counts at once, a faster one decays in) or ewma; weighed with jump_pct 0",
         _one_of("peak_ewma", "ewma"),
         "peak_ewma",
     )
@@ -198,8 +199,19 @@ class Weights:
         _int(1, 5),
         2,
     )
+    steady_window: int = option(
+        "RTT samples whose faster half's mean is a backend's steady RTT, which the weights follow (jump_pct > 0)",
+        _int(1, 1000),
+        20,
+    )
+    jump_pct: int = option(
+        "a slowdown this many % over the window's fastest RTT (its samples agreeing) or a speedup of "
+        "sqrt(1 + this %) restarts the steady window at once; 0 weighs the smoothed RTT instead",
+        _int(0, 1000),
+        80,
+    )
     rtt_offset_ms: int = option(
-        "added to every smoothed RTT before weighting: differences far below it are probe noise", _int(0, MAX_MS), 1
+        "added to every RTT before weighting: differences far below it are probe noise", _int(0, MAX_MS), 1
     )
     load_aware: bool = option("scale weights down by queue depth and KV-cache use (needs health.metrics)", _bool, True)
     hung_ms: int = option("work outstanding with no progress this long marks the engine hung", _ms, 2000)
@@ -526,6 +538,13 @@ class Node:
         "mutual TLS of the TCP API (clients must show a certificate)", _section(ApiTls), None
     )
     metrics_listen: str = option("HOST:PORT of the Prometheus endpoint", _listen, "127.0.0.1:9470")
+    probe_budget: int = option(
+        "probes a second edged starts at most, all services together; when the probes configured ask "
+        "for more, every probe and scrape interval is stretched by the same factor and the shortfall "
+        "is reported (status, edge_probe_shortfall_ratio, a probe-budget event); 0: no budget",
+        _int(0, 1_000_000),
+        DEFAULT_BUDGET_PER_S,
+    )
     iface: Optional[str] = option("interface edged deploys on when it finds nothing deployed", _ifname, None)
     xdp_mode: str = option("native (driver) or generic (skb) XDP", _one_of("native", "generic"), "native")
     reply_xdp: str = option(

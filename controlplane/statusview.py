@@ -19,10 +19,10 @@ def _fmt_count(n: int) -> str:
 def same_shape(snap: dict) -> dict:
     """snap with every key `status --json` can have, None where its source has nothing: what
     only edged knows (edged, each backend's edged view, discovery), with node.fleet or node.bgp
-    only (fleet, bgp), after a cut conntrack count only (conntrack_partial). So a script sees
+    only (fleet, bgp), edged's prober only (probe_budget), after a cut conntrack count only (conntrack_partial). So a script sees
     one shape with or without edged. Units are in the names: *_us, *_ns and *_permille in the
     data path's records (probe), seconds and ratios everywhere else."""
-    for key in ("edged", "fleet", "bgp", "conntrack_partial"):
+    for key in ("edged", "fleet", "bgp", "conntrack_partial", "probe_budget"):
         snap.setdefault(key, None)
     snap.setdefault("stopped_early", [])
     snap.setdefault("summarized", False)
@@ -58,6 +58,8 @@ def print_status(snap: dict) -> None:
         )
     if snap.get("fleet"):
         print("  " + fmt_fleet(snap["fleet"]))
+    if snap.get("probe_budget"):
+        print("  " + fmt_probe_budget(snap["probe_budget"]))
     print(f"  return path: {', '.join(snap['return_ifaces']) or '-'}{statuspage.fmt_conntrack(snap)}")
     print("  verdicts: " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["verdicts"].items()))
     print("  drops:    " + "  ".join(f"{k} {_fmt_count(v)}" for k, v in snap["drops"].items()))
@@ -149,6 +151,22 @@ def fmt_drops(drops: dict[str, int]) -> str:
     """The drop reasons that counted any packet, most first: 'no_backend 12, untracked 3', or 'none'."""
     seen = sorted(((n, reason) for reason, n in drops.items() if n), key=lambda x: (-x[0], x[1]))
     return ", ".join(f"{reason} {_fmt_count(n)}" for n, reason in seen) or "none"
+
+
+def fmt_probe_budget(b: dict) -> str:
+    """One line: the probes run against node.probe_budget, and the shortfall when there is one."""
+    budget = f"budget {b['budget_per_s']:.0f}/s" if b["budget_per_s"] else "no budget"
+    if 0 < b["budget_per_s"] < b.get("configured_per_s", 0):
+        budget += (
+            f" (node.probe_budget {b['configured_per_s']:.0f}/s, lowered: the probes took over half of edged's loop)"
+        )
+    line = f"probes: {b['run_per_s']:.0f}/s of {b['demand_per_s']:.0f}/s asked for, {budget}"
+    if b["stretch"] > 1:
+        line += (
+            f"; SHORT by {b['shortfall_ratio']:.0%}: every interval {b['stretch']:.2f}x as configured"
+            " (raise node.probe_budget or the intervals)"
+        )
+    return line
 
 
 def fmt_fleet(f: dict) -> str:

@@ -36,6 +36,7 @@ class Tracker:
     """What one backend's past probes and scrapes left behind; mutated by observe_*."""
 
     recent: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.spike_filter RTTs
+    history: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.steady_window RTTs
     rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
     rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
     fails: int = 0  # failed probes in a row
@@ -74,9 +75,15 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
         # host, a GC pause) never reaches the average; a real slowdown shows in the second
         if tr.recent.maxlen != w.spike_filter:
             tr.recent = deque(tr.recent, maxlen=w.spike_filter)
+        if tr.history.maxlen != w.steady_window:
+            tr.history = deque(tr.history, maxlen=w.steady_window)
         tr.recent.append(x)
-        x = sorted(tr.recent)[(len(tr.recent) - 1) // 2]
-        _smooth(tr, x, s.t_ns, w)
+        if _jumped(tr, w):
+            tr.history.clear()
+            tr.history.extend(tr.recent)
+        else:
+            tr.history.append(x)
+        _smooth(tr, _lower_median(tr.recent), s.t_ns, w)
     if s.ok:
         tr.oks, tr.fails = tr.oks + 1, 0
         if tr.down and tr.oks >= probe.rise:
@@ -99,6 +106,42 @@ def sample_moves(tr: Tracker, s: Sample, was_down: bool, w: config.Weights, prob
     if not s.ok or was_down or tr.down:
         return True
     return tr.wire_rtt_s is None or probe_kind not in (None, "tcp")
+
+
+def _lower_median(xs: Iterable[float]) -> float:
+    ordered = sorted(xs)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _jumped(tr: Tracker, w: config.Weights) -> bool:
+    """Whether the newest spike_filter samples (tr.recent) are a jump off tr.history: their
+    lower median more than jump_pct above the window's fastest sample while they agree
+    (the slowest within sqrt(1 + jump_pct %) of it), or sqrt(1 + jump_pct %) below the
+    window's steady RTT. Noise only ever adds delay, so a slowdown must clear the fastest
+    and agree with itself, while a speedup is evidence already."""
+    if w.jump_pct == 0 or not tr.history:
+        return False
+    band = 1 + w.jump_pct / 100
+    now = _lower_median(tr.recent)
+    up = now > min(tr.history) * band and max(tr.recent) <= now * math.sqrt(band)
+    return up or now * math.sqrt(band) < _steady(tr.history)
+
+
+def probe_rtt(tr: Tracker, w: config.Weights) -> Optional[float]:
+    """The probes' RTT the policy weighs: with jump_pct, the steady RTT (_steady) of the
+    backend's window of samples, which a jump (_jumped) restarts from the jump's samples;
+    with jump_pct 0, the smoothed RTT (tr.rtt_s). None before the first sample."""
+    if w.jump_pct == 0 or not tr.history:
+        return tr.rtt_s
+    return _steady(tr.history)
+
+
+def _steady(xs: Iterable[float]) -> float:
+    """The mean of the faster half of xs (up to their lower median): the slow half holds
+    the noise, which only ever adds delay."""
+    ordered = sorted(xs)
+    half = ordered[: (len(ordered) - 1) // 2 + 1]
+    return sum(half) / len(half)
 
 
 def _smooth(tr: Tracker, x: float, t_ns: int, w: config.Weights) -> None:
@@ -170,16 +213,17 @@ def load_factor(l: Load, slots: float = 0.0) -> float:
     return queue * kv
 
 
-def rtt_input(tr: Tracker, probe_kind: Optional[str]) -> Optional[float]:
-    """The RTT the policy weighs: the wire signal's handshake p50 while fresh, else the probe's
-    smoothed RTT. A handshake is what a tcp probe measures, so the wire replaces it (and stands
+def rtt_input(tr: Tracker, probe_kind: Optional[str], w: Optional[config.Weights] = None) -> Optional[float]:
+    """The RTT the policy weighs: the wire signal's handshake p50 while fresh, else the probes'
+    (probe_rtt(); the smoothed RTT when w is None). A handshake is what a tcp probe measures, so the wire replaces it (and stands
     alone without probes); an http or grpc probe's answer also holds the server's own time,
     which a handshake (answered by the server's kernel) never sees, so it takes the larger."""
+    probe = tr.rtt_s if w is None else probe_rtt(tr, w)
     if tr.wire_rtt_s is None:
-        return tr.rtt_s
-    if probe_kind in (None, "tcp") or tr.rtt_s is None:
+        return probe
+    if probe_kind in (None, "tcp") or probe is None:
         return tr.wire_rtt_s
-    return max(tr.rtt_s, tr.wire_rtt_s)
+    return max(probe, tr.wire_rtt_s)
 
 
 def describe(tr: Tracker, now_ns: int, metrics: Optional[config.MetricsScrape] = None) -> dict:
@@ -248,7 +292,7 @@ def decide(
     latency_inverse, per backend b (base_b = backend.weight):
       drained   base_b == 0 -> 0 always (operator drain), state "draining".
       RTT       x = the lower median of the backend's last weights.spike_filter samples
-                (default 1: every sample; with 2, the smaller of two: host and scheduling
+                (1: every sample; with 2, the default, the smaller of two: host and scheduling
                 noise only ever adds delay, so one stray slow sample is ignored, a slowdown
                 counts from its second sample and a speedup at once), then
                 smoothed per backend, tau = decay_ms, dt = time since the previous sample:
@@ -256,8 +300,18 @@ def decide(
                   ewma:      rtt <- rtt + alpha * (x - rtt)
                   peak_ewma: rtt <- x if x > rtt, else rtt + alpha * (x - rtt)
                 the first sample sets rtt = x. A failed probe feeds x = probe.timeout_ms (a
-                penalty) and counts toward probe.fall. A backend with no RTT yet uses the
-                median smoothed RTT of the backends being computed, or, when none has one,
+                penalty) and counts toward probe.fall. That smoothed RTT is weighed only with
+                jump_pct 0; otherwise (the default, 80) the steady RTT is:
+      steady    the mean of the faster half of the backend's last steady_window samples (20;
+                the slower half holds the noise, which only ever adds delay), so a burst of
+                slow samples moves nothing and a lasting change counts once it fills half the
+                window. A jump restarts the window from the last spike_filter samples at once:
+                their lower median more than jump_pct % above the window's fastest sample
+                while they agree (the slowest within sqrt(1 + jump_pct %) of it), or
+                sqrt(1 + jump_pct %) below the steady RTT (a speedup is evidence already).
+                A real 2x step jumps at its second sample; on a loaded host probe RTTs make
+                bursts of two samples at 1.5-1.75x, which do not. A backend with no RTT yet uses the
+                median RTT of the backends being computed, or, when none has one,
                 the same RTT for all (weights follow base alone).
       wire      while the backend's wire signal is fresh (edged sets tr.wire_rtt_s: the handshake
                 p50 of real connections over weights.wire.window_ms), the RTT is rtt_input():
@@ -265,7 +319,7 @@ def decide(
       health    probe.fall failed probes in a row -> "down", weight 0; probe.rise good ones
                 in a row -> up again, with slow start. A new backend starts up.
       fail-open when no non-drained backend (primary or standby) is up by its probes, the
-                down ones get their computed weights from their last smoothed RTT, state
+                down ones get their computed weights from their last RTT, state
                 "fail-open"; the kernel's heartbeats still gate liveness. A standby that is
                 up is not failed open over: the data path serves from it while every
                 primary has weight 0.
@@ -406,7 +460,7 @@ def _latency_inverse(
             computed.append(b)
 
     kind = health.probe.kind if health and health.probe else None
-    rtts = {b.name: rtt_input(trs[b.name], kind) for b in computed}
+    rtts = {b.name: rtt_input(trs[b.name], kind, w) for b in computed}
     known = [r for r in rtts.values() if r is not None]
     fill_s = statistics.median(known) if known else 1.0
     lat = {}

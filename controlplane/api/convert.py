@@ -122,8 +122,8 @@ def status_from_proto(msg: edge_pb2.GetStatusResponse) -> dict:
         counts["verdicts"] = _in_order(counts["verdicts"], abi.CNT_NAMES)
         counts["drops"] = _in_order(counts["drops"], abi.DROP_NAMES)
     del snap["edged"]
-    # no node.fleet / node.bgp, a complete count: the key is absent, as in the daemon's snapshot
-    for key in ("fleet", "bgp", "conntrack_partial", "summarized"):
+    # no node.fleet / node.bgp, a complete count, no edged: the key is absent, as in the daemon's snapshot
+    for key in ("fleet", "bgp", "conntrack_partial", "summarized", "probe_budget"):
         if snap[key] is None:
             del snap[key]
     if not snap["stopped_early"]:

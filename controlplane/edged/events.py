@@ -54,6 +54,8 @@ def level_of(kind: str, fields: dict) -> int:
     path not serving an error."""
     if kind == "datapath":
         return ERR if fields.get("serving") is False else NOTICE
+    if kind == "probe-budget":
+        return WARNING if fields.get("short") else NOTICE
     if kind == "state":
         return NOTICE if fields.get("new") == "up" else WARNING
     return KIND_LEVELS.get(kind, INFO)

@@ -117,7 +117,12 @@ METRICS = (
         BE,
     ),
     # what edged measured, in the snapshot (absent when unknown)
-    Spec("edge_backend_rtt_smoothed_seconds", "gauge", "Smoothed probe RTT the weights are computed from", BE),
+    Spec(
+        "edge_backend_rtt_smoothed_seconds",
+        "gauge",
+        "Smoothed probe RTT (weighed with weights.jump_pct 0; else the steady RTT, shown in the reason)",
+        BE,
+    ),
     Spec("edge_backend_queue_waiting", "gauge", "Requests waiting in the backend's queue, as it reports", BE),
     Spec("edge_backend_queue_running", "gauge", "Requests the backend is running, as it reports", BE),
     Spec("edge_backend_kv_cache_usage_ratio", "gauge", "KV-cache use the backend reports, 0..1", BE),
@@ -174,6 +179,18 @@ METRICS = (
         "edge_fleet_refused_total",
         "counter",
         "Documents read from the fleet's etcd prefix and refused (garbage, not from the leader, unsafe weights)",
+    ),
+    # the prober's budget (node.probe_budget, from the snapshot)
+    Spec(
+        "edge_probe_budget_per_second",
+        "gauge",
+        "Probes a second edged starts at most now: node.probe_budget, lower while probes take over half of its loop (0: no budget)",
+    ),
+    Spec("edge_probe_demand_per_second", "gauge", "Probes and scrapes a second the configured intervals ask for now"),
+    Spec(
+        "edge_probe_shortfall_ratio",
+        "gauge",
+        "Share of the asked-for probes not run for the budget (0: none); every interval is stretched by 1 / (1 - this)",
     ),
     # the BGP speaker (node.bgp, from the snapshot)
     Spec(
@@ -422,6 +439,14 @@ def _add_conntrack(fams: dict[str, Metric], snap: dict) -> None:
     fams["edge_scrape_walk_complete"].add_metric([], 0 if cut else 1)
 
 
+def _add_probe_budget(fams: dict, b: dict | None) -> None:
+    """The prober's budget, what the probes ask for and the shortfall (edged only)."""
+    if b:
+        fams["edge_probe_budget_per_second"].add_metric([], b["budget_per_s"])
+        fams["edge_probe_demand_per_second"].add_metric([], b["demand_per_s"])
+        fams["edge_probe_shortfall_ratio"].add_metric([], b["shortfall_ratio"])
+
+
 def _add_bgp(fams: dict, bgp: dict | None) -> None:
     """node.bgp: whether the speaker announces what edged decided, and its restarts."""
     if bgp and "speaker_up" in bgp:
@@ -467,6 +492,7 @@ def _add_snapshot(fams: dict[str, Metric], snap: dict) -> list[str]:
         fams["edge_fleet_faults_total"].add_metric([], fleet.get("faults", 0))
         fams["edge_fleet_refused_total"].add_metric([], fleet.get("refused", 0))
     _add_bgp(fams, snap.get("bgp"))
+    _add_probe_budget(fams, snap.get("probe_budget"))
     services = []
     for s in snap["services"]:
         services.append(s["name"])

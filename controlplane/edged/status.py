@@ -98,6 +98,7 @@ class Status:
                 "speaker_up": not announcer.problem,
                 "speaker_restarts": announcer.restarts,
             }
+        snap["probe_budget"] = self.probe_budget()
         for svc in snap["services"]:
             st = state.services.get(svc["name"])
             svc["pushes"] = st.pushes if st else 0
@@ -107,6 +108,20 @@ class Status:
                 if st and b["name"] in st.trackers:
                     b["edged"] = self.backend_view(svc["name"], b["name"], now)
         return snap
+
+    def probe_budget(self) -> dict:
+        """The prober's budget (node.probe_budget, lowered while probes take over half of the loop), what the
+        probes ask for and the shortfall."""
+        b = self.prober.budget
+        return {
+            "budget_per_s": b.budget_per_s,
+            "configured_per_s": b.cap_per_s,
+            "demand_per_s": b.demand_per_s,
+            "run_per_s": b.run_per_s,
+            "stretch": b.stretch,
+            "shortfall_ratio": b.shortfall,
+            "short": self.prober.short,
+        }
 
     async def _walk(self, count_conntrack: bool) -> dict:
         """deploy.describe on the walker thread (State.walks holds it while it runs)."""
@@ -163,7 +178,9 @@ class Status:
                 "probe_relaxed": relaxed,
                 "probe_interval_s": None
                 if probe is None
-                else (max(probe.relaxed_ms, probe.interval_ms) if relaxed else probe.interval_ms) / 1000,
+                else (max(probe.relaxed_ms, probe.interval_ms) if relaxed else probe.interval_ms)
+                * self.prober.stretch  # as run: under node.probe_budget, stretched
+                / 1000,
             }
         )
         if full:

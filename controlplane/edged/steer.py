@@ -16,17 +16,19 @@ from controlplane.edged.state import State, Steered
 from controlplane.edged.status import STATUS_EVERY_S
 from controlplane.errors import EdgeError
 from controlplane.probe import Prober, Target
+from controlplane.probe.budget import Budget
 from controlplane.samples import Load, Sample
 
 RELAX_HOLD_NS = int(3 * STATUS_EVERY_S * 1e9)  # relaxed probes outlive a late status round, not a stuck loop
 
 
-def interval_s(s: Service, relaxed: bool = False) -> float:
+def interval_s(s: Service, relaxed: bool = False, stretch: float = 1.0) -> float:
     """How often a service's step runs at least: its probes' interval (relaxed: every
     backend's probes are, and steps come as without probes: the scrapes' and the wire's
     intervals), else its scrapes', else 1 s; never less often than wire.interval_ms.
     Under the static policy every 1 s, probes or not: no probe or scrape result changes
-    a configured weight (weights.decide), so a step at their pace would decide the same."""
+    a configured weight (weights.decide), so a step at their pace would decide the same.
+    stretch: the probe budget's (Prober.stretch), by which probe and scrape intervals run longer."""
     health, interval = s.health, 1.0
     if s.weights.policy == "static":
         return interval
@@ -34,8 +36,9 @@ def interval_s(s: Service, relaxed: bool = False) -> float:
         interval = max(health.probe.interval_ms, health.probe.relaxed_ms if relaxed else 0) / 1000
         if relaxed and health.metrics:
             interval = min(interval, health.metrics.interval_ms / 1000)
+        interval *= stretch
     elif health and health.metrics:
-        interval = health.metrics.interval_ms / 1000
+        interval = health.metrics.interval_ms / 1000 * stretch
     if s.weights.wire.enabled:  # wire signals change between probes
         interval = min(interval, s.weights.wire.interval_ms / 1000)
     return interval
@@ -68,7 +71,7 @@ class Steering:
 
     def __init__(self, state: State):
         self.state = state
-        self.prober = Prober(on_sample=self.on_sample, on_load=self.on_load)
+        self.prober = Prober(on_sample=self.on_sample, on_load=self.on_load, on_budget=self.on_budget)
         self.targets = targets  # what set_services() hands the prober (a test may probe nothing)
 
     # ------------------------------------------------------------ the services
@@ -90,6 +93,7 @@ class Steering:
             state.services[s.name] = st
         # what a service that is new here found fresh before (a reload took it out and back) counts no more
         state.wire_fresh = {(name, b) for name, st in state.services.items() for b in st.wire_fresh}
+        self.prober.set_budget(cfg.node.probe_budget)
         self.prober.set_targets(self.targets(cfg))
         state.observer.retain((s.name, b.name) for s in cfg.services for b in s.backends)
 
@@ -129,6 +133,29 @@ class Steering:
         if st.computed:  # under the static policy a scrape moves no weight
             st.wake.set()
 
+    def on_budget(self, b: Budget) -> None:
+        """The probes configured started or stopped asking for more than node.probe_budget."""
+        if b.short:
+            over = f"node.probe_budget {b.budget_per_s:.0f}"
+            if b.limited_by_loop:
+                over = f"the budget {b.budget_per_s:.0f} (node.probe_budget {b.cap_per_s:.0f}, lowered: the probes took over half of the loop)"
+            text = (
+                f"probes: the configured intervals ask for {b.demand_per_s:.0f} probes/s, over {over}: every interval "
+                f"runs {b.stretch:.2f}x longer ({b.shortfall:.0%} of the probes are not run)"
+            )
+        else:
+            text = f"probes: {b.demand_per_s:.0f} probes/s asked for, within node.probe_budget {b.budget_per_s:.0f}"
+        self.state.events.emit(
+            "probe-budget",
+            text,
+            short=b.short,
+            budget_per_s=round(b.budget_per_s, 1),
+            configured_per_s=b.cap_per_s,
+            demand_per_s=round(b.demand_per_s, 1),
+            stretch=round(b.stretch, 3),
+            shortfall_ratio=round(b.shortfall, 4),
+        )
+
     def pace_probes(self, fresh: Collection[tuple[str, str]], now_ns: int) -> None:
         """Backends (service, backend) in fresh, whose wire signals real traffic keeps fresh, are
         probed every probe.relaxed_interval_ms for the next RELAX_HOLD_NS (the prober keeps
@@ -158,7 +185,7 @@ class Steering:
             except EdgeError as e:
                 failing = self.state.failed(f"{name}: {e}", e, failing, service=name)
             relaxed = st.computed and all(self.prober.relaxed((name, b.name)) for b in st.service.backends)
-            interval = interval_s(st.service, relaxed)
+            interval = interval_s(st.service, relaxed, self.prober.stretch)
             await asyncio.sleep(interval / 4)
             if not st.wake.is_set():
                 try:

@@ -110,6 +110,7 @@ class Host(Protocol):
     wheel, the relaxed state of its target, epoll, the shared receive buffer and the loop."""
 
     recv_view: memoryview  # one buffer for every check's reads
+    stretch: float  # every interval is run this many times longer (the probe budget; 1: none)
 
     def at(self, t_ns: int, check: _Check) -> None:
         """Call check.tick() at the first tick at or after t_ns (monotonic)."""
@@ -162,7 +163,7 @@ class _Check:
         self.slow_round = False  # this round was started as a relaxed one
         self.look_ns = 0  # when this round's result is to be looked at on the grid; 0: not
         self.deadline_ns = 0  # this round's timeout (on the grid for a relaxed round)
-        self.next_ns = _monotonic_ns() + int(random.random() * self.interval_ns)
+        self.next_ns = _monotonic_ns() + int(random.random() * self.interval_ns * prober.stretch)
         prober.at(self.next_ns, self)
 
     def adapt(self, interval_ms: int, rise: int) -> None:
@@ -170,6 +171,10 @@ class _Check:
         rise rounds passed."""
         self.relaxed_ns = max(interval_ms * 1_000_000, self.interval_ns)
         self.rise = rise
+
+    def interval_now_ns(self) -> int:
+        """The interval this schedule asks for now, before the budget: relaxed or full rate."""
+        return self.relaxed_ns if self.slow else self.interval_ns
 
     def tick(self, due_ns: int) -> None:
         """The wheel's call at due_ns for this check's deadline or next start (an entry for
@@ -208,6 +213,9 @@ class _Check:
                 step = self.relaxed_ns
         else:
             self.slow = False
+        stretch = self.prober.stretch
+        if stretch != 1.0:  # the probe budget: every schedule by the same factor
+            step = int(step * stretch)
         next_ns = self.next_ns + step
         if next_ns <= now:  # the loop was held up: skip the missed starts, never bunch them
             next_ns += ((now - next_ns) // step + 1) * step
@@ -272,7 +280,7 @@ class _Check:
         if not self.slow or self.stopped:
             return
         self.slow = False
-        self.next_ns = max(self.started_ns + self.interval_ns, _monotonic_ns())
+        self.next_ns = max(self.started_ns + int(self.interval_ns * self.prober.stretch), _monotonic_ns())
         self.prober.at(self.next_ns, self)
 
     def begin(self) -> None:

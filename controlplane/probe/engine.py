@@ -8,15 +8,19 @@ import asyncio
 import ipaddress
 import select
 import socket
+import time
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Optional
 
 from controlplane import config, limits
+from controlplane.probe import budget as budgets
 from controlplane.probe.checks import _Check, _HttpCheck, _monotonic_ns, _TcpCheck
 from controlplane.probe.grpccheck import _GrpcCheck
 from controlplane.samples import Load, Sample, Window
 
+_perf_ns = time.perf_counter_ns
 TICK_S = 0.002  # timer wheel resolution: probe times are rounded up to this
+REBUDGET_S = 1.0  # how often the demand is summed again (relaxed targets ask for fewer probes)
 RECV_SIZE = 262144  # the one receive buffer every HTTP check reads into
 
 
@@ -36,6 +40,16 @@ class Target:
         object.__setattr__(self, "address", str(address))
         if not limits.is_port(int(self.port)):
             raise ValueError(f"port {self.port} is out of range {limits.PORTS}")
+
+
+def _intervals_ns(target: Target) -> list[int]:
+    """The intervals of a target's schedules at the full rate: its probe's and its scrape's."""
+    out = []
+    if target.probe is not None:
+        out.append(target.probe.interval_ms * 1_000_000)
+    if target.metrics is not None:
+        out.append(target.metrics.interval_ms * 1_000_000)
+    return out
 
 
 class _Backend:
@@ -144,6 +158,14 @@ class Prober:
       time out on a 10 ms grid (checks.SLOW_GRID_NS), and tcp connections (relaxed or not, with
       a timeout longer than a grid step) are looked at on it rather than waited for on epoll,
       so sparse probes share loop wake-ups.
+    - Budget: with budget_per_s (set_budget), every schedule's interval (full rate, relaxed and
+      scrape) is stretched by one factor when the targets together ask for more probes a second
+      than that (probe.budget): every target is still probed, all at the same share of their
+      rate, rather than the loop falling behind and skipping starts at random. The demand is
+      summed at set_targets() and every REBUDGET_S (a relaxed target asks for fewer), and the
+      budget follows the loop below budget_per_s: lowered while the prober's callbacks take
+      more than half of the loop's wall time, raised while they take less (budget.adapt).
+      on_budget(Budget) is called when the shortfall starts and when it ends (budget.still_short).
     """
 
     def __init__(
@@ -152,9 +174,20 @@ class Prober:
         on_load: Optional[Callable[[Hashable, Load], None]] = None,
         *,
         tick_s: float = TICK_S,
+        budget_per_s: float = 0,
+        on_budget: Optional[Callable[[budgets.Budget], None]] = None,
     ):
         self.on_sample = on_sample
         self.on_load = on_load
+        self.on_budget = on_budget
+        self._cap_per_s = budget_per_s  # node.probe_budget
+        self._budget_per_s = budget_per_s  # the budget now: the cap, or less while probes take over half of the loop
+        self._busy_ns = 0  # wall time in the prober's callbacks since the last _rebudget
+        self._period_ns = _perf_ns()
+        self.budget = budgets.NO_BUDGET  # the last plan (probe.budget)
+        self.stretch = 1.0  # every check's intervals are multiplied by this (checks.Host)
+        self._short = False  # a shortfall is being reported (on_budget)
+        self._rebudget_timer: Optional[asyncio.TimerHandle] = None
         self._tick_ns = max(1, int(tick_s * 1e9))
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._ep: Optional[select.epoll] = None
@@ -181,6 +214,8 @@ class Prober:
                 raise ValueError(f"target key {target.key!r} given twice")
             wanted[target.key] = target
         self._bind()
+        # the stretch before any new check takes its first start (spread over its stretched interval)
+        self._plan(budgets.demand(ns for t in wanted.values() for ns in _intervals_ns(t)))
         for key, backend in list(self._backends.items()):
             target = wanted.get(key)
             if target == backend.target:
@@ -197,6 +232,19 @@ class Prober:
                 self._backends[key] = _Backend(self, target)
         for key in [key for key in self._relaxed if key not in wanted]:
             del self._relaxed[key]
+
+    def set_budget(self, budget_per_s: float) -> None:
+        """At most about budget_per_s probes a second from now on (0: no budget); the stretch
+        follows at once."""
+        if budget_per_s != self._cap_per_s:
+            self._cap_per_s = self._budget_per_s = budget_per_s
+            if self._loop is not None:
+                self._plan(self.budget.demand_per_s)
+
+    @property
+    def short(self) -> bool:
+        """Whether a shortfall is being reported (on_budget said so last)."""
+        return self._short
 
     def relax(self, keys: Iterable[Hashable], until_ns: int) -> None:
         """Probe these targets every probe.relaxed_ms until until_ns (time.monotonic_ns), as long
@@ -234,6 +282,9 @@ class Prober:
     async def close(self) -> None:
         """Stop every probe and close every socket and channel; the prober is then unusable."""
         self._closed = True
+        if self._rebudget_timer is not None:
+            self._rebudget_timer.cancel()
+            self._rebudget_timer = None
         for backend in self._backends.values():
             backend.stop()
         self._backends.clear()
@@ -304,10 +355,37 @@ class Prober:
             self._loop = loop
             self._ep = select.epoll()
             loop.add_reader(self._ep.fileno(), self._on_epoll)
+            self._rebudget_timer = loop.call_later(REBUDGET_S, self._rebudget)
         elif loop is not self._loop:
             raise RuntimeError("prober used from another event loop")
 
+    def _rebudget(self) -> None:
+        """The demand summed again over the checks as they run now (relaxed ones at their
+        relaxed interval), and the stretch planned from it; again in REBUDGET_S."""
+        if self._closed:
+            return
+        now = _perf_ns()
+        share = self._busy_ns / (now - self._period_ns) if now > self._period_ns else 0.0
+        self._busy_ns, self._period_ns = 0, now
+        self._budget_per_s = budgets.adapt(self._budget_per_s, self._cap_per_s, self.budget.run_per_s, share)
+        rates = (check.interval_now_ns() for backend in self._backends.values() for check in backend.checks)
+        self._plan(budgets.demand(rates))
+        self._rebudget_timer = self._loop.call_later(REBUDGET_S, self._rebudget)
+
+    def _plan(self, demand_per_s: float) -> None:
+        b = self.budget = budgets.plan(demand_per_s, self._budget_per_s, self._cap_per_s)
+        self.stretch = b.stretch
+        short = budgets.still_short(self._short, b)
+        if short != self._short:
+            self._short = short
+            if self.on_budget is not None:
+                try:
+                    self.on_budget(b)
+                except Exception as e:
+                    self.report("prober: on_budget failed", e)
+
     def _fire(self, tick: int) -> None:
+        t0 = _perf_ns()
         self._timers.pop(tick, None)
         due_ns = tick * self._tick_ns
         for check in self._slots.pop(tick, ()):
@@ -315,8 +393,10 @@ class Prober:
                 check.tick(due_ns)
             except Exception as e:  # the tick's other probes still run
                 self.report("prober: a scheduled call failed", e)
+        self._busy_ns += _perf_ns() - t0  # the prober's share of the loop (budget.adapt)
 
     def _on_epoll(self) -> None:
+        t0 = _perf_ns()
         handlers = self._handlers
         self._in_batch = True
         try:
@@ -332,6 +412,7 @@ class Prober:
             dead, self._dead = self._dead, []
             for sock in dead:
                 sock.close()
+            self._busy_ns += _perf_ns() - t0
 
     def _later(self, coroutine) -> None:
         task = self._loop.create_task(coroutine)

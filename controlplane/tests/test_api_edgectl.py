@@ -215,6 +215,7 @@ def test_edgectl_status_shows_edgeds_view(edged):
         "conntrack_partial": None,
         "summarized": False,
         "stopped_early": [],
+        "probe_budget": None,
     }
     table = edgectl("status", "--socket", edged.path)
     assert (table.returncode, table.stderr) == (0, "")

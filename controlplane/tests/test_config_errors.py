@@ -42,7 +42,7 @@ ERROR_CASES = [
         "node unknown key",
         {"node.maglev": 7},
         "node.maglev: unknown key (allowed: maglev_m, max_services, max_backends, ct_size, pin_dir, "
-        "api_socket, api_group, api_listen, api_tls, metrics_listen, iface, xdp_mode, reply_xdp, bgp, fleet)",
+        "api_socket, api_group, api_listen, api_tls, metrics_listen, probe_budget, iface, xdp_mode, reply_xdp, bgp, fleet)",
     ),
     Case("fleet without etcd", {"node.fleet": {"name": "edge-1"}}, "node.fleet.etcd: missing"),
     Case(
@@ -430,7 +430,7 @@ ERROR_CASES = [
         "weights unknown key",
         {"services[0].weights.ewma": 0.5},
         "services[0].weights.ewma: unknown key (allowed: policy, floor, max_ratio, hysteresis_pct, "
-        "smoothing, decay_ms, spike_filter, rtt_offset_ms, load_aware, hung_ms, slow_start_ms, wire)",
+        "smoothing, decay_ms, spike_filter, steady_window, jump_pct, rtt_offset_ms, load_aware, hung_ms, slow_start_ms, wire)",
     ),
     Case(
         "weights policy random",

@@ -30,6 +30,7 @@ PURE = [
     "controlplane/fleet/schema.py",
     "controlplane/fleet/snapshot.py",
     "controlplane/maglev.py",
+    "controlplane/probe/budget.py",
     "controlplane/samples.py",
     "controlplane/weights.py",
     "controlplane/wiresignals.py",

@@ -133,6 +133,7 @@ class WheelStub:
         self.arms = 0
         self.relaxed: dict = {}
         self.recv_view = memoryview(bytearray(4096))
+        self.stretch = 1.0
 
     def at(self, t_ns: int, check) -> None:
         self.calls.append(t_ns)

