@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 17
+ABI_VERSION = 18
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -21,6 +21,8 @@ TAIL_MAX = 3
 MAGLEV_PER_VALUE = 2  # Maglev slots per edge_maglev value: 4 bytes a slot
 
 VIP_F_KEEP_FLOWS = 0x1
+
+NODE_F_NO_ECHO = 0x1  # node.answer_ping off
 
 BE_F_VALID = 0x1
 BE_F_UP = 0x2
@@ -80,7 +82,8 @@ CNT_RETURN_XDP = 10
 CNT_ICMP_TO_BACKEND = 11
 CNT_ICMP_RETURN = 12
 CNT_DSR = 13
-CNT_MAX = 14
+CNT_ICMP_ECHO = 14
+CNT_MAX = 15
 
 DROP_MALFORMED = 1
 DROP_NO_BACKEND = 2
@@ -99,7 +102,7 @@ DROP_DSR_TOO_BIG = 14
 DROP_MAX = 15
 # edge_svc_counts: slot s (a VIP id, or max_services: no service known) holds SVC_COUNTERS u64s
 # from s * SVC_COUNTERS: the CNT_* verdicts, then the DROP_* reasons from CNT_MAX on
-SVC_COUNTERS = 29
+SVC_COUNTERS = 30
 
 CNT_NAMES = {
     CNT_PASS: "pass",
@@ -116,6 +119,7 @@ CNT_NAMES = {
     CNT_ICMP_TO_BACKEND: "icmp_to_backend",
     CNT_ICMP_RETURN: "icmp_return",
     CNT_DSR: "dsr",
+    CNT_ICMP_ECHO: "icmp_echo",
 }
 DROP_NAMES = {
     DROP_MALFORMED: "malformed",

@@ -554,6 +554,12 @@ class Node:
         _one_of("auto", "on", "off"),
         "auto",
     )
+    answer_ping: bool = option(
+        "answer ICMP echo requests (ping) to VIP addresses in XDP, from the VIP; false: hand them to "
+        "the stack, which answers only a VIP that is a local address (on lo)",
+        _bool,
+        True,
+    )
     bgp: Optional[Bgp] = option(
         "announce the VIPs over BGP; absent: routing the VIPs here is someone else's job", _section(Bgp), None
     )

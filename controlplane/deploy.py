@@ -3,8 +3,9 @@ that wires config, loader and maps together. Each step that changes the node
 pushes its undo together with the change (a Ctrl-C waits for the pair:
 interrupts.uninterrupted), so a failed or interrupted deploy leaves the node as it
 was. Undeploy finds the pins wherever a deploy put them. Holds no packet logic
-and no map layouts (maps.py), imports no bcc (loader.py), and no locks or marks
-(nodelock.py). edgectl and edged call the same functions."""
+and no map layouts (maps.py), imports no bcc (loader.py; the compile runs in a child,
+compilechild.py, so bcc never lives in this process), and no locks or marks (nodelock.py).
+edgectl and edged call the same functions."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from controlplane import abi, loader
+from controlplane import abi, compilechild, loader
 from controlplane.config import Config
 from controlplane.errors import ConfigError, EdgeError, LoaderError, MapError, NotDeployed
 from controlplane.interrupts import uninterrupted
@@ -32,6 +33,7 @@ from controlplane.nodelock import (  # noqa: F401  (re-exported: edged and tests
     undeployed_at,
 )
 from controlplane.pinsearch import pin_dirs_holding
+from controlplane.returnpath import apply_on_new_links, attach_replies, detach_reply  # noqa: F401  (re-exported)
 
 # `edgectl status` without edged walks the maps within this, as `edgectl conntrack` (a 16M
 # conntrack counts in about 30 s); edged's walks have edged/status.py's WALK_DEADLINE_S
@@ -53,7 +55,7 @@ class DeployResult:
     updated: bool  # True when it replaced a deployment already there
     return_ifaces: tuple[str, ...]
     report: object
-    held: loader.Loaded | None = None  # with hold=True: the open data path; the caller closes it
+    held: loader.Pinned | None = None  # with hold=True: the open data path; the caller closes it
     maps: Maps | None = None
     reply_ifindex: tuple[int, ...] = ()  # return interfaces running the XDP fast path of replies
 
@@ -85,7 +87,7 @@ def params_of(cfg: Config) -> loader.Params:
     return loader.Params.of(cfg.node)
 
 
-def open_maps(loaded: loader.Loaded) -> Maps:
+def open_maps(loaded: loader.Pinned | loader.Loaded) -> Maps:
     """Maps over a compiled instance, sized by its node record when it has one."""
     return Maps.sized_by_node(
         loaded.tables(), loaded.map_fd(abi.MAP_MAGLEV), loaded.params.maglev_m, loaded.params.max_services
@@ -162,7 +164,7 @@ class _Target:
 class _Loaded:
     """A compiled data path with its maps and programs, not attached yet."""
 
-    loaded: loader.Loaded
+    loaded: loader.Pinned
     maps: Maps
     xdp: object
     tc: object
@@ -295,7 +297,10 @@ def _load(cfg: Config, t: _Target, undo: loader.Undo, progress: Progress) -> _Lo
         f"compiling the data path (M={cfg.node.maglev_m}, {cfg.node.max_services} services, "
         f"{cfg.node.max_backends} backends)"
     )
-    loaded = loader.compile_datapath(t.pin_path, params_of(cfg))
+    progs = [(abi.PROG_INGRESS, "xdp"), (abi.PROG_RETURN, "tc")]
+    if cfg.node.reply_xdp != "off":
+        progs.append((abi.PROG_REPLY, "xdp"))
+    loaded = compilechild.build(t.pin_path, params_of(cfg), progs)  # bcc and LLVM live in a child
     try:
         maps = open_maps(loaded)
         _check_sizes(maps, cfg)
@@ -343,6 +348,7 @@ def _attach(
         ip_forward_was=forward_was,
         return_ifindex=list(added),
         return_clsact_added=list(added.values()),
+        answer_ping=cfg.node.answer_ping,
     )
     return DeployResult(t.iface, t.instance, t.pin_path, mode, t.updating, names, report, reply_ifindex=replies)
 
@@ -377,55 +383,6 @@ def _return_path(t: _Target, tc_fn, old_node: dict | None, undo: loader.Undo) ->
                 loader.detach_tc(idx, remove_clsact=was_added)
                 detach_reply(idx)
     return added
-
-
-def attach_replies(
-    return_oifs: list[int], ingress: int, fn, xdp_mode: str, want: str, undo: loader.Undo, progress: Progress
-) -> tuple[int, ...]:
-    """Puts the XDP fast path of replies (edge_reply) on every return interface, or replaces
-    ours there; returns where it runs. want "off" (fn None) removes ours; "auto" leaves an
-    interface to tc alone when its driver refuses (one progress line), "on" fails the deploy.
-    Not where the ingress program holds the XDP hook (backends behind the client-facing
-    interface) nor where another program does."""
-    done = []
-    for idx in return_oifs:
-        name = loader.ifname(idx)
-        current = loader.xdp_state(idx)
-        if fn is None:
-            detach_reply(idx)
-            continue
-        if idx == ingress or (current is not None and current.name != abi.PROG_REPLY):
-            holder = abi.PROG_INGRESS if idx == ingress else f"'{current.name}'"
-            if want == "on":
-                raise LoaderError(
-                    f"node.reply_xdp: on, but {name} runs XDP program {holder}; "
-                    f"set node.reply_xdp: auto to leave its replies to tc"
-                )
-            progress(f"replies on {name} stay with tc: XDP program {holder} holds its hook")
-            continue
-        try:
-            with uninterrupted():  # the program and its undo, or neither
-                flags = loader.attach_xdp(name, fn, xdp_mode, replace=current is not None)
-                if current is None:
-                    undo.push(f"detach XDP from {name}", lambda name=name, flags=flags: loader.detach_xdp(name, flags))
-        except LoaderError as e:
-            if want == "on":
-                raise
-            progress(f"replies on {name} stay with tc: {e}")
-            continue
-        done.append(idx)
-    if done:
-        progress(f"XDP fast path of replies on {', '.join(loader.ifname(i) for i in done)}")
-    return tuple(done)
-
-
-def detach_reply(idx: int) -> bool:
-    """Removes our reply fast path from interface idx if it runs there."""
-    current = loader.xdp_state(idx)
-    if current is None or current.name != abi.PROG_REPLY:
-        return False
-    loader.detach_xdp(loader.ifname(idx), loader.XDP_MODES.get(current.mode, 0))
-    return True
 
 
 def undeploy(iface: str, pin_dir: str, progress: Progress = quiet) -> bool:

@@ -11,7 +11,6 @@ import ctypes
 import errno
 import os
 import stat
-import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +27,10 @@ from controlplane.bpfcalls import (  # noqa: F401  (re-exported: tests and tools
     prog_test_run,
     verified_insns,
 )
+from controlplane.bpfmap import Prog, obj_pin, prog_fd_by_id
 from controlplane.bpfsource import BPF_DIR, SOURCES, _amalgamate, source_text  # noqa: F401  (re-exported)
 from controlplane.config import Node, half_open_size
-from controlplane.errors import CompileError, LoaderError, MapError, NoBpffs, NotDeployed
+from controlplane.errors import CompileError, LoaderError, MapError, NoBpffs
 
 # Interfaces, routes, tc and sysctl are pyroute2's, in netlink.py; deploy and
 # the data-path watch reach them through this module, the one that attaches.
@@ -51,8 +51,10 @@ from controlplane.netlink import (  # noqa: F401  (re-exported)
     route_oif,
     route_oifs,
     set_ip_forward,
+    set_xdp,
     xdp_state,
 )
+from controlplane.pinned import Pinned, open_pins
 from controlplane.undo import Undo  # noqa: F401  (re-exported: deploy.py names loader.Undo)
 
 # Every program of the data path and its kind (abi.py names them).
@@ -196,21 +198,16 @@ def other_abi_here(pin_dir: str) -> list[Path]:
     )
 
 
-def pin_maps(loaded: "Loaded", pin_path: Path) -> None:
-    """Pins every map of a compiled data path at pin_path again (after its bpffs was
-    unmounted and mounted again): the same maps, so nothing they hold is lost."""
-    from bcc import libbcc
-
+def pin_maps(loaded: "Loaded | Pinned", pin_path: Path) -> None:
+    """Pins every map of a data path at pin_path again (after its bpffs was unmounted and
+    mounted again): the same maps, so nothing they hold is lost. bpf(2) only, no bcc."""
     for d in reversed([pin_path, *pin_path.parents]):
         if not d.exists():
             d.mkdir()
     for name in abi.MAP_NAMES:
         path = pin_path / name
-        if path.exists():
-            continue
-        rc = libbcc.lib.bpf_obj_pin(loaded.map_fd(name), str(path).encode())
-        if rc != 0:  # libbpf returns -errno
-            raise LoaderError(f"pin {name} at {path}: {os.strerror(-rc) if rc < 0 else 'failed'}")
+        if not path.exists():
+            obj_pin(loaded.map_fd(name), path)
 
 
 def remove_pins(path: Path) -> None:
@@ -482,29 +479,16 @@ def maps_text() -> str:
     return "#include <uapi/linux/bpf.h>\n" + _amalgamate(BPF_DIR / "include" / "maps.h", set())
 
 
-def open_pinned(pin_path: Path, params: Params | None = None) -> Loaded:
-    """Re-opens the maps of a deployed instance; never creates a pin. Compiles only the
-    map declarations (no programs: Loaded.load() is not for these), sized as the pins are
-    unless params says otherwise."""
-    missing = [name for name in abi.MAP_NAMES if not (pin_path / name).exists()]
-    if missing:
-        if len(missing) == len(abi.MAP_NAMES):
-            raise NotDeployed(f"nothing pinned at {pin_path}")
-        raise LoaderError(f"{pin_path}: incomplete pins, missing {', '.join(missing)} (undeploy and deploy again)")
-    return compile_datapath(pin_path, params or pinned_params(pin_path), text=maps_text())
+def open_pinned(pin_path: Path, params: Params | None = None) -> Pinned:
+    """Re-opens the maps of a deployed instance with bpf(2) alone (no bcc, no compile); never
+    creates a pin. Sized as the pins are unless params says otherwise."""
+    return open_pins(pin_path, params)
 
 
-_BPF_PROG_GET_FD_BY_ID = 13
-
-
-def hold_prog(prog_id: int, name: str):
-    """A loaded program (e.g. one a deploy attached) by id, as bcc's Function on a new fd: it
-    stays loaded, and attach_xdp/attach_tc take it, until the caller closes its .fd."""
-    from bcc import BPF
-
-    attr = ctypes.create_string_buffer(struct.pack("=IIII", prog_id, 0, 0, 0))
-    fd = _sys_bpf(_BPF_PROG_GET_FD_BY_ID, attr, 16, f"BPF_PROG_GET_FD_BY_ID {prog_id}")
-    return BPF.Function(None, name, fd)
+def hold_prog(prog_id: int, name: str) -> Prog:
+    """A loaded program (e.g. one a deploy attached) by id, on a new fd: it stays loaded, and
+    attach_xdp/attach_tc take it, until the caller closes its .fd."""
+    return Prog(name, prog_fd_by_id(prog_id))
 
 
 def pinned_params(pin_path: Path) -> Params:
@@ -519,30 +503,23 @@ def pinned_params(pin_path: Path) -> Params:
     )
 
 
-# ---------------------------------------------------------------- XDP attach (bcc)
+# ---------------------------------------------------------------- XDP attach (netlink)
 
 
 def attach_xdp(iface: str, fn, mode: str, replace: bool) -> int:
-    """Attaches (or atomically replaces) the ingress program; returns flags."""
-    from bcc import BPF
-
+    """Attaches (or atomically replaces) the XDP program fn (anything with .fd) on iface;
+    returns the flags it used (for detach_xdp)."""
     flags = XDP_MODES[mode] | (0 if replace else XDP_FLAGS_UPDATE_IF_NOEXIST)
-    with _captured_stderr() as log:
-        try:
-            BPF.attach_xdp(iface, fn, flags)
-        except Exception as e:  # bcc raises bare Exception
-            hint = ""
-            if mode == "native":
-                hint = " (driver without native XDP? set node.xdp_mode: generic)"
-            raise LoaderError(f"attach XDP ({mode}) on {iface}: {_first_error(log()) or e}{hint}") from e
+    try:
+        set_xdp(ifindex(iface), fn.fd, flags)
+    except LoaderError as e:
+        hint = " (driver without native XDP? set node.xdp_mode: generic)" if mode == "native" else ""
+        raise LoaderError(f"attach XDP ({mode}) on {iface}: {e}{hint}") from e
     return flags & ~XDP_FLAGS_UPDATE_IF_NOEXIST
 
 
 def detach_xdp(iface: str, flags: int) -> None:
-    from bcc import BPF
-
-    with _captured_stderr() as log:
-        try:
-            BPF.remove_xdp(iface, flags)
-        except Exception as e:  # bcc raises bare Exception
-            raise LoaderError(f"detach XDP on {iface}: {_first_error(log()) or e}") from e
+    try:
+        set_xdp(ifindex(iface), -1, flags & ~XDP_FLAGS_UPDATE_IF_NOEXIST)
+    except LoaderError as e:
+        raise LoaderError(f"detach XDP on {iface}: {e}") from e

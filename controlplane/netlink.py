@@ -152,6 +152,22 @@ def prog_name(prog_id: int) -> str:
     return json.loads(out.stdout).get("name", "?")
 
 
+def set_xdp(index: int, fd: int, flags: int) -> None:
+    """Attaches the XDP program of fd to interface index with XDP_FLAGS_* flags (RTM_SETLINK with
+    IFLA_XDP, as libbpf does); fd -1 detaches what flags' mode holds. LoaderError with the
+    kernel's words (its extended ack when it gives one)."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    attrs = [("IFLA_XDP_FD", fd)] + ([("IFLA_XDP_FLAGS", flags)] if flags else [])
+    with _ipr() as ipr:
+        try:
+            ipr.link("set", index=index, xdp={"attrs": attrs})
+        except NetlinkError as e:
+            said = e.args[1] if len(e.args) > 1 and e.args[1] else ""
+            text = os.strerror(e.code)
+            raise LoaderError(f"{text} ({said})" if said and said != text else text) from e
+
+
 def has_clsact(index: int) -> bool:
     with _ipr() as ipr:
         return any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index))

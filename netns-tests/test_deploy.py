@@ -12,19 +12,16 @@ after (node_state). Errors are one line on stderr, `edgectl: ...`, with exit 1.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
-import struct
 import threading
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
 import pytest
 
 from controlplane import abi
-from controlplane.lab.router import Router, TcFilter, ip_forward_off, node_state
+from controlplane.lab.foreign import foreign_xdp
+from controlplane.lab.router import TcFilter, ip_forward_off, node_state
 from controlplane.lab.traffic import close_all, open_connections
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
@@ -92,51 +89,6 @@ def test_a_deploy_failing_at_its_last_step_rolls_everything_back(net, router):
         assert_one_line_error(done, "attach XDP", "lo")
         assert node_state(router) == before
         assert not router.pin_path_of("lo").exists()
-
-
-# A foreign XDP program, loaded without a compiler: BPF_PROG_LOAD of "r0 = XDP_PASS; exit".
-_SYS_BPF = {"x86_64": 321, "aarch64": 280}
-_BPF_PROG_LOAD = 5
-_BPF_PROG_TYPE_XDP = 6
-_XDP_FLAGS_DRV_MODE = 1 << 2
-_XDP_PASS_PROG = bytes.fromhex("b7000000020000009500000000000000")  # mov64 r0, 2; exit
-
-
-@contextmanager
-def foreign_xdp(router: Router, ifname: str, name: bytes = b"foreign") -> Iterator[int]:
-    """Attach a trivial XDP program (native mode) to ifname in the router namespace; detach it on exit."""
-    nr = _SYS_BPF[os.uname().machine]
-    libc = ctypes.CDLL(None, use_errno=True)
-    insns = ctypes.create_string_buffer(_XDP_PASS_PROG, len(_XDP_PASS_PROG))
-    license_ = ctypes.create_string_buffer(b"GPL")
-    attr = ctypes.create_string_buffer(128)  # union bpf_attr, the BPF_PROG_LOAD member
-    struct.pack_into(
-        "=IIQQ",
-        attr,
-        0,
-        _BPF_PROG_TYPE_XDP,
-        len(_XDP_PASS_PROG) // 8,
-        ctypes.addressof(insns),
-        ctypes.addressof(license_),
-    )
-    struct.pack_into("16s", attr, 48, name)  # prog_name
-    fd = libc.syscall(nr, _BPF_PROG_LOAD, attr, ctypes.sizeof(attr))
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"BPF_PROG_LOAD: {os.strerror(err)}")
-    try:
-        with router.net.router.iproute() as ipr:
-            index = ipr.link_lookup(ifname=ifname)[0]
-            ipr.link("set", index=index, xdp={"attrs": [("IFLA_XDP_FD", fd), ("IFLA_XDP_FLAGS", _XDP_FLAGS_DRV_MODE)]})
-        try:
-            yield router.iface_state(ifname).xdp_prog_id
-        finally:
-            with router.net.router.iproute() as ipr:
-                ipr.link(
-                    "set", index=index, xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", _XDP_FLAGS_DRV_MODE)]}
-                )
-    finally:
-        os.close(fd)
 
 
 def test_deploy_refuses_to_replace_a_foreign_xdp_program(net, router):

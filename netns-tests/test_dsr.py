@@ -23,7 +23,7 @@ import hb
 import pytest
 
 from controlplane.lab.heartbeats import agent_argv, start_heartbeats, write_token_file
-from controlplane.lab.mtuhop import BulkServers, bulk_get, bulk_put
+from controlplane.lab.mtuhop import BulkServers, bulk_get, bulk_put, with_mtu_hop
 from controlplane.lab.topo import read_line
 from controlplane.lab.traffic import backends_seen, http_get, wait_until
 
@@ -110,6 +110,29 @@ def test_a_full_size_transfer_fits_through_the_encapsulation(dsr_net, router):
     assert got == [300_000] * 3
     assert uploads == [256_000] * 3
     assert counters["drops"]["dsr_too_big"] == 0
+
+
+def test_large_dsr_responses_complete_behind_a_lower_mtu_hop(dsr_net, router):
+    """A 1400-byte-MTU hop between client and router: a backend's full-size segments (straight from
+    the backend, through the router's forwarding) reach the hop, which sends "fragmentation needed"
+    to their source, the VIP. The router sends that error in IPIP, unchanged, to the backend that
+    owns the flow (conntrack), whose socket is the VIP's and lowers its path MTU: every 200 KB
+    response completes (a response whose error reached another backend, or none, would stall)."""
+    net = dsr_net
+    router.deploy([dsr_service(router, port=BULK_PORT, heartbeat=False)])
+    with with_mtu_hop(net, mtu=1400), BulkServers(net, BULK_PORT, 200_000, any_address=True):
+        got = [bulk_get(net.client, str(net.vip), BULK_PORT) for _ in range(6)]
+        counters = router.counters()
+
+    assert got == [200_000] * 6
+    verdicts, drops = counters["verdicts"], counters["drops"]
+    assert verdicts["icmp_to_backend"] >= 1 and verdicts["dsr"] >= verdicts["icmp_to_backend"]
+    assert {name: n for name, n in drops.items() if name.startswith(("icmp", "dsr"))} == {
+        "icmp_malformed": 0,
+        "icmp_nested": 0,
+        "icmp_no_flow": 0,
+        "dsr_too_big": 0,
+    }
 
 
 def test_dsr_flows_fail_over_by_heartbeat_and_the_agent_checks_the_setup(dsr_net, router):

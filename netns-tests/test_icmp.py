@@ -13,9 +13,8 @@ client's packet reaches the client as the VIP's (tc's return path).
 
 from __future__ import annotations
 
-import socket
-
 from controlplane.lab.mtuhop import BulkServers, bulk_get, with_mtu_hop
+from controlplane.lab.traffic import udp_refused
 
 BULK_PORT = 8001
 SIZE = 200_000
@@ -38,24 +37,6 @@ def test_large_responses_through_the_vip_complete_behind_a_lower_mtu_hop(net, ro
         "icmp_nested": 0,
         "icmp_no_flow": 0,
     }
-
-
-def udp_refused(ns, addr: str, port: int, timeout_s: float = 2.0) -> bool:
-    """Send one datagram from a connected UDP socket in ns; True when the kernel reports the port
-    unreachable (an ICMP error quoting this very socket's packet, client -> addr:port, came back)."""
-    with ns.enter():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with sock:
-        sock.settimeout(timeout_s)
-        sock.connect((addr, port))
-        sock.send(b"anyone?")
-        try:
-            sock.recv(2048)
-        except ConnectionRefusedError:
-            return True
-        except socket.timeout:
-            return False
-    return False
 
 
 def test_a_backends_port_unreachable_reaches_the_client_as_the_vips(net, router):

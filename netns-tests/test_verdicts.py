@@ -106,11 +106,69 @@ def from_vip(dport: int = CLIENT_PORT, sport: int = 80, vip=VIP) -> IP:
     return IP(src=str(vip), dst=str(CLIENT), ttl=60) / TCP(sport=sport, dport=dport, flags="A", seq=1, ack=1)
 
 
-def backend_error(quote, *, src=B0[0]) -> bytes:
+def backend_error(quote, *, src=B0[0], ttl=64) -> bytes:
     """An ICMP error (port unreachable) a backend sends to the client about the client's packet."""
     return bytes(
-        Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IP(src=str(src), dst=str(CLIENT), ttl=64) / ICMP(type=3, code=3) / quote
+        Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
+        / IP(src=str(src), dst=str(CLIENT), ttl=ttl)
+        / ICMP(type=3, code=3)
+        / quote
     )
+
+
+def icmp_back(backend: tuple, vip=VIP, port: int = 80) -> Callable[[bytes], bytes]:
+    """Expected: a backend's ICMP error with the VIP back as outer source and quoted destination
+    address and port (outer IP, quoted IP and ICMP checksums), TTL - 1, sent to the reply hop."""
+
+    def out(f: bytes) -> bytes:
+        p = Ether(f)
+        p.dst, p.src = TO_CLIENT[0].hex(":"), TO_CLIENT[1].hex(":")
+        p[IP].src, p[IP].ttl = str(vip), p[IP].ttl - 1
+        quote = p[ICMP].payload
+        quote.dst = str(vip)
+        quote.payload.dport = port
+        del p[IP].chksum, p[ICMP].chksum, quote.chksum
+        return bytes(p)
+
+    return out
+
+
+def echo(dst=VIP, *, src=CLIENT, type=8, code=0) -> bytes:
+    """An ICMP echo request (ping) from src to dst."""
+    return bytes(
+        Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
+        / IP(src=str(src), dst=str(dst), ttl=61)
+        / ICMP(type=type, code=code, id=0x1234, seq=7)
+        / (b"p" * 56)
+    )
+
+
+def echo_reply(f: bytes) -> bytes:
+    """Expected: f answered from where it went: MACs and addresses swapped, TTL 64, echo reply."""
+    p = Ether(f)
+    p.src, p.dst = p.dst, p.src
+    p[IP].src, p[IP].dst, p[IP].ttl = p[IP].dst, p[IP].src, 64
+    p[ICMP].type = 0
+    del p[IP].chksum, p[ICMP].chksum
+    return bytes(p)
+
+
+def icmp_to(to: tuple) -> Callable[[bytes], bytes]:
+    """Expected: an ICMP error about a VIP flow translated to backend to (outer destination, quoted
+    source address and port; outer IP, quoted IP and ICMP checksums; the quoted L4 checksum left),
+    TTL - 1, redirected to the next hop."""
+
+    def out(f: bytes) -> bytes:
+        p = Ether(f)
+        p.dst, p.src = TO_BACKEND[0].hex(":"), TO_BACKEND[1].hex(":")
+        p[IP].dst, p[IP].ttl = str(to[0]), p[IP].ttl - 1
+        quote = p[ICMP].payload
+        quote.src = str(to[0])
+        quote.payload.sport = to[1]
+        del p[IP].chksum, p[ICMP].chksum, quote.chksum
+        return bytes(p)
+
+    return out
 
 
 SAME = "unchanged"  # the frame leaves as it came
@@ -340,9 +398,8 @@ ROWS = [
     row("non-VIP TCP passes", ING, tcp(CLIENT, ROUTER, "S", dport=22), XDP_PASS, SAME, {"pass": 1}),
     row("non-IPv4 (ARP) passes", ING, arp(), XDP_PASS, SAME, {"pass": 1}),
     row("VIP address, other port passes", ING, tcp(CLIENT, VIP, "S", dport=443), XDP_PASS, SAME, {"pass": 1}),
-    row("ICMP to the VIP passes (the stack answers a VIP on lo)", ING,
-        bytes(Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IP(src=str(CLIENT), dst=str(VIP)) / ICMP()), XDP_PASS, SAME,
-        {"pass": 1}),
+    row("ICMP to the VIP other than echo or an error passes", ING, echo(type=13), XDP_PASS, SAME, {"pass": 1}),
+    row("ping to a non-VIP address passes", ING, echo(ROUTER), XDP_PASS, SAME, {"pass": 1}),
     row("non-VIP IP options pass", ING, ip_options(ROUTER), XDP_PASS, SAME, {"pass": 1}),
     row("non-VIP fragment passes", ING, tcp(CLIENT, ROUTER, "A", dport=22, ip_flags="MF"), XDP_PASS, SAME,
         {"pass": 1}),
@@ -454,6 +511,18 @@ ROWS = [
         drop("icmp_nested")),
     row("ICMP error about a VIP port no service has: no flow", ING, icmp_error(from_vip(sport=81)), XDP_DROP,
         None, drop("icmp_no_flow")),
+    row("ICMP error about a VIP flow conntrack does not hold goes to its Maglev pick", ING,
+        lambda w: icmp_error(from_vip(dport=w.port_picking("hb", "h1", vip=HB_VIP), vip=HB_VIP), dst=HB_VIP),
+        XDP_REDIRECT, icmp_to(H1), {"icmp_to_backend": 1, "redirect": 1}, svc="hb"),
+    # -- ingress: echo requests to a VIP address (icmp.h, icmp_echo) --------------------------
+    row("ping to a VIP address: answered from the VIP, back where it came from", ING, echo(), XDP_REDIRECT,
+        echo_reply, {"icmp_echo": 1}),
+    row("ping to a VIP address, node.answer_ping off: to the stack", ING, echo(), XDP_PASS, SAME, {"pass": 1},
+        lambda w: w.node(answer_ping=False)),
+    row("ping from a broadcast source: to the stack", ING, echo(src="255.255.255.255"), XDP_PASS, SAME,
+        {"pass": 1}),
+    row("ping with a bad IPv4 header checksum: dropped", ING, broken_ip_csum(echo()), XDP_DROP, None,
+        drop("bad_checksum")),
     # -- ingress: direct server return (encap.h) -------------------------------------------------
     row("DSR: a SYN is sent to its backend in IPIP", ING, tcp(CLIENT, DSR_VIP, "S"), XDP_REDIRECT, None,
         {"dsr": 1}, svc="dsr"),
@@ -527,8 +596,11 @@ ROWS = [
         connected("b0")),
     row("not from a backend endpoint: untouched", RET, tcp(B0[0], CLIENT, "A", sport=22, dport=CLIENT_PORT),
         TC_ACT_UNSPEC, SAME, {}),
-    row("a backend's ICMP error about a client's packet goes back as the VIP's", RET,
+    row("a backend's ICMP error about a client's packet goes back as the VIP's, redirected", RET,
         backend_error(IP(src=str(CLIENT), dst=str(B0[0])) / TCP(sport=CLIENT_PORT, dport=B0[1], flags="A")),
+        TC_ACT_REDIRECT, icmp_back(B0), {"icmp_return": 1}, connected("b0"), svc="web"),
+    row("a backend's ICMP error with a TTL about to expire: translated, to the stack", RET,
+        backend_error(IP(src=str(CLIENT), dst=str(B0[0])) / TCP(sport=CLIENT_PORT, dport=B0[1], flags="A"), ttl=1),
         TC_ACT_OK, None, {"icmp_return": 1}, connected("b0"), svc="web"),
     # -- edge_reply (XDP, backend side): the replies' fast path --------------------------------
     row("reply: reverse NAT, redirect (XDP)", REP, reply(B0, payload=b"HTTP/1.1 200"), XDP_REDIRECT,

@@ -15,12 +15,13 @@ from collections import Counter
 import pytest
 
 from controlplane.lab.router import link_mac
-from controlplane.lab.traffic import backends_seen, http_get, udp_answers
+from controlplane.lab.traffic import backends_seen, http_get, udp_answers, udp_refused
 
 NUD_PERMANENT, NUD_VALID = 0x80, 0xDE  # NUD_VALID: permanent, noarp, reachable, probe, stale, delay
 
 PORT = 8000  # conftest.BACKEND_PORT
 VIP_PORTS = [PORT, 80]  # the backends' port, or another one: the reply's source port is rewritten too
+VOID_PORT = 8002  # no backend listens here
 
 
 def put_vip_on_lo(net) -> None:
@@ -101,3 +102,16 @@ def test_udp_through_a_vip_on_lo_is_answered(net, router, vip_port):
     assert set(Counter(name for name, _ in answers)) == {"b0", "b1", "b2"}
     (service,) = router.status()["services"]
     assert (service["packets"], service["return_packets"]) == (30, 30)
+
+
+def test_a_backends_port_unreachable_reaches_the_client_through_a_vip_on_lo(net, router):
+    """A UDP service no backend listens on: each backend's "port unreachable" gets the VIP back on
+    the return path (icmp.h, icmp_return). Its source is then a local address of the router, so the
+    stack would drop it as a martian: it must leave the way replies do, redirected to the client."""
+    put_vip_on_lo(net)
+    router.deploy([router.service("void", protocol="udp", port=VOID_PORT, backend_port=VOID_PORT)])
+
+    refused = [udp_refused(net.client, net.vip, VOID_PORT) for _ in range(3)]
+
+    assert refused == [True] * 3
+    assert router.counters()["verdicts"]["icmp_return"] == 3

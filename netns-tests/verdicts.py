@@ -172,9 +172,10 @@ class Parsed:
         return f[self.l3 + 8]
 
     def fields(self, f: bytes) -> dict:
-        """What a rewrite may change, for a readable failure: MACs, ends, TTL, both checksums."""
+        """What a rewrite may change, for a readable failure: MACs, ends, TTL, both checksums (for
+        ICMP, the ends' ports are its type and code and its checksum)."""
         l4 = self.l4(f)
-        csum_off = l4 + (16 if self.proto(f) == 6 else 6)
+        csum_off = l4 + {6: 16, 17: 6}.get(self.proto(f), 2)
         return {
             "dmac": f[0:6].hex(":"),
             "smac": f[6:12].hex(":"),
@@ -186,13 +187,15 @@ class Parsed:
         }
 
     def checksums_ok(self, f: bytes) -> bool:
-        """IPv4 header and L4 checksums verify (a UDP checksum of 0 is "none")."""
+        """IPv4 header and L4 (or ICMP) checksums verify (a UDP checksum of 0 is "none")."""
         ip, l4 = self.l3, self.l4(f)
         tot_len = struct.unpack_from("!H", f, ip + 2)[0]
         seg = f[l4 : ip + tot_len]
         pseudo = f[ip + 12 : ip + 20] + struct.pack("!BBH", 0, self.proto(f), len(seg))
         if self.proto(f) == 17 and struct.unpack_from("!H", f, l4 + 6)[0] == 0:
             return inet_sum(f[ip:l4]) == 0
+        if self.proto(f) == 1:  # ICMP: no pseudo header
+            return inet_sum(f[ip:l4]) == 0 and inet_sum(seg) == 0
         return inet_sum(f[ip:l4]) == 0 and inet_sum(pseudo + seg) == 0
 
 
@@ -308,6 +311,15 @@ class World:
         self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
         self.cfg = parse_config(CONFIG, "test_verdicts")
         self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0)})
+        self.node()
+        self.ids = {s.name: self.maps.ids(s.name) for s in self.cfg.services}
+        backends = self.t[abi.MAP_BACKENDS]
+        self._backends = {bid: backends[backends.Key(bid)] for _, ids in self.ids.values() for bid in ids.values()}
+        self._backends = {bid: type(v).from_buffer_copy(v) for bid, v in self._backends.items()}
+        self._hb = [(type(k).from_buffer_copy(k), type(v).from_buffer_copy(v)) for k, v in self.t[abi.MAP_HB].items()]
+
+    def node(self, *, answer_ping: bool = True) -> None:
+        """The node record deploy writes (node.answer_ping as given)."""
         self.maps.write_node(
             maglev_m=PARAMS.maglev_m,
             max_services=PARAMS.max_services,
@@ -318,12 +330,8 @@ class World:
             ip_forward_was=None,
             return_ifindex=[BACKEND_IF],
             return_clsact_added=[False],
+            answer_ping=answer_ping,
         )
-        self.ids = {s.name: self.maps.ids(s.name) for s in self.cfg.services}
-        backends = self.t[abi.MAP_BACKENDS]
-        self._backends = {bid: backends[backends.Key(bid)] for _, ids in self.ids.values() for bid in ids.values()}
-        self._backends = {bid: type(v).from_buffer_copy(v) for bid, v in self._backends.items()}
-        self._hb = [(type(k).from_buffer_copy(k), type(v).from_buffer_copy(v)) for k, v in self.t[abi.MAP_HB].items()]
 
     def close(self) -> None:
         if self.maps is not None:
@@ -374,6 +382,8 @@ class World:
             )
         for vip in (VIP, HB_VIP, PAS_VIP):
             self.reply_hop(CLIENT, vip, CLIENT_IF)
+        if not self.maps.node()["answer_ping"]:
+            self.node()
 
     def percpu(self, name: str, index: int, **fields) -> None:
         """Every CPU's entry index of a per-CPU array: zeroed, then fields set."""

@@ -4,7 +4,9 @@
  * #defines only: no maps, no functions, no bcc macros.
  *
  * Shared with controlplane/abi.py; controlplane/tests/test_abi.py compares
- * them. Struct layouts are not mirrored: Python uses bcc's generated types.
+ * them. Struct layouts are not mirrored: Python reads them from this file
+ * (controlplane/maps/layouts.py), as bcc does; netns-tests/test_map_layouts.py
+ * compares the two.
  * Changing a layout or a number here means bumping EDGE_ABI_VERSION, which is
  * part of the pin path, so a new build never reads an old layout. */
 #ifndef EDGE_ABI_H
@@ -12,7 +14,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 17
+#define EDGE_ABI_VERSION 18
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -341,7 +343,7 @@ struct node_info {
 	__u32 n_return;	      /* entries used in return_ifindex */
 	__u32 return_ifindex[EDGE_MAX_RETURN_IFACES];
 	__u32 return_clsact_added; /* bit i: deploy created clsact on return_ifindex[i] */
-	__u32 pad;
+	__u32 flags;		   /* EDGE_NODE_F_* (node settings the data path reads) */
 	/* Raised (never lowered, never reused) after every change of edge_rnat:
 	 * edge_reply's per-CPU copies of edge_rnat entries (edge_rnat_cache,
 	 * maps.h) hold the value they were copied under and are used only
@@ -349,11 +351,14 @@ struct node_info {
 	__u64 rnat_gen;
 };
 
+/* node_info.flags */
+#define EDGE_NODE_F_NO_ECHO 0x1 /* node.answer_ping off: echo requests to a VIP go to the stack */
+
 /* Counters of edge_svc_counts: slot s (a VIP id, or the slot after the last,
  * max_services, for packets no service is known for) holds EDGE_SVC_COUNTERS
  * u64s from index s * EDGE_SVC_COUNTERS: the EDGE_CNT_* verdicts, then the
  * EDGE_DROP_* reasons from EDGE_CNT_MAX on (stats.h). */
-#define EDGE_SVC_COUNTERS 29 /* EDGE_CNT_MAX + EDGE_DROP_MAX */
+#define EDGE_SVC_COUNTERS 30 /* EDGE_CNT_MAX + EDGE_DROP_MAX */
 
 /* Verdict counters: EDGE_CNT_* of a slot of edge_svc_counts. */
 #define EDGE_CNT_PASS		  0  /* not for a VIP: handed to the stack untouched */
@@ -370,7 +375,8 @@ struct node_info {
 #define EDGE_CNT_ICMP_TO_BACKEND  11 /* ICMP error about a VIP flow, translated to its backend (icmp.h; also counted redirect or nat_pass) */
 #define EDGE_CNT_ICMP_RETURN	  12 /* return path: a backend's ICMP error about a client packet, translated back to the VIP (icmp.h) */
 #define EDGE_CNT_DSR		  13 /* encapsulated in IPIP and redirected to its backend (direct server return, encap.h) */
-#define EDGE_CNT_MAX		  14
+#define EDGE_CNT_ICMP_ECHO	  14 /* ICMP echo request to a VIP address, answered from the VIP, redirected back out (icmp.h) */
+#define EDGE_CNT_MAX		  15
 
 /* Drop reasons: EDGE_CNT_MAX + EDGE_DROP_* of a slot of edge_svc_counts.
  * Never reuse a number; retire it. */

@@ -16,9 +16,12 @@
  * Return (tc, edge_tc.c): an ICMP error a backend sends about a client's
  * packet (the quoted destination is the backend's endpoint of a VIP flow)
  * gets the VIP back as outer source and quoted destination address and
- * port, and is handed to the stack. For a service with direct server
+ * port, and is sent to the client as replies are (icmp_out). For a service with direct server
  * return the error goes to the backend encapsulated as it is (encap.h): the
  * backend's socket is the VIP's.
+ *
+ * Echo requests to a VIP address are answered in XDP from the VIP (icmp_echo,
+ * Katran does the same), unless node.answer_ping is off.
  *
  * Family-specific parsing is in icmp4_quote (parse.h style); an IPv6 twin
  * would add icmp6_quote and share the rest. */
@@ -31,6 +34,8 @@
 #include "nat.h"
 #include "stats.h"
 #include "encap.h"
+
+#define ECHO_TTL 64 /* of an echo reply from a VIP, as Linux's default */
 
 /* What an ICMP error quotes: the first 28 bytes of the offending packet. */
 struct icmp4_err {
@@ -80,7 +85,7 @@ static __always_inline __u32 icmp_flow_backend(struct flow_key *k)
 	if (!vip || vip->id >= EDGE_MAX_SERVICES)
 		return EDGE_NO_BACKEND;
 	idx = maglev_index(maglev_base(vip), hash_flow(k));
-	id = edge_maglev.lookup(&idx);
+	id = maglev_slot(idx); /* two slots a value (abi.h, maglev_slots) */
 	return id ? *id : EDGE_NO_BACKEND;
 }
 
@@ -111,9 +116,57 @@ static __always_inline void icmp4_to_backend(struct iphdr *iph, struct icmp4_err
 	iph->daddr = be->addr;
 }
 
+/* 1 when addr may be answered: not 0.0.0.0, multicast, class E or
+ * broadcast (first byte 224 and above), which an echo reply must not go to. */
+static __always_inline int icmp_unicast_src(__be32 addr)
+{
+	__u8 first = ((const __u8 *)&addr)[0];
+
+	return addr && first < 224;
+}
+
+/* XDP: an echo request (e, whole in the frame) to a VIP address, answered
+ * in place from the VIP, as the VIP's owner would: MACs and addresses
+ * swapped, TTL 64, type echo reply, both checksums updated, back out of
+ * the interface it came in on (a VLAN tag stays). A redirect to that
+ * interface, not XDP_TX: on veth (kernel 6.18) XDP_TX of a frame that came
+ * from the peer's stack was counted sent and never arrived, where the
+ * redirect arrives (netns-tests/test_icmp_echo.py). With
+ * node.answer_ping off (EDGE_NODE_F_NO_ECHO), or a code other than 0, a
+ * source that is no unicast address: to the stack, as before (it answers
+ * a VIP on lo itself). The ICMP checksum is not verified: updated
+ * incrementally, a wrong one stays wrong and the sender drops the reply. */
+static __always_inline int icmp_echo(struct xdp_md *ctx, struct iphdr *iph, struct icmphdr *icmp)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	__u32 zero = 0;
+	struct node_info *node = edge_node.lookup(&zero);
+	__u8 mac[ETH_ALEN];
+	__be16 old_ttl = *(__be16 *)&iph->ttl;
+	__be32 addr = iph->saddr;
+
+	if ((node && (node->flags & EDGE_NODE_F_NO_ECHO)) || icmp->code || !icmp_unicast_src(addr))
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+	if (!ipv4_csum_ok(iph))
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_BAD_CSUM);
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_MALFORMED);
+	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+	iph->saddr = iph->daddr; /* a swap: the header's sum stays */
+	iph->daddr = addr;
+	iph->ttl = ECHO_TTL;
+	iph->check = csum_replace16(iph->check, old_ttl, *(__be16 *)&iph->ttl);
+	icmp->type = ICMP_ECHOREPLY;
+	icmp->checksum = csum_replace16(icmp->checksum, bpf_htons(ICMP_ECHO << 8), bpf_htons(ICMP_ECHOREPLY << 8));
+	return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_ICMP_ECHO, bpf_redirect(ctx->ingress_ifindex, 0));
+}
+
 /* XDP: an ICMP packet (pkt->iph: a 20-byte header, not a fragment, whole in
- * the frame) arriving on the client side. Not to a VIP address, or no error
- * (echo and the rest): to the stack, as before. An error about a VIP flow
+ * the frame) arriving on the client side. Not to a VIP address, or neither
+ * an error nor an echo request: to the stack, as before. An echo request is
+ * answered (icmp_echo). An error about a VIP flow
  * goes to its backend (forward, nat.h). */
 static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 {
@@ -128,6 +181,8 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	if ((void *)&e->icmp + sizeof(e->icmp) > data_end)
 		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_MALFORMED);
+	if (e->icmp.type == ICMP_ECHO)
+		return icmp_echo(ctx, iph, &e->icmp);
 	if (!icmp4_is_error(e->icmp.type))
 		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	if ((void *)(e + 1) > data_end)
@@ -155,6 +210,27 @@ static __always_inline int icmp_ingress(struct xdp_md *ctx, struct pkt *pkt)
 		return dsr_forward(ctx, pkt, be, bid);
 	icmp4_to_backend(iph, e, be);
 	return forward(ctx, pkt, be->vip_id, bid);
+}
+
+/* tc: an ICMP error from vip (translated: icmp_return) on its way to the
+ * client, the way replies go (nat.h, reply_send): redirected, not through
+ * the stack, which drops a packet from a VIP that is a local address (on
+ * lo) as a martian. With a VLAN tag or IPv4 options, an expiring TTL, no
+ * route: to the stack, as before. Counted as icmp_return either way. */
+static __always_inline int icmp_out(struct __sk_buff *skb, __u32 l3_off, __be32 vip, __u32 vid)
+{
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *iph = (void *)(long)skb->data + sizeof(struct ethhdr);
+	struct bpf_fib_lookup fib; /* filled by reply_hop on a cache miss */
+	struct reply_hop *hop = NULL;
+	int rc;
+
+	if (l3_off != sizeof(struct ethhdr) || (void *)(iph + 1) > data_end || iph->ttl <= 1)
+		return count_verdict(vid, EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
+	rc = reply_hop(skb, iph, vip, &fib, &hop);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return count_verdict(vid, EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
+	return reply_send(skb, rc, &fib, hop, vid, EDGE_CNT_ICMP_RETURN);
 }
 
 /* tc: the return path's part. An ICMP error from a backend (outer source)
@@ -205,7 +281,7 @@ static __always_inline int icmp_return(struct __sk_buff *skb, struct iphdr *iph,
 			    sizeof(saddr));
 	bpf_skb_store_bytes(skb, l3_off + offsetof(struct iphdr, saddr), &ri->vip_addr,
 			    sizeof(ri->vip_addr), 0);
-	return count_verdict(ri->vip_id, EDGE_CNT_ICMP_RETURN, TC_ACT_OK);
+	return icmp_out(skb, l3_off, ri->vip_addr, ri->vip_id);
 }
 
 #endif /* EDGE_ICMP_H */

@@ -246,6 +246,35 @@ static __always_inline int reply_hop(struct __sk_buff *skb, struct iphdr *iph, _
 	return reply_hop_at(skb, skb->ingress_ifindex, skb->len, skb->gso_size, iph, vip, fib, out);
 }
 
+/* tc: sends a packet from a VIP whose rewriting is done (no helper call
+ * follows) to the client, by the reply_hop result rc (fib, hop): TTL - 1,
+ * MACs, bpf_redirect, or bpf_redirect_neigh without a neighbour entry;
+ * counted under cnt of service vid. TC_ACT_OK (not counted) hands it to the stack: no route,
+ * MTU exceeded, forwarding off. */
+static __always_inline int reply_send(struct __sk_buff *skb, int rc, struct bpf_fib_lookup *fib,
+				      struct reply_hop *hop, __u32 vid, __u32 cnt)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *iph = (void *)(eth + 1);
+
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK;
+	if ((void *)(iph + 1) > data_end)
+		return TC_ACT_OK;
+	decrease_ttl(iph);
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH || !hop) {
+		struct bpf_redir_neigh nb = {};
+
+		nb.nh_family = AF_INET;
+		nb.ipv4_nh = fib->ipv4_dst; /* the gateway, or the client */
+		return count_verdict(vid, cnt, redirect_neigh(fib->ifindex, &nb, sizeof(nb), 0));
+	}
+	set_macs(eth, hop->dmac, hop->smac);
+	return count_verdict(vid, cnt, bpf_redirect(hop->ifindex, 0));
+}
+
 /* tc: finishes the reverse NAT of a reply (snat_rest) and sends it to the
  * client: cached FIB result (reply_hop), TTL - 1, MACs, bpf_redirect; with
  * no neighbour entry yet, bpf_redirect_neigh lets the kernel resolve it on
@@ -261,7 +290,6 @@ static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 
 	struct iphdr *iph = data + sizeof(struct ethhdr);
 	struct bpf_fib_lookup fib; /* filled by reply_hop on a cache miss */
 	struct reply_hop *hop = NULL;
-	struct ethhdr *eth;
 	int rc;
 
 	if (l3_off != sizeof(struct ethhdr) || (void *)(iph + 1) > data_end || iph->ttl <= 1) {
@@ -270,26 +298,7 @@ static __always_inline int reply_out(struct __sk_buff *skb, __u32 l3_off, __u32 
 	}
 	rc = reply_hop(skb, iph, vip_addr, &fib, &hop);
 	snat_rest(skb, l3_off, l4_off, vip_addr, vip_port);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return TC_ACT_OK;
-
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	eth = data;
-	iph = (void *)(eth + 1);
-	if ((void *)(iph + 1) > data_end)
-		return TC_ACT_OK;
-	decrease_ttl(iph);
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH || !hop) {
-		struct bpf_redir_neigh nb = {};
-
-		nb.nh_family = AF_INET;
-		nb.ipv4_nh = fib.ipv4_dst; /* the gateway, or the client */
-		return count_verdict(vid, EDGE_CNT_RETURN_REDIRECT,
-				     redirect_neigh(fib.ifindex, &nb, sizeof(nb), 0));
-	}
-	set_macs(eth, hop->dmac, hop->smac);
-	return count_verdict(vid, EDGE_CNT_RETURN_REDIRECT, bpf_redirect(hop->ifindex, 0));
+	return reply_send(skb, rc, &fib, hop, vid, EDGE_CNT_RETURN_REDIRECT);
 }
 
 #endif /* EDGE_NAT_H */

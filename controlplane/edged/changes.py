@@ -174,7 +174,7 @@ class Changes:
                 state.events.emit("error", f"{name}: operator weights not pushed again yet: {e}", service=name)
 
     async def _apply(self, applied: Config):
-        """Programs applied into the maps; a full deploy when it needs a new return interface.
+        """Programs applied into the maps (and the return path on a new backend-facing interface).
         Holds the router's write lock meanwhile: an edgectl undeploy waits for it."""
         await asyncio.to_thread(self.state.write_lock.acquire)
         try:
@@ -188,20 +188,23 @@ class Changes:
         node = state.maps.node()
         if set(routes.values()) <= set(node["return_ifindex"]):
             report = await apply_off_loop(state, applied, routes)
-        else:  # new backend-facing interface: deploy attaches the return path there
-            state.maps_idle.clear()  # the old maps take no writes while deploy writes the pins
+        else:  # a new backend-facing interface: the programs edged holds go there too, no compile
+            loop, maps = asyncio.get_running_loop(), state.maps
+            state.maps_idle.clear()  # as apply_off_loop: nothing else writes the maps meanwhile
             try:
-                res = await off_loop(
+                report, state.reply_ifindex = await off_loop(
                     state,
-                    lambda: deploy.deploy(applied, state.iface, adopt_weights=True, hold=True, lock=state.node_lock),
+                    lambda: deploy.apply_on_new_links(
+                        state.held,
+                        maps,
+                        deploy.adopted(maps, applied),
+                        routes,
+                        state.reply_ifindex,
+                        lambda line: loop.call_soon_threadsafe(state.events.emit, "progress", line),
+                    ),
                 )
             finally:
                 state.maps_idle.set()
-            old_held, old_maps = state.held, state.maps
-            state.held, state.maps, state.reply_ifindex = res.held, res.maps, res.reply_ifindex
-            old_maps.close()
-            old_held.close()
-            report = res.report
         self.steering.set_services(applied)
         self.steering.start_loops()
         return report

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import signal
 import sys
 import traceback
@@ -129,7 +130,20 @@ def _fatal(events: Events, e: EdgeError, debug: bool) -> int:
     return EXIT_CONFIG if isinstance(e, ConfigError) else 1
 
 
+_M_ARENA_MAX = -8  # mallopt(3)
+
+
+def _few_arenas() -> None:
+    """At most two glibc malloc arenas: edged's threads (netlink, map walks, gRPC) would each get
+    one of their own, memory edged holds but never uses again (tools/bench-rss)."""
+    try:
+        ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 2)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    _few_arenas()  # before any thread
     args = parser().parse_args(argv)
     events = Events(json_lines=args.log_format == "json", level=LEVELS[args.log_level])
     try:

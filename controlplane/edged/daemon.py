@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -142,6 +143,7 @@ class Daemon:
             weights={name: dict(st.pushed or {}) for name, st in state.services.items()},
         )
         discovery.start()
+        _give_back_memory()
 
     async def _deploy(self, loop: asyncio.AbstractEventLoop) -> deploy.DeployResult:
         """Deploys state.cfg (or adopts what runs), under the router's write lock."""
@@ -406,6 +408,15 @@ class Daemon:
             except EdgeError as e:
                 failing = self.state.failed(f"status: {e}", e, failing)
             await asyncio.sleep(STATUS_EVERY_S)
+
+
+def _give_back_memory() -> None:
+    """Hands the heap the deploy's temporaries left free back to the kernel: glibc keeps freed
+    memory in the process otherwise (tools/bench-rss: about 10 MB at 1,000 backends)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 async def _maybe_await(value):

@@ -76,7 +76,7 @@ class State:
     static_cfg: Config  # the config file's (or the API's text)
     observer: metrics.Observer = field(default_factory=metrics.Observer)
     maps: Optional[Maps] = None  # None before start() and after close()
-    held: Optional[loader.Loaded] = None  # the open data path (deploy with hold=True), None as maps
+    held: Optional[loader.Pinned] = None  # the open data path (deploy with hold=True), None as maps
     reply_ifindex: tuple[int, ...] = ()  # where deploy put the XDP fast path of replies
     services: dict[str, Steered] = field(default_factory=dict)
     drained: set[Key] = field(default_factory=set)  # operator drains (API), kept across restarts

@@ -111,7 +111,7 @@ class Repaired:
 
 
 def repair(
-    held: loader.Loaded,
+    held: loader.Pinned,
     maps: Maps,
     iface: str,
     xdp_mode: str,
@@ -129,7 +129,7 @@ def repair(
 
 
 def _repair(
-    held: loader.Loaded,
+    held: loader.Pinned,
     maps: Maps,
     iface: str,
     xdp_mode: str,
@@ -206,7 +206,7 @@ def _new_return_ifaces(node: dict, backends: tuple[str, ...]) -> list[int]:
     return [oif for oif in oifs if oif not in node["return_ifindex"]]
 
 
-def _reattach_return(held: loader.Loaded, maps: Maps, backends: tuple[str, ...], done: list[str]) -> list[int]:
+def _reattach_return(held: loader.Pinned, maps: Maps, backends: tuple[str, ...], done: list[str]) -> list[int]:
     """The return path (tc) on every interface a backend is routed through that the node record does
     not know; the record then lists those instead of the interfaces that are gone. Returns them."""
     node = maps.node()
@@ -248,7 +248,7 @@ def _ifname(index: int) -> str | None:
 class Watched:
     """What a running edged holds of its data path."""
 
-    held: loader.Loaded
+    held: loader.Pinned
     maps: Maps
     iface: str
     xdp_mode: str

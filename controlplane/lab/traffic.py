@@ -168,6 +168,24 @@ def close_all(conns: Iterable[Conn]) -> None:
         conn.close()
 
 
+def udp_refused(ns: Ns, addr: Addr, port: int, timeout_s: float = 2.0) -> bool:
+    """Send one datagram from a connected UDP socket in ns; True when the kernel reports the port
+    unreachable (an ICMP error quoting this very socket's packet, client -> addr:port, came back)."""
+    with ns.enter():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        sock.settimeout(timeout_s)
+        sock.connect((str(addr), port))
+        sock.send(b"anyone?")
+        try:
+            sock.recv(2048)
+        except ConnectionRefusedError:
+            return True
+        except socket.timeout:
+            return False
+    return False
+
+
 def udp_answers(ns: Ns, addr: Addr, port: int, n: int, timeout_s: float = 2.0) -> list[tuple[str, str]]:
     """n UDP sockets open at once in ns (n distinct source ports), one datagram each to addr:port;
     the answers as (payload, "ip:port" it came from), in socket order."""

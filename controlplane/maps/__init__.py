@@ -134,6 +134,7 @@ class Maps(Writer, Reader):
             "ip_forward_was": v.ip_forward_was - 1 if v.ip_forward_was else None,
             "return_ifindex": [v.return_ifindex[i] for i in range(v.n_return)],
             "return_clsact_added": [bool(v.return_clsact_added >> i & 1) for i in range(v.n_return)],
+            "answer_ping": not v.flags & abi.NODE_F_NO_ECHO,
         }
 
     def write_node(
@@ -148,6 +149,7 @@ class Maps(Writer, Reader):
         ip_forward_was: int | None,
         return_ifindex: list[int],
         return_clsact_added: list[bool],
+        answer_ping: bool = True,
     ) -> None:
         if len(return_ifindex) > abi.MAX_RETURN_IFACES:
             raise MapError(f"{abi.MAP_NODE}: more than {abi.MAX_RETURN_IFACES} backend-facing interfaces")
@@ -163,6 +165,7 @@ class Maps(Writer, Reader):
         for i, idx in enumerate(return_ifindex):
             v.return_ifindex[i] = idx
         v.return_clsact_added = sum(1 << i for i, added in enumerate(return_clsact_added) if added)
+        v.flags = 0 if answer_ping else abi.NODE_F_NO_ECHO
         t[t.Key(0)] = v
 
     # ------------------------------------------------------------ ids

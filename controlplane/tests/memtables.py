@@ -1,8 +1,8 @@
 """An in-memory model of the pinned maps for tests of maps.py without a kernel:
 tables with the interface maps.py uses from bcc's (Key, Leaf, item get, set and
 delete, keys, items, getvalue and sLeaf for per-CPU arrays, len = max_entries
-for arrays), built from bpf/include/abi.h and maps.h so no layout is written
-twice, and a memfd for the mmap'd Maglev array. Hash maps refuse a new key
+for arrays), typed by controlplane/maps/layouts.py (abi.h and maps.h) so no layout is
+written twice, and a memfd for the mmap'd Maglev array. Hash maps refuse a new key
 when full, as the kernel does (E2BIG). `fail_at` makes the n-th write raise,
 and `on_write` sees the maps after every write (for invariants). c_struct and Array give
 the record tests one abi.h struct and a bare array map; compile_c builds a C harness over
@@ -14,7 +14,6 @@ import ctypes as ct
 import errno
 import mmap
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,54 +22,20 @@ import pytest
 
 from controlplane import abi
 from controlplane.config import half_open_size
-from controlplane.maps import MAGLEV_STRIDE, Maps
+from controlplane.maps import MAGLEV_STRIDE, Maps, layouts
 from controlplane.maps.records import vip_filter_words
 
 INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
-SCALARS = {
-    "__u8": ct.c_uint8,
-    "__u16": ct.c_uint16,
-    "__u32": ct.c_uint32,
-    "__u64": ct.c_uint64,
-    "__s64": ct.c_int64,
-    "__be16": ct.c_uint16,
-    "__be32": ct.c_uint32,
-    "__be64": ct.c_uint64,
-    "char": ct.c_char,
-}
-STRUCT = re.compile(r"^struct (\w+) \{(.*?)^\};", re.M | re.S)
-FIELD = re.compile(r"^\s*(\w+)\s+(\w+)(?:\[(\w+)\])?;", re.M)
-TABLE = re.compile(r'BPF_TABLE_PINNED\(\s*"(\w+)",\s*([^,]+?),\s*([^,]+?),\s*(\w+),\s*([^,]+?),', re.S)
 NCPU = 2
 
 
 def _defines() -> dict[str, int]:
-    text = (INCLUDE / "abi.h").read_text()
-    return {n: int(v, 0) for n, v in re.findall(r"#define\s+(EDGE_\w+)\s+(0x[0-9a-fA-F]+|\d+)\b", text)}
-
-
-def _structs() -> dict[str, type]:
-    defines = _defines()
-    out: dict[str, type] = {}
-    for name, body in STRUCT.findall((INCLUDE / "abi.h").read_text()):
-        fields = []
-        for ctype, fname, dim in FIELD.findall(re.sub(r"/\*.*?\*/", "", body, flags=re.S)):
-            t = SCALARS[ctype]
-            if dim:
-                t = t * (defines[dim] if dim in defines else int(dim))
-            fields.append((fname, t))
-        out[name] = type(name, (ct.Structure,), {"_fields_": fields})
-    return out
-
-
-def _ctype(decl: str, structs: dict) -> type:
-    decl = decl.strip()
-    return structs[decl.split()[1]] if decl.startswith("struct ") else SCALARS[decl]
+    return layouts.defines(INCLUDE)
 
 
 def c_struct(name: str) -> type:
     """struct name of abi.h as ctypes, as bcc builds it from the same header."""
-    return _structs()[name]
+    return layouts.structs(INCLUDE)[name]
 
 
 def compile_c(tmp_path_factory, source: str, stem: str) -> ct.CDLL:
@@ -225,16 +190,13 @@ class MemMaps:
             "EDGE_HALF_OPEN_SIZE": half_open_size(ct_size),
             **_defines(),
         }
-        structs = _structs()
         self.faults = Faults()
         self.tables: dict[str, Table] = {}
-        for kind, key, leaf, name, size in TABLE.findall((INCLUDE / "maps.h").read_text()):
-            expr = re.sub(r"EDGE_\w+", lambda m: str(sizes[m.group(0)]), size)
-            assert re.fullmatch(r"[\d\s()+*]+", expr), f"maps.h: size of {name}: {size}"
-            n = eval(expr)  # digits, parentheses, + and * only (checked above)
+        for name, lay in layouts.layouts(INCLUDE).items():
             if name == abi.MAP_MAGLEV:
                 continue  # the mmap'd memfd below
-            self.tables[name] = Table(name, kind, _ctype(key, structs), _ctype(leaf, structs), n, self.faults)
+            n = layouts.entries(lay, sizes, INCLUDE)
+            self.tables[name] = Table(name, lay.kind, lay.key, lay.value, n, self.faults)
         self.m, self.max_services = maglev_m, max_services
         size = max_services * 2 * maglev_m * MAGLEV_STRIDE
         self.maglev_fd = os.memfd_create("edge-maglev")

@@ -240,7 +240,8 @@ def realistic_snapshot() -> dict:
                 },
             ],
             "no_service": _counts(
-                verdicts={"pass": 90, "drop": 3, "heartbeat": 52_000}, drops={"malformed": 2, "fragment": 1}
+                verdicts={"pass": 90, "drop": 3, "heartbeat": 52_000, "icmp_echo": 2},
+                drops={"malformed": 2, "fragment": 1},
             ),
             "conntrack_entries": None,
         }

@@ -42,7 +42,8 @@ ERROR_CASES = [
         "node unknown key",
         {"node.maglev": 7},
         "node.maglev: unknown key (allowed: maglev_m, max_services, max_backends, ct_size, pin_dir, "
-        "api_socket, api_group, api_listen, api_tls, metrics_listen, probe_budget, iface, xdp_mode, reply_xdp, bgp, fleet)",
+        "api_socket, api_group, api_listen, api_tls, metrics_listen, probe_budget, iface, xdp_mode, reply_xdp, answer_ping, "
+        "bgp, fleet)",
     ),
     Case("fleet without etcd", {"node.fleet": {"name": "edge-1"}}, "node.fleet.etcd: missing"),
     Case(

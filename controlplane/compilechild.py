@@ -1,0 +1,105 @@
+"""Compiling the data path in a child process, so bcc and LLVM (about 100 MB, and more while
+clang runs) never live in the process that asks: build() starts `python -m
+controlplane.compilechild`, which compiles bpf/ (loader.compile_datapath), pins the maps,
+loads the programs asked for (the ingress installs its tail calls in the pinned edge_tails),
+hands their fds back over a socket (SCM_RIGHTS) and exits. The caller then holds the
+programs and opens the pins with bpf(2) alone (pinned.Pinned). A failure in the child comes
+back as the same EdgeError (type and one line) the compile would have raised in-process.
+Imports no bcc itself: the child's loader does."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+from controlplane import errors, loader
+from controlplane.bpfmap import Prog
+from controlplane.pinned import Pinned, open_pins
+
+_MAX_MSG = 1 << 16
+
+
+def build(pin_path: Path, params: loader.Params, progs: Sequence[tuple[str, str]]) -> Pinned:
+    """Compiles the data path sized by params in a child, with its maps pinned at pin_path
+    (made there when missing), and loads progs ((function, "xdp" | "tc"), in order); returns
+    the pins opened, holding those programs. Raises the child's EdgeError."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    request = json.dumps({"pin_path": str(pin_path), "params": asdict(params), "progs": list(map(list, progs))})
+    with ours, tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "controlplane.compilechild", str(theirs.fileno()), request],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        finally:
+            theirs.close()
+        try:
+            msg, fds, _, _ = socket.recv_fds(ours, _MAX_MSG, len(progs))
+            proc.wait()
+        finally:
+            if proc.poll() is None:  # we were interrupted: the compile ends with us
+                proc.kill()
+                proc.wait()
+        held = _received(msg, fds, progs, proc.returncode, err)
+    try:
+        return open_pins(pin_path, params, held)
+    except BaseException:
+        for p in held.values():
+            os.close(p.fd)
+        raise
+
+
+def _received(msg: bytes, fds: list[int], progs: Sequence[tuple[str, str]], rc: int, err) -> dict[str, Prog]:
+    """The programs the child handed over, or its failure raised."""
+    if not msg:
+        for fd in fds:
+            os.close(fd)
+        err.seek(0)
+        lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+        raise errors.CompileError(
+            f"compiling the data path: the compiler process ended (exit {rc}) without an answer"
+            + (f": {lines[-1].strip()}" if lines else "")
+        )
+    answer = json.loads(msg)
+    if "error" in answer:
+        for fd in fds:
+            os.close(fd)
+        kind = getattr(errors, answer["error"], None)
+        if not (isinstance(kind, type) and issubclass(kind, errors.EdgeError)):
+            kind = errors.LoaderError
+        raise kind(answer["text"])
+    return {name: Prog(name, fd) for (name, _), fd in zip(progs, fds)}
+
+
+def _serve(sock: socket.socket, request: dict) -> None:
+    params = loader.Params(**request["params"])
+    try:
+        loaded = loader.compile_datapath(Path(request["pin_path"]), params)
+        try:
+            fns = [loaded.load(name, kind) for name, kind in request["progs"]]
+            socket.send_fds(sock, [json.dumps({"ok": [n for n, _ in request["progs"]]}).encode()], [f.fd for f in fns])
+        finally:
+            loaded.close()
+    except errors.EdgeError as e:
+        sock.send(json.dumps({"error": type(e).__name__, "text": str(e)}).encode())
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    with sock:
+        _serve(sock, json.loads(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
