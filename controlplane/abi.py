@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 18
+ABI_VERSION = 19
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -57,6 +57,7 @@ SVC_F_HEARTBEAT = 0x1
 SVC_F_PASSIVE = 0x2
 SVC_F_PROBED = 0x4
 SVC_F_DSR = 0x8
+SVC_F_TWO_CHOICES = 0x10
 
 HB_MAGIC = 0x45444745
 HB_VERSION = 3
@@ -174,6 +175,7 @@ MAP_VIP_ADDRS6 = "edge_vip_addrs6"
 MAP_BACKENDS6 = "edge_backends6"
 MAP_CT6 = "edge_ct6"
 MAP_RNAT6 = "edge_rnat6"
+MAP_INFLIGHT = "edge_inflight"
 
 MAP_NAMES = (
     MAP_VIPS,
@@ -206,6 +208,7 @@ MAP_NAMES = (
     MAP_BACKENDS6,
     MAP_CT6,
     MAP_RNAT6,
+    MAP_INFLIGHT,
 )
 
 

@@ -370,6 +370,12 @@ class Service:
         _one_of("nat", "dsr"),
         "nat",
     )
+    new_flows: str = option(
+        "how a new connection picks its backend: maglev (the Maglev slot of its hash, by weight) or two_choices "
+        "(that backend or a second one drawn uniformly, whichever has fewer open TCP connections)",
+        _one_of("maglev", "two_choices"),
+        "maglev",
+    )
     health: Optional[Health] = option("health checks; none when absent", _section(Health), None)
     weights: Weights = option("weight policy", _section(Weights), Weights())
     sla: Optional[Sla] = option("SLA marks; none when absent", _section(Sla), None)

@@ -1,5 +1,5 @@
 """What a config change changes, as an operator reads it: services added, removed or changed
-(VIP, port, protocol, existing_flows, health, weights policy), backends added and removed, and
+(VIP, port, protocol, existing_flows, new_flows, health, weights policy), backends added and removed, and
 configured weights changed. Used by edged's reload summary and by `edgectl diff`. Pure: configs
 or status snapshots in, plain data out.
 
@@ -21,6 +21,7 @@ def shape_of_config(cfg) -> dict[str, dict]:
     for s in cfg.services:
         settings = {
             "existing_flows": s.existing_flows,
+            "new_flows": s.new_flows,
             "health": asdict(s.health) if s.health else None,
             "weights": asdict(s.weights),
         }

@@ -14,7 +14,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 18
+#define EDGE_ABI_VERSION 19
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -97,10 +97,11 @@ struct service_cfg {
 };
 
 /* service_cfg.flags */
-#define EDGE_SVC_F_HEARTBEAT 0x1 /* backends are down without heartbeats */
-#define EDGE_SVC_F_PASSIVE   0x2 /* passive outlier detection on */
-#define EDGE_SVC_F_PROBED    0x4 /* edged probes the backends: a probation ends on a passing probe, never by a trial flow */
-#define EDGE_SVC_F_DSR	     0x8 /* direct server return: packets go to the backend in IPIP (encap.h), not NATed */
+#define EDGE_SVC_F_HEARTBEAT   0x1  /* backends are down without heartbeats */
+#define EDGE_SVC_F_PASSIVE     0x2  /* passive outlier detection on */
+#define EDGE_SVC_F_PROBED      0x4  /* edged probes the backends: a probation ends on a passing probe, never by a trial flow */
+#define EDGE_SVC_F_DSR	       0x8  /* direct server return: packets go to the backend in IPIP (encap.h), not NATed */
+#define EDGE_SVC_F_TWO_CHOICES 0x10 /* a new flow takes its Maglev pick or a second backend, whichever has fewer open connections (select.h, two_choices) */
 
 /* Value of edge_health, indexed by health id. Written by the data path
  * (heartbeats, SYN / SYN-ACK tracking); user space reads it, and ends a
@@ -302,7 +303,7 @@ struct service_meta {
 /* Value of edge_be_meta, indexed by backend id. User space only. */
 struct backend_meta {
 	char name[EDGE_NAME_LEN];
-	__u32 weight; /* configured weight; 0 = draining */
+	__u32 weight; /* weight of the active Maglev table; 0 = draining */
 	__u32 slots;  /* Maglev slots owned in the active table */
 };
 

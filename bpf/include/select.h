@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* select.h: which backend a packet goes to. An established flow keeps its
  * conntrack backend (unless that became unusable and the service reselects).
- * A new flow takes slot hash(5-tuple) % M of the VIP's active Maglev table,
- * tries EDGE_MAX_WALK more (rehashed) slots past unusable backends, then
- * picks among the service's usable primaries by hash, then its standbys
- * (a scan in chunks, each run of the scan program one chunk).
+ * A new flow takes slot hash(5-tuple) % M of the VIP's active Maglev table
+ * (with EDGE_SVC_F_TWO_CHOICES, that or a second backend, whichever has
+ * fewer open connections: two_choices), tries EDGE_MAX_WALK more (rehashed)
+ * slots past unusable backends, then picks among the service's usable
+ * primaries by hash, then its standbys (a scan in chunks, each run of the
+ * scan program one chunk).
  *
  * Three programs share this code, told apart by the constant stage: the
  * fast path (edge_ingress) takes established flows and new flows whose
@@ -175,6 +177,47 @@ scan_backends(const struct service_cfg *sc, __u32 vip_id, __u32 hash, __u64 now,
 	return st->best_s; /* EDGE_NO_BACKEND without a usable standby */
 }
 
+#define EDGE_TWO_CHOICES_SEED 0x5bd1e995 /* the second candidate's hash: none of the walk's */
+
+/* Open connections of backend id (wire.h, wire_count); a count below zero
+ * (connections opened before it was zeroed) is none. */
+static __always_inline __u64 open_count(__u32 id)
+{
+	__s64 *n = edge_inflight.lookup(&id);
+
+	return n && *n > 0 ? (__u64)*n : 0;
+}
+
+/* Power of two choices (EDGE_SVC_F_TWO_CHOICES): first, the usable Maglev
+ * pick of a new flow of this hash, drawn by weight, against a second
+ * primary drawn uniformly from the service's backends by an independent
+ * hash; the one with fewer open connections takes the flow, a tie keeps
+ * the Maglev pick. The data path keeps the counts exact between probes, so
+ * a backend whose connections pile up (a hung or throttled engine, one the
+ * last weights sent too much) loses new flows at once. The second is drawn
+ * uniformly, not by weight: weights that chase the last scrape pile on one
+ * backend, and two candidates drawn from them are then mostly the same one
+ * (docs/steering.md has the runs). Only new flows choose: conntrack keeps an
+ * established flow where it is. The second must take new flows without
+ * health bookkeeping (passive_quiet), else the first stays. */
+static __always_inline __u32 two_choices(__u32 hash, __u32 first, const struct service_cfg *sc,
+					 __u64 now)
+{
+	__u32 n = sc->n_backends, second;
+	struct backend_info *be;
+
+	if (!n)
+		return first;
+	second = sc->backends[(hash_mix(hash ^ EDGE_TWO_CHOICES_SEED) % n) & (EDGE_MAX_PER_SERVICE - 1)];
+	if (second == first)
+		return first;
+	be = edge_backends.lookup(&second);
+	if (!be || (be->flags & EDGE_BE_F_STANDBY) || !takes_new_flows(be, sc, now) ||
+	    !passive_quiet(be, sc, now))
+		return first;
+	return open_count(second) < open_count(first) ? second : first;
+}
+
 /* Backend for a flow without a (usable) conntrack entry. Passive detection
  * is judged on the Maglev pick itself (it may eject it there); *failover is
  * set when that pick could not be used. Each stage does its part and
@@ -208,6 +251,8 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 		    backend_health_ok(be, sc, now, 1, HEALTH_TRIAL) &&
 		    (stage == EDGE_STAGE_SLOW ? passive_ok(be, sc, now) : passive_quiet(be, sc, now))) {
 			found = pick_id;
+			if (sc->flags & EDGE_SVC_F_TWO_CHOICES)
+				found = two_choices(hash, pick_id, sc, now);
 			goto out;
 		}
 	}

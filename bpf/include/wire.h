@@ -68,11 +68,18 @@ static __always_inline void wire_sample(__u32 bid, int first_byte, __u64 start_n
 	}
 }
 
-/* Counts a connection of backend bid as opened (closed 0) or closed. */
+/* Counts a connection of backend bid as opened (closed 0) or closed, in
+ * its per-CPU statistics and in its open count (edge_inflight), which the
+ * ingress reads to choose between two candidates (select.h, two_choices).
+ * An entry the LRU evicts while open is never counted closed (see
+ * docs/steering.md: the count leaks up, and only under conntrack pressure). */
 static __always_inline void wire_count(__u32 bid, int closed)
 {
 	struct wire_stats *ws = edge_wire.lookup(&bid);
+	__s64 *open = edge_inflight.lookup(&bid);
 
+	if (open)
+		__sync_fetch_and_add(open, closed ? -1 : 1);
 	if (!ws)
 		return;
 	if (closed)

@@ -20,6 +20,7 @@ SCALARS = {
     "__u16": ct.c_ushort,
     "__u32": ct.c_uint,
     "__u64": ct.c_ulonglong,
+    "__s64": ct.c_longlong,
     "__be16": ct.c_ushort,
     "__be32": ct.c_uint,
     "__be64": ct.c_ulonglong,

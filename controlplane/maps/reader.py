@@ -180,7 +180,14 @@ class Reader:
             "opened": w.opened,
             "closed": w.closed,
             "active": w.active,
+            "open": self.open_count(bid),
         }
+
+    def open_count(self, bid: int) -> int:
+        """Backend bid's open TCP connections as the data path counts them for new_flows:
+        two_choices (edge_inflight: one counter for all CPUs; below 0 after a restart of the count)."""
+        t = self.t[abi.MAP_INFLIGHT]
+        return int(t[t.Key(bid)].value)
 
     def usable(self, service: str) -> dict[str, bool]:
         """Backend name -> whether the data path gives it new flows now (up, not draining)."""

@@ -165,7 +165,7 @@ class Writer(Quick, Family6):
         self._drop_removed(cfg, p)
 
     def _clean_new_ids(self, p: desired.Plan) -> None:
-        """Step 0 of _write: zeroed stats for new ids, no cached next hop for new or moved
+        """Step 0 of _write: zeroed stats and open counts for new ids, no cached next hop for new or moved
         backends, unknown load for new backends, a down health entry for new endpoints."""
         for name in p.new_services:
             vid = p.svc_ids[name]
@@ -176,6 +176,7 @@ class Writer(Quick, Family6):
             bid = p.be_ids[key]
             self._zero_stats(abi.MAP_BE_STATS, bid)
             self._zero_stats(abi.MAP_NEXTHOP, bid)
+            self._zero_stats(abi.MAP_INFLIGHT, bid)  # an id used before: its count starts over
             probe = self.t[abi.MAP_BE_PROBE]
             v = probe.Leaf()
             v.waiting = v.running = v.kv_permille = abi.UNKNOWN
@@ -350,6 +351,8 @@ class Writer(Quick, Family6):
             v.flags |= abi.SVC_F_PROBED
         if s.forwarding == "dsr":
             v.flags |= abi.SVC_F_DSR
+        if s.new_flows == "two_choices":
+            v.flags |= abi.SVC_F_TWO_CHOICES
         if health:  # fewer usable than panic_percent of the primaries: usable < ceil(pct * n / 100)
             v.panic_below = (health.panic_percent * sum(not b.standby for b in s.backends) + 99) // 100
         ordered = [bid for b, bid in zip(s.backends, ids) if not b.standby]

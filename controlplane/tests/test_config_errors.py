@@ -19,9 +19,7 @@ class Case(NamedTuple):
     message: str
 
 
-SERVICE_KEYS = (
-    "name, vip, port, protocol, existing_flows, forwarding, health, weights, sla, drain_timeout_ms, discovery, backends"
-)
+SERVICE_KEYS = "name, vip, port, protocol, existing_flows, forwarding, new_flows, health, weights, sla, drain_timeout_ms, discovery, backends"
 BACKEND_KEYS = "name, address, port, weight, standby, token"
 NO_BACKENDS = "none given (set backends, or discovery to find them at run time)"
 NAME_RULE = "(1 to 31 of a-z 0-9 _ . -, starting with a letter or digit)"

@@ -110,9 +110,12 @@ def _find(rows: list[Row], peer: str, load: float, clients: str) -> Optional[Row
     return next((r for r in rows if r.peer == peer and r.load == load and r.clients == clients), None)
 
 
-def goals(rows: list[Row], load: float = 0.8, clients: str = "new") -> list[tuple[str, Optional[bool], str]]:
-    """(goal, met or None when a peer is missing, the figures) of issue 24 at load with clients."""
-    d = _find(rows, "edge-default", load, clients)
+def goals(
+    rows: list[Row], load: float = 0.8, clients: str = "new", peer: str = "edge-default"
+) -> list[tuple[str, Optional[bool], str]]:
+    """(goal, met or None when a peer is missing, the figures) of issue 24 at load with clients,
+    for peer (this router's default steering, or a policy measured against it)."""
+    d = _find(rows, peer, load, clients)
     s = _find(rows, "edge-static", load, clients)
     lc = _find(rows, "haproxy-leastconn", load, clients)
     out: list[tuple[str, Optional[bool], str]] = []
