@@ -363,8 +363,15 @@ def test_existing_flows_of_a_silent_backend_move_or_stay(shared_net, shared, hea
     try:
         first = [conn.request().backend for conn in conns]
         b0.stop()
-        wait_flows_reach(net, {"b1", "b2"})
-        silent_s = backends(router.status())["b0"]["health"]["heartbeat_age_s"]
+        wait_flows_reach(net, {"b1", "b2"})  # new flows leave b0 after one timeout; live flows after two
+        age = {}
+
+        def silent_long_enough() -> bool:
+            age["s"] = backends(router.status())["b0"]["health"]["heartbeat_age_s"]
+            return age["s"] is not None and age["s"] > 2 * TIMEOUT_MS / 1000
+
+        wait_until(silent_long_enough, 5.0, "status: b0 silent for twice the timeout", observe=lambda: age)
+        silent_s = age["s"]
         again = [answer(conn) for conn in conns]
     finally:
         close_all(conns)
