@@ -20,6 +20,7 @@ TOP = Path(__file__).resolve().parents[2]
 PURE = [
     "controlplane/abi.py",
     "controlplane/config.py",
+    "controlplane/confighealth.py",
     "controlplane/configkit.py",
     "controlplane/desired.py",
     "controlplane/discovery/cache.py",
