@@ -119,7 +119,8 @@ class Prog:
     fd: int
 
 
-def _key_text(key) -> str:
+def key_text(key) -> str:
+    """A map key for an error line: the number of an array index, else its bytes in hex."""
     value = getattr(key, "value", None)
     if isinstance(value, int):
         return str(value)
@@ -149,7 +150,7 @@ class Map:
         return sum(1 for _ in self.keys())
 
     def _fail(self, op: str, key, err: int) -> MapError:
-        where = "" if key is None else f" {_key_text(key)}"
+        where = "" if key is None else f" {key_text(key)}"
         return MapError(f"{self.name}: {op}{where}: {os.strerror(err)}", map=self.name)
 
     def _key(self, key, op: str):

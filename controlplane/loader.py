@@ -27,7 +27,7 @@ from controlplane.bpfcalls import (  # noqa: F401  (re-exported: tests and tools
     prog_test_run,
     verified_insns,
 )
-from controlplane.bpfmap import Prog, obj_pin, prog_fd_by_id
+from controlplane.bpfmap import Prog, key_text, obj_pin, prog_fd_by_id
 from controlplane.bpfsource import BPF_DIR, SOURCES, _amalgamate, source_text  # noqa: F401  (re-exported)
 from controlplane.config import Node, ct6_size, half_open_size
 from controlplane.errors import CompileError, LoaderError, MapError, NoBpffs
@@ -383,17 +383,6 @@ def cflags(pin_path: Path, params: Params) -> list[str]:
     ]
 
 
-def _key_text(key) -> str:
-    """A map key for an error line: the number of an array index, else its bytes in hex."""
-    value = getattr(key, "value", None)
-    if isinstance(value, int):
-        return str(value)
-    try:
-        return bytes(key).hex()
-    except TypeError:
-        return repr(key)
-
-
 _END = object()
 _lookup_elem = None  # bcc's bpf_lookup_elem, once a Table.lookup_into() needs it
 
@@ -414,7 +403,7 @@ class Table:
         return len(self._t)
 
     def _fail(self, op: str, key, e: Exception) -> MapError:
-        where = "" if key is None else f" {_key_text(key)}"
+        where = "" if key is None else f" {key_text(key)}"
         return MapError(f"{self.name}: {op}{where}: {e}", map=self.name)
 
     def _guarded(self, op: str, key, call: Callable, *args):
