@@ -1,5 +1,5 @@
 """The generated parts of docs/: the config reference (from config.py's schema), the metrics
-list (from edged/metrics.py's METRICS) and every command's --help (from the argparse
+list (from edged/metricspecs.py's METRICS) and every command's --help (from the argparse
 definitions). Each docs page holds its part between BEGIN/END GENERATED markers;
 `python -m controlplane.refdoc --write` rewrites them (without --write it says which differ), and
 controlplane/tests/test_refdoc.py fails when a page and the code disagree. Pure text work."""
@@ -106,7 +106,7 @@ def config_reference() -> str:
 
 def metrics_reference() -> str:
     from controlplane import abi
-    from controlplane.edged.metrics import METRICS
+    from controlplane.edged.metricspecs import METRICS
 
     lines = ["| metric | kind | labels | meaning |", "|---|---|---|---|"]
     for spec in METRICS:
