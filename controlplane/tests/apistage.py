@@ -119,6 +119,7 @@ def _backend(bid: int, name: str, address: str, edged: dict) -> dict:
             "opened": 40 + bid,
             "closed": 38,
             "active": 2 + bid,
+            "open": 2 + bid,
         },
     }
 
@@ -134,6 +135,7 @@ SNAP = {
         "ip_forward_was": 0,
         "return_ifindex": [8, 9],
         "return_clsact_added": [True, False],
+        "answer_ping": True,
     },
     "services": [
         {
