@@ -26,12 +26,15 @@ from controlplane.pinned import Pinned, open_pins
 _MAX_MSG = 1 << 16
 
 
-def build(pin_path: Path, params: loader.Params, progs: Sequence[tuple[str, str]]) -> Pinned:
+def build(pin_path: Path, params: loader.Params, progs: Sequence[tuple[str, str]], ipv6: bool = True) -> Pinned:
     """Compiles the data path sized by params in a child, with its maps pinned at pin_path
     (made there when missing), and loads progs ((function, "xdp" | "tc"), in order); returns
-    the pins opened, holding those programs. Raises the child's EdgeError."""
+    the pins opened, holding those programs. Without ipv6 the IPv6 tail programs are not
+    loaded (loader.TAILS_V6). Raises the child's EdgeError."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    request = json.dumps({"pin_path": str(pin_path), "params": asdict(params), "progs": list(map(list, progs))})
+    request = json.dumps(
+        {"pin_path": str(pin_path), "params": asdict(params), "progs": list(map(list, progs)), "ipv6": ipv6}
+    )
     with ours, tempfile.TemporaryFile() as err:
         try:
             proc = subprocess.Popen(
@@ -85,6 +88,8 @@ def _serve(sock: socket.socket, request: dict) -> None:
     params = loader.Params(**request["params"])
     try:
         loaded = loader.compile_datapath(Path(request["pin_path"]), params)
+        if not request.get("ipv6", True):
+            loaded.skip_tails = loader.TAILS_V6
         try:
             fns = [loaded.load(name, kind) for name, kind in request["progs"]]
             socket.send_fds(sock, [json.dumps({"ok": [n for n, _ in request["progs"]]}).encode()], [f.fd for f in fns])

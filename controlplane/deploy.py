@@ -295,6 +295,20 @@ def _target(cfg: Config, iface: str) -> _Target:
     return _Target(iface, ingress, instance, pin_path, current is not None, routes, return_oifs)
 
 
+def has_ipv6(cfg: Config) -> bool:
+    """Whether any service of cfg has an IPv6 VIP (the data path then loads its IPv6 programs)."""
+    return any(s.vip.version == 6 for s in cfg.services)
+
+
+def ipv6_loaded(pinned) -> bool:
+    """Whether the deployed data path has its IPv6 ingress in edge_tails."""
+    try:
+        pinned.table(abi.MAP_TAILS)[abi.TAIL_V6]
+    except KeyError:
+        return False
+    return True
+
+
 def _load(cfg: Config, t: _Target, undo: loader.Undo, progress: Progress) -> _Loaded:
     """Compiles the data path (pinning its maps at t.pin_path) and loads its programs."""
     with uninterrupted():
@@ -306,7 +320,8 @@ def _load(cfg: Config, t: _Target, undo: loader.Undo, progress: Progress) -> _Lo
     progs = [(abi.PROG_INGRESS, "xdp"), (abi.PROG_RETURN, "tc")]
     if cfg.node.reply_xdp != "off":
         progs.append((abi.PROG_REPLY, "xdp"))
-    loaded = compilechild.build(t.pin_path, params_of(cfg), progs)  # bcc and LLVM live in a child
+    # bcc and LLVM live in a child; the IPv6 programs are verified only for a config that has IPv6
+    loaded = compilechild.build(t.pin_path, params_of(cfg), progs, ipv6=has_ipv6(cfg))
     try:
         maps = open_maps(loaded)
         _check_sizes(maps, cfg)

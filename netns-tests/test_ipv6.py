@@ -18,6 +18,7 @@ import signal
 import time
 from collections import Counter
 
+from controlplane import deploy, loader
 from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.router import Router
 from controlplane.lab.topo import Net
@@ -206,3 +207,41 @@ def test_edged_probes_ipv6_backends(net, router, tmp_path):
     finally:
         edged.stop()
     assert set(seen) == ALL and sum(seen.values()) == 60, seen
+
+
+def ipv6_loaded(router: Router) -> bool:
+    pinned = loader.open_pinned(router.pin_path)
+    try:
+        return deploy.ipv6_loaded(pinned)
+    finally:
+        pinned.close()
+
+
+def test_ipv4_only_deploy_loads_no_ipv6_programs_and_a_reload_adding_ipv6_says_so(net, router, tmp_path):
+    """A deploy without IPv6 services leaves edge_tails' IPv6 slots empty (their verification
+    costs about 1.3 s a deploy): IPv4 forwards, an IPv6 packet to the VIP passes to the stack.
+    Under edged, a reload adding an IPv6 service is refused in one line naming its VIP, and the
+    IPv4 service keeps serving; edged started with that config loads them and the VIP answers."""
+    sock = str(tmp_path / "edged.sock")
+    v4 = router.config([router.service("web")], node={"api_socket": sock})
+    edged = EdgedProc.start(net.router, v4, router.iface)
+    try:
+        edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API")
+        assert ipv6_loaded(router) is False
+        both = router.config([router.service("web"), service6(router, net)], node={"api_socket": sock})
+        edged.rewrite_config(both)
+        done = router.edgectl("reload", "--socket", sock)
+        assert done.returncode == 1, (done.returncode, done.stderr)
+        assert done.stderr.count("\n") == 1 and "services[1].vip" in done.stderr, done.stderr
+        seen = backends_seen(net.client, net.vip, PORT, 30)
+        assert set(seen) == ALL and sum(seen.values()) == 30, seen
+    finally:
+        edged.stop()
+    edged = EdgedProc.start(net.router, both, router.iface)
+    try:
+        edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API")
+        assert ipv6_loaded(router) is True
+        seen = backends_seen(net.client, net.topo.vip6, PORT, 30)
+    finally:
+        edged.stop()
+    assert set(seen) == ALL and sum(seen.values()) == 30, seen

@@ -108,6 +108,7 @@ class Changes:
                 )
         if new.node.fleet != state.cfg.node.fleet:
             raise ConfigError("node.fleet: changed; joining, leaving or changing the fleet needs an edged restart")
+        await self._check_ipv6(new)
         secrets = await asyncio.to_thread(secrets_of, new)  # an unreadable secret file refuses the reload
         async with state.apply_lock:
             old = state.static_cfg
@@ -129,6 +130,17 @@ class Changes:
             **{k: ",".join(v) for k, v in summary.items()},
         )
         return summary
+
+    async def _check_ipv6(self, new: Config) -> None:
+        """ConfigError naming the first IPv6 service when the deployed data path has no IPv6
+        programs (deployed for IPv4 services only: they are loaded by a deploy, not a reload)."""
+        first = next((i for i, s in enumerate(new.services) if s.vip.version == 6), None)
+        if first is None or await asyncio.to_thread(deploy.ipv6_loaded, self.state.held):
+            return
+        raise ConfigError(
+            f"services[{first}].vip: {new.services[first].vip} is IPv6, and the data path was deployed "
+            f"without IPv6 programs (no IPv6 service then); restart edged to load them"
+        )
 
     async def apply_discovered(self) -> None:
         """Discovery's hook: what the sources found now, through the same diff and apply as a
