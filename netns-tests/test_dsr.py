@@ -24,7 +24,7 @@ import pytest
 
 from controlplane.lab.heartbeats import agent_argv, start_heartbeats, write_token_file
 from controlplane.lab.mtuhop import BulkServers, bulk_get, bulk_put, with_mtu_hop
-from controlplane.lab.topo import read_line
+from controlplane.lab.procs import read_line
 from controlplane.lab.traffic import backends_seen, http_get, wait_until
 
 DSR_PORT = 8010

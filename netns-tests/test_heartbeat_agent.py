@@ -19,8 +19,9 @@ import sys
 from collections import Counter
 
 from controlplane.lab.heartbeats import PACKAGE_ROOT, Agent, start_all
+from controlplane.lab.procs import read_line
 from controlplane.lab.router import Router
-from controlplane.lab.topo import Net, Server, backend_role, read_line
+from controlplane.lab.topo import Net, Server, backend_role
 from controlplane.lab.traffic import backends_seen, wait_until
 
 PORT = 8000  # conftest.BACKEND_PORT

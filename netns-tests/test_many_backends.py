@@ -30,8 +30,9 @@ import hb
 import pytest
 
 from controlplane import abi
+from controlplane.lab.procs import read_line, terminate
 from controlplane.lab.router import Router
-from controlplane.lab.topo import Net, Topo, read_line, terminate
+from controlplane.lab.topo import Net, Topo
 from controlplane.lab.traffic import backends_seen, wait_until
 
 N = abi.MAX_PER_SERVICE  # 1,024

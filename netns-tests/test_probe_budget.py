@@ -23,8 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.api.client import Client
 from controlplane.lab.daemon import EdgedProc
+from controlplane.lab.procs import read_line, terminate
 from controlplane.lab.router import Router
-from controlplane.lab.topo import Net, Topo, read_line, terminate
+from controlplane.lab.topo import Net, Topo
 from controlplane.lab.traffic import wait_until
 
 N = 300

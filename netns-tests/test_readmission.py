@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from controlplane.lab.daemon import EdgedProc
-from controlplane.lab.topo import Server, read_line
+from controlplane.lab.procs import read_line
+from controlplane.lab.topo import Server
 from controlplane.lab.traffic import backends_seen, wait_until
 
 PORT = 8000  # conftest.BACKEND_PORT

@@ -23,7 +23,8 @@ from packets import ping, udp_query
 from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
-from controlplane.lab.topo import Net, Topo, check_ifname, read_line, terminate
+from controlplane.lab.procs import read_line, terminate
+from controlplane.lab.topo import Net, Topo, check_ifname
 from controlplane.lab.traffic import (
     backends_seen,
     close_all,

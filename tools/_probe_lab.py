@@ -33,8 +33,9 @@ import yaml
 import _probe_traffic as pt
 from controlplane.api.client import Client
 from controlplane.lab.daemon import EdgedProc, env_with_package
+from controlplane.lab.procs import read_line, terminate
 from controlplane.lab.router import Router
-from controlplane.lab.topo import Net, Topo, read_line, terminate
+from controlplane.lab.topo import Net, Topo
 
 PORT = 8000
 SERVERS = 2  # accept processes sharing the backends' port (SO_REUSEPORT)

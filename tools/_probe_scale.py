@@ -300,8 +300,9 @@ def run(args) -> int:
     import _probe_lab
     import _probe_traffic as pt
     from controlplane.lab.daemon import EdgedProc, env_with_package
+    from controlplane.lab.procs import terminate
     from controlplane.lab.router import Router
-    from controlplane.lab.topo import Net, Topo, terminate
+    from controlplane.lab.topo import Net, Topo
 
     if os.geteuid() != 0:
         print("bench-probe --scale: must run as root (namespaces, XDP)", file=sys.stderr)

@@ -21,8 +21,9 @@ from typing import Callable
 from _vs_haproxy import PORT, Conn, analyse, edge_service, haproxy_config
 from controlplane.drill.run import realtime
 from controlplane.lab.daemon import EdgedProc
+from controlplane.lab.procs import stop_process
 from controlplane.lab.router import Router
-from controlplane.lab.topo import Net, Topo, stop_process
+from controlplane.lab.topo import Net, Topo
 from controlplane.lab.traffic import _error_key, _reply, _request, _take_response, backends_seen, wait_until
 
 ALL = {"b0", "b1", "b2"}

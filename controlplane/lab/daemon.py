@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import yaml
 
-from controlplane.lab.topo import stop_process
+from controlplane.lab.procs import stop_process
 
 if TYPE_CHECKING:
     from controlplane.lab.topo import Ns

@@ -31,7 +31,8 @@ from pyroute2 import netns
 
 from controlplane.edged import bird
 from controlplane.lab.daemon import env_with_package
-from controlplane.lab.topo import Net, Ns, Server, check_ifname, ignore_gone, read_line, unique_prefix
+from controlplane.lab.procs import read_line
+from controlplane.lab.topo import Net, Ns, Server, check_ifname, ignore_gone, unique_prefix
 from controlplane.lab.traffic import wait_until
 
 CLIENT, UPSTREAM, SWITCH = "c", "up", "sw"

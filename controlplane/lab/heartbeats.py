@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from controlplane.lab.topo import stop_process, terminate
+from controlplane.lab.procs import stop_process, terminate
 from controlplane.lab.traffic import wait_until
 
 if TYPE_CHECKING:

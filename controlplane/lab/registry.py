@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from controlplane.lab.topo import Ns, stop_process
+from controlplane.lab.procs import stop_process
+from controlplane.lab.topo import Ns
 
 
 def _wait_port(

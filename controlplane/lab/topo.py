@@ -23,11 +23,8 @@ import errno
 import os
 import re
 import secrets
-import selectors
-import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Interface
@@ -37,6 +34,7 @@ from typing import Callable, Iterator, Sequence
 from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
+from controlplane.lab.procs import read_line, terminate
 from controlplane.lab.topo6 import TEST_RANGE6, Topo6
 from controlplane.lab.traffic import wait_until
 
@@ -138,28 +136,6 @@ def _setns(fd: int) -> None:
     if _libc.setns(fd, _CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"setns: {os.strerror(err)}")
-
-
-def stop_process(proc: subprocess.Popen, timeout_s: float = 3.0) -> int | None:
-    """SIGTERM proc (by its pid), then SIGKILL if it has not exited within timeout_s; its exit status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout_s)
-    return proc.returncode
-
-
-def terminate(proc: subprocess.Popen, timeout_s: float = 3.0) -> None:
-    """stop_process(), then close proc's pipes."""
-    try:
-        stop_process(proc, timeout_s)
-    finally:
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
 
 
 class Ns:
@@ -573,26 +549,6 @@ class Net:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def read_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    """The first stdout line of proc, waiting at most timeout_s; raise if proc exits first."""
-    deadline = time.monotonic() + timeout_s
-    buf = b""
-    fd = proc.stdout.fileno()
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while b"\n" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"pid {proc.pid}: no line on stdout within {timeout_s}s (got {buf!r})")
-            if sel.select(left):
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    code = proc.wait(timeout=timeout_s)
-                    raise RuntimeError(f"pid {proc.pid} exited with {code} before its first line ({buf!r})")
-                buf += chunk
-    return buf.split(b"\n", 1)[0].decode()
 
 
 def unique_prefix() -> str:

@@ -13,7 +13,8 @@ import tempfile
 import time
 from typing import Optional
 
-from controlplane.lab.topo import Ns, terminate
+from controlplane.lab.procs import terminate
+from controlplane.lab.topo import Ns
 
 PROBE = {"kind": "http", "path": "/health", "interval_ms": 100, "timeout_ms": 80}
 METRICS = {"path": "/metrics", "interval_ms": 100}
