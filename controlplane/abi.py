@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 19
+ABI_VERSION = 20
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -175,6 +175,7 @@ MAP_VIP_ADDRS6 = "edge_vip_addrs6"
 MAP_BACKENDS6 = "edge_backends6"
 MAP_CT6 = "edge_ct6"
 MAP_RNAT6 = "edge_rnat6"
+MAP_HB6 = "edge_hb6"
 MAP_INFLIGHT = "edge_inflight"
 
 MAP_NAMES = (
@@ -208,6 +209,7 @@ MAP_NAMES = (
     MAP_BACKENDS6,
     MAP_CT6,
     MAP_RNAT6,
+    MAP_HB6,
     MAP_INFLIGHT,
 )
 

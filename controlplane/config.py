@@ -175,12 +175,10 @@ def _check_dsr(s: "Service", path: str) -> None:
 
 
 def _check_ipv6(s: "Service", path: str) -> None:
-    """What an IPv6 service cannot have yet: the data path's IPv6 side forwards, reverse-NATs and judges
-    passive health, but has no heartbeats, DSR or discovery."""
+    """What an IPv6 service cannot have yet: the data path's IPv6 side forwards, reverse-NATs, takes
+    heartbeats and judges passive health, but has no DSR or discovery."""
     if s.forwarding == "dsr":
         raise ConfigError(f"{path}.forwarding: dsr is not supported for IPv6 VIPs yet")
-    if s.health and s.health.heartbeat:
-        raise ConfigError(f"{path}.health.heartbeat: not supported for IPv6 VIPs yet (use health.passive)")
     if s.discovery is not None:
         raise ConfigError(f"{path}.discovery: not supported for IPv6 VIPs yet")
 

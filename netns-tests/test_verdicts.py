@@ -70,6 +70,7 @@ from verdicts import (  # netns-tests/verdicts.py: the harness
     udp,
 )
 from verdicts6 import ROWS6
+from verdicts_hb6 import rows as rows_hb6
 
 from controlplane import abi
 
@@ -634,6 +635,7 @@ ROWS = [
 
 
 ROWS += [row(*r[:6], *r[7:], svc=r[6]) for r in ROWS6]  # IPv6 (verdicts6.py)
+ROWS += rows_hb6(row)  # IPv6 backends' heartbeats (verdicts_hb6.py)
 
 
 # ---------------------------------------------------------------- running the table

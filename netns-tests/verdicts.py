@@ -18,7 +18,7 @@ import secrets
 import struct
 import time
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 from typing import Callable
 
@@ -62,12 +62,14 @@ S0, S1 = (IPv4Address("198.18.1.8"), 8000), (IPv4Address("198.18.1.9"), 8000)
 DSR_VIP, X0 = IPv4Address("198.18.255.5"), (IPv4Address("198.18.1.10"), 80)
 ROUTER_B = IPv4Address("198.18.1.1")  # the router's address towards the backends (DSR's outer source)
 HB_PORT, HB_TIMEOUT_MS = 7946, 300
-TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002}
+TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002, "g0": 0x6EED0001, "g1": 0x6EED0002}
+G0, G1 = (IPv6Address("2001:2:0:1::4"), 8000), (IPv6Address("2001:2:0:1::5"), 8000)  # hb6 (verdicts_hb6.py)
 
 # web: plain TCP NAT to one backend; dns: UDP; hb: two backends judged by heartbeats; pas: two
 # backends under passive detection (three failures in a row eject); sby: a primary and a standby,
 # whose flows stay on their backend when it becomes unusable (existing_flows: keep); dsr: one
-# backend answering clients directly (forwarding: dsr, IPIP); web6: IPv6 (verdicts6.py's rows).
+# backend answering clients directly (forwarding: dsr, IPIP); web6: IPv6 (verdicts6.py's rows);
+# hb6: two IPv6 backends judged by heartbeats (verdicts_hb6.py's rows).
 CONFIG = {
     "version": 1,
     "node": {
@@ -128,6 +130,17 @@ CONFIG = {
             "protocol": "tcp",
             "backends": [
                 {"name": n, "address": a, "port": 8000} for n, a in (("e0", "2001:2:0:1::2"), ("e1", "2001:2:0:1::3"))
+            ],
+        },
+        {
+            "name": "hb6",
+            "vip": "2001:2:0:ff::2",
+            "port": 80,
+            "protocol": "tcp",
+            "health": {"heartbeat": {"port": HB_PORT, "timeout_ms": HB_TIMEOUT_MS, "interval_ms": 100}},
+            "backends": [
+                {"name": n, "address": str(a), "port": p, "token": hex(TOKENS[n])}
+                for n, (a, p) in (("g0", G0), ("g1", G1))
             ],
         },
         {
@@ -319,13 +332,17 @@ class World:
         self.t = self.loaded.tables()
         self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
         self.cfg = parse_config(CONFIG, "test_verdicts")
-        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0)})
+        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0, G0, G1)})
         self.node()
         self.ids = {s.name: self.maps.ids(s.name) for s in self.cfg.services}
         backends = self.t[abi.MAP_BACKENDS]
         self._backends = {bid: backends[backends.Key(bid)] for _, ids in self.ids.values() for bid in ids.values()}
         self._backends = {bid: type(v).from_buffer_copy(v) for bid, v in self._backends.items()}
-        self._hb = [(type(k).from_buffer_copy(k), type(v).from_buffer_copy(v)) for k, v in self.t[abi.MAP_HB].items()]
+        self._hb = [
+            (name, type(k).from_buffer_copy(k), type(v).from_buffer_copy(v))
+            for name in (abi.MAP_HB, abi.MAP_HB6)
+            for k, v in self.t[name].items()
+        ]
 
     def node(self, *, answer_ping: bool = True) -> None:
         """The node record deploy writes (node.answer_ping as given)."""
@@ -371,9 +388,9 @@ class World:
         backends = self.t[abi.MAP_BACKENDS]
         for bid, v in self._backends.items():
             backends[backends.Key(bid)] = v
-        for k, v in self._hb:
-            self.t[abi.MAP_HB][k] = v
-        for name in ("h0", "h1"):
+        for name, k, v in self._hb:
+            self.t[name][k] = v
+        for name in ("h0", "h1", "g0", "g1"):
             self.set_health(name, last_seen_ns=time.monotonic_ns(), rise_count=100)
         for name in ("p0", "p1"):
             self.set_health(name)
@@ -429,12 +446,12 @@ class World:
         t[t.Key(hid)] = v
 
     def hb_interface(self, backend: str, ifindex: int) -> None:
-        """backend's heartbeats are registered as arriving on ifindex (edge_hb)."""
-        t = self.t[abi.MAP_HB]
-        for k, v in list(t.items()):
-            if v.health_id == self._backends[self.bid(backend)].health_id:
-                v.ifindex = ifindex
-                t[k] = v
+        """backend's heartbeats are registered as arriving on ifindex (edge_hb, edge_hb6)."""
+        for t in (self.t[abi.MAP_HB], self.t[abi.MAP_HB6]):
+            for k, v in list(t.items()):
+                if v.health_id == self._backends[self.bid(backend)].health_id:
+                    v.ifindex = ifindex
+                    t[k] = v
 
     def health(self, backend: str):
         t = self.t[abi.MAP_HEALTH]

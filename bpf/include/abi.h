@@ -14,7 +14,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 19
+#define EDGE_ABI_VERSION 20
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -390,6 +390,14 @@ struct backend_key6 {
 	__u8 pad;
 };
 
+/* Key of edge_hb6 (value: struct hb_target): edge_hb's key for an IPv6
+ * backend (heartbeat6.h). */
+struct hb_key6 {
+	struct addr6 addr; /* the backend's registered address */
+	__be16 port;	   /* the backend's service port (from the payload) */
+	__be16 hb_port;	   /* UDP port of the router the heartbeat went to */
+};
+
 /* Value of edge_rnat6: what the return path rewrites the source back to. */
 struct rnat_info6 {
 	struct addr6 vip_addr;
@@ -476,5 +484,6 @@ _Static_assert(sizeof(struct vip_key6) == 20, "abi: vip_key6");
 _Static_assert(sizeof(struct flow_key6) == 40, "abi: flow_key6");
 _Static_assert(sizeof(struct backend_key6) == 20, "abi: backend_key6");
 _Static_assert(sizeof(struct rnat_info6) == 28, "abi: rnat_info6");
+_Static_assert(sizeof(struct hb_key6) == 20, "abi: hb_key6");
 
 #endif /* EDGE_ABI_H */

@@ -15,8 +15,9 @@
  * the address), and the frame is redirected by a FIB lookup cached per
  * backend (edge_nexthop, shared: an id is one backend's). Not here yet: the
  * established-flow shortcut, half-open entries, the stateless path over the
- * budget (such a packet is dropped as untracked), wire signals, heartbeats,
- * DSR, ICMPv6 errors about VIP flows. */
+ * budget (such a packet is dropped as untracked), wire signals, ICMPv6
+ * errors about VIP flows. A backend's heartbeat arriving here is dropped
+ * (heartbeat6.h). */
 #ifndef EDGE_INGRESS6_H
 #define EDGE_INGRESS6_H
 
@@ -27,6 +28,7 @@
 #include "stats.h"
 #include "select.h"
 #include "nat.h"
+#include "heartbeat6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -279,8 +281,12 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	vk.port = p6.key.dport;
 	vk.proto = p6.key.proto;
 	vip = edge_vips6.lookup(&vk);
-	if (!vip)
+	if (!vip) {
+		/* heartbeat6.h: a backend's heartbeat never enters here */
+		if (p6.key.proto == IPPROTO_UDP && hb_misrouted6(ctx, p6.l3_off, p6.l4_off))
+			return count_drop(EDGE_NO_SERVICE, EDGE_DROP_SPOOFED_HB);
 		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+	}
 	{
 		void *data = (void *)(long)ctx->data;
 		struct ipv6hdr *ip6 = data + (p6.l3_off & 0x1f);

@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import os
 import stat
-from ipaddress import AddressValueError, IPv4Address
+from ipaddress import AddressValueError, IPv4Address, IPv6Address, ip_address
 from typing import TYPE_CHECKING
 
 from controlplane.errors import ConfigError
@@ -29,10 +29,10 @@ MAX_SECRET_BYTES = 4096
 KEY_LABEL = b"edge heartbeat key v2 "
 
 
-def derive_token(secret: bytes, address: IPv4Address | str, port: int) -> int:
+def derive_token(secret: bytes, address: IPv4Address | IPv6Address | str, port: int) -> int:
     """The 128-bit heartbeat key (as the config's `token`) of endpoint address:port; never 0 (the
     config rejects token 0)."""
-    identity = f"{IPv4Address(str(address))}:{int(port)}".encode()
+    identity = f"{ip_address(str(address))}:{int(port)}".encode()
     digest = hmac.new(secret, KEY_LABEL + identity, hashlib.sha256).digest()
     return int.from_bytes(digest[:16], "big") or 1
 
