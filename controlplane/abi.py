@@ -176,6 +176,7 @@ MAP_BACKENDS6 = "edge_backends6"
 MAP_CT6 = "edge_ct6"
 MAP_RNAT6 = "edge_rnat6"
 MAP_HB6 = "edge_hb6"
+MAP_HOP6 = "edge_hop6"
 MAP_INFLIGHT = "edge_inflight"
 
 MAP_NAMES = (
@@ -210,6 +211,7 @@ MAP_NAMES = (
     MAP_CT6,
     MAP_RNAT6,
     MAP_HB6,
+    MAP_HOP6,
     MAP_INFLIGHT,
 )
 

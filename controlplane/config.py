@@ -175,10 +175,8 @@ def _check_dsr(s: "Service", path: str) -> None:
 
 
 def _check_ipv6(s: "Service", path: str) -> None:
-    """What an IPv6 service cannot have yet: the data path's IPv6 side forwards, reverse-NATs, takes
-    heartbeats and judges passive health, but has no DSR or discovery."""
-    if s.forwarding == "dsr":
-        raise ConfigError(f"{path}.forwarding: dsr is not supported for IPv6 VIPs yet")
+    """What an IPv6 service cannot have yet: the data path's IPv6 side forwards (NAT, or DSR in
+    IPv6-in-IPv6), reverse-NATs, takes heartbeats and judges passive health, but has no discovery."""
     if s.discovery is not None:
         raise ConfigError(f"{path}.discovery: not supported for IPv6 VIPs yet")
 
@@ -199,8 +197,8 @@ class Service:
         "reselect",
     )
     forwarding: str = option(
-        "nat (the router rewrites both ways) or dsr (direct server return: packets go to the backend in IPIP "
-        "with the VIP kept; the backend answers the client itself: tools/dsr-backend)",
+        "nat (the router rewrites both ways) or dsr (direct server return: packets go to the backend in IPIP, "
+        "IPv6-in-IPv6 for an IPv6 VIP, with the VIP kept; the backend answers the client itself: tools/dsr-backend)",
         _one_of("nat", "dsr"),
         "nat",
     )

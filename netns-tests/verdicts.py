@@ -34,7 +34,7 @@ XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = 1, 2, 3, 4
 TC_ACT_UNSPEC, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0xFFFFFFFF, 0, 2, 7  # retval is a u32
 
 BPFFS = Path("/sys/fs/bpf")
-PARAMS = loader.Params(maglev_m=1009, max_services=8, max_backends=16, ct_size=1024)
+PARAMS = loader.Params(maglev_m=1009, max_services=16, max_backends=16, ct_size=1024)
 HOP_TTL_JIFFIES = 1 << 41  # -DEDGE_NEXTHOP_TTL_JIFFIES: see the module's docstring
 HOP_EXPIRES = 1 << 40  # jiffies64 starts near 2^32 and grows by HZ a second: fresh for decades
 
@@ -64,12 +64,14 @@ ROUTER_B = IPv4Address("198.18.1.1")  # the router's address towards the backend
 HB_PORT, HB_TIMEOUT_MS = 7946, 300
 TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002, "g0": 0x6EED0001, "g1": 0x6EED0002}
 G0, G1 = (IPv6Address("2001:2:0:1::4"), 8000), (IPv6Address("2001:2:0:1::5"), 8000)  # hb6 (verdicts_hb6.py)
+DSR6_VIP, F0 = IPv6Address("2001:2:0:ff::3"), (IPv6Address("2001:2:0:1::6"), 80)  # dsr6 (verdicts_dsr6.py)
 
 # web: plain TCP NAT to one backend; dns: UDP; hb: two backends judged by heartbeats; pas: two
 # backends under passive detection (three failures in a row eject); sby: a primary and a standby,
 # whose flows stay on their backend when it becomes unusable (existing_flows: keep); dsr: one
 # backend answering clients directly (forwarding: dsr, IPIP); web6: IPv6 (verdicts6.py's rows);
-# hb6: two IPv6 backends judged by heartbeats (verdicts_hb6.py's rows).
+# hb6: two IPv6 backends judged by heartbeats (verdicts_hb6.py's rows); dsr6: one IPv6 backend
+# answering clients directly (IPv6-in-IPv6, verdicts_dsr6.py's rows).
 CONFIG = {
     "version": 1,
     "node": {
@@ -142,6 +144,14 @@ CONFIG = {
                 {"name": n, "address": str(a), "port": p, "token": hex(TOKENS[n])}
                 for n, (a, p) in (("g0", G0), ("g1", G1))
             ],
+        },
+        {
+            "name": "dsr6",
+            "vip": str(DSR6_VIP),
+            "port": 80,
+            "protocol": "tcp",
+            "forwarding": "dsr",
+            "backends": [{"name": "f0", "address": str(F0[0]), "port": F0[1]}],
         },
         {
             "name": "dsr",
@@ -332,7 +342,7 @@ class World:
         self.t = self.loaded.tables()
         self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
         self.cfg = parse_config(CONFIG, "test_verdicts")
-        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0, G0, G1)})
+        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0, G0, G1, F0)})
         self.node()
         self.ids = {s.name: self.maps.ids(s.name) for s in self.cfg.services}
         backends = self.t[abi.MAP_BACKENDS]

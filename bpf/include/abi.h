@@ -398,6 +398,18 @@ struct hb_key6 {
 	__be16 hb_port;	   /* UDP port of the router the heartbeat went to */
 };
 
+/* Value of edge_hop6 (per CPU, by backend id): the way to an IPv6 backend
+ * of a DSR service (encap6.h), the outer header's source with it. */
+struct nexthop6 {
+	__u64 expires; /* bpf_jiffies64() from which on it is looked up again */
+	__u32 ifindex; /* 0: not looked up */
+	__u32 mtu;     /* of ifindex, which an encapsulated packet must fit */
+	__u8 smac[6];
+	__u8 dmac[6];
+	__u32 pad;
+	struct addr6 src; /* the router's address towards the backend */
+};
+
 /* Value of edge_rnat6: what the return path rewrites the source back to. */
 struct rnat_info6 {
 	struct addr6 vip_addr;
@@ -485,5 +497,6 @@ _Static_assert(sizeof(struct flow_key6) == 40, "abi: flow_key6");
 _Static_assert(sizeof(struct backend_key6) == 20, "abi: backend_key6");
 _Static_assert(sizeof(struct rnat_info6) == 28, "abi: rnat_info6");
 _Static_assert(sizeof(struct hb_key6) == 20, "abi: hb_key6");
+_Static_assert(sizeof(struct nexthop6) == 48, "abi: nexthop6");
 
 #endif /* EDGE_ABI_H */

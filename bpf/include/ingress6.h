@@ -17,7 +17,8 @@
  * established-flow shortcut, half-open entries, the stateless path over the
  * budget (such a packet is dropped as untracked), wire signals, ICMPv6
  * errors about VIP flows. A backend's heartbeat arriving here is dropped
- * (heartbeat6.h). */
+ * (heartbeat6.h); a DSR service's packets go out in IPv6-in-IPv6 instead
+ * of NAT (encap6.h). */
 #ifndef EDGE_INGRESS6_H
 #define EDGE_INGRESS6_H
 
@@ -29,6 +30,7 @@
 #include "select.h"
 #include "nat.h"
 #include "heartbeat6.h"
+#include "encap6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -327,6 +329,8 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	if (!to)
 		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
+	if (sc->flags & EDGE_SVC_F_DSR) /* encap6.h */
+		return dsr_forward6(ctx, p6.l3_off, pkt.l3_len, to, bid, vip->id);
 	if (pkt.syn && !new_flow)
 		flow_mark_syn6(&pkt, &p6.key);
 	if (pkt.syn_counted && (sc->flags & EDGE_SVC_F_PASSIVE))

@@ -262,7 +262,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="ADDR[:PORT]",
         help=f"the router's IPv4 or IPv6 address on this backend's link, and the service's "
         f"health.heartbeat.port (default {DEFAULT_ROUTER_PORT}); an IPv6 address with a port in brackets: "
-        f"[2001:db8::1]:{DEFAULT_ROUTER_PORT}",
+        f"[2001:2::1]:{DEFAULT_ROUTER_PORT}",
     )
     p.add_argument(
         "--source",

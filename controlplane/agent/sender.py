@@ -155,15 +155,15 @@ def dsr_problem(vip: str | None) -> str | None:
     """--dsr-vip: what the backend lacks for direct server return of vip (agent/dsr.py), or None."""
     if vip is None:
         return None
-    from ipaddress import AddressValueError, IPv4Address
+    from ipaddress import ip_address
 
     from controlplane.agent import dsr
 
     try:
-        address = IPv4Address(vip)
-    except AddressValueError:
-        raise UsageError(f"--dsr-vip: {vip!r} is no IPv4 address") from None
-    return dsr.problems(dsr.read_state(), address)
+        address = ip_address(vip)
+    except ValueError:
+        raise UsageError(f"--dsr-vip: {vip!r} is no IPv4 or IPv6 address") from None
+    return dsr.problems(dsr.read_state(address.version), address)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

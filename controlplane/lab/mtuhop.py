@@ -12,7 +12,7 @@ needed" to their source, the VIP. On exit the veth end goes back to the client n
 router's end stays for undeploy) and the hop namespace and its veth are removed.
 
 BulkServers: TCP servers (sockets made in the backend namespaces, served by threads of this
-process) that send a fixed number of bytes to every connection and close it (bulk_get reads one
+process, IPv4 or with family 6 IPv6) that send a fixed number of bytes to every connection and close it (bulk_get reads one
 such response in the client), or with upload read what the client sends and answer its count
 (bulk_put). Everything is bounded in count and time.
 """
@@ -84,9 +84,11 @@ class BulkServers:
     """On entry, one listening TCP socket per backend at its address and port; each connection
     gets size bytes and is closed. Threads stop and sockets close on exit."""
 
-    def __init__(self, net: Net, port: int, size: int, any_address: bool = False, upload: bool = False):
+    def __init__(
+        self, net: Net, port: int, size: int, any_address: bool = False, upload: bool = False, family: int = 4
+    ):
         self.net, self.port, self.size = net, port, size
-        self.any_address, self.upload = any_address, upload
+        self.any_address, self.upload, self.family = any_address, upload, family
         self._socks: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -95,10 +97,10 @@ class BulkServers:
         try:
             for i, ns in enumerate(self.net.backends):
                 with ns.enter():
-                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    sock = socket.socket(socket.AF_INET if self.family == 4 else socket.AF_INET6, socket.SOCK_STREAM)
                 self._socks.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(("0.0.0.0" if self.any_address else str(self.net.backend_addr(i)), self.port))
+                sock.bind((self._address(i), self.port))
                 sock.listen(64)
                 sock.settimeout(0.2)
                 thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
@@ -108,6 +110,11 @@ class BulkServers:
             self.__exit__()
             raise
         return self
+
+    def _address(self, i: int) -> str:
+        if self.family == 6:
+            return "::" if self.any_address else str(self.net.topo.backend_addr6(i).ip)
+        return "0.0.0.0" if self.any_address else str(self.net.backend_addr(i))
 
     def _serve(self, sock: socket.socket) -> None:
         body = b"x" * self.size
@@ -145,7 +152,7 @@ def bulk_put(ns: Ns, addr: str, port: int, size: int, timeout_s: float = 5.0) ->
     """Send size bytes from ns to addr:port (BulkServers with upload) and return the count the server
     read, or -1 when the transfer or its answer does not complete within timeout_s of silence."""
     with ns.enter():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
     with sock:
         sock.settimeout(timeout_s)
         try:
@@ -164,7 +171,7 @@ def bulk_get(ns: Ns, addr: str, port: int, timeout_s: float = 5.0) -> int:
     """Connect from ns to addr:port and read until the server closes or timeout_s of silence;
     the number of bytes received."""
     with ns.enter():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
     got = 0
     with sock:
         sock.settimeout(timeout_s)

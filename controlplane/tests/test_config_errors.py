@@ -554,7 +554,10 @@ def test_ipv6_service_with_an_ipv4_backend_is_one_line_naming_it():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        ({"forwarding": "dsr"}, "forwarding: dsr is not supported for IPv6 VIPs yet"),
+        (
+            {"forwarding": "dsr", "health": {"passive": {}}},
+            "health.passive: not with forwarding dsr (the router sees no replies)",
+        ),
         (
             {"discovery": {"dns": {"name": "chat.example"}}},
             "discovery: not supported for IPv6 VIPs yet",
@@ -565,6 +568,13 @@ def test_ipv6_service_refuses_what_its_data_path_lacks(extra, message):
     doc = valid_doc()
     doc["services"].append(_ipv6_service(**extra))
     assert error_of(doc) == f"services[{len(doc['services']) - 1}].{message}"
+
+
+def test_ipv6_service_with_dsr_is_accepted():
+    """forwarding: dsr for an IPv6 VIP (encap6.h): refused before ("dsr is not supported for IPv6 VIPs yet")."""
+    doc = valid_doc()
+    doc["services"].append(_ipv6_service(forwarding="dsr", port=8000))
+    assert parse_config(doc).services[-1].forwarding == "dsr"
 
 
 def test_ipv6_service_with_heartbeats_is_accepted_and_wants_tokens():
