@@ -18,12 +18,22 @@ import secrets
 import struct
 import time
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Callable
 
 from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import Dot1Q, Ether
+from verdicts_world6 import (  # noqa: F401  (re-exported)
+    DSR6_VIP,
+    F0,
+    G0,
+    G1,
+    HB_PORT,
+    HB_TIMEOUT_MS,
+    SERVICES6,
+    TOKENS6,
+)
 
 from controlplane import abi, loader
 from controlplane.config import parse_config
@@ -61,10 +71,7 @@ SBY_VIP = IPv4Address("198.18.255.4")
 S0, S1 = (IPv4Address("198.18.1.8"), 8000), (IPv4Address("198.18.1.9"), 8000)
 DSR_VIP, X0 = IPv4Address("198.18.255.5"), (IPv4Address("198.18.1.10"), 80)
 ROUTER_B = IPv4Address("198.18.1.1")  # the router's address towards the backends (DSR's outer source)
-HB_PORT, HB_TIMEOUT_MS = 7946, 300
-TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002, "g0": 0x6EED0001, "g1": 0x6EED0002}
-G0, G1 = (IPv6Address("2001:2:0:1::4"), 8000), (IPv6Address("2001:2:0:1::5"), 8000)  # hb6 (verdicts_hb6.py)
-DSR6_VIP, F0 = IPv6Address("2001:2:0:ff::3"), (IPv6Address("2001:2:0:1::6"), 80)  # dsr6 (verdicts_dsr6.py)
+TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002, **TOKENS6}
 
 # web: plain TCP NAT to one backend; dns: UDP; hb: two backends judged by heartbeats; pas: two
 # backends under passive detection (three failures in a row eject); sby: a primary and a standby,
@@ -134,25 +141,7 @@ CONFIG = {
                 {"name": n, "address": a, "port": 8000} for n, a in (("e0", "2001:2:0:1::2"), ("e1", "2001:2:0:1::3"))
             ],
         },
-        {
-            "name": "hb6",
-            "vip": "2001:2:0:ff::2",
-            "port": 80,
-            "protocol": "tcp",
-            "health": {"heartbeat": {"port": HB_PORT, "timeout_ms": HB_TIMEOUT_MS, "interval_ms": 100}},
-            "backends": [
-                {"name": n, "address": str(a), "port": p, "token": hex(TOKENS[n])}
-                for n, (a, p) in (("g0", G0), ("g1", G1))
-            ],
-        },
-        {
-            "name": "dsr6",
-            "vip": str(DSR6_VIP),
-            "port": 80,
-            "protocol": "tcp",
-            "forwarding": "dsr",
-            "backends": [{"name": "f0", "address": str(F0[0]), "port": F0[1]}],
-        },
+        *SERVICES6,  # hb6, dsr6 (verdicts_world6.py)
         {
             "name": "dsr",
             "vip": str(DSR_VIP),
