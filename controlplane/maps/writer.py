@@ -176,6 +176,7 @@ class Writer(Quick, Family6):
             bid = p.be_ids[key]
             self._zero_stats(abi.MAP_BE_STATS, bid)
             self._zero_stats(abi.MAP_NEXTHOP, bid)
+            self._zero_stats(abi.MAP_HOP6, bid)  # IPv6 DSR's way out (encap6.h)
             self._zero_stats(abi.MAP_INFLIGHT, bid)  # an id used before: its count starts over
             probe = self.t[abi.MAP_BE_PROBE]
             v = probe.Leaf()
@@ -183,6 +184,7 @@ class Writer(Quick, Family6):
             probe[probe.Key(bid)] = v
         for bid in p.moved_backends:
             self._zero_stats(abi.MAP_NEXTHOP, bid)
+            self._zero_stats(abi.MAP_HOP6, bid)
         for hid in p.new_health:
             t = self.t[abi.MAP_HEALTH]
             t[t.Key(hid)] = t.Leaf()  # down until it proves itself

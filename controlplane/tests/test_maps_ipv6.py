@@ -178,3 +178,22 @@ def test_heartbeats_of_ipv6_backends_register_in_edge_hb6_and_read_back(mem):
     maps.apply(config(hb4))
     assert hb_entries(mem, abi.MAP_HB6) == {}
     assert len(hb_entries(mem, abi.MAP_HB)) == 1
+
+
+def test_a_new_backend_on_a_reused_id_finds_no_cached_ipv6_dsr_hop(mem):
+    """edge_hop6 caches the way to an IPv6 DSR backend by id (encap6.h) for a minute; a backend
+    that replaces another on the same id must not be sent to the old one's interface and MACs:
+    apply zeroes its entry, as edge_nexthop's (it kept the old entry before)."""
+    maps = mem.maps()
+    dsr = {"forwarding": "dsr", "port": 8000}
+    maps.apply(config(V4, v6(backends=("2001:2:0:1::10",), **dsr)))
+    _, bids = maps.ids("chat6")
+    hop6 = mem.tables[abi.MAP_HOP6]
+    stale = hop6.Leaf()
+    for cpu in range(len(stale)):
+        stale[cpu].ifindex, stale[cpu].expires = 7, 1 << 40
+    hop6[hop6.Key(bids["b0"])] = stale
+    maps.apply(config(V4, v6(backends=("2001:2:0:1::20",), **dsr)))  # b0 is a new backend now
+    _, after = maps.ids("chat6")
+    assert after["b0"] == bids["b0"]  # the same id, reused
+    assert {int(v.ifindex) for v in hop6[hop6.Key(after["b0"])]} == {0}
