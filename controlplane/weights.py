@@ -37,6 +37,7 @@ class Tracker:
 
     recent: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.spike_filter RTTs
     history: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.steady_window RTTs
+    before: deque = field(default_factory=deque)  # history as it was before the last slowdown jump
     rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
     rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
     fails: int = 0  # failed probes in a row
@@ -78,11 +79,13 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
         if tr.history.maxlen != w.steady_window:
             tr.history = deque(tr.history, maxlen=w.steady_window)
         tr.recent.append(x)
-        if _jumped(tr, w):
-            tr.history.clear()
-            tr.history.extend(tr.recent)
+        jump = _jumped(tr, w)
+        if jump:
+            _restart(tr, jump, w)
         else:
             tr.history.append(x)
+            if len(tr.history) > w.steady_window // 2:
+                tr.before.clear()  # the new level fills half the window: it is the steady one now
         _smooth(tr, _lower_median(tr.recent), s.t_ns, w)
     if s.ok:
         tr.oks, tr.fails = tr.oks + 1, 0
@@ -113,18 +116,38 @@ def _lower_median(xs: Iterable[float]) -> float:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def _jumped(tr: Tracker, w: config.Weights) -> bool:
-    """Whether the newest spike_filter samples (tr.recent) are a jump off tr.history: their
-    lower median more than jump_pct above the window's fastest sample while they agree
-    (the slowest within sqrt(1 + jump_pct %) of it), or sqrt(1 + jump_pct %) below the
-    window's steady RTT. Noise only ever adds delay, so a slowdown must clear the fastest
-    and agree with itself, while a speedup is evidence already."""
+def _jumped(tr: Tracker, w: config.Weights) -> str:
+    """Whether the newest spike_filter samples (tr.recent) are a jump off tr.history: "up" when
+    their lower median is more than jump_pct above the window's fastest sample while they agree
+    (the slowest within sqrt(1 + jump_pct %) of it), "down" when it is sqrt(1 + jump_pct %) below
+    the window's steady RTT, else "". Noise only ever adds delay, so a slowdown must clear the
+    fastest and agree with itself, while a speedup is evidence already."""
     if w.jump_pct == 0 or not tr.history:
-        return False
+        return ""
     band = 1 + w.jump_pct / 100
     now = _lower_median(tr.recent)
-    up = now > min(tr.history) * band and max(tr.recent) <= now * math.sqrt(band)
-    return up or now * math.sqrt(band) < _steady(tr.history)
+    if now > min(tr.history) * band and max(tr.recent) <= now * math.sqrt(band):
+        return "up"
+    return "down" if now * math.sqrt(band) < _steady(tr.history) else ""
+
+
+def _restart(tr: Tracker, jump: str, w: config.Weights) -> None:
+    """Restart the steady window at a jump from the jump's samples that agree with its level
+    (within sqrt(1 + jump_pct %) of their lower median; a speedup's recent samples still hold
+    the slow level it left). A speedup back to the level before the last slowdown (within
+    1 + jump_pct % of that window's steady RTT) ends a burst: the window before it comes back,
+    so a burst the jump took for a step costs two pushes, not a settling of a fresh window
+    (kept until the new level fills half the window)."""
+    root = math.sqrt(1 + w.jump_pct / 100)
+    now = _lower_median(tr.recent)
+    agree = [x for x in tr.recent if x <= now * root]
+    fresh: list = []
+    if jump == "up":
+        tr.before = tr.before or deque(tr.history)  # a burst inside a burst: the level before both
+    elif tr.before and now <= _steady(tr.before) * (1 + w.jump_pct / 100):
+        fresh, tr.before = list(tr.before), deque()
+    tr.history.clear()
+    tr.history.extend(fresh + agree)
 
 
 def probe_rtt(tr: Tracker, w: config.Weights) -> Optional[float]:
@@ -308,7 +331,11 @@ def decide(
                 window. A jump restarts the window from the last spike_filter samples at once:
                 their lower median more than jump_pct % above the window's fastest sample
                 while they agree (the slowest within sqrt(1 + jump_pct %) of it), or
-                sqrt(1 + jump_pct %) below the steady RTT (a speedup is evidence already).
+                sqrt(1 + jump_pct %) below the steady RTT (a speedup is evidence already),
+                keeping only the samples within sqrt(1 + jump_pct %) of their lower median.
+                A speedup back within 1 + jump_pct % of the steady RTT before the last slowdown,
+                while the new level fills at most half the window, brings that window back: a
+                burst the jump took for a step costs two pushes, not a fresh window settling.
                 A real 2x step jumps at its second sample; on a loaded host probe RTTs make
                 bursts of two samples at 1.5-1.75x, which do not. A backend with no RTT yet uses the
                 median RTT of the backends being computed, or, when none has one,

@@ -131,3 +131,41 @@ def test_two_sample_bursts_short_of_the_jump_move_nothing_and_a_2x_step_moves_at
         observe_sample(trackers["b0"], Sample(t_ns=t + i * 100 * MS, ok=True, rtt_s=0.00534 * 1.9), svc.weights, PROBE)
     d = decide(svc, trackers, pushed, t + 100 * MS)
     assert d.push and d.weights["b0"] < 0.85 * before, (before, d.weights)
+
+
+def test_a_burst_taken_for_a_step_costs_two_pushes_however_it_ends():
+    """Slow spells of probe RTTs recorded in the lab (tools/bench-churn record, load average 4-11):
+    two samples at 2-4x that agree, as a real step's do, so the jump moves the weight at the
+    second; then, before the spell ends, a few more samples between the floor and 6x
+    (b1: 1.0, 4.16, 4.07, 1.00, 2.10, 0.99, 6.11, 1.00). Each pair of samples that looks like a
+    step costs at most two pushes (the jump, and the return to the window from before it), not a
+    settling of a window restarted from the spell's own samples (3-6 pushes a spell before)."""
+    svc = service(3)
+    rng = random.Random(11)
+    base = 0.0055
+    spells = {n: {} for n in ("b0", "b1", "b2")}
+    for j, n in enumerate(spells):
+        k = 40 + 20 * j
+        while k < 1150:
+            level = rng.uniform(2.0, 4.0)
+            tail = [rng.choice((rng.uniform(1.0, 1.3), rng.uniform(1.9, 6.0))) for _ in range(rng.randint(2, 5))]
+            for i, f in enumerate([level, level * rng.uniform(0.9, 1.1), *tail, 1.0]):
+                spells[n][k + i] = f
+            k += rng.randint(100, 200)
+    trackers = {n: Tracker() for n in spells}
+    pushed, pushes = None, 0
+    for k in range(1200):
+        for j, n in enumerate(trackers):
+            t = T0 + k * 100 * MS + j * 33 * MS
+            rtt = base * rng.uniform(0.99, 1.03) * spells[n].get(k, 1.0)
+            observe_sample(trackers[n], Sample(t_ns=t, ok=True, rtt_s=rtt), svc.weights, PROBE)
+            d = decide(svc, trackers, pushed, t)
+            if d.push:
+                pushed, pushes = d.weights, pushes + (k >= 20)
+
+    def steplike(a: float, b: float) -> bool:  # slow and agreeing as a step's two samples do
+        return min(a, b) >= 1.8 and max(a, b) <= 1.4 * min(a, b)
+
+    pairs = sum(1 for n in spells for k, f in spells[n].items() if steplike(f, spells[n].get(k + 1, 1.0)))
+    assert pushes <= 2 * pairs, (pushes, pairs)
+    assert max(pushed.values()) - min(pushed.values()) <= 0.1 * max(pushed.values()), pushed  # even again
