@@ -38,6 +38,8 @@ class Tracker:
     recent: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.spike_filter RTTs
     history: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.steady_window RTTs
     before: deque = field(default_factory=deque)  # history as it was before the last slowdown jump
+    recent_ns: deque = field(default_factory=lambda: deque(maxlen=1))  # times of the samples in recent
+    checks: list = field(default_factory=list)  # (t_ns, RTT) of confirmation probes since recent's oldest
     rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
     rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
     fails: int = 0  # failed probes in a row
@@ -69,16 +71,24 @@ class Decision:
 
 
 def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Probe) -> None:
-    """Feed one probe result: RTT smoothing and the fall/rise counters."""
+    """Feed one probe result: RTT smoothing and the fall/rise counters. A confirmation probe
+    (s.extra) counts for health and can only veto a slowdown jump (_jumped); the RTTs the
+    weights follow are the regular probes'."""
     x = s.rtt_s if s.ok else probe.timeout_ms / 1000
-    if x is not None:
+    if x is not None and s.extra:
+        tr.checks.append((s.t_ns, x))
+    elif x is not None:
         # the lower median of the last spike_filter samples: one stray slow sample (a busy
         # host, a GC pause) never reaches the average; a real slowdown shows in the second
         if tr.recent.maxlen != w.spike_filter:
             tr.recent = deque(tr.recent, maxlen=w.spike_filter)
         if tr.history.maxlen != w.steady_window:
             tr.history = deque(tr.history, maxlen=w.steady_window)
+        if tr.recent_ns.maxlen != w.spike_filter:
+            tr.recent_ns = deque(tr.recent_ns, maxlen=w.spike_filter)
         tr.recent.append(x)
+        tr.recent_ns.append(s.t_ns)
+        tr.checks = [c for c in tr.checks if c[0] >= tr.recent_ns[0]]
         jump = _jumped(tr, w)
         if jump:
             _restart(tr, jump, w)
@@ -98,14 +108,25 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
             tr.down, tr.ramp_since_ns = True, None
 
 
+def confirm_due(tr: Tracker, s: Sample, w: config.Weights) -> bool:
+    """Whether a probe result that observe_sample() just fed to tr deserves a second look (a
+    confirmation probe, Prober.confirm) before the next regular one: under latency_inverse with
+    jump_pct, a good probe more than jump_pct % slower than the window's fastest that did not
+    jump. Host noise comes in spells shorter than a probe interval that a second look finds
+    fast again; a real step does not (_jumped)."""
+    if w.policy == "static" or w.jump_pct == 0 or not s.ok or s.rtt_s is None or not tr.history:
+        return False
+    return s.rtt_s > min(tr.history) * (1 + w.jump_pct / 100)
+
+
 def sample_moves(tr: Tracker, s: Sample, was_down: bool, w: config.Weights, probe_kind: Optional[str]) -> bool:
     """Whether a probe result that observe_sample() just fed to tr can change what decide()
     says, so that a decision is due at once: under the static policy when it took the backend
     down or brought it back up (fall, rise); otherwise unless
     it passed, the backend was and stays up, and the RTT the policy weighs is the wire's alone
     (rtt_input: a fresh wire signal with a tcp probe), which the probe's RTT does not move."""
-    if w.policy == "static":
-        return was_down != tr.down  # only health moves a static weight
+    if w.policy == "static" or (s.extra and s.ok):
+        return was_down != tr.down  # only health moves a static weight, or a confirmation's pass
     if not s.ok or was_down or tr.down:
         return True
     return tr.wire_rtt_s is None or probe_kind not in (None, "tcp")
@@ -119,14 +140,21 @@ def _lower_median(xs: Iterable[float]) -> float:
 def _jumped(tr: Tracker, w: config.Weights) -> str:
     """Whether the newest spike_filter samples (tr.recent) are a jump off tr.history: "up" when
     their lower median is more than jump_pct above the window's fastest sample while they agree
-    (the slowest within sqrt(1 + jump_pct %) of it), "down" when it is sqrt(1 + jump_pct %) below
-    the window's steady RTT, else "". Noise only ever adds delay, so a slowdown must clear the
-    fastest and agree with itself, while a speedup is evidence already."""
+    (the slowest within sqrt(1 + jump_pct %) of it), and so do the confirmation probes taken
+    since the oldest of them (tr.checks, each within that factor of the lower median either
+    way); "down" when it is sqrt(1 + jump_pct %) below the window's steady RTT, else "". Noise
+    only ever adds delay, so a slowdown must clear the fastest and agree with itself, while a
+    speedup is evidence already."""
     if w.jump_pct == 0 or not tr.history:
         return ""
     band = 1 + w.jump_pct / 100
     now = _lower_median(tr.recent)
-    if now > min(tr.history) * band and max(tr.recent) <= now * math.sqrt(band):
+    root = math.sqrt(band)
+    if (
+        now > min(tr.history) * band
+        and max(tr.recent) <= now * root
+        and all(now / root <= x <= now * root for _, x in tr.checks)
+    ):
         return "up"
     return "down" if now * math.sqrt(band) < _steady(tr.history) else ""
 

@@ -9,7 +9,7 @@ from ipaddress import IPv4Address
 
 from controlplane.config import Backend, Health, Probe, Service, Weights
 from controlplane.samples import Sample
-from controlplane.weights import Tracker, decide, observe_sample
+from controlplane.weights import Tracker, confirm_due, decide, observe_sample
 
 MS = 1_000_000
 T0 = 10**12
@@ -169,3 +169,46 @@ def test_a_burst_taken_for_a_step_costs_two_pushes_however_it_ends():
     pairs = sum(1 for n in spells for k, f in spells[n].items() if steplike(f, spells[n].get(k + 1, 1.0)))
     assert pushes <= 2 * pairs, (pushes, pairs)
     assert max(pushed.values()) - min(pushed.values()) <= 0.1 * max(pushed.values()), pushed  # even again
+
+
+def test_a_confirmation_probe_found_fast_vetoes_the_jump_and_a_real_steps_agree():
+    """Probe RTTs of the lab at 20 ms (tools/bench-churn): inside a spell of host noise a probe
+    20-40 ms after a slow one is often back at the floor (b1: 3.94, 1.30, 3.15, 3.91, 0.98),
+    while after a real step every probe agrees (10.4, 10.6, 10.4, 10.5 ms). A slow probe asks
+    for a confirmation (confirm_due); two slow regular probes whose confirmation came back fast
+    are no jump, and a 2x step whose confirmation agrees still moves at its second probe."""
+    svc = service(3)
+    w = svc.weights
+    trackers = {n: Tracker() for n in ("b0", "b1", "b2")}
+    pushed, t = None, T0
+    for k in range(60):
+        for j, n in enumerate(trackers):
+            s = Sample(t_ns=t + k * 100 * MS + j * 33 * MS, ok=True, rtt_s=0.0055 * (1 + 0.01 * (k % 3)))
+            observe_sample(trackers[n], s, w, PROBE)
+            pushed = decide(svc, trackers, pushed, s.t_ns).weights
+    before, t = pushed["b0"], t + 60 * 100 * MS
+    tr = trackers["b0"]
+
+    def probe(dt_ms: int, factor: float, extra: bool = False):
+        s = Sample(t_ns=t + dt_ms * MS, ok=True, rtt_s=0.0055 * factor, extra=extra)
+        observe_sample(tr, s, w, PROBE)
+        return s, decide(svc, trackers, pushed, s.t_ns)
+
+    s, d = probe(0, 2.2)
+    assert confirm_due(tr, s, w) and not d.push  # slow: a second look
+    s, d = probe(33, 1.02, extra=True)  # found fast: noise
+    assert not confirm_due(tr, s, w) and not d.push
+    s, d = probe(100, 2.1)  # two slow regular probes that agree, as on main's jump
+    assert not d.push, d.weights
+
+    for k in range(2, 10):
+        probe(100 * k, 1.0)
+    t += 1000 * MS  # b0 2x from here, every probe agreeing
+    s, d = probe(0, 2.0)
+    assert confirm_due(tr, s, w) and not d.push
+    s, d = probe(33, 2.05, extra=True)
+    assert confirm_due(tr, s, w) and not d.push
+    s, d = probe(67, 1.95, extra=True)
+    s, d = probe(100, 2.02)
+    assert d.push and d.weights["b0"] < 0.85 * before, (before, d.weights)
+    assert not confirm_due(tr, probe(200, 2.0)[0], w)  # the new level: nothing to confirm
