@@ -140,9 +140,10 @@ def _lower_median(xs: Iterable[float]) -> float:
 def _jumped(tr: Tracker, w: config.Weights) -> str:
     """Whether the newest spike_filter samples (tr.recent) are a jump off tr.history: "up" when
     their lower median is more than jump_pct above the window's fastest sample while they agree
-    (the slowest within sqrt(1 + jump_pct %) of it), and so do the confirmation probes taken
-    since the oldest of them (tr.checks, each within that factor of the lower median either
-    way); "down" when it is sqrt(1 + jump_pct %) below the window's steady RTT, else "". Noise
+    (the slowest within sqrt(1 + jump_pct %) of it), and no confirmation probe taken since the
+    oldest of them (tr.checks) came back more than that factor faster than their lower median
+    (noise only adds delay: a fast second look disproves the level, a slower one is noise on
+    top of it); "down" when it is sqrt(1 + jump_pct %) below the window's steady RTT, else "". Noise
     only ever adds delay, so a slowdown must clear the fastest and agree with itself, while a
     speedup is evidence already."""
     if w.jump_pct == 0 or not tr.history:
@@ -150,11 +151,7 @@ def _jumped(tr: Tracker, w: config.Weights) -> str:
     band = 1 + w.jump_pct / 100
     now = _lower_median(tr.recent)
     root = math.sqrt(band)
-    if (
-        now > min(tr.history) * band
-        and max(tr.recent) <= now * root
-        and all(now / root <= x <= now * root for _, x in tr.checks)
-    ):
+    if now > min(tr.history) * band and max(tr.recent) <= now * root and all(x >= now / root for _, x in tr.checks):
         return "up"
     return "down" if now * math.sqrt(band) < _steady(tr.history) else ""
 
@@ -433,6 +430,13 @@ def decide(
     if forced and pushed is not None:
         judged = {**pushed, **{n: computed[n] for n in forced}}
     push = _push_due(computed, judged, w)
+    if (
+        push
+        and judged is not None
+        and not _health_moved(computed, judged)
+        and _stalled(service, trackers, computed, now_ns)
+    ):
+        push = False  # the host stalls: a change of RTTs waits until its probes are fast again
     weights = {**(computed if push or judged is None else judged), **forced}
     push = (push or any(pushed is None or pushed.get(n) != v for n, v in forced.items())) and weights != pushed
     return Decision(
@@ -442,6 +446,33 @@ def decide(
         reasons=reasons,
         push=push,
     )
+
+
+def _stalled(service: config.Service, trackers: dict[str, Tracker], computed: dict[str, int], now_ns: int) -> bool:
+    """Whether the host stalls: of the two or more backends with weight whose newest regular probe
+    came within two probe intervals, at least half found more than jump_pct % slower than their
+    window's fastest (or the level before their last slowdown). Host noise slows every backend
+    probed in the same moment; a real step slows one."""
+    w, health = service.weights, service.health
+    if w.jump_pct == 0 or health is None or health.probe is None:
+        return False
+    band, fresh_ns = 1 + w.jump_pct / 100, 2 * health.probe.interval_ms * _NS_PER_MS
+    live = [
+        tr
+        for n, v in computed.items()
+        if v > 0
+        and (tr := trackers.get(n)) is not None
+        and tr.history
+        and tr.recent_ns
+        and now_ns - tr.recent_ns[-1] <= fresh_ns
+    ]
+    slow = sum(1 for tr in live if tr.recent[-1] > min(tr.before or tr.history) * band)
+    return len(live) >= 2 and 2 * slow >= len(live)
+
+
+def _health_moved(computed: dict[str, int], pushed: dict[str, int]) -> bool:
+    """Backends came or went, or a weight crossed between 0 and non-zero."""
+    return set(computed) != set(pushed) or any((computed[n] == 0) != (pushed[n] == 0) for n in computed)
 
 
 def _fail_open(service: config.Service, trs: dict[str, Tracker]) -> bool:

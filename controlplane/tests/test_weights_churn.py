@@ -212,3 +212,31 @@ def test_a_confirmation_probe_found_fast_vetoes_the_jump_and_a_real_steps_agree(
     s, d = probe(100, 2.02)
     assert d.push and d.weights["b0"] < 0.85 * before, (before, d.weights)
     assert not confirm_due(tr, probe(200, 2.0)[0], w)  # the new level: nothing to confirm
+
+
+def test_host_stalls_that_slow_every_backend_at_once_push_only_at_their_end():
+    """A loaded host stalls the prober or every server at once (recorded in the lab at load
+    average 10: b0 12.8, 2.5, 5.9; b1 8.9, 4.6, 2.9; b2 8.6, 2.2, 12.8 in the same 300 ms). Each
+    backend's jump comes at its own probe, so the weights swing one backend at a time (before:
+    6-7 pushes a stall). While at least half of the backends' newest probes are slow, an RTT
+    change waits: what is left is the backend probed last, alone slow for one probe after the
+    others came back, which looks like a lone step (two pushes a stall). A lone backend's real
+    2x step is not a stall and moves at its second probe (the tests above)."""
+    svc = service(3)
+    rng = random.Random(5)
+    stalls, n_stalls = set(), 0
+    k = 40
+    while k < 1150:
+        stalls |= set(range(k, k + rng.randint(2, 4)))
+        k, n_stalls = k + rng.randint(60, 150), n_stalls + 1
+    trackers = {n: Tracker() for n in ("b0", "b1", "b2")}
+    pushed, pushes = None, 0
+    for k in range(1200):
+        for j, n in enumerate(trackers):
+            t = T0 + k * 100 * MS + j * 33 * MS
+            f = rng.uniform(2.0, 4.0) if k in stalls else rng.uniform(0.99, 1.03)
+            observe_sample(trackers[n], Sample(t_ns=t, ok=True, rtt_s=0.0055 * f), svc.weights, PROBE)
+            d = decide(svc, trackers, pushed, t)
+            if d.push:
+                pushed, pushes = d.weights, pushes + (k >= 20)
+    assert pushes <= 2 * n_stalls, (pushes, n_stalls)
