@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
-from controlplane import config, limits
+from controlplane import config, limits, steadyrtt
 from controlplane.samples import Load, Sample
 
 SCALE = 10_000  # weight of the best backend of an idle service
@@ -72,7 +72,7 @@ class Decision:
 
 def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Probe) -> None:
     """Feed one probe result: RTT smoothing and the fall/rise counters. A confirmation probe
-    (s.extra) counts for health and can only veto a slowdown jump (_jumped); the RTTs the
+    (s.extra) counts for health and can only veto a slowdown jump (steadyrtt.jumped); the RTTs the
     weights follow are the regular probes'."""
     x = s.rtt_s if s.ok else probe.timeout_ms / 1000
     if x is not None and s.extra:
@@ -89,14 +89,14 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
         tr.recent.append(x)
         tr.recent_ns.append(s.t_ns)
         tr.checks = [c for c in tr.checks if c[0] >= tr.recent_ns[0]]
-        jump = _jumped(tr, w)
+        jump = steadyrtt.jumped(tr, w)
         if jump:
-            _restart(tr, jump, w)
+            steadyrtt.restart(tr, jump, w)
         else:
             tr.history.append(x)
             if len(tr.history) > w.steady_window // 2:
                 tr.before.clear()  # the new level fills half the window: it is the steady one now
-        _smooth(tr, _lower_median(tr.recent), s.t_ns, w)
+        _smooth(tr, steadyrtt.lower_median(tr.recent), s.t_ns, w)
     if s.ok:
         tr.oks, tr.fails = tr.oks + 1, 0
         if tr.down and tr.oks >= probe.rise:
@@ -113,10 +113,10 @@ def confirm_due(tr: Tracker, s: Sample, w: config.Weights) -> bool:
     confirmation probe, Prober.confirm) before the next regular one: under latency_inverse with
     jump_pct, a good probe more than jump_pct % slower than the window's fastest that did not
     jump. Host noise comes in spells shorter than a probe interval that a second look finds
-    fast again; a real step does not (_jumped)."""
-    if w.policy == "static" or w.jump_pct == 0 or not s.ok or s.rtt_s is None or not tr.history:
+    fast again; a real step does not (steadyrtt.jumped)."""
+    if w.policy == "static" or w.jump_pct == 0 or not s.ok or s.rtt_s is None:
         return False
-    return s.rtt_s > min(tr.history) * (1 + w.jump_pct / 100)
+    return steadyrtt.slow(tr, s.rtt_s, w)
 
 
 def sample_moves(tr: Tracker, s: Sample, was_down: bool, w: config.Weights, probe_kind: Optional[str]) -> bool:
@@ -132,64 +132,13 @@ def sample_moves(tr: Tracker, s: Sample, was_down: bool, w: config.Weights, prob
     return tr.wire_rtt_s is None or probe_kind not in (None, "tcp")
 
 
-def _lower_median(xs: Iterable[float]) -> float:
-    ordered = sorted(xs)
-    return ordered[(len(ordered) - 1) // 2]
-
-
-def _jumped(tr: Tracker, w: config.Weights) -> str:
-    """Whether the newest spike_filter samples (tr.recent) are a jump off tr.history: "up" when
-    their lower median is more than jump_pct above the window's fastest sample while they agree
-    (the slowest within sqrt(1 + jump_pct %) of it), and no confirmation probe taken since the
-    oldest of them (tr.checks) came back more than that factor faster than their lower median
-    (noise only adds delay: a fast second look disproves the level, a slower one is noise on
-    top of it); "down" when it is sqrt(1 + jump_pct %) below the window's steady RTT, else "". Noise
-    only ever adds delay, so a slowdown must clear the fastest and agree with itself, while a
-    speedup is evidence already."""
-    if w.jump_pct == 0 or not tr.history:
-        return ""
-    band = 1 + w.jump_pct / 100
-    now = _lower_median(tr.recent)
-    root = math.sqrt(band)
-    if now > min(tr.history) * band and max(tr.recent) <= now * root and all(x >= now / root for _, x in tr.checks):
-        return "up"
-    return "down" if now * math.sqrt(band) < _steady(tr.history) else ""
-
-
-def _restart(tr: Tracker, jump: str, w: config.Weights) -> None:
-    """Restart the steady window at a jump from the jump's samples that agree with its level
-    (within sqrt(1 + jump_pct %) of their lower median; a speedup's recent samples still hold
-    the slow level it left). A speedup back to the level before the last slowdown (within
-    1 + jump_pct % of that window's steady RTT) ends a burst: the window before it comes back,
-    so a burst the jump took for a step costs two pushes, not a settling of a fresh window
-    (kept until the new level fills half the window)."""
-    root = math.sqrt(1 + w.jump_pct / 100)
-    now = _lower_median(tr.recent)
-    agree = [x for x in tr.recent if x <= now * root]
-    fresh: list = []
-    if jump == "up":
-        tr.before = tr.before or deque(tr.history)  # a burst inside a burst: the level before both
-    elif tr.before and now <= _steady(tr.before) * (1 + w.jump_pct / 100):
-        fresh, tr.before = list(tr.before), deque()
-    tr.history.clear()
-    tr.history.extend(fresh + agree)
-
-
 def probe_rtt(tr: Tracker, w: config.Weights) -> Optional[float]:
-    """The probes' RTT the policy weighs: with jump_pct, the steady RTT (_steady) of the
-    backend's window of samples, which a jump (_jumped) restarts from the jump's samples;
+    """The probes' RTT the policy weighs: with jump_pct, the steady RTT (steadyrtt.steady) of the
+    backend's window of samples, which a jump (steadyrtt.jumped) restarts from the jump's samples;
     with jump_pct 0, the smoothed RTT (tr.rtt_s). None before the first sample."""
     if w.jump_pct == 0 or not tr.history:
         return tr.rtt_s
-    return _steady(tr.history)
-
-
-def _steady(xs: Iterable[float]) -> float:
-    """The mean of the faster half of xs (up to their lower median): the slow half holds
-    the noise, which only ever adds delay."""
-    ordered = sorted(xs)
-    half = ordered[: (len(ordered) - 1) // 2 + 1]
-    return sum(half) / len(half)
+    return steadyrtt.steady(tr.history)
 
 
 def _smooth(tr: Tracker, x: float, t_ns: int, w: config.Weights) -> None:
@@ -361,6 +310,10 @@ def decide(
                 A speedup back within 1 + jump_pct % of the steady RTT before the last slowdown,
                 while the new level fills at most half the window, brings that window back: a
                 burst the jump took for a step costs two pushes, not a fresh window settling.
+                A good probe more than jump_pct % over the window's fastest asks for a
+                confirmation probe (confirm_due; edged's prober takes it a third of an
+                interval later): a slowdown jump also needs no confirmation since the oldest
+                of its samples to be sqrt(1 + jump_pct %) faster than their lower median.
                 A real 2x step jumps at its second sample; on a loaded host probe RTTs make
                 bursts of two samples at 1.5-1.75x, which do not. A backend with no RTT yet uses the
                 median RTT of the backends being computed, or, when none has one,
@@ -411,6 +364,10 @@ def decide(
                   |weight_b - pushed_b| > hysteresis_pct% of max(pushed_b, max(pushed) / max_ratio)
                 (relative to its own weight, but weights near the floor don't churn: the
                 threshold never drops below that of the smallest weight the bounds allow).
+                A host stall holds such a push (not one for health or new backends): at least
+                half of two or more weighted backends whose newest regular probe is at most two
+                intervals old found it more than jump_pct % over their window's fastest (or the
+                level before their last slowdown; steadyrtt.stalled).
                 When no push is due, Decision.weights is pushed unchanged.
 
     operator    forced (see forced(): 0 for a drain or a backend a reload removed, else the
@@ -434,7 +391,7 @@ def decide(
         push
         and judged is not None
         and not _health_moved(computed, judged)
-        and _stalled(service, trackers, computed, now_ns)
+        and steadyrtt.stalled(service, trackers, computed, now_ns)
     ):
         push = False  # the host stalls: a change of RTTs waits until its probes are fast again
     weights = {**(computed if push or judged is None else judged), **forced}
@@ -446,28 +403,6 @@ def decide(
         reasons=reasons,
         push=push,
     )
-
-
-def _stalled(service: config.Service, trackers: dict[str, Tracker], computed: dict[str, int], now_ns: int) -> bool:
-    """Whether the host stalls: of the two or more backends with weight whose newest regular probe
-    came within two probe intervals, at least half found more than jump_pct % slower than their
-    window's fastest (or the level before their last slowdown). Host noise slows every backend
-    probed in the same moment; a real step slows one."""
-    w, health = service.weights, service.health
-    if w.jump_pct == 0 or health is None or health.probe is None:
-        return False
-    band, fresh_ns = 1 + w.jump_pct / 100, 2 * health.probe.interval_ms * _NS_PER_MS
-    live = [
-        tr
-        for n, v in computed.items()
-        if v > 0
-        and (tr := trackers.get(n)) is not None
-        and tr.history
-        and tr.recent_ns
-        and now_ns - tr.recent_ns[-1] <= fresh_ns
-    ]
-    slow = sum(1 for tr in live if tr.recent[-1] > min(tr.before or tr.history) * band)
-    return len(live) >= 2 and 2 * slow >= len(live)
 
 
 def _health_moved(computed: dict[str, int], pushed: dict[str, int]) -> bool:
