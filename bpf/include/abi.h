@@ -14,7 +14,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 19
+#define EDGE_ABI_VERSION 20
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -399,6 +399,20 @@ struct rnat_info6 {
 	__u32 vip_id;
 };
 
+/* Value of edge_reply_hop6 (per CPU, EDGE_REPLY_HOP_SLOTS slots), IPv6's
+ * edge_reply_hop: the bpf_fib_lookup result of a reply from a VIP to a
+ * client, tagged with both whole addresses (hop6.h). */
+struct reply_hop6 {
+	__u64 expires; /* bpf_jiffies64() from which on it is looked up again */
+	struct addr6 client;
+	struct addr6 vip;
+	__u32 ifindex;
+	__u8 smac[6];
+	__u8 dmac[6];
+	__u32 mtu; /* of ifindex: a longer non-GSO reply is looked up again */
+	__u32 pad;
+};
+
 /* node_info.flags */
 #define EDGE_NODE_F_NO_ECHO 0x1 /* node.answer_ping off: echo requests to a VIP go to the stack */
 
@@ -476,5 +490,6 @@ _Static_assert(sizeof(struct vip_key6) == 20, "abi: vip_key6");
 _Static_assert(sizeof(struct flow_key6) == 40, "abi: flow_key6");
 _Static_assert(sizeof(struct backend_key6) == 20, "abi: backend_key6");
 _Static_assert(sizeof(struct rnat_info6) == 28, "abi: rnat_info6");
+_Static_assert(sizeof(struct reply_hop6) == 64, "abi: reply_hop6");
 
 #endif /* EDGE_ABI_H */

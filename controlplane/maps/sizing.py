@@ -96,6 +96,7 @@ SHAPES: dict[str, Shape] = {
     abi.MAP_BACKENDS6: Shape("array", 4, 16, _backends),
     abi.MAP_CT6: Shape("lru_hash", 40, 24, lambda n: ct6_size(n.ct_size)),
     abi.MAP_RNAT6: Shape("hash", 20, 28, _backends),
+    abi.MAP_REPLY_HOP6: Shape("percpu_array", 4, 64, _const(abi.REPLY_HOP_SLOTS)),
 }
 
 
