@@ -22,8 +22,6 @@
 #define EDGE_ICMP     (-2) /* parse_packet: an ICMP packet for icmp_ingress (icmp.h) */
 #define EDGE_IPV6     (-3) /* parse_packet: an IPv6 packet for edge_ingress6 (ingress6.h) */
 
-#include "include/ingress6.h"
-
 /* Verdict for a packet the fast path cannot take (IPv4 options, fragment,
  * L4 header cut short): dropped with its reason when it is for a VIP
  * address, else left to the stack. */
@@ -315,6 +313,9 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 		return count_drop(vip->id, EDGE_DROP_MALFORMED);
 	return forward(ctx, &pkt, vip->id, bid);
 }
+
+/* after health_now, which its established-flow shortcut reads */
+#include "include/ingress6.h"
 
 int edge_ingress(struct xdp_md *ctx)
 {

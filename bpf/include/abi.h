@@ -74,6 +74,11 @@ struct backend_info {
 
 /* Value of edge_svc_cfg, indexed by VIP id: what the data path needs to
  * judge health for this service, and its backends for the fallback scan. */
+/* An IPv6 address, network byte order (IPv6's maps below; service_cfg). */
+struct addr6 {
+	__be32 w[4];
+};
+
 struct service_cfg {
 	__u64 hb_timeout_ns;		      /* heartbeat silence that makes a backend down */
 	__u64 syn_timeout_ns;		      /* passive: a SYN unanswered this long is a failure */
@@ -94,6 +99,10 @@ struct service_cfg {
 	__be16 vip_port; /* network byte order */
 	__u8 vip_proto;
 	__u8 pad;
+	/* an IPv6 service's VIP address (its vip_addr stays 0), named and
+	 * cleared with vip_port and vip_proto as above: ingress6.h's
+	 * established6 takes a conntrack hit to it without edge_vips6 */
+	struct addr6 vip_addr6;
 };
 
 /* service_cfg.flags */
@@ -358,12 +367,8 @@ struct node_info {
  * address, so IPv4's entries stay as small as they were; VIP ids, backend ids,
  * the Maglev tables, health, stats and the other per-id arrays are shared.
  * An IPv6 backend's edge_backends entry has addr 0 and its address in
- * edge_backends6; an IPv6 service's service_cfg has no VIP key (vip_addr 0):
- * its established flows take the full path. Addresses in network order. */
-struct addr6 {
-	__be32 w[4];
-};
-
+ * edge_backends6; an IPv6 service's service_cfg names its VIP key in
+ * vip_addr6, vip_port and vip_proto (vip_addr 0). Addresses in network order. */
 /* Key of edge_vips6 (value: struct vip_info). */
 struct vip_key6 {
 	struct addr6 addr;
@@ -475,7 +480,7 @@ _Static_assert(sizeof(struct reply_hop) == 40, "abi: reply_hop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
 _Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");
 _Static_assert(sizeof(struct direct_key) == 12, "abi: direct_key");
-_Static_assert(sizeof(struct service_cfg) == 4152, "abi: service_cfg");
+_Static_assert(sizeof(struct service_cfg) == 4168, "abi: service_cfg");
 _Static_assert(sizeof(struct maglev_slots) == 8, "abi: maglev_slots");
 _Static_assert(sizeof(struct backend_health) == 64, "abi: backend_health");
 _Static_assert(sizeof(struct hb_key) == 8, "abi: hb_key");
