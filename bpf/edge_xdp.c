@@ -73,30 +73,8 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 	l4_len = pkt->l3_len - sizeof(*iph);
 	pkt->flow.src = iph->saddr;
 	pkt->flow.dst = iph->daddr;
-
-	if (proto == IPPROTO_TCP) {
-		struct tcphdr *th;
-
-		if (parse_tcp(&nh, data_end, l4_len, &th) < 0)
-			return unusual(iph, EDGE_DROP_MALFORMED);
-		/* verifier: constants, so later branches on proto are tracked */
-		pkt->flow.proto = IPPROTO_TCP;
-		pkt->flow.sport = th->source;
-		pkt->flow.dport = th->dest;
-		pkt->syn = th->syn && !(th->ack | th->rst | th->fin);
-		pkt->seq = th->seq;
-		pkt->ack_seq = th->ack_seq;
-		pkt->end = th->fin | th->rst;
-		pkt->tcp_hlen = th->doff * 4;
-	} else {
-		struct udphdr *uh;
-
-		if (parse_udp(&nh, data_end, l4_len, &uh) < 0)
-			return unusual(iph, EDGE_DROP_MALFORMED);
-		pkt->flow.proto = IPPROTO_UDP;
-		pkt->flow.sport = uh->source;
-		pkt->flow.dport = uh->dest;
-	}
+	if (parse_l4(&nh, data_end, l4_len, proto, pkt) < 0) /* flow.h */
+		return unusual(iph, EDGE_DROP_MALFORMED);
 	return EDGE_CONTINUE;
 }
 

@@ -109,33 +109,13 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 	pkt->l3_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
 	__builtin_memcpy(&p6->key.src, &ip6->saddr, sizeof(struct addr6));
 	__builtin_memcpy(&p6->key.dst, &ip6->daddr, sizeof(struct addr6));
-	if (next == IPPROTO_TCP) {
-		struct tcphdr *th;
-
-		if (parse_tcp(&nh, data_end, l4_len, &th) < 0)
-			return unusual6(ip6, EDGE_DROP_MALFORMED);
-		p6->key.proto = IPPROTO_TCP;
-		p6->key.sport = th->source;
-		p6->key.dport = th->dest;
-		pkt->syn = th->syn && !(th->ack | th->rst | th->fin);
-		pkt->seq = th->seq;
-		pkt->ack_seq = th->ack_seq;
-		pkt->end = th->fin | th->rst;
-		pkt->tcp_hlen = th->doff * 4;
-	} else {
-		struct udphdr *uh;
-
-		if (parse_udp(&nh, data_end, l4_len, &uh) < 0)
-			return unusual6(ip6, EDGE_DROP_MALFORMED);
-		p6->key.proto = IPPROTO_UDP;
-		p6->key.sport = uh->source;
-		p6->key.dport = uh->dest;
-	}
+	if (parse_l4(&nh, data_end, l4_len, next, pkt) < 0) /* flow.h, as IPv4's */
+		return unusual6(ip6, EDGE_DROP_MALFORMED);
+	p6->key.sport = pkt->flow.sport;
+	p6->key.dport = pkt->flow.dport;
+	p6->key.proto = pkt->flow.proto;
 	pkt->flow.src = fold6(&p6->key.src);
 	pkt->flow.dst = fold6(&p6->key.dst);
-	pkt->flow.sport = p6->key.sport;
-	pkt->flow.dport = p6->key.dport;
-	pkt->flow.proto = p6->key.proto;
 	return EDGE_CONTINUE;
 }
 
