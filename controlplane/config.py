@@ -305,7 +305,11 @@ class ApiTls:
 class BgpPeer:
     """One BGP neighbour of this node (usually the upstream router or a route reflector)."""
 
-    address: IPv4Address = option("the neighbour's IPv4 address, on a directly connected network", _ipv4("peers"))
+    address: IPv4Address | IPv6Address = option(
+        "the neighbour's IPv4 or global IPv6 address, on a directly connected network; the session carries "
+        "the VIPs of its family (IPv4 VIPs to IPv4 peers, IPv6 VIPs to IPv6 peers)",
+        _ip("peers"),
+    )
     remote_as: int = option("the neighbour's AS number", _int(1, 4294967295, "an AS number"))
 
 
@@ -317,7 +321,9 @@ class Bgp:
     speaker: str = option("the BGP daemon edged runs: bird (BIRD 2)", _one_of("bird"), "bird")
     local_as: int = option("this node's AS number", _int(1, 4294967295, "an AS number"), 0, required=True)
     router_id: Optional[IPv4Address] = option(
-        "BGP router id; absent: the speaker picks one of the node's addresses", _ipv4("router ids"), None
+        "BGP router id; absent: the speaker picks one of the node's IPv4 addresses (set it where there is none)",
+        _ipv4("router ids"),
+        None,
     )
     peers: tuple[BgpPeer, ...] = option(
         "the BGP neighbours the VIPs are announced to", _sections(BgpPeer), (), required=True
@@ -340,7 +346,7 @@ class Bgp:
     control_socket: str = option("the speaker's control socket (birdc -s)", _abs_path, "/run/edge/bird.ctl")
 
     def _validate(self, path: str) -> None:
-        seen: dict[IPv4Address, int] = {}
+        seen: dict[IPv4Address | IPv6Address, int] = {}
         for i, peer in enumerate(self.peers):
             if peer.address in seen:
                 raise ConfigError(f"{path}.peers[{i}].address: {peer.address} is already peers[{seen[peer.address]}]")
@@ -485,9 +491,14 @@ class Config:
             keys[service.key] = i
         node = self.node
         if node.bgp is not None:
+            families = {peer.address.version for peer in node.bgp.peers}
             for i, service in enumerate(self.services):
-                if service.vip.version == 6:
-                    raise ConfigError(f"services[{i}].vip: IPv6 VIPs are not announced over BGP yet (node.bgp is set)")
+                if service.vip.version not in families:
+                    v = service.vip.version
+                    raise ConfigError(
+                        f"services[{i}].vip: {service.vip} cannot be announced: node.bgp.peers has no IPv{v} peer "
+                        f"(a session carries the VIPs of its own family)"
+                    )
         if len(self.services) > node.max_services:
             raise ConfigError(
                 f"services: {len(self.services)} services, more than node.max_services ({node.max_services})"

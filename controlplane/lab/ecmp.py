@@ -106,9 +106,12 @@ class Fleet:
         return fleet
 
     def config(self, i: int) -> dict:
-        return self.net.edged_config(
-            i, [self.net.service("web", PORT, **self.service_extra)], self.bfd_interval_ms, self.bfd
-        )
+        """Router i's edged config: the service "web" on the VIP, and "web6" on the IPv6 VIP when the
+        fleet has IPv6."""
+        services = [self.net.service("web", PORT, **self.service_extra)]
+        if self.net.topo.ipv6:
+            services.append(self.net.service6("web6", PORT, **self.service_extra))
+        return self.net.edged_config(i, services, self.bfd_interval_ms, self.bfd)
 
     def edgectl(self, i: int, *args: str, api: bool = True):
         """`edgectl ARGS` in router i's namespace; api: add `--socket` of router i's edged."""
