@@ -119,3 +119,16 @@ def test_the_dns_source_of_an_ipv6_service_looks_up_srv_targets_by_aaaa():
     six = make_source(config({"type": "SRV"}).services[0])
     four = make_source(config({"type": "SRV"}, vip="198.18.255.1").services[0])
     assert isinstance(six, DnsSource) and (six.address_type, four.address_type) == ("AAAA", "A")
+
+
+def test_discovered_ipv6_backends_of_a_service_with_a_secret_get_derived_tokens():
+    """derive_token read every address as IPv4: an IPv6 service with token_secret_file raised
+    AddressValueError for each answer, so it never got a backend."""
+    from controlplane.discovery.cache import Cached, with_tokens
+    from controlplane.discovery.tokens import derive_token
+
+    secret = b"0123456789abcdef-secret"
+    c = Cached("chat", "dns", watched=False, secret=secret)
+    (b,) = with_tokens(c, (be6("2001:2:0:1::2"),))
+    assert b.token == derive_token(secret, "2001:2:0:1::2", 8000) != derive_token(secret, "2001:2:0:1::3", 8000)
+    assert derive_token(secret, "198.18.1.2", 8000) == derive_token(secret, IPv4Address("198.18.1.2"), 8000)
