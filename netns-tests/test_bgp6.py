@@ -7,10 +7,13 @@ routes both over every router (ECMP), and clients reach the IPv6 VIP through tha
         2001:2::2                        └─ r1                     ─┴─ sw ─┬─ b0, b1
 
 A service on the IPv6 VIP with no usable backend (both drained) withdraws that VIP only, as an
-IPv4 VIP is withdrawn; drain-node withdraws both families.
+IPv4 VIP is withdrawn; drain-node withdraws both families. Losing a router keeps IPv6 connections
+on their backends, as test_ecmp shows for IPv4.
 """
 
 from __future__ import annotations
+
+import json
 
 from controlplane.lab import fleet6
 from controlplane.lab.ecmp import PORT, Fleet
@@ -51,3 +54,20 @@ def test_ipv6_vip_is_announced_over_an_ipv6_session_and_withdrawn_without_a_usab
         assert out.returncode == 0, out.stderr
         net.wait_next_hops6({0}, 10.0)
         net.wait_next_hops({0}, 10.0)
+
+
+def test_losing_a_router_keeps_ipv6_connections_on_their_backends(record_property):
+    """As test_ecmp's IPv4 case, over the IPv6 VIP: 200 long-lived IPv6 connections spread over 3
+    routers by the upstream's ECMP; r0's link goes down and its edged and bird are killed. The
+    upstream withdraws r0 from the IPv6 route, and every connection answers again from the
+    backend it had (the routers' Maglev tables are the same; a moved flow gets an edge_ct6 entry
+    on its new router from the same pick)."""
+    with Fleet.start(FleetTopo(routers=3, backends=3, ipv6=True)) as fleet:
+        fleet.net.wait_next_hops6({0, 1, 2}, 30.0)
+        result = fleet.lose_router(0, mode="link", n_conns=200, ipv6=True)
+    record_property("router_loss6", json.dumps(result.as_dict()))
+    print(json.dumps(result.as_dict(), indent=1))
+    assert result.per_router_before[0] > 0, "r0 carried no connection: the loss would prove nothing"
+    assert sum(result.per_router_before) == 200
+    assert result.failed == []
+    assert result.kept_ratio >= 0.99, result.as_dict()
