@@ -268,3 +268,29 @@ def test_a_reload_adding_the_first_ipv6_service_loads_the_ipv6_programs_and_ipv4
     finally:
         close_all(conns)
         edged.stop()
+
+
+def test_an_operator_drain_of_an_ipv6_backend_keeps_its_connections_and_takes_no_new_flows(net, router, tmp_path):
+    """Under edged, `edgectl drain web6 b1`: 30 IPv6 connections opened before keep their backends
+    (b1's too), 150 new IPv6 flows avoid b1; `undrain` gives b1 new flows again."""
+    sock = str(tmp_path / "edged.sock")
+    doc = router.config([service6(router, net)], node={"api_socket": sock})
+    edged = EdgedProc.start(net.router, doc, router.iface)
+    conns = []
+    try:
+        edged.wait_for(lambda e: e["kind"] == "api", 30.0, "edged to serve its API")
+        conns = open_connections(net.client, net.topo.vip6, PORT, 30)
+        before = [c.request().backend for c in conns]
+        assert set(before) == ALL
+        done = router.edgectl("drain", "web6", "b1", "--socket", sock)
+        assert done.returncode == 0, done.stderr
+        seen = backends_seen(net.client, net.topo.vip6, PORT, 150)
+        assert set(seen) == {"b0", "b2"} and sum(seen.values()) == 150, seen
+        assert [c.request().backend for c in conns] == before
+        done = router.edgectl("undrain", "web6", "b1", "--socket", sock)
+        assert done.returncode == 0, done.stderr
+        seen = backends_seen(net.client, net.topo.vip6, PORT, 150)
+        assert set(seen) == ALL and sum(seen.values()) == 150, seen
+    finally:
+        close_all(conns)
+        edged.stop()
