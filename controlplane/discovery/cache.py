@@ -89,6 +89,12 @@ NOT_BACKENDS = (
 )
 
 
+def by_endpoint(b: Backend) -> tuple:
+    """A sort key of backends by endpoint, of both families (addresses of two versions do not
+    compare: IPv4 first)."""
+    return (b.address.version, b.address, b.port)
+
+
 def not_a_backend(address: IPv4Address | IPv6Address, vips) -> Optional[str]:
     """Why a discovered address may not be a backend (a source must not point the data path at
     the router itself, a VIP or a special range), or None. The router's own addresses are
@@ -138,7 +144,7 @@ def offer(c: Cached, result: Result, now_s: float, fits=None) -> Verdict:
     if isinstance(result, Failure):
         why = result.why
     elif isinstance(result, Answer):
-        backends = tuple(sorted(result.backends, key=lambda b: (b.address, b.port)))
+        backends = tuple(sorted(result.backends, key=by_endpoint))
         if not backends and not c.allow_empty:
             why = "empty answer (allow_empty is false)"
         elif fits is not None:
@@ -196,7 +202,7 @@ def adoptable(s: Service, deployed: list[tuple[Backend, int]], secret: Optional[
         if secret is not None and b.token == derive_token(secret, b.address, b.port):
             b = replace(b, token=None)
         out.append(b)
-    return tuple(sorted(out, key=lambda b: (b.address, b.port)))
+    return tuple(sorted(out, key=by_endpoint))
 
 
 def describe_change(previous: Optional[tuple[Backend, ...]], now: tuple[Backend, ...]) -> str:

@@ -132,3 +132,16 @@ def test_discovered_ipv6_backends_of_a_service_with_a_secret_get_derived_tokens(
     (b,) = with_tokens(c, (be6("2001:2:0:1::2"),))
     assert b.token == derive_token(secret, "2001:2:0:1::2", 8000) != derive_token(secret, "2001:2:0:1::3", 8000)
     assert derive_token(secret, "198.18.1.2", 8000) == derive_token(secret, IPv4Address("198.18.1.2"), 8000)
+
+
+def test_an_answer_mixing_families_is_refused_by_the_config_check_not_a_type_error():
+    """Sorting an answer of IPv4 and IPv6 backends raised TypeError ('not of the same version'):
+    the failure said so instead of naming the backend of the wrong family."""
+    from controlplane.discovery import Answer
+    from controlplane.discovery.cache import Cached, offer
+
+    cfg = config({"type": "AAAA", "port": 8000})
+    four = Backend(name="198.18.1.2-8000", address=IPv4Address("198.18.1.2"), port=8000)
+    c = Cached("chat", "etcd", watched=True)
+    v = offer(c, Answer((be6("2001:2:0:1::2"), four)), now_s=1, fits=lambda bs: merge(cfg, {"chat": bs}))
+    assert v.failed and "answer rejected" in c.error and "is IPv4 but the VIP 2001:2:0:ffff::1 is IPv6" in c.error
