@@ -90,6 +90,19 @@ def install_tails(pin_path: Path, params: loader.Params, slots: frozenset[int]) 
         _received(msg, [], [], proc.returncode, err)
 
 
+def load_ipv6(pinned) -> None:
+    """Puts the IPv6 programs into the empty IPv6 slots of a data path deployed without them
+    (for IPv4 services only; pinned: its pins held), compiled in a child over its pins; the
+    attached programs, the maps and every IPv4 flow stay as they are. ConfigError when IPv6
+    forwarding is off (the IPv6 programs' FIB lookups need it); the child's EdgeError when the
+    compile or load fails."""
+    if not loader.ipv6_forwarding():
+        raise errors.ConfigError(
+            "an IPv6 VIP needs net.ipv6.conf.all.forwarding=1 (the data path's FIB lookups); set it and reload again"
+        )
+    install_tails(pinned.pin_path, pinned.params, loader.TAILS_V6)
+
+
 def _received(msg: bytes, fds: list[int], progs: Sequence[tuple[str, str]], rc: int, err) -> dict[str, Prog]:
     """The programs the child handed over, or its failure raised."""
     if not msg:

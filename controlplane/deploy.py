@@ -309,18 +309,6 @@ def ipv6_loaded(pinned) -> bool:
     return True
 
 
-def load_ipv6(pinned) -> None:
-    """Puts the IPv6 programs into the empty IPv6 slots of a data path deployed without them
-    (for IPv4 services only), compiled in a child over its pins; the attached programs, the maps
-    and every IPv4 flow stay as they are. ConfigError when IPv6 forwarding is off (the IPv6
-    programs' FIB lookups need it); the child's EdgeError when the compile or load fails."""
-    if not loader.ipv6_forwarding():
-        raise ConfigError(
-            "an IPv6 VIP needs net.ipv6.conf.all.forwarding=1 (the data path's FIB lookups); set it and reload again"
-        )
-    compilechild.install_tails(pinned.pin_path, pinned.params, loader.TAILS_V6)
-
-
 def _load(cfg: Config, t: _Target, undo: loader.Undo, progress: Progress) -> _Loaded:
     """Compiles the data path (pinning its maps at t.pin_path) and loads its programs."""
     with uninterrupted():

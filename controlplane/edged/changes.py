@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Callable, Mapping, TypeVar
 
-from controlplane import configdiff, deploy, desired, netlink
+from controlplane import compilechild, configdiff, deploy, desired, netlink
 from controlplane.config import Config, load_config, load_config_text
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.edged import bird
@@ -144,7 +144,7 @@ class Changes:
         await asyncio.to_thread(state.write_lock.acquire)
         try:
             t0 = time.perf_counter()
-            await off_loop(state, lambda: deploy.load_ipv6(state.held))
+            await off_loop(state, lambda: compilechild.load_ipv6(state.held))
         except EdgeError as e:
             raise type(e)(f"services[{first}].vip: {new.services[first].vip}: {e}") from e
         finally:
