@@ -26,6 +26,7 @@ PORT = 8000
 HELD = 60  # connections opened first; b0's stay open
 SHORT = 200  # short connections afterwards, one at a time
 SPLIT = 75  # b0's share of SHORT: about 50 with two choices, about 100 without
+LEAST_B0 = 5  # least_loaded compares both backends: b0 gets none (a few for a close not yet seen)
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +81,10 @@ def short_connections(net: Net, n: int) -> dict[str, int]:
     return seen
 
 
-@pytest.mark.parametrize("new_flows", ["two_choices", "maglev"])
+@pytest.mark.parametrize("new_flows", ["two_choices", "least_loaded", "maglev"])
 def test_new_connections_go_away_from_the_backend_holding_open_ones(p2c_net, router, new_flows):
-    """two_choices: b0, holding about 30 open connections, gets fewer than SPLIT of SHORT; the
+    """two_choices: b0, holding about 30 open connections, gets fewer than SPLIT of SHORT
+    (least_loaded: at most LEAST_B0, since b1 is always a candidate); the
     held connections stay on b0 (established flows never move). maglev (the control: the test
     tells the two apart): b0 gets its Maglev share, more than SPLIT."""
     net = p2c_net
@@ -94,6 +96,8 @@ def test_new_connections_go_away_from_the_backend_holding_open_ones(p2c_net, rou
         assert sum(seen.values()) == SHORT and set(seen) <= {"b0", "b1"}, seen
         if new_flows == "two_choices":
             assert seen.get("b0", 0) < SPLIT, seen
+        elif new_flows == "least_loaded":  # both backends are candidates: b1, with none open, every time
+            assert seen.get("b0", 0) <= LEAST_B0, seen
         else:
             assert seen.get("b0", 0) > SPLIT, seen
         assert {c.request().backend for c in held} == {"b0"}

@@ -218,6 +218,47 @@ static __always_inline __u32 two_choices(__u32 hash, __u32 first, const struct s
 	return open_count(second) < open_count(first) ? second : first;
 }
 
+/* Least loaded of a bounded set (EDGE_SVC_F_LEAST_LOADED): the usable
+ * Maglev pick of a new flow and up to EDGE_LEAST_CANDIDATES - 1 more of the
+ * service's backends, consecutive in its list from a position this flow's
+ * hash draws (so every backend of a service of at most that many); the one
+ * with the fewest open connections takes the flow, a tie keeps the Maglev
+ * pick. Candidates as two_choices' second: primaries taking new flows
+ * without health bookkeeping. The bound keeps a new flow's cost fixed
+ * (docs/benchmarks.md has it); like two_choices, only new flows choose. */
+static __always_inline __u32 least_loaded(__u32 hash, __u32 first, const struct service_cfg *sc,
+					  __u64 now)
+{
+	__u32 n = sc->n_backends, best = first, start, k, id;
+	__u64 best_n = open_count(first), c;
+	struct backend_info *be;
+
+	if (n > EDGE_MAX_PER_SERVICE)
+		n = EDGE_MAX_PER_SERVICE;
+	if (!n)
+		return first;
+	start = hash_mix(hash ^ EDGE_TWO_CHOICES_SEED) % n;
+	for (k = 0; k < EDGE_LEAST_CANDIDATES && k < n && best_n; k++) {
+		__u32 i = start + k;
+
+		if (i >= n)
+			i -= n;
+		id = sc->backends[i & (EDGE_MAX_PER_SERVICE - 1)];
+		if (id == first)
+			continue;
+		c = open_count(id);
+		if (c >= best_n)
+			continue;
+		be = edge_backends.lookup(&id);
+		if (!be || (be->flags & EDGE_BE_F_STANDBY) || !takes_new_flows(be, sc, now) ||
+		    !passive_quiet(be, sc, now))
+			continue;
+		best = id;
+		best_n = c;
+	}
+	return best;
+}
+
 /* Backend for a flow without a (usable) conntrack entry. Passive detection
  * is judged on the Maglev pick itself (it may eject it there); *failover is
  * set when that pick could not be used. Each stage does its part and
@@ -253,6 +294,8 @@ pick_new(const struct vip_info *vip, const struct service_cfg *sc,
 			found = pick_id;
 			if (sc->flags & EDGE_SVC_F_TWO_CHOICES)
 				found = two_choices(hash, pick_id, sc, now);
+			else if (sc->flags & EDGE_SVC_F_LEAST_LOADED)
+				found = least_loaded(hash, pick_id, sc, now);
 			goto out;
 		}
 	}

@@ -353,6 +353,8 @@ class Writer(Quick, Family6):
             v.flags |= abi.SVC_F_DSR
         if s.new_flows == "two_choices":
             v.flags |= abi.SVC_F_TWO_CHOICES
+        elif s.new_flows == "least_loaded":
+            v.flags |= abi.SVC_F_LEAST_LOADED
         if health:  # fewer usable than panic_percent of the primaries: usable < ceil(pct * n / 100)
             v.panic_below = (health.panic_percent * sum(not b.standby for b in s.backends) + 99) // 100
         ordered = [bid for b, bid in zip(s.backends, ids) if not b.standby]
