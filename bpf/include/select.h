@@ -179,13 +179,17 @@ scan_backends(const struct service_cfg *sc, __u32 vip_id, __u32 hash, __u64 now,
 
 #define EDGE_TWO_CHOICES_SEED 0x5bd1e995 /* the second candidate's hash: none of the walk's */
 
-/* Open connections of backend id (wire.h, wire_count); a count below zero
- * (connections opened before it was zeroed) is none. */
+/* Open connections of backend id (wire.h, wire_count) less what user space
+ * found the count off by (maps.h, edge_inflight); below zero is none. */
 static __always_inline __u64 open_count(__u32 id)
 {
-	__s64 *n = edge_inflight.lookup(&id);
+	__u32 fix_id = id + EDGE_MAX_BACKENDS;
+	__s64 *n = edge_inflight.lookup(&id), *fix = edge_inflight.lookup(&fix_id), v;
 
-	return n && *n > 0 ? (__u64)*n : 0;
+	if (!n)
+		return 0;
+	v = *n - (fix ? *fix : 0);
+	return v > 0 ? (__u64)v : 0;
 }
 
 /* Power of two choices (EDGE_SVC_F_TWO_CHOICES): first, the usable Maglev

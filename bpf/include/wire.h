@@ -77,8 +77,8 @@ static __always_inline void wire_sample(__u32 bid, int first_byte, __u64 start_n
 /* Counts a connection of backend bid as opened (closed 0) or closed, in
  * its per-CPU statistics and in its open count (edge_inflight), which the
  * ingress reads to choose between two candidates (select.h, two_choices).
- * An entry the LRU evicts while open is never counted closed (see
- * docs/steering.md: the count leaks up, and only under conntrack pressure). */
+ * An entry the LRU evicts while open is never counted closed: edged finds
+ * such a count off against conntrack and says by how much (maps.h). */
 static __always_inline void wire_count(__u32 bid, int closed)
 {
 	struct wire_stats *ws = edge_wire.lookup(&bid);

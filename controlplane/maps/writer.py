@@ -177,6 +177,7 @@ class Writer(Quick, Family6):
             self._zero_stats(abi.MAP_BE_STATS, bid)
             self._zero_stats(abi.MAP_NEXTHOP, bid)
             self._zero_stats(abi.MAP_INFLIGHT, bid)  # an id used before: its count starts over
+            self._zero_stats(abi.MAP_INFLIGHT, bid + len(self.t[abi.MAP_INFLIGHT]) // 2)  # and its fix
             probe = self.t[abi.MAP_BE_PROBE]
             v = probe.Leaf()
             v.waiting = v.running = v.kv_permille = abi.UNKNOWN
