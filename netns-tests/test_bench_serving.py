@@ -18,6 +18,7 @@ PEERS = {
     "edge-default",
     "edge-two_choices",
     "edge-least_loaded",
+    "edge-least_loaded_static",
     "jsq-bound",
 }
 
