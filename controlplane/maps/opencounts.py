@@ -6,11 +6,14 @@ layouts); Maps mixes this in."""
 
 from __future__ import annotations
 
+import ctypes
 import time
+
+import numpy as np
 
 from controlplane import abi
 
-CENSUS_BATCH = 1024  # entries between deadline checks
+CENSUS_BATCH = 4096  # entries a batched read returns at most
 
 
 class OpenCounts:
@@ -31,17 +34,18 @@ class OpenCounts:
     def open_in_conntrack(self, deadline_ns: int | None = None) -> tuple[dict[int, int], bool]:
         """Backend id -> conntrack entries (edge_ct and edge_half_open, IPv4: the data path counts
         no other) marked open; complete: False when the walk stopped at deadline_ns
-        (CLOCK_MONOTONIC) before the end."""
+        (CLOCK_MONOTONIC) before the end. Batched reads (bpfmap.Table.value_chunks), the values
+        parsed as arrays: a census of 65,536 entries took 3.8 s entry by entry on a loaded 2-core VM."""
         found: dict[int, int] = {}
-        for name, ct in ((abi.MAP_CT, lambda v: v), (abi.MAP_HALF_OPEN, lambda v: v.ct)):
+        for name in (abi.MAP_CT, abi.MAP_HALF_OPEN):
             t = self.t[name]  # type: ignore[attr-defined]
-            for n, k in enumerate(t, 1):
-                if deadline_ns is not None and n % CENSUS_BATCH == 0 and time.monotonic_ns() > deadline_ns:
+            size = ctypes.sizeof(t.Leaf)
+            # flow_info (abi.h) starts edge_ct's value and half_open's: backend_id u32 at 0, flags u32 at 8
+            for raw, n in t.value_chunks(CENSUS_BATCH):
+                words = np.frombuffer(raw, dtype=np.uint32).reshape(n, size // 4)
+                bids = words[:, 0][(words[:, 2] & abi.CT_F_OPEN) != 0]
+                for bid, c in zip(*np.unique(bids, return_counts=True)):
+                    found[int(bid)] = found.get(int(bid), 0) + int(c)
+                if deadline_ns is not None and time.monotonic_ns() > deadline_ns:
                     return found, False
-                try:
-                    v = ct(t[k])
-                except KeyError:  # gone between the key and its value
-                    continue
-                if v.flags & abi.CT_F_OPEN:
-                    found[v.backend_id] = found.get(v.backend_id, 0) + 1
         return found, True
