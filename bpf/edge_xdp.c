@@ -22,8 +22,6 @@
 #define EDGE_ICMP     (-2) /* parse_packet: an ICMP packet for icmp_ingress (icmp.h) */
 #define EDGE_IPV6     (-3) /* parse_packet: an IPv6 packet for edge_ingress6 (ingress6.h) */
 
-#include "include/ingress6.h"
-
 /* Verdict for a packet the fast path cannot take (IPv4 options, fragment,
  * L4 header cut short): dropped with its reason when it is for a VIP
  * address, else left to the stack. */
@@ -75,30 +73,8 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 	l4_len = pkt->l3_len - sizeof(*iph);
 	pkt->flow.src = iph->saddr;
 	pkt->flow.dst = iph->daddr;
-
-	if (proto == IPPROTO_TCP) {
-		struct tcphdr *th;
-
-		if (parse_tcp(&nh, data_end, l4_len, &th) < 0)
-			return unusual(iph, EDGE_DROP_MALFORMED);
-		/* verifier: constants, so later branches on proto are tracked */
-		pkt->flow.proto = IPPROTO_TCP;
-		pkt->flow.sport = th->source;
-		pkt->flow.dport = th->dest;
-		pkt->syn = th->syn && !(th->ack | th->rst | th->fin);
-		pkt->seq = th->seq;
-		pkt->ack_seq = th->ack_seq;
-		pkt->end = th->fin | th->rst;
-		pkt->tcp_hlen = th->doff * 4;
-	} else {
-		struct udphdr *uh;
-
-		if (parse_udp(&nh, data_end, l4_len, &uh) < 0)
-			return unusual(iph, EDGE_DROP_MALFORMED);
-		pkt->flow.proto = IPPROTO_UDP;
-		pkt->flow.sport = uh->source;
-		pkt->flow.dport = uh->dest;
-	}
+	if (parse_l4(&nh, data_end, l4_len, proto, pkt) < 0) /* flow.h */
+		return unusual(iph, EDGE_DROP_MALFORMED);
 	return EDGE_CONTINUE;
 }
 
@@ -316,6 +292,9 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 	return forward(ctx, &pkt, vip->id, bid);
 }
 
+/* after health_now, which its established-flow shortcut reads */
+#include "include/ingress6.h"
+
 int edge_ingress(struct xdp_md *ctx)
 {
 	return ingress(ctx, EDGE_STAGE_FAST);
@@ -339,4 +318,28 @@ int edge_ingress6(struct xdp_md *ctx)
 int edge_ingress6_scan(struct xdp_md *ctx)
 {
 	return ingress6(ctx, EDGE_STAGE_SCAN);
+}
+
+/* An IPv6 DSR service's packet, after edge_ingress6 chose its backend and
+ * wrote it into edge_ct6 (select.h): parsed again, its entry names backend
+ * and service, then encap6.h sends it. */
+int edge_ingress6_dsr(struct xdp_md *ctx)
+{
+	struct pkt pkt = {};
+	struct pkt6 p6 = {};
+	struct flow_info *fi;
+	struct addr6 *to;
+	__u32 bid;
+	int verdict = parse6(ctx, &pkt, &p6);
+
+	if (verdict != EDGE_CONTINUE)
+		return verdict;
+	fi = edge_ct6.lookup(&p6.key);
+	if (!fi)
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_NO_BACKEND);
+	bid = fi->backend_id;
+	to = edge_backends6.lookup(&bid);
+	if (!to)
+		return count_drop(fi->vip_id, EDGE_DROP_NO_BACKEND);
+	return dsr_forward6(ctx, p6.l3_off, pkt.l3_len, to, bid, fi->vip_id);
 }

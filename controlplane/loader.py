@@ -67,6 +67,7 @@ PROGRAMS = {
     abi.PROG_INGRESS_SCAN: "xdp",
     abi.PROG_INGRESS6: "xdp",
     abi.PROG_INGRESS6_SCAN: "xdp",
+    abi.PROG_INGRESS6_DSR: "xdp",
 }
 # Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
 TAILS = {
@@ -75,8 +76,9 @@ TAILS = {
     abi.TAIL_SCAN_MORE: abi.PROG_INGRESS_SCAN,
     abi.TAIL_V6: abi.PROG_INGRESS6,
     abi.TAIL_V6_SCAN: abi.PROG_INGRESS6_SCAN,
+    abi.TAIL_V6_DSR: abi.PROG_INGRESS6_DSR,
 }
-TAILS_V6 = frozenset({abi.TAIL_V6, abi.TAIL_V6_SCAN})  # loaded only for a config with an IPv6 service
+TAILS_V6 = frozenset({abi.TAIL_V6, abi.TAIL_V6_SCAN, abi.TAIL_V6_DSR})  # loaded only for a config with an IPv6 service
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1
@@ -322,11 +324,23 @@ class Loaded:
                 with contextlib.suppress(KeyError, MapError):
                     del table[table.Key(slot)]
                 continue
-            fn = self.load(func, "xdp")
-            try:
-                table[table.Key(slot)] = table.Leaf(fn.fd)
-            except MapError as e:
-                raise LoaderError(f"install tail call {func}: {e}") from e
+            self._put_tail(table, slot, func)
+
+    def install_tails(self, slots: frozenset[int]) -> None:
+        """Loads the tail programs of slots and puts them in the pinned edge_tails, the entry
+        (abi.TAIL_V6) last: until it is there, the running ingress passes what it would call. The
+        other slots and the attached programs are left as they are (a reload adding the first
+        IPv6 service, over a data path deployed without the IPv6 programs)."""
+        table = self.tables()[abi.MAP_TAILS]
+        for slot in sorted(slots, key=lambda s: s == abi.TAIL_V6):
+            self._put_tail(table, slot, TAILS[slot])
+
+    def _put_tail(self, table, slot: int, func: str) -> None:
+        fn = self.load(func, "xdp")
+        try:
+            table[table.Key(slot)] = table.Leaf(fn.fd)
+        except MapError as e:
+            raise LoaderError(f"install tail call {func}: {e}") from e
 
     def close(self) -> None:
         # Drops our fds; pinned maps and attached programs stay in the kernel.

@@ -86,19 +86,18 @@ static __always_inline int dsr_forward6(struct xdp_md *ctx, __u32 l3_off, __u32 
 	struct addr6 src;
 	__u8 macs[2 * ETH_ALEN];
 	__be32 vtc_flow;
-	int rc, grow;
+	int ok, grow;
 
 	if ((void *)(eth + 1) > data_end || (void *)(in + 1) > data_end || l3_off > ENCAP6_L3_MAX_OFF)
 		return count_drop(vid, EDGE_DROP_MALFORMED);
-	rc = encap6_hop(ctx, to, bid, &nh);
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS ? !nh : rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+	grow = encap6_hop(ctx, to, bid, &nh);
+	ok = grow == BPF_FIB_LKUP_RET_SUCCESS && nh;
+	if (!ok && grow != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return count_drop(vid, EDGE_DROP_NO_BACKEND);
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS && l3_len + sizeof(struct ipv6hdr) > nh->mtu)
+	if (ok && l3_len + sizeof(struct ipv6hdr) > nh->mtu)
 		return count_drop(vid, EDGE_DROP_DSR_TOO_BIG);
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS && nh)
-		__builtin_memcpy(&src, &nh->src, sizeof(src));
-	else
-		__builtin_memcpy(&src, &in->saddr, sizeof(src)); /* to the stack: see above */
+	/* no neighbour entry yet: to the stack, from the client (see above) */
+	__builtin_memcpy(&src, ok ? (void *)&nh->src : (void *)&in->saddr, sizeof(src));
 	__builtin_memcpy(macs, eth, sizeof(macs));
 	in->hop_limit--;
 	vtc_flow = *(__be32 *)in; /* version 6, the inner traffic class and flow label */
@@ -119,7 +118,7 @@ static __always_inline int dsr_forward6(struct xdp_md *ctx, __u32 l3_off, __u32 
 	o->hop_limit = ENCAP6_HLIM;
 	__builtin_memcpy(&o->saddr, &src, sizeof(src));
 	__builtin_memcpy(&o->daddr, to, sizeof(*to));
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS || !nh)
+	if (!ok || !nh)
 		return count_verdict(vid, EDGE_CNT_DSR, XDP_PASS);
 	set_macs(eth, nh->dmac, nh->smac);
 	/* verifier: masked, the verdict cannot be a caller's EDGE_CONTINUE */

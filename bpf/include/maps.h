@@ -116,6 +116,9 @@ BPF_TABLE_PINNED("lru_hash", struct flow_key6, struct flow_info, edge_ct6,
 		 EDGE_CT6_SIZE, EDGE_PIN(edge_ct6), EDGE_CT_FLAGS);
 BPF_TABLE_PINNED("hash", struct backend_key6, struct rnat_info6, edge_rnat6,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_rnat6));
+/* hash(client, VIP) -> cached egress interface and MACs of IPv6 replies (per CPU, hop6.h). */
+BPF_TABLE_PINNED("percpu_array", __u32, struct reply_hop6, edge_reply_hop6,
+		 EDGE_REPLY_HOP_SLOTS, EDGE_PIN(edge_reply_hop6));
 BPF_TABLE_PINNED("hash", struct hb_key6, struct hb_target, edge_hb6,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_hb6));
 BPF_TABLE_PINNED("percpu_array", __u32, struct nexthop6, edge_hop6,
@@ -165,10 +168,14 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_be_stats,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_be_stats));
 /* backend id -> its open TCP connections through the VIP (wire.h,
  * wire_count): one counter for all CPUs, changed by atomic adds, read by
- * the ingress's two_choices (select.h). Signed: a connection opened before
- * the counter was zeroed may close after it. */
+ * the ingress's two_choices and least_loaded (select.h). Signed: a
+ * connection opened before the counter was zeroed may close after it.
+ * Slot EDGE_MAX_BACKENDS + id holds what user space found the count of id
+ * off by (connections the LRU evicted while open, never counted closed:
+ * controlplane/edged/openfix.py compares the count with conntrack's open
+ * entries); the data path subtracts it and never writes it. */
 BPF_TABLE_PINNED("array", __u32, __s64, edge_inflight,
-		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_inflight));
+		 2 * EDGE_MAX_BACKENDS, EDGE_PIN(edge_inflight));
 /* Per-CPU latency histograms and open/close counts per backend id (wire.h). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct wire_stats, edge_wire,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_wire));

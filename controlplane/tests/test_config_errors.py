@@ -558,10 +558,6 @@ def test_ipv6_service_with_an_ipv4_backend_is_one_line_naming_it():
             {"forwarding": "dsr", "health": {"passive": {}}},
             "health.passive: not with forwarding dsr (the router sees no replies)",
         ),
-        (
-            {"discovery": {"dns": {"name": "chat.example"}}},
-            "discovery: not supported for IPv6 VIPs yet",
-        ),
     ],
 )
 def test_ipv6_service_refuses_what_its_data_path_lacks(extra, message):
