@@ -5,8 +5,9 @@
  * the IPv6 header and walks at most EDGE_V6_EXT_MAX extension headers
  * (hop-by-hop, routing, destination options); a fragment header, or a next
  * header other than TCP, UDP or ICMPv6 after them, drops a packet for a VIP
- * address with its reason and passes anything else; ICMPv6 (neighbour
- * discovery above all) passes untouched. A TCP or UDP packet for an IPv6 VIP
+ * address with its reason and passes anything else; ICMPv6 goes to icmp6.h
+ * (errors about VIP flows go to their backend; neighbour discovery and the
+ * rest pass untouched). A TCP or UDP packet for an IPv6 VIP
  * (edge_vips6) then takes the IPv4 slow path's steps on the shared per-id
  * maps: conntrack (edge_ct6), the Maglev pick judged by per-packet health,
  * the walk, and the fallback scan (edge_ingress6_scan, tail-called through
@@ -16,7 +17,7 @@
  * backend (edge_nexthop, shared: an id is one backend's). Not here yet: the
  * established-flow shortcut, half-open entries, the stateless path over the
  * budget (such a packet is dropped as untracked), wire signals, heartbeats,
- * DSR, ICMPv6 errors about VIP flows. */
+ * DSR. ICMPv6 errors about VIP flows: icmp6.h. */
 #ifndef EDGE_INGRESS6_H
 #define EDGE_INGRESS6_H
 
@@ -27,6 +28,7 @@
 #include "stats.h"
 #include "select.h"
 #include "nat.h"
+#include "icmp6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -92,9 +94,7 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 	}
 	if (next == IPPROTO_FRAGMENT)
 		return unusual6(ip6, EDGE_DROP_V6_FRAGMENT);
-	if (next == IPPROTO_ICMPV6)
-		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS); /* neighbour discovery, errors: the stack's */
-	if (next != IPPROTO_TCP && next != IPPROTO_UDP)
+	if (next != IPPROTO_TCP && next != IPPROTO_UDP && next != IPPROTO_ICMPV6)
 		return unusual6(ip6, EDGE_DROP_V6_EXT_HEADER);
 
 	p6->l3_off = (void *)ip6 - data;
@@ -104,6 +104,10 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 	p6->l4_off = off;
 	l4_len = (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len) - nh.pos;
 	pkt->l3_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+	if (next == IPPROTO_ICMPV6) {
+		p6->key.proto = IPPROTO_ICMPV6;
+		return EDGE_ICMP; /* icmp6.h: errors about VIP flows; the rest (neighbour discovery) passes */
+	}
 	__builtin_memcpy(&p6->key.src, &ip6->saddr, sizeof(struct addr6));
 	__builtin_memcpy(&p6->key.dst, &ip6->daddr, sizeof(struct addr6));
 	if (next == IPPROTO_TCP) {
@@ -273,6 +277,14 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	int verdict, new_flow, failover;
 
 	verdict = parse6(ctx, &pkt, &p6);
+	if (verdict == EDGE_ICMP) { /* icmp6.h; the scan stage sees TCP and UDP only */
+		__u32 vid = EDGE_NO_SERVICE;
+
+		if (stage != EDGE_STAGE_SLOW)
+			return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+		verdict = icmp6_ingress(ctx, p6.l3_off, p6.l4_off, &bid, &vid);
+		return verdict == EDGE_CONTINUE ? forward6(ctx, &pkt, &p6, bid, vid) : verdict;
+	}
 	if (verdict != EDGE_CONTINUE)
 		return verdict;
 	vk.addr = p6.key.dst;
