@@ -9,10 +9,13 @@ owning the flow (translated: outer destination, quoted source address and port, 
 and the ICMPv6 checksums: the backend's kernel drops an ICMPv6 message with a wrong checksum)
 does the backend lower its path MTU and the response get through. The other way, a backend's
 own ICMPv6 error about a client's packet reaches the client as the VIP's (tc's return path).
+Echo requests to the IPv6 VIP are answered by the router (real `ping -6`, bounded by -c and -w).
 Addresses from 2001:2::/48 only, in the test's own namespaces.
 """
 
 from __future__ import annotations
+
+import re
 
 from controlplane.lab.mtuhop import BulkServers, bulk_get, with_mtu_hop
 from controlplane.lab.router import Router
@@ -23,6 +26,7 @@ BULK_PORT = 8001
 SIZE = 200_000
 TRANSFERS = 6
 VOID_PORT = 8002  # no backend listens here
+PINGS = 3
 
 
 def service6(router: Router, net: Net, name: str, **extra) -> dict:
@@ -62,3 +66,28 @@ def test_a_backends_ipv6_port_unreachable_reaches_the_client_as_the_vips(net, ro
 
     assert refused == [True] * 3
     assert router.counters()["verdicts"]["icmp_return"] == 3
+
+
+def test_ping_to_the_ipv6_vip_is_answered_by_the_router(net, router):
+    """Every echo request to the IPv6 VIP is answered from the VIP by XDP (icmp6.h, icmp6_echo),
+    counted as icmp_echo (0 of 3 answered before: the VIP is no address of the router); with
+    node.answer_ping: false they go to the stack again, which does not answer."""
+    router.deploy([service6(router, net, "web6")])
+    received = ping6(net)
+    verdicts = router.counters()["verdicts"]
+    router.deploy([service6(router, net, "web6")], node={"answer_ping": False})
+    unanswered = ping6(net, 2)
+
+    assert (received, verdicts["icmp_echo"]) == (PINGS, PINGS), verdicts
+    assert verdicts["redirect"] == verdicts["nat_pass"] == verdicts["drop"] == 0
+    assert unanswered == 0
+
+
+def ping6(net: Net, count: int = 3) -> int:
+    """Echo replies the client's `ping -6` got from the IPv6 VIP (0.2 s apart, 5 s at most)."""
+    done = net.client.run(
+        ["ping", "-6", "-n", "-c", str(count), "-i", "0.2", "-W", "1", "-w", "5", str(net.topo.vip6)], check=False
+    )
+    got = re.search(r"(\d+) received", done.stdout)
+    assert got, done.stdout + done.stderr
+    return int(got.group(1))

@@ -110,6 +110,17 @@ def icmp6_back(vip=VIP6, port: int = 80) -> Callable[[bytes], bytes]:
     return out
 
 
+def echo6_reply(f: bytes) -> bytes:
+    """Expected: an echo request answered from where it went: MACs and addresses swapped, hop limit
+    64, type echo reply, the ICMPv6 checksum recomputed."""
+    b = bytearray(f)
+    b[0:6], b[6:12] = f[6:12], f[0:6]
+    b[14 + 8 : 14 + 24], b[14 + 24 : 14 + 40] = f[14 + 24 : 14 + 40], f[14 + 8 : 14 + 24]
+    b[14 + 7] = 64
+    b[14 + 40] = 129
+    return icmp6_sum(bytes(b), 14 + 40)
+
+
 def backend_error6(src=E0, *, quote_dst=None, kind=ICMPv6DestUnreach, **kw) -> bytes:
     """An ICMPv6 error (default: port unreachable) backend src sends the client about the client's
     segment to it (or to quote_dst)."""
@@ -158,6 +169,7 @@ def cut(b: bytes, n: int) -> bytes:
     return bytes(f)
 
 
+ECHO6 = frame6(CLIENT6, VIP6, ICMPv6EchoRequest(id=0x1234, seq=7, data=b"p" * 56), hlim=61)
 PTB = error6(from_vip6())
 PTB_NESTED = error6(IPv6(src=str(VIP6), dst=str(CLIENT6)) / ICMPv6PacketTooBig(mtu=1400) / from_vip6())
 PTB_SHORT_QUOTE = icmp6_sum(cut(PTB, 8 + 40 + 8), 14 + 40)  # the quote's first 8 TCP bytes only
@@ -199,6 +211,17 @@ ROWS_ICMP6 = [
      error6(from_vip6(src=ROUTER6)), XDP_DROP, SAME, drop("icmp_malformed"), ""),
     ("ICMPv6 error quoting a packet that is no IPv6: icmp_malformed", ING,
      error6(Raw(b"\x45" + b"\0" * 55)), XDP_DROP, SAME, drop("icmp_malformed"), ""),
+    # -- ingress: echo requests to an IPv6 VIP address (icmp6.h, icmp6_echo) ------------------------
+    ("ping to an IPv6 VIP address: answered from the VIP, back where it came from", ING, ECHO6, XDP_REDIRECT,
+     echo6_reply, {"icmp_echo": 1}, ""),
+    ("ping to an IPv6 VIP address, node.answer_ping off: to the stack", ING, ECHO6, XDP_PASS, SAME, {"pass": 1}, "",
+     lambda w: w.node(answer_ping=False)),
+    ("ping to an IPv6 VIP address from a multicast source: to the stack", ING,
+     frame6("ff02::1", VIP6, ICMPv6EchoRequest()), XDP_PASS, SAME, {"pass": 1}, ""),
+    ("ping to an IPv6 VIP address behind a destination options header: to the stack", ING,
+     frame6(CLIENT6, VIP6, ICMPv6EchoRequest(), ext=IPv6ExtHdrDestOpt()), XDP_PASS, SAME, {"pass": 1}, ""),
+    ("ping to the router's IPv6 address passes", ING, frame6(CLIENT6, ROUTER6, ICMPv6EchoRequest()), XDP_PASS, SAME,
+     {"pass": 1}, ""),
     # -- return path (tc): a backend's ICMPv6 error about a client's packet --------------------------
     ("a backend's ICMPv6 port unreachable goes back as the VIP's", RET, backend_error6(), TC_ACT_OK,
      icmp6_back(), {"icmp_return": 1}, W, connected6("e0")),

@@ -26,6 +26,9 @@
  * ICMPv6 to tc, as edge_reply.c does IPv4's ICMP: errors are rare, and tc's
  * helpers know partial checksums.
  *
+ * Echo requests to an IPv6 VIP address are answered in XDP from the VIP
+ * (icmp6_echo), as icmp.h answers IPv4's, unless node.answer_ping is off.
+ *
  * Both directions read and write the message with the load/store helpers,
  * not packet pointers: the ICMPv6 header's offset depends on the extension
  * headers before it, which the verifier follows better as a helper's
@@ -45,6 +48,7 @@
 #define ICMP6_TIME_EXCEED  3
 #define ICMP6_ECHO_REQUEST 128
 #define ICMP6_ECHO_REPLY   129
+#define ECHO6_HOP_LIMIT	   64 /* of an echo reply from a VIP, as Linux's default */
 
 /* What an ICMPv6 error starts with: its header, then the offending packet
  * (as much as fits in 1,280 bytes), here its IPv6 header and first 8 bytes. */
@@ -63,6 +67,14 @@ struct icmp6_err {
 static __always_inline int icmp6_is_error(__u8 type)
 {
 	return type == ICMP6_DST_UNREACH || type == ICMP6_PKT_TOOBIG || type == ICMP6_TIME_EXCEED;
+}
+
+/* 1 for the types icmp6_ingress looks at: errors and echo requests. The
+ * ingress (ingress6.h) passes every other one without a lookup: neighbour
+ * discovery above all. */
+static __always_inline int icmp6_taken(__u8 type)
+{
+	return icmp6_is_error(type) || type == ICMP6_ECHO_REQUEST;
 }
 
 /* The quoted packet of an ICMPv6 error: 0 when it is TCP or UDP right after
@@ -140,6 +152,46 @@ static __always_inline __u32 icmp6_flow_backend(struct flow_key6 *k)
 	return id ? *id : EDGE_NO_BACKEND;
 }
 
+/* 1 when addr may be answered: neither :: nor multicast (ff00::/8). */
+static __always_inline int icmp6_unicast_src(const struct addr6 *addr)
+{
+	return (addr->w[0] | addr->w[1] | addr->w[2] | addr->w[3]) && ((const __u8 *)addr)[0] != 0xff;
+}
+
+/* XDP: an echo request to a VIP address (ICMPv6 header at frame offset l4,
+ * right after the IPv6 header ip6), answered in place from the VIP as
+ * icmp.h's icmp_echo does for IPv4: MACs and addresses swapped (the
+ * checksum's pseudo-header sums both: unchanged), hop limit 64, type echo
+ * reply and the checksum with it, back out of the interface it came in on.
+ * With node.answer_ping off, a code other than 0, extension headers (a
+ * routing header would not read backwards) or a source that is :: or
+ * multicast: to the stack, as before. */
+static __always_inline int icmp6_echo(struct xdp_md *ctx, struct ipv6hdr *ip6, __u32 l4, struct icmp6_err *e)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	__u32 zero = 0;
+	struct node_info *node = edge_node.lookup(&zero);
+	struct addr6 client;
+	__u8 mac[ETH_ALEN];
+
+	__builtin_memcpy(&client, &ip6->saddr, sizeof(client));
+	if ((node && (node->flags & EDGE_NODE_F_NO_ECHO)) || e->code || ip6->nexthdr != IPPROTO_ICMPV6 ||
+	    !icmp6_unicast_src(&client))
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_MALFORMED);
+	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+	__builtin_memcpy(&ip6->saddr, &ip6->daddr, sizeof(client));
+	__builtin_memcpy(&ip6->daddr, &client, sizeof(client));
+	ip6->hop_limit = ECHO6_HOP_LIMIT;
+	e->type = ICMP6_ECHO_REPLY;
+	e->check = csum_replace16(e->check, bpf_htons(ICMP6_ECHO_REQUEST << 8), bpf_htons(ICMP6_ECHO_REPLY << 8));
+	bpf_xdp_store_bytes(ctx, l4, e, 4);
+	return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_ICMP_ECHO, bpf_redirect(ctx->ingress_ifindex, 0));
+}
+
 /* XDP: an ICMPv6 message (header at frame offset l4, after the IPv6 header
  * at l3) arriving on the client side. Returns EDGE_CONTINUE when it was an
  * error about a VIP flow, now translated to backend *bid of service *vid for
@@ -163,8 +215,10 @@ static __always_inline int icmp6_ingress(struct xdp_md *ctx, __u32 l3, __u32 l4,
 		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	if (bpf_xdp_load_bytes(ctx, l4, &e, 4) < 0)
 		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_MALFORMED);
-	if (!icmp6_is_error(e.type))
+	if (e.type != ICMP6_ECHO_REQUEST && !icmp6_is_error(e.type))
 		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+	if (e.type == ICMP6_ECHO_REQUEST)
+		return icmp6_echo(ctx, ip6, l4, &e);
 	if (bpf_xdp_load_bytes(ctx, l4, &e, sizeof(e)) < 0)
 		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_MALFORMED);
 	why = icmp6_quote(&e.inner);

@@ -104,9 +104,13 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 	p6->l4_off = off;
 	l4_len = (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len) - nh.pos;
 	pkt->l3_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
-	if (next == IPPROTO_ICMPV6) {
+	if (next == IPPROTO_ICMPV6) { /* icmp6.h: errors about VIP flows, echo requests */
+		__u8 *type = nh.pos;
+
+		if ((void *)(type + 1) <= data_end && !icmp6_taken(*type)) /* neighbour discovery */
+			return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 		p6->key.proto = IPPROTO_ICMPV6;
-		return EDGE_ICMP; /* icmp6.h: errors about VIP flows; the rest (neighbour discovery) passes */
+		return EDGE_ICMP;
 	}
 	__builtin_memcpy(&p6->key.src, &ip6->saddr, sizeof(struct addr6));
 	__builtin_memcpy(&p6->key.dst, &ip6->daddr, sizeof(struct addr6));
