@@ -42,6 +42,7 @@
 #include "csum.h"
 #include "flow.h"
 #include "stats.h"
+#include "hop6.h"
 
 #define ICMP6_DST_UNREACH  1
 #define ICMP6_PKT_TOOBIG   2
@@ -89,11 +90,6 @@ static __always_inline __u32 icmp6_quote(const struct ipv6hdr *in)
 	if (in->nexthdr != IPPROTO_TCP && in->nexthdr != IPPROTO_UDP)
 		return EDGE_DROP_ICMP_MALFORMED;
 	return 0;
-}
-
-static __always_inline int addr6_eq(const struct addr6 *a, const struct addr6 *b)
-{
-	return !((a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2]) | (a->w[3] ^ b->w[3]));
 }
 
 /* The checksum change of an address a -> b, unfolded (below 2^20). */
@@ -261,10 +257,10 @@ static __always_inline int icmp6_ingress(struct xdp_md *ctx, __u32 l3, __u32 l4,
  * from a backend. An error quoting a client's packet to that backend's
  * endpoint of a VIP flow edge_ct6 pins to it gets the VIP back as outer
  * source and quoted destination address and port, every checksum with them,
- * and counts icmp_return: returns the service's id, for return6.h to send
- * it as a reply. Anything else, -1: left untouched (neighbour discovery,
- * the backend's own traffic). */
-static __always_inline int icmp6_return(struct __sk_buff *skb, __u32 l3)
+ * and counts icmp_return: returns the service's id, with the client's and
+ * the VIP's addresses, for return6.h to send it as a reply. Anything else,
+ * -1: left untouched (neighbour discovery, the backend's own traffic). */
+static __always_inline int icmp6_return(struct __sk_buff *skb, __u32 l3, struct addr6 *client, struct addr6 *vip)
 {
 	__u32 l4 = l3 + sizeof(struct ipv6hdr), ic = l4 + 2, in = l4 + 8, coff, i;
 	struct icmp6_err e;
@@ -312,6 +308,8 @@ static __always_inline int icmp6_return(struct __sk_buff *skb, __u32 l3)
 	bpf_skb_store_bytes(skb, in + sizeof(struct ipv6hdr) + 2, &ri->vip_port, sizeof(ri->vip_port), 0);
 	bpf_skb_store_bytes(skb, l3 + offsetof(struct ipv6hdr, saddr), &ri->vip_addr, sizeof(ri->vip_addr), 0);
 	count_index(ri->vip_id, EDGE_CNT_ICMP_RETURN);
+	*client = fk.src;
+	*vip = ri->vip_addr;
 	return ri->vip_id;
 }
 
