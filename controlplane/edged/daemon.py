@@ -29,7 +29,6 @@ from controlplane.edged.state import State
 from controlplane.edged.status import STATUS_EVERY_S, Status
 from controlplane.edged.steer import Steering
 from controlplane.errors import Cancelled, EdgeError
-from controlplane.fleet import member as fleet_member
 from controlplane.tasks import cancel_all
 
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
@@ -189,8 +188,11 @@ class Daemon:
                 drained=True,
             )
 
-    def _member(self) -> fleet_member.Member:
-        """node.fleet: this node's fleet member, over the state's services and signals."""
+    def _member(self):
+        """node.fleet: this node's fleet member, over the state's services and signals (the fleet
+        and aetcd are imported only then: a node without one holds neither)."""
+        from controlplane.fleet import member as fleet_member
+
         state = self.state
         return fleet_member.Member(
             state.cfg.node.fleet,
