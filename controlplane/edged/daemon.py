@@ -412,7 +412,7 @@ class Daemon:
             self.steering.pace_probes(self.state.wire_fresh, time.monotonic_ns())  # as of each service's last step
             await self.state.maps_idle.wait()  # the record is written between applies, not under one
             try:
-                self.status.write_status(time.monotonic_ns())
+                await self.status.write_status_sliced()  # API calls and probes go on between its slices
                 await self.changes.retire_leaving(time.monotonic_ns())
                 failing = None
             except EdgeError as e:
