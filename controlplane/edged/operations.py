@@ -194,4 +194,4 @@ class Operations:
             scope="node",
             **fields,
         )
-        self.status.write_status(time.monotonic_ns())
+        self.status.write_service(service, time.monotonic_ns())  # its marks, at once; no other service changed

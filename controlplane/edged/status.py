@@ -220,7 +220,7 @@ class Status:
     def write_status(self, now_ns: int) -> None:
         """Every backend's edge_be_probe record: what edged measured and the operator's marks."""
         for name in list(self.state.services):
-            self._write_service(name, now_ns)
+            self.write_service(name, now_ns)
 
     async def write_status_sliced(self) -> None:
         """write_status as the status loop runs it: the loop is given back every SLICE backends
@@ -234,10 +234,11 @@ class Status:
                 await state.maps_idle.wait()
                 if state.maps is None:  # stopping
                     return
-            done += self._write_service(name, time.monotonic_ns())
+            done += self.write_service(name, time.monotonic_ns())
 
-    def _write_service(self, name: str, now_ns: int) -> int:
-        """The edge_be_probe records of service name's backends; how many (0: gone meanwhile)."""
+    def write_service(self, name: str, now_ns: int) -> int:
+        """The edge_be_probe records of service name's backends (an operator's action changes
+        no other's); how many (0: no such service, or gone meanwhile)."""
         state = self.state
         st = state.services.get(name)
         if st is None:
