@@ -22,17 +22,15 @@ from ipaddress import IPv4Address
 from typing import Callable
 
 import pytest
-from packets import Capture, send_frames
+from crafted import COPIES, settle
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption_RR
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import checksum
 
 from controlplane.lab.router import link_mac
-from controlplane.lab.traffic import http_get, wait_until
 
 PORT = 8000  # conftest.BACKEND_PORT; the VIP serves web (tcp) and dns (udp) on it
-COPIES = 5
 HOP = IPv4Address("198.18.0.77")  # the crafted errors' source, used by no socket
 CLIENT = "198.18.0.99"  # the client the quoted packets went to
 ETH_P_IP = 0x0800
@@ -148,17 +146,6 @@ def crafted(frames: list[bytes]) -> list[bytes]:
     return [f for f in frames if f[26:30] == HOP.packed]
 
 
-def deltas(before: dict, after: dict) -> dict:
-    v0, v1 = before["verdicts"], after["verdicts"]
-    return {
-        "drops": {k: after["drops"][k] - n for k, n in before["drops"].items()},
-        "drop": v1["drop"] - v0["drop"],
-        "pass": v1["pass"] - v0["pass"],
-        "nat": v1["redirect"] + v1["nat_pass"] - v0["redirect"] - v0["nat_pass"],
-        "icmp": v1["icmp_to_backend"] - v0["icmp_to_backend"],
-    }
-
-
 def translation_problems(sent: bytes, got: bytes, backends: frozenset[str]) -> list[str]:
     """What is wrong with `got` (at a backend) as the translation of the ICMP error `sent`."""
     ip, orig = got[14:], sent[14:]
@@ -188,41 +175,24 @@ def translation_problems(sent: bytes, got: bytes, backends: frozenset[str]) -> l
 def test_crafted_icmp_error_gets_its_verdict_and_nothing_corrupted_is_forwarded(shared_net, deployed, case):
     net, (router, wire, backends) = shared_net, deployed
     frame = case.build(wire)
-    ends = [(net.backends[i], net.backend_peer_iface(i)) for i in range(3)]
-    b0 = net.backend_peer_iface(0)
     dropped = case.expect in ICMP_DROPS
+    outcome = "drop" if dropped else "forward" if case.expect == "to_backend" else "pass"
     before = router.counters()
-
-    with Capture(ends) as capture:
-        send_frames(net.client, net.client_iface, [frame] * COPIES)
-
-        def handled() -> dict | None:
-            now = deltas(before, router.counters())
-            arrived = sum(len(crafted(f)) for f in capture.take().values())
-            if dropped:
-                return now if now["drop"] >= COPIES else None
-            if case.expect == "to_backend" or case.reaches == "b0":
-                return now if arrived >= COPIES else None
-            return now if now["pass"] >= COPIES else None
-
-        got = wait_until(
-            handled, 2.0, f"{case.expect}: {COPIES} copies handled", observe=lambda: deltas(before, router.counters())
-        )
-        reply = http_get(net.client, net.vip, PORT)
-        arrived = {ifname: crafted(frames) for ifname, frames in capture.take().items()}
+    run = settle(net, router, frame, crafted=crafted, outcome=outcome, to_b0=case.reaches == "b0", port=PORT)
+    got, b0 = run.got, run.ends[0]
 
     no_drops = {reason: 0 for reason in before["drops"]}
-    counts = {ifname: len(frames) for ifname, frames in arrived.items()}
+    counts = run.counts()
     if dropped:
         assert (got["drops"], got["drop"], got["nat"], got["icmp"]) == ({**no_drops, case.expect: COPIES}, COPIES, 0, 0)
-        assert counts == {ifname: 0 for _, ifname in ends}
+        assert counts == {ifname: 0 for ifname in run.ends}
     elif case.expect == "pass":
         assert (got["drops"], got["drop"], got["nat"], got["icmp"]) == (no_drops, 0, 0, 0)
-        assert counts == {ifname: COPIES if ifname == b0 and case.reaches == "b0" else 0 for _, ifname in ends}
-        assert all(f[34:] == frame[34:] for f in arrived[b0]), "ICMP message changed"
+        assert counts == {ifname: COPIES if ifname == b0 and case.reaches == "b0" else 0 for ifname in run.ends}
+        assert all(f[34:] == frame[34:] for f in run.arrived[b0]), "ICMP message changed"
     else:
         assert (got["drops"], got["drop"], got["nat"], got["icmp"]) == (no_drops, 0, COPIES, COPIES)
         assert sorted(counts.values()) == [0, 0, COPIES]  # one flow: one backend
-        problems = [translation_problems(frame, f, backends) for fs in arrived.values() for f in fs]
+        problems = [translation_problems(frame, f, backends) for fs in run.arrived.values() for f in fs]
         assert problems == [[]] * COPIES
-    assert (reply.status, reply.server_addr) == (200, f"{net.vip}:{PORT}")
+    assert (run.reply.status, run.reply.server_addr) == (200, f"{net.vip}:{PORT}")

@@ -35,17 +35,17 @@ from ipaddress import IPv4Address
 from typing import Callable
 
 import pytest
-from packets import Capture, send_frames
+from crafted import COPIES, deltas, settle
+from packets import send_frames
 from scapy.layers.inet import IP, TCP, UDP, IPOption_RR
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import checksum
 
 from controlplane.lab.router import Router, link_mac
-from controlplane.lab.traffic import http_get, wait_until
+from controlplane.lab.traffic import wait_until
 
 PORT = 8000  # conftest.BACKEND_PORT; the VIP serves web (tcp) and dns (udp) on it
-COPIES = 5  # each crafted frame is sent this many times
 CRAFTED_SRC = IPv4Address("198.18.0.77")  # in the client's subnet, used by no socket
 MARKER = b"edge-malformed-test-marker"
 ETH_P_IP, ETH_P_8021Q = 0x0800, 0x8100
@@ -219,16 +219,6 @@ def crafted(frames: list[bytes]) -> list[bytes]:
     return [f for f in frames if f[26:30] == CRAFTED_SRC.packed or MARKER in f]
 
 
-def deltas(before: dict, after: dict) -> dict:
-    v0, v1 = before["verdicts"], after["verdicts"]
-    return {
-        "drops": {k: after["drops"][k] - n for k, n in before["drops"].items()},
-        "drop": v1["drop"] - v0["drop"],
-        "pass": v1["pass"] - v0["pass"],
-        "nat": v1["redirect"] + v1["nat_pass"] - v0["redirect"] - v0["nat_pass"],
-    }
-
-
 def nat_problems(sent: bytes, got: bytes, backends: frozenset[str]) -> list[str]:
     """What is wrong with `got` (a frame at a backend) as the NATed form of `sent` (as crafted)."""
     ip, orig = got[14:], sent[14:]
@@ -258,55 +248,31 @@ def nat_problems(sent: bytes, got: bytes, backends: frozenset[str]) -> list[str]
 def test_crafted_frame_gets_its_verdict_and_nothing_corrupted_is_forwarded(shared_net, deployed, case):
     net, router = shared_net, deployed.router
     frame = case.build(deployed.wire)
-    ends = [(net.backends[i], net.backend_peer_iface(i)) for i in range(3)]
-    b0 = net.backend_peer_iface(0)
     dropped = case.expect in DROP_REASONS
+    outcome = "drop" if dropped else "forward" if case.expect == "nat" else "pass"
     before = router.counters()
-
-    with Capture(ends) as capture:
-        send_frames(net.client, net.client_iface, [frame] * COPIES)
-
-        def handled() -> dict | None:
-            """The deltas once the router has visibly handled all copies (as the case expects)."""
-            now = deltas(before, router.counters())
-            arrived = sum(len(crafted(f)) for f in capture.take().values())
-            if dropped:
-                return now if now["drop"] >= COPIES else None
-            if case.expect == "nat" or case.reaches == "b0":
-                return now if arrived >= COPIES else None
-            return now if now["pass"] >= COPIES else None
-
-        got = wait_until(
-            handled,
-            2.0,
-            f"{case.expect}: {COPIES} copies handled",
-            observe=lambda: (
-                deltas(before, router.counters()),
-                {i: len(crafted(f)) for i, f in capture.take().items()},
-            ),
-        )
-        reply = http_get(net.client, net.vip, PORT)
-        arrived = {ifname: crafted(frames) for ifname, frames in capture.take().items()}
+    run = settle(net, router, frame, crafted=crafted, outcome=outcome, to_b0=case.reaches == "b0", port=PORT)
+    got, b0 = run.got, run.ends[0]
 
     no_drops = {reason: 0 for reason in before["drops"]}
-    counts = {ifname: len(frames) for ifname, frames in arrived.items()}
+    counts = run.counts()
     if dropped:
         assert (got["drops"], got["drop"], got["nat"]) == ({**no_drops, case.expect: COPIES}, COPIES, 0)
-        assert counts == {ifname: 0 for _, ifname in ends}
+        assert counts == {ifname: 0 for ifname in run.ends}
     elif case.expect == "pass":
         assert (got["drops"], got["drop"], got["nat"]) == (no_drops, 0, 0)
         assert got["pass"] >= COPIES
-        assert counts == {ifname: COPIES if ifname == b0 and case.reaches == "b0" else 0 for _, ifname in ends}
+        assert counts == {ifname: COPIES if ifname == b0 and case.reaches == "b0" else 0 for ifname in run.ends}
         ihl = (frame[14] & 0x0F) * 4
         # Forwarded by the kernel: TTL (and the record-route option) updated, the rest as sent.
-        assert all(f[14 + ihl :] == frame[14 + ihl :] for f in arrived[b0]), "L4 header or payload changed"
+        assert all(f[14 + ihl :] == frame[14 + ihl :] for f in run.arrived[b0]), "L4 header or payload changed"
     else:
         assert (got["drops"], got["drop"], got["nat"]) == (no_drops, 0, COPIES)
         assert sorted(counts.values()) == [0, 0, COPIES]  # one flow: one backend
-        problems = [nat_problems(frame, f, deployed.backends) for fs in arrived.values() for f in fs]
+        problems = [nat_problems(frame, f, deployed.backends) for fs in run.arrived.values() for f in fs]
         assert problems == [[]] * COPIES
-    assert (reply.status, reply.server_addr) == (200, f"{net.vip}:{PORT}")
-    assert reply.backend in {"b0", "b1", "b2"}
+    assert (run.reply.status, run.reply.server_addr) == (200, f"{net.vip}:{PORT}")
+    assert run.reply.backend in {"b0", "b1", "b2"}
 
 
 def test_status_reports_the_drop_counters_of_the_pinned_maps(shared_net, deployed):
