@@ -22,8 +22,6 @@
 #define EDGE_ICMP     (-2) /* parse_packet: an ICMP packet for icmp_ingress (icmp.h) */
 #define EDGE_IPV6     (-3) /* parse_packet: an IPv6 packet for edge_ingress6 (ingress6.h) */
 
-#include "include/ingress6.h"
-
 /* Verdict for a packet the fast path cannot take (IPv4 options, fragment,
  * L4 header cut short): dropped with its reason when it is for a VIP
  * address, else left to the stack. */
@@ -75,30 +73,8 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct pkt *pkt)
 	l4_len = pkt->l3_len - sizeof(*iph);
 	pkt->flow.src = iph->saddr;
 	pkt->flow.dst = iph->daddr;
-
-	if (proto == IPPROTO_TCP) {
-		struct tcphdr *th;
-
-		if (parse_tcp(&nh, data_end, l4_len, &th) < 0)
-			return unusual(iph, EDGE_DROP_MALFORMED);
-		/* verifier: constants, so later branches on proto are tracked */
-		pkt->flow.proto = IPPROTO_TCP;
-		pkt->flow.sport = th->source;
-		pkt->flow.dport = th->dest;
-		pkt->syn = th->syn && !(th->ack | th->rst | th->fin);
-		pkt->seq = th->seq;
-		pkt->ack_seq = th->ack_seq;
-		pkt->end = th->fin | th->rst;
-		pkt->tcp_hlen = th->doff * 4;
-	} else {
-		struct udphdr *uh;
-
-		if (parse_udp(&nh, data_end, l4_len, &uh) < 0)
-			return unusual(iph, EDGE_DROP_MALFORMED);
-		pkt->flow.proto = IPPROTO_UDP;
-		pkt->flow.sport = uh->source;
-		pkt->flow.dport = uh->dest;
-	}
+	if (parse_l4(&nh, data_end, l4_len, proto, pkt) < 0) /* flow.h */
+		return unusual(iph, EDGE_DROP_MALFORMED);
 	return EDGE_CONTINUE;
 }
 
@@ -315,6 +291,9 @@ static __always_inline int ingress(struct xdp_md *ctx, const int stage)
 		return count_drop(vip->id, EDGE_DROP_MALFORMED);
 	return forward(ctx, &pkt, vip->id, bid);
 }
+
+/* after health_now, which its established-flow shortcut reads */
+#include "include/ingress6.h"
 
 int edge_ingress(struct xdp_md *ctx)
 {

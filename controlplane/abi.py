@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 19
+ABI_VERSION = 20
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -176,6 +176,7 @@ MAP_BACKENDS6 = "edge_backends6"
 MAP_CT6 = "edge_ct6"
 MAP_RNAT6 = "edge_rnat6"
 MAP_INFLIGHT = "edge_inflight"
+MAP_REPLY_HOP6 = "edge_reply_hop6"
 
 MAP_NAMES = (
     MAP_VIPS,
@@ -209,6 +210,7 @@ MAP_NAMES = (
     MAP_CT6,
     MAP_RNAT6,
     MAP_INFLIGHT,
+    MAP_REPLY_HOP6,
 )
 
 

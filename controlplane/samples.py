@@ -25,6 +25,7 @@ class Sample:
     ok: bool
     rtt_s: Optional[float] = None
     error: Optional[str] = None
+    extra: bool = False  # a confirmation round off the schedule (Prober.confirm), not a regular one
 
 
 @dataclass(frozen=True)

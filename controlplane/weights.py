@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
-from controlplane import config, limits
+from controlplane import config, limits, steadyrtt
 from controlplane.samples import Load, Sample
 
 SCALE = 10_000  # weight of the best backend of an idle service
@@ -37,6 +37,9 @@ class Tracker:
 
     recent: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.spike_filter RTTs
     history: deque = field(default_factory=lambda: deque(maxlen=1))  # last weights.steady_window RTTs
+    before: deque = field(default_factory=deque)  # history as it was before the last slowdown jump
+    recent_ns: deque = field(default_factory=lambda: deque(maxlen=1))  # times of the samples in recent
+    checks: list = field(default_factory=list)  # (t_ns, RTT) of confirmation probes since recent's oldest
     rtt_s: Optional[float] = None  # smoothed RTT; None before the first sample
     rtt_t_ns: Optional[int] = None  # time of the sample that last fed rtt_s
     fails: int = 0  # failed probes in a row
@@ -68,22 +71,32 @@ class Decision:
 
 
 def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Probe) -> None:
-    """Feed one probe result: RTT smoothing and the fall/rise counters."""
+    """Feed one probe result: RTT smoothing and the fall/rise counters. A confirmation probe
+    (s.extra) counts for health and can only veto a slowdown jump (steadyrtt.jumped); the RTTs the
+    weights follow are the regular probes'."""
     x = s.rtt_s if s.ok else probe.timeout_ms / 1000
-    if x is not None:
+    if x is not None and s.extra:
+        tr.checks.append((s.t_ns, x))
+    elif x is not None:
         # the lower median of the last spike_filter samples: one stray slow sample (a busy
         # host, a GC pause) never reaches the average; a real slowdown shows in the second
         if tr.recent.maxlen != w.spike_filter:
             tr.recent = deque(tr.recent, maxlen=w.spike_filter)
         if tr.history.maxlen != w.steady_window:
             tr.history = deque(tr.history, maxlen=w.steady_window)
+        if tr.recent_ns.maxlen != w.spike_filter:
+            tr.recent_ns = deque(tr.recent_ns, maxlen=w.spike_filter)
         tr.recent.append(x)
-        if _jumped(tr, w):
-            tr.history.clear()
-            tr.history.extend(tr.recent)
+        tr.recent_ns.append(s.t_ns)
+        tr.checks = [c for c in tr.checks if c[0] >= tr.recent_ns[0]]
+        jump = steadyrtt.jumped(tr, w)
+        if jump:
+            steadyrtt.restart(tr, jump, w)
         else:
             tr.history.append(x)
-        _smooth(tr, _lower_median(tr.recent), s.t_ns, w)
+            if len(tr.history) > w.steady_window // 2:
+                tr.before.clear()  # the new level fills half the window: it is the steady one now
+        _smooth(tr, steadyrtt.lower_median(tr.recent), s.t_ns, w)
     if s.ok:
         tr.oks, tr.fails = tr.oks + 1, 0
         if tr.down and tr.oks >= probe.rise:
@@ -95,53 +108,37 @@ def observe_sample(tr: Tracker, s: Sample, w: config.Weights, probe: config.Prob
             tr.down, tr.ramp_since_ns = True, None
 
 
+def confirm_due(tr: Tracker, s: Sample, w: config.Weights) -> bool:
+    """Whether a probe result that observe_sample() just fed to tr deserves a second look (a
+    confirmation probe, Prober.confirm) before the next regular one: under latency_inverse with
+    jump_pct, a good probe more than jump_pct % slower than the window's fastest that did not
+    jump. Host noise comes in spells shorter than a probe interval that a second look finds
+    fast again; a real step does not (steadyrtt.jumped)."""
+    if w.policy == "static" or w.jump_pct == 0 or not s.ok or s.rtt_s is None:
+        return False
+    return steadyrtt.slow(tr, s.rtt_s, w)
+
+
 def sample_moves(tr: Tracker, s: Sample, was_down: bool, w: config.Weights, probe_kind: Optional[str]) -> bool:
     """Whether a probe result that observe_sample() just fed to tr can change what decide()
     says, so that a decision is due at once: under the static policy when it took the backend
     down or brought it back up (fall, rise); otherwise unless
     it passed, the backend was and stays up, and the RTT the policy weighs is the wire's alone
     (rtt_input: a fresh wire signal with a tcp probe), which the probe's RTT does not move."""
-    if w.policy == "static":
-        return was_down != tr.down  # only health moves a static weight
+    if w.policy == "static" or (s.extra and s.ok):
+        return was_down != tr.down  # only health moves a static weight, or a confirmation's pass
     if not s.ok or was_down or tr.down:
         return True
     return tr.wire_rtt_s is None or probe_kind not in (None, "tcp")
 
 
-def _lower_median(xs: Iterable[float]) -> float:
-    ordered = sorted(xs)
-    return ordered[(len(ordered) - 1) // 2]
-
-
-def _jumped(tr: Tracker, w: config.Weights) -> bool:
-    """Whether the newest spike_filter samples (tr.recent) are a jump off tr.history: their
-    lower median more than jump_pct above the window's fastest sample while they agree
-    (the slowest within sqrt(1 + jump_pct %) of it), or sqrt(1 + jump_pct %) below the
-    window's steady RTT. Noise only ever adds delay, so a slowdown must clear the fastest
-    and agree with itself, while a speedup is evidence already."""
-    if w.jump_pct == 0 or not tr.history:
-        return False
-    band = 1 + w.jump_pct / 100
-    now = _lower_median(tr.recent)
-    up = now > min(tr.history) * band and max(tr.recent) <= now * math.sqrt(band)
-    return up or now * math.sqrt(band) < _steady(tr.history)
-
-
 def probe_rtt(tr: Tracker, w: config.Weights) -> Optional[float]:
-    """The probes' RTT the policy weighs: with jump_pct, the steady RTT (_steady) of the
-    backend's window of samples, which a jump (_jumped) restarts from the jump's samples;
+    """The probes' RTT the policy weighs: with jump_pct, the steady RTT (steadyrtt.steady) of the
+    backend's window of samples, which a jump (steadyrtt.jumped) restarts from the jump's samples;
     with jump_pct 0, the smoothed RTT (tr.rtt_s). None before the first sample."""
     if w.jump_pct == 0 or not tr.history:
         return tr.rtt_s
-    return _steady(tr.history)
-
-
-def _steady(xs: Iterable[float]) -> float:
-    """The mean of the faster half of xs (up to their lower median): the slow half holds
-    the noise, which only ever adds delay."""
-    ordered = sorted(xs)
-    half = ordered[: (len(ordered) - 1) // 2 + 1]
-    return sum(half) / len(half)
+    return steadyrtt.steady(tr.history)
 
 
 def _smooth(tr: Tracker, x: float, t_ns: int, w: config.Weights) -> None:
@@ -308,7 +305,15 @@ def decide(
                 window. A jump restarts the window from the last spike_filter samples at once:
                 their lower median more than jump_pct % above the window's fastest sample
                 while they agree (the slowest within sqrt(1 + jump_pct %) of it), or
-                sqrt(1 + jump_pct %) below the steady RTT (a speedup is evidence already).
+                sqrt(1 + jump_pct %) below the steady RTT (a speedup is evidence already),
+                keeping only the samples within sqrt(1 + jump_pct %) of their lower median.
+                A speedup back within 1 + jump_pct % of the steady RTT before the last slowdown,
+                while the new level fills at most half the window, brings that window back: a
+                burst the jump took for a step costs two pushes, not a fresh window settling.
+                A good probe more than jump_pct % over the window's fastest asks for a
+                confirmation probe (confirm_due; edged's prober takes it a third of an
+                interval later): a slowdown jump also needs no confirmation since the oldest
+                of its samples to be sqrt(1 + jump_pct %) faster than their lower median.
                 A real 2x step jumps at its second sample; on a loaded host probe RTTs make
                 bursts of two samples at 1.5-1.75x, which do not. A backend with no RTT yet uses the
                 median RTT of the backends being computed, or, when none has one,
@@ -359,6 +364,10 @@ def decide(
                   |weight_b - pushed_b| > hysteresis_pct% of max(pushed_b, max(pushed) / max_ratio)
                 (relative to its own weight, but weights near the floor don't churn: the
                 threshold never drops below that of the smallest weight the bounds allow).
+                A host stall holds such a push (not one for health or new backends): at least
+                half of two or more weighted backends whose newest regular probe is at most two
+                intervals old found it more than jump_pct % over their window's fastest (or the
+                level before their last slowdown; steadyrtt.stalled).
                 When no push is due, Decision.weights is pushed unchanged.
 
     operator    forced (see forced(): 0 for a drain or a backend a reload removed, else the
@@ -378,6 +387,13 @@ def decide(
     if forced and pushed is not None:
         judged = {**pushed, **{n: computed[n] for n in forced}}
     push = _push_due(computed, judged, w)
+    if (
+        push
+        and judged is not None
+        and not _health_moved(computed, judged)
+        and steadyrtt.stalled(service, trackers, computed, now_ns)
+    ):
+        push = False  # the host stalls: a change of RTTs waits until its probes are fast again
     weights = {**(computed if push or judged is None else judged), **forced}
     push = (push or any(pushed is None or pushed.get(n) != v for n, v in forced.items())) and weights != pushed
     return Decision(
@@ -387,6 +403,11 @@ def decide(
         reasons=reasons,
         push=push,
     )
+
+
+def _health_moved(computed: dict[str, int], pushed: dict[str, int]) -> bool:
+    """Backends came or went, or a weight crossed between 0 and non-zero."""
+    return set(computed) != set(pushed) or any((computed[n] == 0) != (pushed[n] == 0) for n in computed)
 
 
 def _fail_open(service: config.Service, trs: dict[str, Tracker]) -> bool:

@@ -378,6 +378,8 @@ class World:
         for name in ("p0", "p1"):
             self.set_health(name)
         self.percpu(abi.MAP_CT_BUDGET, 0, window_ns=0, used=0)
+        if getattr(self, "hop6_slot", None) is not None:  # a row's IPv6 reply hop (verdicts6.py, hop6)
+            self.percpu(abi.MAP_REPLY_HOP6, self.hop6_slot, expires=0, ifindex=0)
         for bid in self._backends:
             self.percpu(
                 abi.MAP_NEXTHOP,

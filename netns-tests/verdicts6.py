@@ -6,6 +6,9 @@ tuples in row()'s argument order; test_verdicts.py turns them into its rows."""
 
 from __future__ import annotations
 
+import functools
+import operator
+import struct
 from ipaddress import IPv6Address
 from typing import Callable
 
@@ -14,10 +17,15 @@ from scapy.layers.inet6 import ICMPv6ND_NS, IPv6, IPv6ExtHdrDestOpt, IPv6ExtHdrF
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from verdicts import (
+    CLIENT_IF,
     CLIENT_MAC,
     CLIENT_PORT,
     HOP_DMAC,
+    HOP_EXPIRES,
     HOP_SMAC,
+    MTU,
+    REPLY_DMAC,
+    REPLY_SMAC,
     ROUTER_MAC,
     TC_ACT_OK,
     TC_ACT_SHOT,
@@ -28,7 +36,7 @@ from verdicts import (
 )
 
 from controlplane import abi
-from controlplane.maps.records import be16, put_addr
+from controlplane.maps.records import be16, hash_mix, put_addr
 
 ING, RET, REP = abi.PROG_INGRESS, abi.PROG_RETURN, abi.PROG_REPLY
 CLIENT6, ROUTER6 = IPv6Address("2001:2::2"), IPv6Address("2001:2::1")
@@ -95,6 +103,37 @@ def connected6(backend: str, flags: int = 0, syn_seq: int = 0) -> Callable[[Worl
     return setup
 
 
+def hop6(ifindex: int = CLIENT_IF) -> Callable[[World], None]:
+    """edge_reply_hop6 holds the hop of replies from VIP6 to CLIENT6 (hop6.h, reply_hop6_at: its
+    slot, tagged with both addresses) on every CPU: out of ifindex, the REPLY_* MACs."""
+
+    def setup(w: World) -> None:
+        words = struct.unpack("=4I", CLIENT6.packed) + struct.unpack("=4I", VIP6.packed)
+        slot = hash_mix(functools.reduce(operator.xor, words)) & (abi.REPLY_HOP_SLOTS - 1)
+        t = w.t[abi.MAP_REPLY_HOP6]
+        v = t.Leaf()
+        for cpu in range(len(v)):
+            e = v[cpu]
+            e.expires, e.ifindex, e.mtu = HOP_EXPIRES, ifindex, MTU
+            put_addr(e, "client", CLIENT6)
+            put_addr(e, "vip", VIP6)
+            for field, mac in (("smac", REPLY_SMAC), ("dmac", REPLY_DMAC)):
+                for i, b in enumerate(mac):
+                    getattr(e, field)[i] = b
+        t[t.Key(slot)] = v
+        w.hop6_slot = slot  # reset() empties it for the next row
+
+    return setup
+
+
+def snat6_xdp(f: bytes) -> bytes:
+    """Expected of edge_reply: source VIP6:80 again, hop limit - 1, the cached reply hop's MACs."""
+    p = Ether(snat6(f))
+    p.dst, p.src = REPLY_DMAC.hex(":"), REPLY_SMAC.hex(":")
+    p[IPv6].hlim -= 1
+    return bytes(p)
+
+
 def drop(reason: str) -> dict[str, int]:
     return {"drop": 1, f"drop:{reason}": 1}
 
@@ -146,5 +185,10 @@ ROWS6 = [
     ("IPv6 SYN-ACK: to tc (passive detection)", REP, reply6(), XDP_PASS, SAME, {}, "", connected6("e0")),
     ("IPv6 reply without a connection: to tc", REP, reply6(flags="A"), XDP_PASS, SAME, {}, ""),
     ("IPv6 reply, hop limit 1: to tc", REP, reply6(flags="A", hlim=1), XDP_PASS, SAME, {}, "", connected6("e0")),
+    # the reply hop cache (hop6.h): a hit needs no FIB; a hop out of another interface is tc's
+    ("IPv6 reply, its hop cached: reverse NAT, redirected (XDP)", REP, reply6(flags="A"), XDP_REDIRECT, snat6_xdp,
+     {"return_xdp": 1}, W, connected6("e0"), hop6()),
+    ("IPv6 reply, its cached hop out of another interface: to tc", REP, reply6(flags="A"), XDP_PASS, SAME, {}, "",
+     connected6("e0"), hop6(99)),
 ]
 # fmt: on

@@ -7,6 +7,8 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
+TARGETS6_KEYS = ("established6", "new_flow6", "reply6_xdp", "reply6")  # the IPv6 summary line, against (e6) ...
+
 
 def environment(cpu: int) -> dict:
     def read(path: str) -> str | None:
@@ -56,13 +58,16 @@ def print_table(out: dict) -> None:
     )
     for ct_type, run in out["ct_types"].items():
         c, r = run["results"]["cases"], run["results"]["ratios"]
-        print(
-            f"  {ct_type:<11}"
-            + "".join(
-                f" {c[key]['ns_per_packet']:>11.1f} {c[ratio['floor']]['ns_per_packet']:>6.1f} {ratio['value']:>5.2f}x"
-                for key, ratio in r.items()
+        for family, keys in (("", ("established", "new_flow", "reply_xdp", "reply")), (" v6", TARGETS6_KEYS)):
+            if keys[0] not in r:
+                continue
+            print(
+                f"  {ct_type + family:<11}"
+                + "".join(
+                    f" {c[key]['ns_per_packet']:>11.1f} {c[r[key]['floor']]['ns_per_packet']:>6.1f} {r[key]['value']:>5.2f}x"
+                    for key in keys
+                )
             )
-        )
 
 
 def print_variant(ct_type: str, params: dict, run: dict) -> None:
@@ -87,6 +92,14 @@ def print_variant(ct_type: str, params: dict, run: dict) -> None:
         "reply",
         "reply_floor",
         "hb_mac",
+        "established6",
+        "new_flow6",
+        "floor6",
+        "floor6_new",
+        "reply6_xdp",
+        "reply6_xdp_floor",
+        "reply6",
+        "reply6_floor",
     ):
         if key not in res["cases"]:
             continue
@@ -108,7 +121,13 @@ def print_variant(ct_type: str, params: dict, run: dict) -> None:
         ("new_flow", "(b)/(f) new flow"),
         ("reply_xdp", "(i)/(j) reply, XDP"),
         ("reply", "(g)/(h) reply, tc"),
+        ("established6", "(a6)/(e6) IPv6 est."),
+        ("new_flow6", "(b6)/(f6) IPv6 new"),
+        ("reply6_xdp", "(i6)/(j6) IPv6 XDP"),
+        ("reply6", "(g6)/(h6) IPv6 tc"),
     ):
+        if key not in res["ratios"]:
+            continue
         r = res["ratios"][key]
         ref = f"   ({r['to_reference']}x the reference (d))" if r["to_reference"] is not None else ""
         print(
@@ -126,3 +145,8 @@ def print_variant(ct_type: str, params: dict, run: dict) -> None:
         f"of (a) after eviction); (c) passed unchanged;"
     )
     print("  (i), (g) reverse NATed to the VIP, sent to the client with the fib's MACs, TTL and checksums right")
+    if "established_backend6" in checks:
+        print(
+            f"  (a6) NATed to {checks['established_backend6']}, (b6) to a backend, (i6), (g6) to the client from the "
+            "VIP, with the fib's MACs, hop limit and TCP checksums right"
+        )

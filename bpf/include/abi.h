@@ -14,7 +14,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 19
+#define EDGE_ABI_VERSION 20
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -74,6 +74,11 @@ struct backend_info {
 
 /* Value of edge_svc_cfg, indexed by VIP id: what the data path needs to
  * judge health for this service, and its backends for the fallback scan. */
+/* An IPv6 address, network byte order (IPv6's maps below; service_cfg). */
+struct addr6 {
+	__be32 w[4];
+};
+
 struct service_cfg {
 	__u64 hb_timeout_ns;		      /* heartbeat silence that makes a backend down */
 	__u64 syn_timeout_ns;		      /* passive: a SYN unanswered this long is a failure */
@@ -94,6 +99,10 @@ struct service_cfg {
 	__be16 vip_port; /* network byte order */
 	__u8 vip_proto;
 	__u8 pad;
+	/* an IPv6 service's VIP address (its vip_addr stays 0), named and
+	 * cleared with vip_port and vip_proto as above: ingress6.h's
+	 * established6 takes a conntrack hit to it without edge_vips6 */
+	struct addr6 vip_addr6;
 };
 
 /* service_cfg.flags */
@@ -358,12 +367,8 @@ struct node_info {
  * address, so IPv4's entries stay as small as they were; VIP ids, backend ids,
  * the Maglev tables, health, stats and the other per-id arrays are shared.
  * An IPv6 backend's edge_backends entry has addr 0 and its address in
- * edge_backends6; an IPv6 service's service_cfg has no VIP key (vip_addr 0):
- * its established flows take the full path. Addresses in network order. */
-struct addr6 {
-	__be32 w[4];
-};
-
+ * edge_backends6; an IPv6 service's service_cfg names its VIP key in
+ * vip_addr6, vip_port and vip_proto (vip_addr 0). Addresses in network order. */
 /* Key of edge_vips6 (value: struct vip_info). */
 struct vip_key6 {
 	struct addr6 addr;
@@ -397,6 +402,20 @@ struct rnat_info6 {
 	__u16 pad;
 	__u32 backend_id;
 	__u32 vip_id;
+};
+
+/* Value of edge_reply_hop6 (per CPU, EDGE_REPLY_HOP_SLOTS slots), IPv6's
+ * edge_reply_hop: the bpf_fib_lookup result of a reply from a VIP to a
+ * client, tagged with both whole addresses (hop6.h). */
+struct reply_hop6 {
+	__u64 expires; /* bpf_jiffies64() from which on it is looked up again */
+	struct addr6 client;
+	struct addr6 vip;
+	__u32 ifindex;
+	__u8 smac[6];
+	__u8 dmac[6];
+	__u32 mtu; /* of ifindex: a longer non-GSO reply is looked up again */
+	__u32 pad;
 };
 
 /* node_info.flags */
@@ -461,7 +480,7 @@ _Static_assert(sizeof(struct reply_hop) == 40, "abi: reply_hop");
 _Static_assert(sizeof(struct traffic_stats) == 48, "abi: traffic_stats");
 _Static_assert(sizeof(struct ct_budget) == 16, "abi: ct_budget");
 _Static_assert(sizeof(struct direct_key) == 12, "abi: direct_key");
-_Static_assert(sizeof(struct service_cfg) == 4152, "abi: service_cfg");
+_Static_assert(sizeof(struct service_cfg) == 4168, "abi: service_cfg");
 _Static_assert(sizeof(struct maglev_slots) == 8, "abi: maglev_slots");
 _Static_assert(sizeof(struct backend_health) == 64, "abi: backend_health");
 _Static_assert(sizeof(struct hb_key) == 8, "abi: hb_key");
@@ -476,5 +495,6 @@ _Static_assert(sizeof(struct vip_key6) == 20, "abi: vip_key6");
 _Static_assert(sizeof(struct flow_key6) == 40, "abi: flow_key6");
 _Static_assert(sizeof(struct backend_key6) == 20, "abi: backend_key6");
 _Static_assert(sizeof(struct rnat_info6) == 28, "abi: rnat_info6");
+_Static_assert(sizeof(struct reply_hop6) == 64, "abi: reply_hop6");
 
 #endif /* EDGE_ABI_H */

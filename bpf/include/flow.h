@@ -8,6 +8,7 @@
 #define EDGE_FLOW_H
 
 #include "maps.h"
+#include "parse.h"
 #include "wire.h"
 
 #define EDGE_HASH_SEED 0x9e3779b9
@@ -26,6 +27,40 @@ struct pkt {
 	int end;	      /* TCP FIN or RST */
 	struct flow_info *ct; /* the conntrack entry select_backend found (wire.h), else NULL */
 };
+
+/* The TCP (proto IPPROTO_TCP) or UDP header at the cursor, l4_len bytes of
+ * IP payload: pkt's ports and protocol, and for TCP its SYN, sequence
+ * numbers, FIN/RST and header length. 0, or -1 when the header is cut
+ * short. Shared by IPv4 (edge_xdp.c, parse_packet) and IPv6 (ingress6.h,
+ * parse6); addresses are the caller's. */
+static __always_inline int parse_l4(struct hdr_cursor *nh, void *data_end, __u32 l4_len, int proto,
+				    struct pkt *pkt)
+{
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th;
+
+		if (parse_tcp(nh, data_end, l4_len, &th) < 0)
+			return -1;
+		/* verifier: constants, so later branches on proto are tracked */
+		pkt->flow.proto = IPPROTO_TCP;
+		pkt->flow.sport = th->source;
+		pkt->flow.dport = th->dest;
+		pkt->syn = th->syn && !(th->ack | th->rst | th->fin);
+		pkt->seq = th->seq;
+		pkt->ack_seq = th->ack_seq;
+		pkt->end = th->fin | th->rst;
+		pkt->tcp_hlen = th->doff * 4;
+	} else {
+		struct udphdr *uh;
+
+		if (parse_udp(nh, data_end, l4_len, &uh) < 0)
+			return -1;
+		pkt->flow.proto = IPPROTO_UDP;
+		pkt->flow.sport = uh->source;
+		pkt->flow.dport = uh->dest;
+	}
+	return 0;
+}
 
 /* 32-bit finaliser of MurmurHash3 (public domain): full avalanche. */
 static __always_inline __u32 hash_mix(__u32 h)

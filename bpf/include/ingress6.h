@@ -13,10 +13,12 @@
  * edge_tails[EDGE_TAIL_V6_SCAN]); the destination becomes the backend's
  * (edge_backends6), the TCP/UDP checksum follows (its pseudo-header holds
  * the address), and the frame is redirected by a FIB lookup cached per
- * backend (edge_nexthop, shared: an id is one backend's). Not here yet: the
- * established-flow shortcut, half-open entries, the stateless path over the
- * budget (such a packet is dropped as untracked), wire signals, heartbeats,
- * DSR, ICMPv6 errors about VIP flows. */
+ * backend (edge_nexthop, shared: an id is one backend's). A packet (no SYN)
+ * of an established flow takes a shortcut first (established6, as IPv4's
+ * established): no edge_vips6 lookup, the cached clock. Not here yet:
+ * half-open entries, the stateless path over the budget (such a packet is
+ * dropped as untracked), wire signals, heartbeats, DSR, ICMPv6 errors about
+ * VIP flows. Included by edge_xdp.c after health_now. */
 #ifndef EDGE_INGRESS6_H
 #define EDGE_INGRESS6_H
 
@@ -27,6 +29,7 @@
 #include "stats.h"
 #include "select.h"
 #include "nat.h"
+#include "hop6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -106,33 +109,13 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 	pkt->l3_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
 	__builtin_memcpy(&p6->key.src, &ip6->saddr, sizeof(struct addr6));
 	__builtin_memcpy(&p6->key.dst, &ip6->daddr, sizeof(struct addr6));
-	if (next == IPPROTO_TCP) {
-		struct tcphdr *th;
-
-		if (parse_tcp(&nh, data_end, l4_len, &th) < 0)
-			return unusual6(ip6, EDGE_DROP_MALFORMED);
-		p6->key.proto = IPPROTO_TCP;
-		p6->key.sport = th->source;
-		p6->key.dport = th->dest;
-		pkt->syn = th->syn && !(th->ack | th->rst | th->fin);
-		pkt->seq = th->seq;
-		pkt->ack_seq = th->ack_seq;
-		pkt->end = th->fin | th->rst;
-		pkt->tcp_hlen = th->doff * 4;
-	} else {
-		struct udphdr *uh;
-
-		if (parse_udp(&nh, data_end, l4_len, &uh) < 0)
-			return unusual6(ip6, EDGE_DROP_MALFORMED);
-		p6->key.proto = IPPROTO_UDP;
-		p6->key.sport = uh->source;
-		p6->key.dport = uh->dest;
-	}
+	if (parse_l4(&nh, data_end, l4_len, next, pkt) < 0) /* flow.h, as IPv4's */
+		return unusual6(ip6, EDGE_DROP_MALFORMED);
+	p6->key.sport = pkt->flow.sport;
+	p6->key.dport = pkt->flow.dport;
+	p6->key.proto = pkt->flow.proto;
 	pkt->flow.src = fold6(&p6->key.src);
 	pkt->flow.dst = fold6(&p6->key.dst);
-	pkt->flow.sport = p6->key.sport;
-	pkt->flow.dport = p6->key.dport;
-	pkt->flow.proto = p6->key.proto;
 	return EDGE_CONTINUE;
 }
 
@@ -256,6 +239,46 @@ static __always_inline void flow_mark_syn6(const struct pkt *pkt, struct flow_ke
 	fi->flags = (fi->flags & ~EDGE_CT_F_SYN_PENDING) | syn_flags(pkt);
 }
 
+/* A packet (no SYN) of an established IPv6 flow, whose edge_ct6 entry fi
+ * names the service and backend: forwarded without the edge_vips6 lookup
+ * when the service's config still names this VIP key (abi.h, vip_addr6)
+ * and the backend is still the service's, valid and alive, reading the
+ * cached clock (health_now). Everything else returns EDGE_CONTINUE and
+ * takes the full path, which decides as it always did. */
+static __always_inline int established6(struct xdp_md *ctx, struct pkt *pkt, struct pkt6 *p6, struct flow_info *fi)
+{
+	void *data = (void *)(long)ctx->data;
+	struct ipv6hdr *ip6 = data + (p6->l3_off & 0x1f);
+	__u32 vid = fi->vip_id, bid = fi->backend_id;
+	struct service_cfg *sc = edge_svc_cfg.lookup(&vid);
+	struct backend_info *be;
+	struct addr6 *to;
+	__u64 now = 0;
+
+	if (!sc || sc->vip_port != p6->key.dport || sc->vip_proto != p6->key.proto ||
+	    !addr6_eq(&sc->vip_addr6, &p6->key.dst) || (sc->flags & EDGE_SVC_F_DSR))
+		return EDGE_CONTINUE;
+	be = edge_backends.lookup(&bid);
+	if (!be || be->vip_id != vid)
+		return EDGE_CONTINUE;
+	if (sc->flags)
+		now = health_now();
+	if (!backend_alive(be, sc, now)) /* also: valid and up */
+		return EDGE_CONTINUE;
+	to = edge_backends6.lookup(&bid);
+	if (!to)
+		return EDGE_CONTINUE;
+	/* the full path's checks, in its order, now that this is VIP traffic */
+	if ((void *)(ip6 + 1) > (void *)(long)ctx->data_end)
+		return count_drop(vid, EDGE_DROP_MALFORMED);
+	if (ip6->hop_limit <= 1)
+		return count_verdict(vid, EDGE_CNT_PASS, XDP_PASS);
+	count_traffic(vid, bid, pkt->l3_len, 0, 0);
+	if (dnat6(ctx, p6, to, be->port) < 0)
+		return count_drop(vid, EDGE_DROP_MALFORMED);
+	return forward6(ctx, pkt, p6, bid, vid);
+}
+
 /* The IPv6 ingress; stage EDGE_STAGE_SLOW (edge_ingress6) or
  * EDGE_STAGE_SCAN (edge_ingress6_scan): select.h decides as for IPv4. */
 static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
@@ -266,15 +289,25 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	struct vip_info *vip;
 	struct service_cfg *sc;
 	struct backend_info *be;
-	struct flow_info *fi;
+	struct flow_info *fi = NULL;
 	struct addr6 *to;
 	__u64 now = 0;
 	__u32 bid, drop;
-	int verdict, new_flow, failover;
+	int verdict, new_flow, failover, looked;
 
 	verdict = parse6(ctx, &pkt, &p6);
 	if (verdict != EDGE_CONTINUE)
 		return verdict;
+	/* conntrack first for a packet that is no SYN (established6) */
+	looked = stage == EDGE_STAGE_SLOW && !pkt.syn;
+	if (looked) {
+		fi = edge_ct6.lookup(&p6.key);
+		if (fi) {
+			verdict = established6(ctx, &pkt, &p6, fi);
+			if (verdict != EDGE_CONTINUE)
+				return verdict;
+		}
+	}
 	vk.addr = p6.key.dst;
 	vk.port = p6.key.dport;
 	vk.proto = p6.key.proto;
@@ -303,7 +336,8 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
 	if (sc->flags)
 		now = bpf_ktime_get_ns();
-	fi = edge_ct6.lookup(&p6.key);
+	if (!looked)
+		fi = edge_ct6.lookup(&p6.key);
 	/* a flood of TCP packets that are no SYN must not push connections
 	 * out of the LRU: as IPv4's budget (flow.h), without its stateless
 	 * pick (such a packet is dropped) */

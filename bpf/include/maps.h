@@ -115,6 +115,9 @@ BPF_TABLE_PINNED("lru_hash", struct flow_key6, struct flow_info, edge_ct6,
 		 EDGE_CT6_SIZE, EDGE_PIN(edge_ct6), EDGE_CT_FLAGS);
 BPF_TABLE_PINNED("hash", struct backend_key6, struct rnat_info6, edge_rnat6,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_rnat6));
+/* hash(client, VIP) -> cached egress interface and MACs of IPv6 replies (per CPU, hop6.h). */
+BPF_TABLE_PINNED("percpu_array", __u32, struct reply_hop6, edge_reply_hop6,
+		 EDGE_REPLY_HOP_SLOTS, EDGE_PIN(edge_reply_hop6));
 /* Per-CPU state of the fallback scan between its runs over one packet
  * (select.h, scan_backends); kernel only, not pinned. */
 struct scan_state {

@@ -4,8 +4,8 @@
  * without SYN, RST or FIN or a UDP datagram, no extension headers, of a
  * connection edge_ct6 pins to the backend edge_rnat6 names, gets the VIP back
  * as its source (the L4 checksum updated incrementally), hop limit - 1, and
- * is redirected to the client-facing interface the ingress runs on, by a FIB
- * lookup per reply (IPv4's reply cache is keyed by IPv4 addresses).
+ * is redirected to the client-facing interface the ingress runs on, by the
+ * FIB result cached per (client, VIP) (hop6.h).
  * Everything else goes on to tc (return6.h): SYN-ACKs and RSTs (passive
  * detection), replies without an entry, partial checksums, another egress
  * interface, an MTU exceeded, no neighbour entry yet. */
@@ -16,6 +16,7 @@
 #include "maps.h"
 #include "stats.h"
 #include "csum.h"
+#include "hop6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -40,7 +41,8 @@ static __always_inline int reply6(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct ipv6hdr *ip6 = (void *)(eth + 1);
-	struct bpf_fib_lookup fib = {};
+	struct bpf_fib_lookup fib; /* filled by reply_hop6_at on a cache miss */
+	struct reply_hop6 *hop = NULL;
 	struct backend_key6 rk = {};
 	struct flow_key6 fk = {};
 	struct rnat_info6 *ri;
@@ -97,14 +99,10 @@ static __always_inline int reply6(struct xdp_md *ctx)
 	if (!fi || fi->backend_id != ri->backend_id)
 		return XDP_PASS;
 
-	fib.family = AF_INET6;
-	fib.l4_protocol = rk.proto;
-	__builtin_memcpy(fib.ipv6_src, &ri->vip_addr, 16);
-	__builtin_memcpy(fib.ipv6_dst, &fk.src, 16);
-	fib.ifindex = ctx->ingress_ifindex;
-	/* tot_len 0: mtu_result is the egress device's MTU, compared below */
-	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS ||
-	    fib.ifindex != node->ingress_ifindex || len > fib.mtu_result + sizeof(*eth))
+	/* only to the interface edge_ingress runs on (edge_reply.c) */
+	if (reply_hop6_at(ctx, ctx->ingress_ifindex, len, 0, &fk.src, &ri->vip_addr, rk.proto, &fib, &hop) !=
+		    BPF_FIB_LKUP_RET_SUCCESS ||
+	    !hop || hop->ifindex != node->ingress_ifindex || len > hop->mtu + sizeof(*eth))
 		return XDP_PASS;
 
 	c = csum_apply(*check, reply6_delta(&rk.addr, &ri->vip_addr) + csum_delta16(rk.port, ri->vip_port));
@@ -112,10 +110,9 @@ static __always_inline int reply6(struct xdp_md *ctx)
 	__builtin_memcpy(&ip6->saddr, &ri->vip_addr, sizeof(ri->vip_addr));
 	ports[0] = ri->vip_port;
 	ip6->hop_limit--;
-	__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
+	set_macs(eth, hop->dmac, hop->smac);
 	count_return(ri->vip_id, ri->backend_id);
-	return count_verdict(ri->vip_id, EDGE_CNT_RETURN_XDP, bpf_redirect(fib.ifindex, 0));
+	return count_verdict(ri->vip_id, EDGE_CNT_RETURN_XDP, bpf_redirect(hop->ifindex, 0));
 }
 
 #endif /* EDGE_REPLY6_H */

@@ -5,8 +5,8 @@
  * edge_ct6 pins to that backend gets the VIP back as its source address and
  * port (the L4 checksum through the kernel's helpers, which know partial
  * checksums), its SYN-ACK or RST is noted for passive detection, and it is
- * redirected towards the client by a FIB lookup (per packet: IPv4's reply
- * cache is keyed by IPv4 addresses). A TCP packet of a connection edge_ct6
+ * redirected towards the client by the FIB result cached per (client, VIP)
+ * (hop6.h). A TCP packet of a connection edge_ct6
  * gives to another backend is dropped (EDGE_DROP_OTHER_BACKEND), so it never
  * leaves with the backend's address; everything else continues untouched,
  * neighbour discovery above all. Not here yet: heartbeats, the stateless
@@ -20,6 +20,7 @@
 #include "stats.h"
 #include "stateless.h"
 #include "nat.h"
+#include "hop6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -45,27 +46,23 @@ static __always_inline void note_answer6(struct flow_info *fi, const struct rnat
 		note_syn_answer(be, sc, syn_ack, bpf_ktime_get_ns());
 }
 
-/* Sends a reverse-NATed reply (source: vip) to its client: FIB lookup, hop
- * limit - 1, MACs, bpf_redirect; with no neighbour entry yet,
+/* Sends a reverse-NATed reply from vip to its client: the cached FIB result
+ * (hop6.h), hop limit - 1, MACs, bpf_redirect; with no neighbour entry yet,
  * bpf_redirect_neigh. Anything else the stack takes (TC_ACT_OK). */
-static __always_inline int reply_out6(struct __sk_buff *skb, __u32 l3_off, __u32 vid)
+static __always_inline int reply_out6(struct __sk_buff *skb, __u32 l3_off, __u32 vid, const struct addr6 *client,
+				      const struct addr6 *vip, __u8 proto)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	struct ipv6hdr *ip6 = (void *)(eth + 1);
-	struct bpf_fib_lookup fib = {};
+	struct bpf_fib_lookup fib; /* filled by reply_hop6_at on a cache miss */
+	struct reply_hop6 *hop = NULL;
 	int rc;
 
 	if (l3_off != sizeof(*eth) || (void *)(ip6 + 1) > data_end || ip6->hop_limit <= 1)
 		return TC_ACT_OK;
-	fib.family = AF_INET6;
-	fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0fffffff);
-	fib.l4_protocol = ip6->nexthdr;
-	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
-	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
-	fib.ifindex = skb->ingress_ifindex;
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	rc = reply_hop6_at(skb, skb->ingress_ifindex, skb->len, skb->gso_size, client, vip, proto, &fib, &hop);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return TC_ACT_OK;
 	data = (void *)(long)skb->data;
@@ -75,17 +72,15 @@ static __always_inline int reply_out6(struct __sk_buff *skb, __u32 l3_off, __u32
 	if ((void *)(ip6 + 1) > data_end)
 		return TC_ACT_OK;
 	ip6->hop_limit--;
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH || !hop) {
 		struct bpf_redir_neigh nb = {};
 
 		nb.nh_family = AF_INET6;
 		__builtin_memcpy(nb.ipv6_nh, fib.ipv6_dst, 16); /* the gateway, or the client */
 		return count_verdict(vid, EDGE_CNT_RETURN_REDIRECT, redirect_neigh(fib.ifindex, &nb, sizeof(nb), 0));
 	}
-	/* not set_macs: its word copies of a stack buffer would be misaligned */
-	__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
-	return count_verdict(vid, EDGE_CNT_RETURN_REDIRECT, bpf_redirect(fib.ifindex, 0));
+	set_macs(eth, hop->dmac, hop->smac);
+	return count_verdict(vid, EDGE_CNT_RETURN_REDIRECT, bpf_redirect(hop->ifindex, 0));
 }
 
 /* The return path of an IPv6 frame whose IPv6 header starts at l3_off;
@@ -162,7 +157,7 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 	bpf_skb_store_bytes(skb, l4_off, &ri->vip_port, sizeof(ri->vip_port), 0);
 	count_return(ri->vip_id, ri->backend_id);
 	count_index(ri->vip_id, EDGE_CNT_RETURN_NAT);
-	return reply_out6(skb, l3_off, ri->vip_id);
+	return reply_out6(skb, l3_off, ri->vip_id, &fk.src, &ri->vip_addr, proto);
 }
 
 #endif /* EDGE_RETURN6_H */

@@ -115,9 +115,12 @@ class Steering:
         tr = st.trackers[backend]
         was_down = tr.down
         weights.observe_sample(tr, sample, st.service.weights, probe)
-        self.state.observer.observe_sample(
-            name, backend, sample, probe.window if probe else 1, sla.p99_rtt_ms / 1000 if sla else None
-        )
+        if probe is not None and weights.confirm_due(tr, sample, st.service.weights):
+            self.prober.confirm(key, probe.interval_ms / 3)  # a second look before the next probe
+        if not sample.extra:
+            self.state.observer.observe_sample(
+                name, backend, sample, probe.window if probe else 1, sla.p99_rtt_ms / 1000 if sla else None
+            )
         if sample.ok and st.service.health.passive is not None:
             st.passed.add(backend)  # evidence for readmission after a passive ejection (step)
             st.wake.set()

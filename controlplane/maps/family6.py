@@ -54,3 +54,23 @@ class Family6:
         """Fills a struct addr6 (abi.h) with an IPv6 address."""
         for i, w in enumerate(struct.unpack("=4I", address.packed)):
             a.w[i] = w
+
+
+def named_vip(v) -> tuple:
+    """The VIP key a service_cfg names: (IPv4 address, IPv6 address words, port, protocol)."""
+    return (v.vip_addr, tuple(v.vip_addr6.w), v.vip_port, v.vip_proto)
+
+
+def vip_of(key) -> tuple:
+    """A VIP key (edge_vips or edge_vips6) as named_vip gives it."""
+    if is6(key):
+        return (0, tuple(key.addr.w), key.port, key.proto)
+    return (key.addr, (0, 0, 0, 0), key.port, key.proto)
+
+
+def set_vip(v, key) -> None:
+    """Names VIP key `key` in service_cfg v (None: none)."""
+    addr, words, v.vip_port, v.vip_proto = vip_of(key) if key is not None else (0, (0, 0, 0, 0), 0, 0)
+    v.vip_addr = addr
+    for i, w in enumerate(words):
+        v.vip_addr6.w[i] = w

@@ -62,7 +62,7 @@ SHAPES: dict[str, Shape] = {
     abi.MAP_VIP_ADDRS: Shape("hash", 4, 4, _services),
     abi.MAP_VIP_FILTER: Shape("array", 4, 128, _one),
     abi.MAP_BACKENDS: Shape("array", 4, 16, _backends),
-    abi.MAP_SVC_CFG: Shape("array", 4, 4152, _services),
+    abi.MAP_SVC_CFG: Shape("array", 4, 4168, _services),
     abi.MAP_HEALTH: Shape("array", 4, 64, _backends),
     abi.MAP_HB: Shape("hash", 8, 32, _backends),
     abi.MAP_HB_PORTS: Shape("hash", 2, 4, _services),
@@ -96,6 +96,7 @@ SHAPES: dict[str, Shape] = {
     abi.MAP_BACKENDS6: Shape("array", 4, 16, _backends),
     abi.MAP_CT6: Shape("lru_hash", 40, 24, lambda n: ct6_size(n.ct_size)),
     abi.MAP_RNAT6: Shape("hash", 20, 28, _backends),
+    abi.MAP_REPLY_HOP6: Shape("percpu_array", 4, 64, _const(abi.REPLY_HOP_SLOTS)),
 }
 
 

@@ -17,7 +17,7 @@ from controlplane import abi, desired, maglev, siphash
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
 from controlplane.maps.changed import changed_services, member_plan
-from controlplane.maps.family6 import Family6
+from controlplane.maps.family6 import Family6, named_vip, set_vip, vip_of
 from controlplane.maps.journal import Journal
 from controlplane.maps.quick import Quick
 from controlplane.maps.records import (
@@ -365,20 +365,18 @@ class Writer(Quick, Family6):
         # the VIP key stays what the map has: only _write_vip names one, once the VIP entry is this
         # service's, and _forget_service_vip clears it before the entry goes or changes owner
         cur = t[t.Key(vid)]
-        v.vip_addr, v.vip_port, v.vip_proto = cur.vip_addr, cur.vip_port, cur.vip_proto
+        v.vip_addr, v.vip_port, v.vip_proto, v.vip_addr6 = cur.vip_addr, cur.vip_port, cur.vip_proto, cur.vip_addr6
         t[t.Key(vid)] = v
 
     def _name_service_vip(self, vid: int, key) -> None:
         """Names VIP key `key` in service vid's config once that VIP entry is vid's: a conntrack
-        hit to it is then forwarded without the edge_vips lookup (edge_xdp.c, established). An IPv6
-        VIP is never named: its flows take the full path (ingress6.h)."""
-        if is6(key):
-            return
+        hit to it is then forwarded without the edge_vips lookup (edge_xdp.c, established; an IPv6
+        VIP's address goes in vip_addr6: ingress6.h, established6)."""
         t = self.t[abi.MAP_SVC_CFG]
         v = t[t.Key(vid)]
-        if (v.vip_addr, v.vip_port, v.vip_proto) == (key.addr, key.port, key.proto):
+        if named_vip(v) == vip_of(key):
             return
-        v.vip_addr, v.vip_port, v.vip_proto = key.addr, key.port, key.proto
+        set_vip(v, key)
         t[t.Key(vid)] = v
 
     def _delete_vip(self, key) -> None:
@@ -392,12 +390,12 @@ class Writer(Quick, Family6):
         entry goes: conntrack hits to that address then take the edge_vips lookup again,
         which finds it gone."""
         t = self.t[abi.MAP_SVC_CFG]
-        if vid >= self.max_services or is6(key):
+        if vid >= self.max_services:
             return
         v = t[t.Key(vid)]
-        if (v.vip_addr, v.vip_port, v.vip_proto) != (key.addr, key.port, key.proto):
+        if named_vip(v) != vip_of(key):
             return
-        v.vip_addr, v.vip_port, v.vip_proto = 0, 0, 0
+        set_vip(v, None)
         t[t.Key(vid)] = v
 
     def _write_heartbeats(self, cfg: Config, health_ids: dict, oifs: Mapping[IPv4Address, int]) -> None:

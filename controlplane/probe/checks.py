@@ -165,6 +165,8 @@ class _Check:
         self.slow_round = False  # this round was started as a relaxed one
         self.look_ns = 0  # when this round's result is to be looked at on the grid; 0: not
         self.deadline_ns = 0  # this round's timeout (on the grid for a relaxed round)
+        self.extra_ns = 0  # when a confirmation round (confirm()) is to start; 0: none asked
+        self.extra_round = False  # this round is a confirmation, off the schedule
         self.next_ns = _monotonic_ns() + int(random.random() * self.interval_ns * prober.stretch)
         prober.at(self.next_ns, self)
 
@@ -173,6 +175,17 @@ class _Check:
         rise rounds passed."""
         self.relaxed_ns = max(interval_ms * 1_000_000, self.interval_ns)
         self.rise = rise
+
+    def confirm(self, delay_ns: int) -> bool:
+        """One extra round delay_ns from now, off the schedule (the regular starts stay where
+        they are), unless the next regular round starts about as soon (within half of delay_ns
+        after it), one is asked already, or the schedule is relaxed. Whether it was taken."""
+        at = _monotonic_ns() + delay_ns
+        if self.stopped or self.slow or self.extra_ns or at > self.next_ns - delay_ns // 2:
+            return False
+        self.extra_ns = at
+        self.prober.at(at, self)
+        return True
 
     def interval_now_ns(self) -> int:
         """The interval this schedule asks for now, before the budget: relaxed or full rate."""
@@ -193,19 +206,41 @@ class _Check:
             else:
                 self._deadline()
         if self.next_ns <= due_ns:
+            self.extra_ns = 0  # the regular round is the confirmation
             self._start()
+        elif self.extra_ns and self.extra_ns <= due_ns and not self.busy:
+            self.extra_ns = 0
+            self._start(extra=True)
 
-    def _start(self) -> None:
+    def _start(self, extra: bool = False) -> None:
         now = _monotonic_ns()
         self.round += 1
         self.busy = True
         self.started_ns = now
         self.look_ns = 0
         self.slow_round = self.slow
+        self.extra_round = extra
         deadline_ns = now + self.timeout_ns
         if self.slow:  # a relaxed round: a timeout up to one grid step late is still a timeout
             deadline_ns = -(-deadline_ns // SLOW_GRID_NS) * SLOW_GRID_NS
         self.deadline_ns = deadline_ns
+        if not extra:
+            self._next()
+        try:
+            self.begin()
+        except OSError as e:  # no socket to be had (EMFILE, ENOBUFS): a failed probe too
+            self.abort()
+            self.fail(_errno_word(e.errno) if e.errno else str(e))
+        except Exception as e:  # a bug here must not stop the other probes of this tick
+            self._fault(e)
+        # The deadline's call, for a round still going that no look will settle first: a round
+        # that ended within begin() needs none, and a look that finds it unsettled places it.
+        if self.busy and not self.look_ns:
+            self.prober.at(deadline_ns, self)
+
+    def _next(self) -> None:
+        """Place the next regular start, one (relaxed, stretched) step on from this one."""
+        now = self.started_ns
         step = self.interval_ns
         if self.relaxed_ns > step and self.passes >= self.rise and self.prober.relaxed_until(self.backend.key) > now:
             if not self.slow:  # targets relaxed together start their slow rounds spread out
@@ -225,17 +260,6 @@ class _Check:
             next_ns = -(-next_ns // SLOW_GRID_NS) * SLOW_GRID_NS
         self.next_ns = next_ns
         self.prober.at(next_ns, self)
-        try:
-            self.begin()
-        except OSError as e:  # no socket to be had (EMFILE, ENOBUFS): a failed probe too
-            self.abort()
-            self.fail(_errno_word(e.errno) if e.errno else str(e))
-        except Exception as e:  # a bug here must not stop the other probes of this tick
-            self._fault(e)
-        # The deadline's call, for a round still going that no look will settle first: a round
-        # that ended within begin() needs none, and a look that finds it unsettled places it.
-        if self.busy and not self.look_ns:
-            self.prober.at(deadline_ns, self)
 
     def _look(self) -> None:
         try:
@@ -268,13 +292,21 @@ class _Check:
             return
         self.busy = False
         self.passes += 1
-        self.backend.sample(Sample(self.started_ns, True, rtt_ns / 1e9))
+        self._regular_due()
+        self.backend.sample(Sample(self.started_ns, True, rtt_ns / 1e9, None, self.extra_round))
 
     def fail(self, error: str) -> None:
         self.busy = False
         self.passes = 0
         self.hurry()
-        self.backend.sample(Sample(self.started_ns, False, None, error))
+        self._regular_due()
+        self.backend.sample(Sample(self.started_ns, False, None, error, self.extra_round))
+
+    def _regular_due(self) -> None:
+        """A regular start that came due while a confirmation round ran starts at the next tick,
+        not at that round's deadline."""
+        if self.extra_round and not self.stopped and self.next_ns <= _monotonic_ns():
+            self.prober.at(_monotonic_ns(), self)
 
     def hurry(self) -> None:
         """Back to the full rate at once: the next start one interval after the last one (the

@@ -81,7 +81,8 @@ class _Backend:
             self.checks.append(_HttpCheck(prober, self, metrics.interval_ms, metrics.interval_ms, metrics.path, True))
 
     def sample(self, sample: Sample) -> None:
-        self.window.add(sample)
+        if not sample.extra:  # a confirmation (Prober.confirm) is a second look, not a round of the window
+            self.window.add(sample)
         callback = self.prober.on_sample
         if callback is not None:
             try:
@@ -261,6 +262,16 @@ class Prober:
                 relaxed[key] = until_ns
             elif relaxed.pop(key, None) is not None:
                 backend.hurry()
+
+    def confirm(self, key: Hashable, delay_ms: float) -> bool:
+        """One extra probe of key delay_ms from now, off its schedule, whose Sample has extra
+        set: a second look at a result that may be noise (weights.confirm_due). Refused (False)
+        when the next regular probe starts about as soon, one is asked already, the target is
+        relaxed, or unknown or without probe."""
+        backend = self._backends.get(key)
+        if backend is None or backend.probe_check is None:
+            return False
+        return backend.probe_check.confirm(int(delay_ms * 1_000_000))
 
     def relaxed(self, key: Hashable) -> bool:
         """Whether key's next probe was set at the relaxed interval."""

@@ -23,6 +23,7 @@ import pytest
 from controlplane import abi
 from controlplane.config import ct6_size, half_open_size
 from controlplane.maps import MAGLEV_STRIDE, Maps, layouts
+from controlplane.maps.family6 import named_vip
 from controlplane.maps.records import vip_filter_words
 
 INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
@@ -323,10 +324,16 @@ def half_states(mem: MemMaps, target: dict[tuple, str] | None = None) -> list[st
     for key in vips:  # the fast path's filter must not rule a VIP address out (only costs a lookup)
         if any(w & ~have for w, have in zip(vip_filter_words([key[0]]), words)):
             bad.append(f"VIP {key}: its bit in {abi.MAP_VIP_FILTER} is clear")
-    for vid in range(mem.max_services):  # the fast path forwards conntrack hits to a VIP key named here
+    vips6 = {(0, tuple(k.addr.w), k.port, k.proto): v.id for k, v in t[abi.MAP_VIPS6].items()}
+    for vid in range(mem.max_services):  # the fast paths forward conntrack hits to a VIP key named here
         c = t[abi.MAP_SVC_CFG][vid]
-        key = (c.vip_addr, c.vip_port, c.vip_proto)
-        if key != (0, 0, 0) and vips.get(key) != vid:
+        named = named_vip(c)  # (IPv4 address, IPv6 words, port, protocol)
+        key = named if any(named[1]) else (c.vip_addr, c.vip_port, c.vip_proto)
+        owner6 = vips6.get(named)
+        if any(named[1]) and owner6 != vid:
+            owner = "gone" if owner6 is None else f"id {owner6}'s"
+            bad.append(f"service id {vid} names IPv6 VIP {key} ({owner}): its conntrack hits skip the VIP lookup")
+        elif not any(named[1]) and key != (0, 0, 0) and vips.get(key) != vid:
             owner = "gone" if key not in vips else f"id {vips[key]}'s"
             bad.append(f"service id {vid} names VIP {key} ({owner}): its conntrack hits skip the VIP lookup")
     rnat = {(k.addr, k.port, k.proto): v for k, v in t[abi.MAP_RNAT].items()}

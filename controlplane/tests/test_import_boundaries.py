@@ -34,6 +34,7 @@ PURE = [
     "controlplane/probe/budget.py",
     "controlplane/samples.py",
     "controlplane/weights.py",
+    "controlplane/steadyrtt.py",
     "controlplane/wiresignals.py",
 ]
 

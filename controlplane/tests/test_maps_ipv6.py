@@ -125,3 +125,28 @@ def test_weights_of_an_ipv6_service_flip_its_table(mem):
     slots = maps.set_weights(cfg.services[1], {"b0": 0})
     assert slots == {"b0": 0, "b1": M}
     assert cfg.services[1].name in {s["name"] for s in maps.snapshot()["services"]}
+
+
+def _named6(mem, vid: int) -> tuple[str, int, int] | None:
+    """The IPv6 VIP key service id vid's config names for ingress6.h's established6, or None."""
+    c = mem.tables[abi.MAP_SVC_CFG][vid]
+    if not any(c.vip_addr6.w):
+        return None
+    return str(addr_of(c.vip_addr6)), from_be16(c.vip_port), int(c.vip_proto)
+
+
+def test_ipv6_service_config_names_its_vip_for_the_shortcut_and_forgets_it(mem):
+    """established6 (ingress6.h) forwards an edge_ct6 hit to the VIP key the service's config
+    names without the edge_vips6 lookup: named once the VIP entry is the service's, renamed when
+    the VIP moves, cleared before it goes (memtables checks the entry exists after every write)."""
+    maps = mem.maps()
+    maps.apply(config(V4, v6()))
+    vid, _ = maps.ids("chat6")
+    assert _named6(mem, vid) == ("2001:2:0:ff::1", 80, 6)
+    assert int(mem.tables[abi.MAP_SVC_CFG][vid].vip_addr) == 0
+    v4id, _ = maps.ids("chat")
+    assert _named6(mem, v4id) is None  # an IPv4 service names its VIP in vip_addr only
+    maps.apply(config(V4, v6(vip="2001:2:0:ff::2", port=443)))
+    assert _named6(mem, vid) == ("2001:2:0:ff::2", 443, 6)
+    maps.apply(config(V4))
+    assert _named6(mem, vid) is None

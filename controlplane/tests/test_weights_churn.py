@@ -9,7 +9,7 @@ from ipaddress import IPv4Address
 
 from controlplane.config import Backend, Health, Probe, Service, Weights
 from controlplane.samples import Sample
-from controlplane.weights import Tracker, decide, observe_sample
+from controlplane.weights import Tracker, confirm_due, decide, observe_sample
 
 MS = 1_000_000
 T0 = 10**12
@@ -131,3 +131,112 @@ def test_two_sample_bursts_short_of_the_jump_move_nothing_and_a_2x_step_moves_at
         observe_sample(trackers["b0"], Sample(t_ns=t + i * 100 * MS, ok=True, rtt_s=0.00534 * 1.9), svc.weights, PROBE)
     d = decide(svc, trackers, pushed, t + 100 * MS)
     assert d.push and d.weights["b0"] < 0.85 * before, (before, d.weights)
+
+
+def test_a_burst_taken_for_a_step_costs_two_pushes_however_it_ends():
+    """Slow spells of probe RTTs recorded in the lab (tools/bench-churn record, load average 4-11):
+    two samples at 2-4x that agree, as a real step's do, so the jump moves the weight at the
+    second; then, before the spell ends, a few more samples between the floor and 6x
+    (b1: 1.0, 4.16, 4.07, 1.00, 2.10, 0.99, 6.11, 1.00). Each pair of samples that looks like a
+    step costs at most two pushes (the jump, and the return to the window from before it), not a
+    settling of a window restarted from the spell's own samples (3-6 pushes a spell before)."""
+    svc = service(3)
+    rng = random.Random(11)
+    base = 0.0055
+    spells = {n: {} for n in ("b0", "b1", "b2")}
+    for j, n in enumerate(spells):
+        k = 40 + 20 * j
+        while k < 1150:
+            level = rng.uniform(2.0, 4.0)
+            tail = [rng.choice((rng.uniform(1.0, 1.3), rng.uniform(1.9, 6.0))) for _ in range(rng.randint(2, 5))]
+            for i, f in enumerate([level, level * rng.uniform(0.9, 1.1), *tail, 1.0]):
+                spells[n][k + i] = f
+            k += rng.randint(100, 200)
+    trackers = {n: Tracker() for n in spells}
+    pushed, pushes = None, 0
+    for k in range(1200):
+        for j, n in enumerate(trackers):
+            t = T0 + k * 100 * MS + j * 33 * MS
+            rtt = base * rng.uniform(0.99, 1.03) * spells[n].get(k, 1.0)
+            observe_sample(trackers[n], Sample(t_ns=t, ok=True, rtt_s=rtt), svc.weights, PROBE)
+            d = decide(svc, trackers, pushed, t)
+            if d.push:
+                pushed, pushes = d.weights, pushes + (k >= 20)
+
+    def steplike(a: float, b: float) -> bool:  # slow and agreeing as a step's two samples do
+        return min(a, b) >= 1.8 and max(a, b) <= 1.4 * min(a, b)
+
+    pairs = sum(1 for n in spells for k, f in spells[n].items() if steplike(f, spells[n].get(k + 1, 1.0)))
+    assert pushes <= 2 * pairs, (pushes, pairs)
+    assert max(pushed.values()) - min(pushed.values()) <= 0.1 * max(pushed.values()), pushed  # even again
+
+
+def test_a_confirmation_probe_found_fast_vetoes_the_jump_and_a_real_steps_agree():
+    """Probe RTTs of the lab at 20 ms (tools/bench-churn): inside a spell of host noise a probe
+    20-40 ms after a slow one is often back at the floor (b1: 3.94, 1.30, 3.15, 3.91, 0.98),
+    while after a real step every probe agrees (10.4, 10.6, 10.4, 10.5 ms). A slow probe asks
+    for a confirmation (confirm_due); two slow regular probes whose confirmation came back fast
+    are no jump, and a 2x step whose confirmation agrees still moves at its second probe."""
+    svc = service(3)
+    w = svc.weights
+    trackers = {n: Tracker() for n in ("b0", "b1", "b2")}
+    pushed, t = None, T0
+    for k in range(60):
+        for j, n in enumerate(trackers):
+            s = Sample(t_ns=t + k * 100 * MS + j * 33 * MS, ok=True, rtt_s=0.0055 * (1 + 0.01 * (k % 3)))
+            observe_sample(trackers[n], s, w, PROBE)
+            pushed = decide(svc, trackers, pushed, s.t_ns).weights
+    before, t = pushed["b0"], t + 60 * 100 * MS
+    tr = trackers["b0"]
+
+    def probe(dt_ms: int, factor: float, extra: bool = False):
+        s = Sample(t_ns=t + dt_ms * MS, ok=True, rtt_s=0.0055 * factor, extra=extra)
+        observe_sample(tr, s, w, PROBE)
+        return s, decide(svc, trackers, pushed, s.t_ns)
+
+    s, d = probe(0, 2.2)
+    assert confirm_due(tr, s, w) and not d.push  # slow: a second look
+    s, d = probe(33, 1.02, extra=True)  # found fast: noise
+    assert not confirm_due(tr, s, w) and not d.push
+    s, d = probe(100, 2.1)  # two slow regular probes that agree, as on main's jump
+    assert not d.push, d.weights
+
+    for k in range(2, 10):
+        probe(100 * k, 1.0)
+    t += 1000 * MS  # b0 2x from here, every probe agreeing
+    s, d = probe(0, 2.0)
+    assert confirm_due(tr, s, w) and not d.push
+    s, d = probe(33, 2.05, extra=True)
+    assert confirm_due(tr, s, w) and not d.push
+    s, d = probe(67, 1.95, extra=True)
+    s, d = probe(100, 2.02)
+    assert d.push and d.weights["b0"] < 0.85 * before, (before, d.weights)
+    assert not confirm_due(tr, probe(200, 2.0)[0], w)  # the new level: nothing to confirm
+
+
+def test_host_stalls_that_slow_every_backend_at_once_push_only_at_their_end():
+    """A loaded host stalls the prober or every server at once (recorded in the lab at load
+    average 10: b0 12.8, 2.5, 5.9; b1 8.9, 4.6, 2.9; b2 8.6, 2.2, 12.8 in the same 300 ms). Each
+    backend's jump comes at its own probe, so the weights swing one backend at a time (before:
+    6-7 pushes a stall). While at least half of the backends' newest probes are slow, an RTT
+    change waits: what is left is the backend probed last, alone slow for one probe after the
+    others came back, which looks like a lone step (two pushes a stall). A lone backend's real
+    2x step is not a stall and moves at its second probe (the tests above)."""
+    svc = service(3)
+    rng = random.Random(5)
+    stalls, n_stalls = set(), 0
+    k = 40
+    while k < 1150:
+        stalls |= set(range(k, k + rng.randint(2, 4)))
+        k, n_stalls = k + rng.randint(60, 150), n_stalls + 1
+    trackers = {n: Tracker() for n in ("b0", "b1", "b2")}
+    pushed, pushes = None, 0
+    for k in range(1200):
+        for j, n in enumerate(trackers):
+            t = T0 + k * 100 * MS + j * 33 * MS
+            f = rng.uniform(2.0, 4.0) if k in stalls else rng.uniform(0.99, 1.03)
+            observe_sample(trackers[n], Sample(t_ns=t, ok=True, rtt_s=0.0055 * f), svc.weights, PROBE)
+            d = decide(svc, trackers, pushed, t)
+            if d.push:
+                pushed, pushes = d.weights, pushes + (k >= 20)
+    assert pushes <= 2 * n_stalls, (pushes, n_stalls)
