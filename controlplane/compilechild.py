@@ -2,7 +2,8 @@
 clang runs) never live in the process that asks: build() starts `python -m
 controlplane.compilechild`, which compiles bpf/ (loader.compile_datapath), pins the maps,
 loads the programs asked for (the ingress installs its tail calls in the pinned edge_tails),
-hands their fds back over a socket (SCM_RIGHTS) and exits. The caller then holds the
+hands their fds back over a socket (SCM_RIGHTS) and exits. install_tails() only puts tail
+programs into a deployed data path's edge_tails (the IPv6 ones, at a reload). The caller then holds the
 programs and opens the pins with bpf(2) alone (pinned.Pinned). A failure in the child comes
 back as the same EdgeError (type and one line) the compile would have raised in-process.
 Cancel ends a compile under way from another thread (edged's stop during its start).
@@ -100,6 +101,46 @@ def build(
         raise
 
 
+def install_tails(pin_path: Path, params: loader.Params, slots: frozenset[int]) -> None:
+    """Compiles the data path sized by params in a child, over the maps pinned at pin_path, and
+    puts the tail programs of slots into the pinned edge_tails (loader.Loaded.install_tails);
+    nothing else of the deployed data path changes. Raises the child's EdgeError."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    request = json.dumps({"pin_path": str(pin_path), "params": asdict(params), "tails": sorted(slots)})
+    with ours, tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "controlplane.compilechild", str(theirs.fileno()), request],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        finally:
+            theirs.close()
+        try:
+            msg = ours.recv(_MAX_MSG)
+            proc.wait()
+        finally:
+            if proc.poll() is None:  # we were interrupted: the compile ends with us
+                proc.kill()
+                proc.wait()
+        _received(msg, [], [], proc.returncode, err)
+
+
+def load_ipv6(pinned) -> None:
+    """Puts the IPv6 programs into the empty IPv6 slots of a data path deployed without them
+    (for IPv4 services only; pinned: its pins held), compiled in a child over its pins; the
+    attached programs, the maps and every IPv4 flow stay as they are. ConfigError when IPv6
+    forwarding is off (the IPv6 programs' FIB lookups need it); the child's EdgeError when the
+    compile or load fails."""
+    if not loader.ipv6_forwarding():
+        raise errors.ConfigError(
+            "an IPv6 VIP needs net.ipv6.conf.all.forwarding=1 (the data path's FIB lookups); set it and reload again"
+        )
+    install_tails(pinned.pin_path, pinned.params, loader.TAILS_V6)
+
+
 def _received(msg: bytes, fds: list[int], progs: Sequence[tuple[str, str]], rc: int, err) -> dict[str, Prog]:
     """The programs the child handed over, or its failure raised."""
     if not msg:
@@ -126,6 +167,13 @@ def _serve(sock: socket.socket, request: dict) -> None:
     params = loader.Params(**request["params"])
     try:
         loaded = loader.compile_datapath(Path(request["pin_path"]), params)
+        if "tails" in request:
+            try:
+                loaded.install_tails(frozenset(request["tails"]))
+                sock.send(json.dumps({"ok": []}).encode())
+            finally:
+                loaded.close()
+            return
         if not request.get("ipv6", True):
             loaded.skip_tails = loader.TAILS_V6
         try:

@@ -81,13 +81,16 @@ class Backend:
 
 @dataclass(frozen=True)
 class Dns:
-    """Backends from DNS: SRV records (target, port, weight) or A records plus a port."""
+    """Backends from DNS: SRV records (target, port, weight) or A/AAAA records plus a port."""
 
     name: str = option("the name to resolve, e.g. _chat._tcp.fleet.example.", _dns_name)
     type: str = option(
-        "SRV (target, port, weight; lowest priority primary, others standby) or A", _one_of("SRV", "A"), "SRV"
+        "SRV (target, port, weight; lowest priority primary, others standby; targets resolved by A for an "
+        "IPv4 VIP, by AAAA for an IPv6 one), A (IPv4 VIP) or AAAA (IPv6 VIP)",
+        _one_of("SRV", "A", "AAAA"),
+        "SRV",
     )
-    port: Optional[int] = option("port of every backend (type A only)", _port, None)
+    port: Optional[int] = option("port of every backend (types A and AAAA only)", _port, None)
     servers: tuple[tuple[str, int], ...] = option(
         "resolvers as IPv4[:PORT]; empty: the system's (/etc/resolv.conf)", _list_of(_server), ()
     )
@@ -96,10 +99,10 @@ class Dns:
     max_ttl_ms: int = option("re-resolve at least this often, whatever the TTL", _ms, 300000)
 
     def _validate(self, path: str) -> None:
-        if self.type == "A" and self.port is None:
-            raise ConfigError(f"{path}.port: required when type is A (A records carry no port)")
+        if self.type != "SRV" and self.port is None:
+            raise ConfigError(f"{path}.port: required when type is {self.type} ({self.type} records carry no port)")
         if self.type == "SRV" and self.port is not None:
-            raise ConfigError(f"{path}.port: only for type A (SRV records carry their port)")
+            raise ConfigError(f"{path}.port: only for types A and AAAA (SRV records carry their port)")
         if self.max_ttl_ms < self.min_ttl_ms:
             raise ConfigError(f"{path}.max_ttl_ms: {self.max_ttl_ms} is less than min_ttl_ms ({self.min_ttl_ms})")
 
@@ -176,13 +179,22 @@ def _check_dsr(s: "Service", path: str) -> None:
 
 def _check_ipv6(s: "Service", path: str) -> None:
     """What an IPv6 service cannot have yet: the data path's IPv6 side forwards, reverse-NATs and judges
-    passive health, but has no heartbeats, DSR or discovery."""
+    passive health, but has no heartbeats or DSR."""
     if s.forwarding == "dsr":
         raise ConfigError(f"{path}.forwarding: dsr is not supported for IPv6 VIPs yet")
     if s.health and s.health.heartbeat:
         raise ConfigError(f"{path}.health.heartbeat: not supported for IPv6 VIPs yet (use health.passive)")
-    if s.discovery is not None:
-        raise ConfigError(f"{path}.discovery: not supported for IPv6 VIPs yet")
+
+
+def _check_dns_family(s: "Service", path: str) -> None:
+    """A and AAAA records give addresses of one family: the VIP's."""
+    dns = s.discovery.dns if s.discovery else None
+    wanted = "AAAA" if s.vip.version == 6 else "A"
+    if dns is not None and dns.type in ("A", "AAAA") and dns.type != wanted:
+        raise ConfigError(
+            f"{path}.discovery.dns.type: {dns.type} gives IPv{4 if dns.type == 'A' else 6} addresses but the VIP "
+            f"{s.vip} is IPv{s.vip.version} (use {wanted})"
+        )
 
 
 @dataclass(frozen=True)
@@ -207,9 +219,10 @@ class Service:
         "nat",
     )
     new_flows: str = option(
-        "how a new connection picks its backend: maglev (the Maglev slot of its hash, by weight) or two_choices "
-        "(that backend or a second one drawn uniformly, whichever has fewer open TCP connections)",
-        _one_of("maglev", "two_choices"),
+        "how a new connection picks its backend: maglev (the Maglev slot of its hash, by weight), two_choices "
+        "(that backend or a second one drawn uniformly, whichever has fewer open TCP connections) or least_loaded "
+        "(the fewest open TCP connections of that backend and up to 7 others: every backend of a service of 8)",
+        _one_of("maglev", "two_choices", "least_loaded"),
         "maglev",
     )
     health: Optional[Health] = option("health checks; none when absent", _section(Health), None)
@@ -261,6 +274,7 @@ class Service:
             raise ConfigError(f"{path}.backends: service {self.name!r} has no primary backend (all are standby)")
         if self.vip.version == 6:
             _check_ipv6(self, path)
+        _check_dns_family(self, path)
         if self.forwarding == "dsr":
             _check_dsr(self, path)
         if len(self.backends) > MAX_PER_SERVICE:
@@ -292,7 +306,11 @@ class ApiTls:
 class BgpPeer:
     """One BGP neighbour of this node (usually the upstream router or a route reflector)."""
 
-    address: IPv4Address = option("the neighbour's IPv4 address, on a directly connected network", _ipv4("peers"))
+    address: IPv4Address | IPv6Address = option(
+        "the neighbour's IPv4 or global IPv6 address, on a directly connected network; the session carries "
+        "the VIPs of its family (IPv4 VIPs to IPv4 peers, IPv6 VIPs to IPv6 peers)",
+        _ip("peers"),
+    )
     remote_as: int = option("the neighbour's AS number", _int(1, 4294967295, "an AS number"))
 
 
@@ -304,7 +322,9 @@ class Bgp:
     speaker: str = option("the BGP daemon edged runs: bird (BIRD 2)", _one_of("bird"), "bird")
     local_as: int = option("this node's AS number", _int(1, 4294967295, "an AS number"), 0, required=True)
     router_id: Optional[IPv4Address] = option(
-        "BGP router id; absent: the speaker picks one of the node's addresses", _ipv4("router ids"), None
+        "BGP router id; absent: the speaker picks one of the node's IPv4 addresses (set it where there is none)",
+        _ipv4("router ids"),
+        None,
     )
     peers: tuple[BgpPeer, ...] = option(
         "the BGP neighbours the VIPs are announced to", _sections(BgpPeer), (), required=True
@@ -327,7 +347,7 @@ class Bgp:
     control_socket: str = option("the speaker's control socket (birdc -s)", _abs_path, "/run/edge/bird.ctl")
 
     def _validate(self, path: str) -> None:
-        seen: dict[IPv4Address, int] = {}
+        seen: dict[IPv4Address | IPv6Address, int] = {}
         for i, peer in enumerate(self.peers):
             if peer.address in seen:
                 raise ConfigError(f"{path}.peers[{i}].address: {peer.address} is already peers[{seen[peer.address]}]")
@@ -472,9 +492,14 @@ class Config:
             keys[service.key] = i
         node = self.node
         if node.bgp is not None:
+            families = {peer.address.version for peer in node.bgp.peers}
             for i, service in enumerate(self.services):
-                if service.vip.version == 6:
-                    raise ConfigError(f"services[{i}].vip: IPv6 VIPs are not announced over BGP yet (node.bgp is set)")
+                if service.vip.version not in families:
+                    v = service.vip.version
+                    raise ConfigError(
+                        f"services[{i}].vip: {service.vip} cannot be announced: node.bgp.peers has no IPv{v} peer "
+                        f"(a session carries the VIPs of its own family)"
+                    )
         if len(self.services) > node.max_services:
             raise ConfigError(
                 f"services: {len(self.services)} services, more than node.max_services ({node.max_services})"

@@ -322,11 +322,23 @@ class Loaded:
                 with contextlib.suppress(KeyError, MapError):
                     del table[table.Key(slot)]
                 continue
-            fn = self.load(func, "xdp")
-            try:
-                table[table.Key(slot)] = table.Leaf(fn.fd)
-            except MapError as e:
-                raise LoaderError(f"install tail call {func}: {e}") from e
+            self._put_tail(table, slot, func)
+
+    def install_tails(self, slots: frozenset[int]) -> None:
+        """Loads the tail programs of slots and puts them in the pinned edge_tails, the entry
+        (abi.TAIL_V6) last: until it is there, the running ingress passes what it would call. The
+        other slots and the attached programs are left as they are (a reload adding the first
+        IPv6 service, over a data path deployed without the IPv6 programs)."""
+        table = self.tables()[abi.MAP_TAILS]
+        for slot in sorted(slots, key=lambda s: s == abi.TAIL_V6):
+            self._put_tail(table, slot, TAILS[slot])
+
+    def _put_tail(self, table, slot: int, func: str) -> None:
+        fn = self.load(func, "xdp")
+        try:
+            table[table.Key(slot)] = table.Leaf(fn.fd)
+        except MapError as e:
+            raise LoaderError(f"install tail call {func}: {e}") from e
 
     def close(self) -> None:
         # Drops our fds; pinned maps and attached programs stay in the kernel.

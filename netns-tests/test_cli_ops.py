@@ -1,5 +1,5 @@
 """edgectl's operator commands on a real router: conntrack lists the connections the data
-path tracks (bounded, filtered), diff says what a changed config would change, and status
+path tracks (bounded, filtered; IPv4 and IPv6 ones), diff says what a changed config would change, and status
 finds a router pinned under a custom node.pin_dir through the node's config.
 
         client ──veth── router (XDP) ──veth── b0, b1, b2
@@ -48,6 +48,44 @@ def test_conntrack_lists_each_connection_with_its_backend_bounded_and_filtered(n
         assert unknown.returncode == 1 and "nope" in unknown.stderr
     finally:
         close_all(conns)
+        router.undeploy()
+
+
+def _v6(router, net) -> dict:
+    svc = router.service("web6", vip=str(net.topo.vip6))
+    for entry in svc["backends"]:
+        entry["address"] = str(net.topo.backend_addr6(int(entry["name"][1:])).ip)
+    return svc
+
+
+def test_conntrack_lists_ipv6_connections_beside_ipv4_ones(net, router):
+    """An IPv4 and an IPv6 service, 10 connections each: `conntrack --json` lists all 20 with their
+    backends, IPv6 endpoints as [ADDR]:PORT; --service web6 --backend B filters IPv6 ones; the
+    table shows the IPv6 VIP. Before, edge_ct6 was not read: the IPv6 connections were missing."""
+    router.deploy([router.service("web"), _v6(router, net)])
+    vip6 = net.topo.vip6
+    conns4 = open_connections(net.client, net.vip, PORT, 10)
+    conns6 = open_connections(net.client, vip6, PORT, 10)
+    try:
+        owners = {c.local_addr: c.request().backend for c in conns4}
+        owners6 = {
+            "[{}]:{}".format(*c.local_addr.rsplit(":", 1)): c.request().backend for c in conns6
+        }  # local_addr is ADDR:PORT, also for IPv6
+        listed = ctl_json(router, "conntrack")
+        got = {e["client"]: (e["service"], e["backend"], e["vip"]) for e in listed["entries"]}
+        assert listed["complete"] and len(listed["entries"]) == 20, listed
+        assert got == {
+            **{c: ("web", b, f"{net.vip}:{PORT}") for c, b in owners.items()},
+            **{c: ("web6", b, f"[{vip6}]:{PORT}") for c, b in owners6.items()},
+        }
+        some = next(iter(set(owners6.values())))
+        only = ctl_json(router, "conntrack", "--service", "web6", "--backend", some)["entries"]
+        assert {e["client"] for e in only} == {c for c, b in owners6.items() if b == some}
+        table = router.edgectl("conntrack")
+        assert table.returncode == 0 and f"[{vip6}]:{PORT}" in table.stdout, table.stdout
+        assert table.stdout.splitlines()[-1] == "20 entries", table.stdout
+    finally:
+        close_all(conns4 + conns6)
         router.undeploy()
 
 

@@ -1,4 +1,4 @@
-"""`edgectl conntrack`: the connections the data path tracks (edge_ct), read from the pinned
+"""`edgectl conntrack`: the connections the data path tracks (edge_ct, then edge_ct6), read from the pinned
 maps, at most --limit of them and filtered by service and backend, like `ipvsadm -Lnc`."""
 
 from __future__ import annotations

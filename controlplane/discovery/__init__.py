@@ -10,8 +10,10 @@ hands every accepted change to edged's reload/apply path.
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Awaitable, Callable, Optional, Protocol, Union
 
 from controlplane.config import Backend
@@ -46,6 +48,21 @@ class Source(Protocol):
         """Reports every answer and failure until cancelled; never raises on a source fault."""
 
 
-def endpoint_name(address: IPv4Address, port: int) -> str:
-    """A discovered backend's name: its endpoint, so a moved backend is a new one (drain, then slow start)."""
-    return f"{address}-{port}"
+NAME_MAX = 31  # config's backend names (the maps keep 31 bytes and a NUL)
+
+
+def endpoint_name(address: IPv4Address | IPv6Address | str, port: int) -> str:
+    """A discovered backend's name: its endpoint, so a moved backend is a new one (drain, then slow start).
+    IPv4: '198.18.1.2-8000'. IPv6 (names have no ':'): the compressed address with '.' for ':', as
+    '2001.2.0.1..2-8000'; one longer than a name may be is 'v6.' and 20 hex digits of the endpoint's
+    SHA-256, as 'v6.1f0c...-8000'."""
+    try:
+        address = ipaddress.ip_address(address) if isinstance(address, (str, IPv6Address)) else address
+    except ValueError:
+        return f"{address}-{port}"  # not an address: the config check that follows names it
+    if not isinstance(address, IPv6Address):
+        return f"{address}-{port}"
+    name = f"{str(address).replace(':', '.')}-{port}"
+    if len(name) <= NAME_MAX:
+        return name
+    return f"v6.{hashlib.sha256(f'[{address}]:{port}'.encode()).hexdigest()[:20]}-{port}"

@@ -10,7 +10,7 @@ is valid (names, endpoints, sizes), so a bad answer can never reach the maps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Optional
 
 from controlplane import abi
@@ -77,10 +77,25 @@ NOT_BACKENDS = (
     (IPv4Network("100.64.0.0/10"), "in 100.64.0.0/10 (shared address space)"),
     (IPv4Network("0.0.0.0/8"), "in 0.0.0.0/8"),
     (IPv4Network("255.255.255.255/32"), "broadcast"),
+    # IPv6 (config refuses most of these in any backend already; kept here so that a source's answer
+    # is screened the same whatever config allows). Unique-local fc00::/7 is allowed: it is IPv6's
+    # private range, where backends live as they do in 10/8 for IPv4.
+    (IPv6Network("fe80::/10"), "link-local"),
+    (IPv6Network("::1/128"), "loopback"),
+    (IPv6Network("::/128"), "the unspecified address"),
+    (IPv6Network("::ffff:0:0/96"), "an IPv4-mapped address"),
+    (IPv6Network("fec0::/10"), "site-local (deprecated)"),
+    (IPv6Network("ff00::/8"), "multicast"),
 )
 
 
-def not_a_backend(address: IPv4Address, vips) -> Optional[str]:
+def by_endpoint(b: Backend) -> tuple:
+    """A sort key of backends by endpoint, of both families (addresses of two versions do not
+    compare: IPv4 first)."""
+    return (b.address.version, b.address, b.port)
+
+
+def not_a_backend(address: IPv4Address | IPv6Address, vips) -> Optional[str]:
     """Why a discovered address may not be a backend (a source must not point the data path at
     the router itself, a VIP or a special range), or None. The router's own addresses are
     checked beside this, against its routes (Supervisor's is_local)."""
@@ -129,7 +144,7 @@ def offer(c: Cached, result: Result, now_s: float, fits=None) -> Verdict:
     if isinstance(result, Failure):
         why = result.why
     elif isinstance(result, Answer):
-        backends = tuple(sorted(result.backends, key=lambda b: (b.address, b.port)))
+        backends = tuple(sorted(result.backends, key=by_endpoint))
         if not backends and not c.allow_empty:
             why = "empty answer (allow_empty is false)"
         elif fits is not None:
@@ -187,7 +202,7 @@ def adoptable(s: Service, deployed: list[tuple[Backend, int]], secret: Optional[
         if secret is not None and b.token == derive_token(secret, b.address, b.port):
             b = replace(b, token=None)
         out.append(b)
-    return tuple(sorted(out, key=lambda b: (b.address, b.port)))
+    return tuple(sorted(out, key=by_endpoint))
 
 
 def describe_change(previous: Optional[tuple[Backend, ...]], now: tuple[Backend, ...]) -> str:

@@ -1,10 +1,11 @@
-"""DNS discovery: SRV (target, port, weight) or A records plus a port, re-resolved by TTL.
+"""DNS discovery: SRV (target, port, weight) or A/AAAA records plus a port, re-resolved by TTL.
 
 dnspython's asyncio resolver does the protocol; this module turns records into
 backends and decides when to ask again: after the answer's smallest TTL,
 clamped to min_ttl_ms..max_ttl_ms; after a failure, after retry_ms. SRV: the
 lowest priority is primary, higher priorities are standby; weight 0 (RFC 2782:
-"very small chance") becomes 1. NXDOMAIN and no records are an empty answer;
+"very small chance") becomes 1. SRV targets are resolved by the VIP's family: A for an
+IPv4 VIP, AAAA for an IPv6 one (config checks that type A or AAAA is the VIP's). NXDOMAIN and no records are an empty answer;
 SERVFAIL, timeouts and unusable records are failures. An answer of more records than
 discovery.max_backends is refused before any target is resolved, and at most MAX_QUERIES
 targets are resolved at once.
@@ -26,15 +27,17 @@ from controlplane.discovery import Answer, Failure, Report, endpoint_name
 from controlplane.errors import ConfigError
 from controlplane.limits import WEIGHT_MAX
 
-MAX_QUERIES = 16  # A lookups of SRV targets in flight at once (each holds a socket; edged has 1,024 fds)
+MAX_QUERIES = 16  # A/AAAA lookups of SRV targets in flight at once (each holds a socket; edged has 1,024 fds)
 
 
 class DnsSource:
     kind = "dns"
     watched = False
 
-    def __init__(self, d: Discovery):
+    def __init__(self, d: Discovery, family: int = 4):
+        """family: the VIP's IP version; SRV targets are looked up by its record type."""
         self.cfg: Dns = d.dns
+        self.address_type = "AAAA" if family == 6 else "A"
         self.retry_s = d.retry_ms / 1000
         self.max_backends = d.max_backends
         self.resolver = dns.asyncresolver.Resolver(configure=not self.cfg.servers)
@@ -68,11 +71,11 @@ class DnsSource:
         c = self.cfg
         if c.type == "SRV":
             return await self._resolve_srv()
-        ans = await self._query(c.name, "A")
+        ans = await self._query(c.name, c.type)
         if ans is None:
             return Answer((), None)
-        self._cap(len(ans), "A answer")
-        out = [_backend(str(r.address), c.port, 1, False, f"{c.name} A") for r in ans]
+        self._cap(len(ans), f"{c.type} answer")
+        out = [_backend(str(r.address), c.port, 1, False, f"{c.name} {c.type}") for r in ans]
         return Answer(tuple(out), float(ans.rrset.ttl))
 
     async def _resolve_srv(self) -> Answer:
@@ -100,13 +103,13 @@ class DnsSource:
 
         async def lookup(target: str):
             async with gate:
-                return await self._query(target, "A")
+                return await self._query(target, self.address_type)
 
         found = await asyncio.gather(*(lookup(t) for t in targets))
         addresses = {}
         for target, a in zip(targets, found, strict=True):
             if a is None:
-                raise ConfigError(f"SRV target {target} has no A record")
+                raise ConfigError(f"SRV target {target} has no {self.address_type} record")
             addresses[target] = [str(r.address) for r in a]
             ttl = min(ttl, float(a.rrset.ttl))
         return addresses, ttl

@@ -30,7 +30,7 @@ def make_source(s: Service) -> Source:
     if s.discovery.dns is not None:
         from controlplane.discovery.dns import DnsSource
 
-        return DnsSource(s.discovery)
+        return DnsSource(s.discovery, s.vip.version)
     from controlplane.discovery.etcd import EtcdSource
 
     return EtcdSource(s.discovery)

@@ -1,6 +1,6 @@
 """Heartbeat keys of discovered backends, derived from the service secret and the backend's
 identity in the control plane, its endpoint: the first 128 bits of
-HMAC-SHA256(secret, "edge heartbeat key v2 ADDR:PORT").
+HMAC-SHA256(secret, "edge heartbeat key v2 ADDR:PORT") ("[ADDR]:PORT" for an IPv6 endpoint).
 
 The router derives every backend's key from the secret; each agent gets only its own key
 (`edgectl heartbeat-key` prints it for --token-file), so no agent can compute another backend's
@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import os
 import stat
-from ipaddress import AddressValueError, IPv4Address
+from ipaddress import AddressValueError, IPv4Address, IPv6Address, ip_address
 from typing import TYPE_CHECKING
 
 from controlplane.errors import ConfigError
@@ -29,10 +29,11 @@ MAX_SECRET_BYTES = 4096
 KEY_LABEL = b"edge heartbeat key v2 "
 
 
-def derive_token(secret: bytes, address: IPv4Address | str, port: int) -> int:
+def derive_token(secret: bytes, address: IPv4Address | IPv6Address | str, port: int) -> int:
     """The 128-bit heartbeat key (as the config's `token`) of endpoint address:port; never 0 (the
     config rejects token 0)."""
-    identity = f"{IPv4Address(str(address))}:{int(port)}".encode()
+    a = ip_address(str(address))
+    identity = (f"{a}:{int(port)}" if a.version == 4 else f"[{a}]:{int(port)}").encode()
     digest = hmac.new(secret, KEY_LABEL + identity, hashlib.sha256).digest()
     return int.from_bytes(digest[:16], "big") or 1
 
@@ -73,7 +74,7 @@ def heartbeat_key(cfg: "Config", service: str, endpoint: str) -> int:
         raise ConfigError(f"--service: no service {service!r} in the config") from None
     addr, _, port = endpoint.rpartition(":")
     try:
-        address, number = IPv4Address(addr), int(port)
+        address, number = ip_address(addr.removeprefix("[").removesuffix("]")), int(port)
     except (AddressValueError, ValueError):
         raise ConfigError(f"--backend: {endpoint!r} is not ADDR:PORT") from None
     for b in s.backends:

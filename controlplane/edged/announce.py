@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Callable, Iterable, Protocol
 
 from controlplane.errors import SpeakerError
 
+Vip = IPv4Address | IPv6Address
 POLL_S = 0.05  # how often the node's state is looked at; changes by edged poke() at once
 RESTART_EVERY_S = 1.0  # a speaker that died is started again at most this often
 
@@ -25,7 +26,7 @@ class ServiceState:
     """One service as the announcement sees it."""
 
     name: str
-    vip: IPv4Address
+    vip: Vip
     usable_backends: int  # backends that would get a new flow now (up, not drained, not down by probes)
 
 
@@ -42,14 +43,14 @@ class NodeState:
 
 @dataclass(frozen=True)
 class Decision:
-    announce: frozenset[IPv4Address]
-    withdrawn: dict[IPv4Address, str] = field(default_factory=dict)  # VIP -> why it is not announced
+    announce: frozenset[Vip]
+    withdrawn: dict[Vip, str] = field(default_factory=dict)  # VIP -> why it is not announced
 
 
 def decide(state: NodeState) -> Decision:
     """A VIP is announced while the data path is attached, edged serves, the node is not drained
     and at least one service on that VIP has a usable backend; else it is withdrawn, with why."""
-    vips: dict[IPv4Address, int] = {}
+    vips: dict[Vip, int] = {}
     for s in state.services:
         vips[s.vip] = vips.get(s.vip, 0) + max(0, s.usable_backends)
     if not state.attached:
@@ -73,13 +74,18 @@ def decide(state: NodeState) -> Decision:
     return Decision(frozenset(announce), withdrawn)
 
 
-def describe_change(old: frozenset[IPv4Address], d: Decision) -> str:
+def in_order(vips: Iterable[Vip]) -> list[Vip]:
+    """vips sorted, IPv4 before IPv6 (addresses of two families do not compare)."""
+    return sorted(vips, key=lambda v: (v.version, v))
+
+
+def describe_change(old: frozenset[Vip], d: Decision) -> str:
     """One line for the event log: what was announced and withdrawn, and why."""
     parts = []
-    added = sorted(d.announce - old)
+    added = in_order(d.announce - old)
     if added:
         parts.append("announced " + ", ".join(map(str, added)))
-    gone = sorted(old - d.announce)
+    gone = in_order(old - d.announce)
     if gone:
         parts.append("withdrew " + ", ".join(f"{v} ({d.withdrawn.get(v, 'no longer configured')})" for v in gone))
     return "; ".join(parts) or "no change"
@@ -88,7 +94,7 @@ def describe_change(old: frozenset[IPv4Address], d: Decision) -> str:
 class Speaker(Protocol):
     pid: int | None
 
-    async def announce(self, vips: Iterable[IPv4Address]) -> None: ...
+    async def announce(self, vips: Iterable[Vip]) -> None: ...
 
     def exited(self) -> int | None:
         """The exit status of a speaker process that ended by itself; None while it runs."""
@@ -114,7 +120,7 @@ class Announcer:
         self.state = state
         self.emit = emit
         self.poll_s = poll_s
-        self.announced: frozenset[IPv4Address] = frozenset()
+        self.announced: frozenset[Vip] = frozenset()
         self.last: Decision | None = None  # the latest decision; None before the first
         self.problem = ""  # why the speaker is not announcing the decision ('' while it is)
         self.restarts = 0  # times a dead speaker was started again
@@ -180,7 +186,7 @@ class Announcer:
             self.emit(
                 "bgp-speaker",
                 f"bgp: the speaker failed: {why}; withdrew "
-                f"{', '.join(map(str, sorted(was))) or 'nothing announced'} ({how})",
+                f"{', '.join(map(str, in_order(was))) or 'nothing announced'} ({how})",
                 ok=False,
                 error=why,
                 withdrawn=sorted(map(str, was)),
@@ -199,7 +205,7 @@ class Announcer:
         if why != self.problem:
             self.emit(
                 "bgp-speaker",
-                f"bgp: {why}; the upstream withdraws {', '.join(map(str, sorted(was))) or 'nothing'}; restarting it",
+                f"bgp: {why}; the upstream withdraws {', '.join(map(str, in_order(was))) or 'nothing'}; restarting it",
                 ok=False,
                 error=why,
                 withdrawn=sorted(map(str, was)),
@@ -247,7 +253,7 @@ class Announcer:
                     raise SpeakerError(self.problem) from e
                 self.emit(
                     "bgp",
-                    f"bgp: withdrew {', '.join(map(str, sorted(self.announced)))} ({why})",
+                    f"bgp: withdrew {', '.join(map(str, in_order(self.announced)))} ({why})",
                     announced=[],
                     withdrawn={str(v): why for v in self.announced},
                 )

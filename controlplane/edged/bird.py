@@ -1,8 +1,11 @@
 """BIRD 2 as edged's BGP speaker: its config text (pure), and the one bird process edged runs.
 
 render() turns node.bgp and the VIPs to announce into a whole bird.conf: one eBGP session per
-peer (hold timer, BFD), a static protocol holding a blackhole /32 per VIP, and an export filter
-that lets only those out. Nothing is imported, nothing goes into the kernel's tables.
+peer (hold timer, BFD), a static protocol per family holding a blackhole /32 per IPv4 VIP and a
+/128 per IPv6 VIP, and an export filter that lets only those out. A session carries the channel
+of its peer's family: IPv4 VIPs go to IPv4 peers, IPv6 VIPs to IPv6 peers (their next hop is then
+the session's own address, on the shared link). Nothing is imported, nothing goes into the
+kernel's tables.
 
 Bird runs as edged's child (`bird -f`) and dies with it (PR_SET_PDEATHSIG): a dead edged is a
 dead speaker, and the upstream's BFD or hold timer withdraws the node. Every change rewrites the
@@ -18,20 +21,22 @@ import ctypes
 import os
 import signal
 import time
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Iterable, Sequence
 
 from controlplane.config import Bgp
 from controlplane.errors import ConfigError, SpeakerError
 
 STATIC = "edge_vips"  # the static protocol holding the announced /32s
+STATIC6 = "edge_vips_v6"  # the one holding the announced IPv6 /128s
+STATICS = f'"{STATIC}*"'  # birdc's pattern naming both
 START_TIMEOUT_S = 10.0
 BIRDC_TIMEOUT_S = 5.0
 _PR_SET_PDEATHSIG = 1
 _LOG = "log stderr { info, remote, warning, error, auth, fatal, bug };"
 
 
-def render(bgp: Bgp, vips: Iterable[IPv4Address], header: str = "node.bgp") -> str:
+def render(bgp: Bgp, vips: Iterable[IPv4Address | IPv6Address], header: str = "node.bgp") -> str:
     """The complete bird.conf announcing exactly vips (sorted, so equal inputs give equal text)."""
     out = [f"# Written by edged from {header}; rewritten on every change, edits are lost.", _LOG]
     if bgp.router_id is not None:
@@ -39,11 +44,14 @@ def render(bgp: Bgp, vips: Iterable[IPv4Address], header: str = "node.bgp") -> s
     out.append("protocol device { scan time 10; }")
     if bgp.bfd:
         out.append(bfd_protocol(bgp.bfd_interval_ms, bgp.bfd_multiplier))
-    out.append(f"protocol static {STATIC} {{")
-    out.append("\tipv4;")
-    out += [f"\troute {vip}/32 blackhole;" for vip in sorted(set(vips))]
-    out.append("}")
+    vips = set(vips)
+    for name, channel, length in ((STATIC, "ipv4", 32), (STATIC6, "ipv6", 128)):
+        out.append(f"protocol static {name} {{")
+        out.append(f"\t{channel};")
+        out += [f"\troute {vip}/{length} blackhole;" for vip in sorted(v for v in vips if v.max_prefixlen == length)]
+        out.append("}")
     for i, peer in enumerate(bgp.peers):
+        six = peer.address.version == 6
         out.append(
             bgp_protocol(
                 f"edge_peer{i}",
@@ -53,7 +61,8 @@ def render(bgp: Bgp, vips: Iterable[IPv4Address], header: str = "node.bgp") -> s
                 bgp.hold_time_s,
                 bgp.bfd,
                 import_="none",
-                export=f'where proto = "{STATIC}"',
+                export=f'where proto = "{STATIC6 if six else STATIC}"',
+                channel="ipv6" if six else "ipv4",
             )
         )
     return "\n".join(out) + "\n"
@@ -69,14 +78,16 @@ def bfd_protocol(interval_ms: int, multiplier: int) -> str:
 def bgp_protocol(
     name: str,
     local_as: int,
-    neighbor: IPv4Address,
+    neighbor: IPv4Address | IPv6Address,
     remote_as: int,
     hold_time_s: int,
     bfd: bool,
     import_: str,
     export: str,
+    channel: str = "ipv4",
 ) -> str:
-    """One directly connected eBGP session; retries every second after a failure."""
+    """One directly connected eBGP session with one channel (ipv4 or ipv6); retries every second
+    after a failure."""
     lines = [
         f"protocol bgp {name} {{",
         f"\tlocal as {local_as};",
@@ -89,7 +100,7 @@ def bgp_protocol(
     ]
     if bfd:
         lines.append("\tbfd on;")
-    lines += [f"\tipv4 {{ import {import_}; export {export}; }};", "}"]
+    lines += [f"\t{channel} {{ import {import_}; export {export}; }};", "}"]
     return "\n".join(lines)
 
 
@@ -150,7 +161,7 @@ class Bird:
         self.bgp = bgp
         self.argv0 = list(argv0)
         self.proc: asyncio.subprocess.Process | None = None
-        self.announced: frozenset[IPv4Address] = frozenset()
+        self.announced: frozenset[IPv4Address | IPv6Address] = frozenset()
         self._disabled = False  # withdraw_safely() disabled the VIPs' protocol
 
     @property
@@ -193,14 +204,14 @@ class Bird:
                     ) from None
             await asyncio.sleep(0.05)  # polling the socket bird is about to create
 
-    async def announce(self, vips: Iterable[IPv4Address]) -> None:
+    async def announce(self, vips: Iterable[IPv4Address | IPv6Address]) -> None:
         """Makes bird announce exactly vips; raises SpeakerError or OSError (the old config stays
         in force). Enables the VIPs' protocol again after withdraw_safely() disabled it."""
         vips = frozenset(vips)
         write_atomically(self.bgp.config_file, render(self.bgp, vips))
         await birdc(self.bgp.control_socket, "configure")
         if self._disabled:
-            await birdc(self.bgp.control_socket, "enable", STATIC)
+            await birdc(self.bgp.control_socket, "enable", STATICS)
             self._disabled = False
         self.announced = vips
 
@@ -220,9 +231,9 @@ class Bird:
         stopped (its sessions close, or the peers' BFD and hold timers end them). Says how."""
         self.announced = frozenset()
         try:
-            await birdc(self.bgp.control_socket, "disable", STATIC, timeout_s=2.0)
+            await birdc(self.bgp.control_socket, "disable", STATICS, timeout_s=2.0)
             self._disabled = True
-            return f"birdc disable {STATIC}"
+            return f"birdc disable {STATICS}"
         except SpeakerError as e:
             proc = self.proc  # kept: exited() then says it ended, and the Announcer restarts it
             if proc is None or proc.returncode is not None:

@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Callable, Mapping, TypeVar
 
-from controlplane import configdiff, deploy, desired, netlink
+from controlplane import compilechild, configdiff, deploy, desired, netlink
 from controlplane.config import Config, load_config, load_config_text
 from controlplane.discovery.supervisor import Supervisor, secrets_of
 from controlplane.edged import bird
@@ -108,7 +108,7 @@ class Changes:
                 )
         if new.node.fleet != state.cfg.node.fleet:
             raise ConfigError("node.fleet: changed; joining, leaving or changing the fleet needs an edged restart")
-        await self._check_ipv6(new)
+        await self._load_ipv6(new)
         secrets = await asyncio.to_thread(secrets_of, new)  # an unreadable secret file refuses the reload
         async with state.apply_lock:
             old = state.static_cfg
@@ -131,16 +131,25 @@ class Changes:
         )
         return summary
 
-    async def _check_ipv6(self, new: Config) -> None:
-        """ConfigError naming the first IPv6 service when the deployed data path has no IPv6
-        programs (deployed for IPv4 services only: they are loaded by a deploy, not a reload)."""
+    async def _load_ipv6(self, new: Config) -> None:
+        """The first IPv6 service of a data path deployed without IPv6 programs (for IPv4
+        services only): they are compiled in a child and put into its empty IPv6 tail slots,
+        under the router's write lock; IPv4 flows are not touched. Raises EdgeError (one line
+        naming the service) and changes nothing else when that fails."""
+        state = self.state
         first = next((i for i, s in enumerate(new.services) if s.vip.version == 6), None)
-        if first is None or await asyncio.to_thread(deploy.ipv6_loaded, self.state.held):
+        if first is None or await asyncio.to_thread(deploy.ipv6_loaded, state.held):
             return
-        raise ConfigError(
-            f"services[{first}].vip: {new.services[first].vip} is IPv6, and the data path was deployed "
-            f"without IPv6 programs (no IPv6 service then); restart edged to load them"
-        )
+        state.events.emit("progress", f"loading the IPv6 programs (first IPv6 service, {new.services[first].name})")
+        await asyncio.to_thread(state.write_lock.acquire)
+        try:
+            t0 = time.perf_counter()
+            await off_loop(state, lambda: compilechild.load_ipv6(state.held))
+        except EdgeError as e:
+            raise type(e)(f"services[{first}].vip: {new.services[first].vip}: {e}") from e
+        finally:
+            state.write_lock.release()
+        state.events.emit("progress", f"IPv6 programs loaded in {time.perf_counter() - t0:.1f} s")
 
     async def apply_discovered(self) -> None:
         """Discovery's hook: what the sources found now, through the same diff and apply as a

@@ -21,7 +21,7 @@ from typing import Callable
 from controlplane import abi, compilechild, deploy, desired, statuspage, wiresignals
 from controlplane.config import Config
 from controlplane.discovery.supervisor import secrets_of
-from controlplane.edged import announce, bird, metrics, metricsserver, watch
+from controlplane.edged import announce, bird, metrics, metricsserver, openfix, watch
 from controlplane.edged.changes import Changes, apply_off_loop
 from controlplane.edged.events import Events
 from controlplane.edged.operations import Operations
@@ -260,6 +260,7 @@ class Daemon:
         state = self.state
         self.steering.start_loops()
         state.tasks.append(asyncio.create_task(self._status_loop()))
+        state.tasks.append(asyncio.create_task(openfix.run(state), name="openfix"))  # edged/openfix.py
         # faults of the node (interface gone, bpffs unmounted): reported through _serving()
         state.tasks.append(
             asyncio.create_task(

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from controlplane.api.client import Client
+from controlplane.lab import fleet6
 from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.fleet import FleetNet, FleetTopo
 from controlplane.lab.router import Router
@@ -106,9 +107,12 @@ class Fleet:
         return fleet
 
     def config(self, i: int) -> dict:
-        return self.net.edged_config(
-            i, [self.net.service("web", PORT, **self.service_extra)], self.bfd_interval_ms, self.bfd
-        )
+        """Router i's edged config: the service "web" on the VIP, and "web6" on the IPv6 VIP when the
+        fleet has IPv6."""
+        services = [self.net.service("web", PORT, **self.service_extra)]
+        if self.net.topo.ipv6:
+            services.append(self.net.service6("web6", PORT, **self.service_extra))
+        return self.net.edged_config(i, services, self.bfd_interval_ms, self.bfd)
 
     def edgectl(self, i: int, *args: str, api: bool = True):
         """`edgectl ARGS` in router i's namespace; api: add `--socket` of router i's edged."""
@@ -137,26 +141,30 @@ class Fleet:
         new_timeout_s: float = 0.5,
         settle_s: float = 3.0,
         answer_timeout_s: float = 5.0,
+        ipv6: bool = False,
     ) -> RouterLoss:
         """Opens n_conns connections, loses router `victim` the `mode` way, waits for the upstream
         to withdraw it, then asks every connection once more, ASKERS at a time, each waiting up to
         answer_timeout_s. Meanwhile new connections are tried every 10 ms (each with
-        new_timeout_s) until settle_s after the withdraw."""
+        new_timeout_s) until settle_s after the withdraw. ipv6: the connections go to the IPv6
+        VIP (a fleet with FleetTopo(ipv6=True))."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
         net, n = self.net, self.net.topo.routers
+        vip = fleet6.VIP6 if ipv6 else net.vip
+        wait_next_hops = net.wait_next_hops6 if ipv6 else net.wait_next_hops
         flows0 = [self.new_flows(i) for i in range(n)]
-        conns = open_connections(net.client, net.vip, PORT, n_conns, timeout_s=5.0)
+        conns = open_connections(net.client, vip, PORT, n_conns, timeout_s=5.0)
         try:
             before = [c.request().backend for c in conns]
             per_router = [self.new_flows(i) - flows0[i] for i in range(n)]
             stop = threading.Event()
             attempts: list[tuple[float, bool]] = []
-            prober = threading.Thread(target=self._try_new, args=(attempts, stop, new_timeout_s), daemon=True)
+            prober = threading.Thread(target=self._try_new, args=(attempts, stop, new_timeout_s, vip), daemon=True)
             t0 = time.monotonic()
             prober.start()
             self._lose(victim, mode)
-            withdrawn = net.wait_next_hops(set(range(n)) - {victim}, 30.0)
+            withdrawn = wait_next_hops(set(range(n)) - {victim}, 30.0)
             result = RouterLoss(mode, n, n_conns, per_router, withdrawn - t0)
 
             def ask(conn_had: tuple) -> tuple[str, str | None, float]:
@@ -190,13 +198,13 @@ class Fleet:
         result.new_failing_until_s = max(fails) - t0 if fails else 0.0
         return result
 
-    def _try_new(self, attempts: list, stop: threading.Event, timeout_s: float) -> None:
+    def _try_new(self, attempts: list, stop: threading.Event, timeout_s: float, vip) -> None:
         """A new connection every 10 ms (each on a worker, so a lost SYN delays no other) until
         stop; bounded: at most 1500 attempts."""
 
         def attempt(t: float) -> None:
             try:
-                http_get(self.net.client, self.net.vip, PORT, timeout_s=timeout_s)
+                http_get(self.net.client, vip, PORT, timeout_s=timeout_s)
                 attempts.append((t, True))
             except OSError:
                 attempts.append((t, False))

@@ -11,6 +11,7 @@ router i at .{1+i} and backend j at .{101+j}. The VIP is announced by each route
 BGP (router AS 65001, upstream AS 65000) and reaches the upstream's kernel as one route with a
 next hop per router. Backends send each reply back through the router its request came from
 (nftables marks the connection with the last router's MAC; one routing table per router).
+FleetTopo(ipv6=True) adds IPv6 beside it all (fleet6.py): addresses, sessions, an IPv6 VIP.
 
 Names follow topo.py: namespaces {prefix}-{role}, veth ends {prefix}-{here}-{there}. Owns
 building and removing exactly this (through topo.py's Ns and undo list) and the upstream's bird.
@@ -30,6 +31,7 @@ from typing import Callable
 from pyroute2 import netns
 
 from controlplane.edged import bird
+from controlplane.lab import fleet6
 from controlplane.lab.daemon import env_with_package
 from controlplane.lab.procs import read_line
 from controlplane.lab.topo import Net, Ns, Server, check_ifname, ignore_gone, unique_prefix
@@ -47,6 +49,7 @@ class FleetTopo:
     routers: int = 3
     backends: int = 3
     vip: IPv4Address = IPv4Address("198.18.255.1")
+    ipv6: bool = False  # IPv6 beside IPv4 on every link, an IPv6 BGP session per router (fleet6.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "vip", IPv4Address(self.vip))
@@ -99,6 +102,8 @@ def upstream_bird_config(topo: FleetTopo, bfd_interval_ms: int, hold_time_s: int
                 export="none",
             )
         )
+    if topo.ipv6:
+        out += fleet6.upstream_bird6(topo.routers, hold_time_s)
     return "\n".join(out) + "\n"
 
 
@@ -182,6 +187,8 @@ class FleetNet:
         for i in range(topo.routers):
             self.router(i).run(["ip", "route", "add", "default", "via", str(topo.upstream_addr(i).ip)])
         self._backend_return_routes()
+        if topo.ipv6:
+            fleet6.build6(self)
         self._offloads()
         wait_until(self._all_up, timeout_s, "every veth end operstate UP")
 
@@ -269,11 +276,10 @@ class FleetNet:
         env = env_with_package()
         for j in range(self.topo.backends):
             addr = self.topo.backend_addr(j).ip
-            proc = self.ns[f"b{j}"].popen(
-                [sys.executable, "-m", "controlplane.lab.backend", "--name", f"b{j}", "--listen", f"{addr}:{port}"],
-                stdout=subprocess.PIPE,
-                env=env,
-            )
+            argv = [sys.executable, "-m", "controlplane.lab.backend", "--name", f"b{j}", "--listen", f"{addr}:{port}"]
+            if self.topo.ipv6:
+                argv += ["--listen6", str(fleet6.backend_addr6(j).ip)]
+            proc = self.ns[f"b{j}"].popen(argv, stdout=subprocess.PIPE, env=env)
             self.servers.append(Server(f"b{j}", self.ns[f"b{j}"], addr, port, proc))
         for server in self.servers:
             line = read_line(server.proc, timeout_s)
@@ -308,7 +314,8 @@ class FleetNet:
                 "bgp": {
                     "local_as": EDGE_AS,
                     "router_id": str(topo.router_up_addr(i).ip),
-                    "peers": [{"address": str(topo.upstream_addr(i).ip), "remote_as": UPSTREAM_AS}],
+                    "peers": [{"address": str(topo.upstream_addr(i).ip), "remote_as": UPSTREAM_AS}]
+                    + ([{"address": str(fleet6.upstream_addr6(i).ip), "remote_as": UPSTREAM_AS}] if topo.ipv6 else []),
                     "hold_time_s": 3,
                     "bfd": bfd,
                     "bfd_interval_ms": bfd_interval_ms,
@@ -332,6 +339,13 @@ class FleetNet:
                 for j in range(self.topo.backends)
             ],
         }
+
+    def service6(self, name: str = "web6", port: int = 8000, **extra: object) -> dict:
+        """service() on the IPv6 VIP with the backends' IPv6 addresses (FleetTopo(ipv6=True))."""
+        svc = {**self.service(name, port, **extra), "vip": str(fleet6.VIP6)}
+        for j, b in enumerate(svc["backends"]):
+            b["address"] = str(fleet6.backend_addr6(j).ip)
+        return svc
 
     # looking at the upstream
 
@@ -358,6 +372,17 @@ class FleetNet:
             timeout_s,
             f"VIP next hops {sorted(map(str, hops))}",
             observe=self.vip_next_hops,
+            interval_s=0.002,
+        )
+        return time.monotonic()
+
+    def wait_next_hops6(self, want: set[int], timeout_s: float) -> float:
+        """Waits until the upstream routes the IPv6 VIP to exactly routers `want`; returns when."""
+        wait_until(
+            lambda: fleet6.vip6_next_hops(self) == want,
+            timeout_s,
+            f"IPv6 VIP next hops {sorted(want)}",
+            observe=lambda: fleet6.vip6_next_hops(self),
             interval_s=0.002,
         )
         return time.monotonic()

@@ -9,7 +9,8 @@ reaches. The upstream has a static route to one router at a time (get_through), 
 
 Owns starting and stopping exactly this (edged by pid, etcd by pid) and the measurements the
 test and tools/bench-fleet share: a weight change reaching every node, a leader failover, and an
-operator's fleet-wide drain reaching every node.
+operator's fleet-wide drain reaching every node. EtcdFleet(ipv6=True) adds a service "web6" on
+the IPv6 VIP over the same backends' IPv6 addresses (fleet6.py), in the same fleet.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import time
 
 from controlplane.api.client import Client
+from controlplane.lab import fleet6
 from controlplane.lab.daemon import EdgedProc, env_with_package
 from controlplane.lab.ecmp import _RouterNet
 from controlplane.lab.fleet import SWITCH, FleetNet, FleetTopo
@@ -35,9 +37,9 @@ PORT = 8000
 class EtcdFleet:
     """routers routers with edged in one fleet, two backends, etcd on the LAN."""
 
-    def __init__(self, routers: int = 3, probe_ms: int = 50, lease_ttl_s: int = 2):
+    def __init__(self, routers: int = 3, probe_ms: int = 50, lease_ttl_s: int = 2, ipv6: bool = False):
         self.probe_ms, self.lease_ttl_s = probe_ms, lease_ttl_s
-        self.net = FleetNet(FleetTopo(routers=routers, backends=2)).build()
+        self.net = FleetNet(FleetTopo(routers=routers, backends=2, ipv6=ipv6)).build()
         self.edgeds: list[EdgedProc] = []
         self.etcd: Etcd | None = None
         try:
@@ -58,23 +60,23 @@ class EtcdFleet:
             raise
 
     def config(self, i: int) -> dict:
-        """Router i's edged config: one service over both backends, http probes every probe_ms
-        (fall 2), computed weights, node.fleet pointing at the LAN's etcd."""
-        service = self.net.service(
-            "web",
-            PORT,
-            health={
-                "probe": {
-                    "kind": "http",
-                    "path": "/health",
-                    "interval_ms": self.probe_ms,
-                    "timeout_ms": min(40, self.probe_ms),
-                    "fall": 2,
-                }
-            },
-            weights={"policy": "latency_inverse"},
-        )
-        doc = self.net.edged_config(i, [service])
+        """Router i's edged config: one service over both backends (and "web6" on the IPv6 VIP
+        with ipv6), http probes every probe_ms (fall 2), computed weights, node.fleet pointing at
+        the LAN's etcd."""
+        health = {
+            "probe": {
+                "kind": "http",
+                "path": "/health",
+                "interval_ms": self.probe_ms,
+                "timeout_ms": min(40, self.probe_ms),
+                "fall": 2,
+            }
+        }
+        weights = {"policy": "latency_inverse"}
+        services = [self.net.service("web", PORT, health=health, weights=weights)]
+        if self.net.topo.ipv6:
+            services.append(self.net.service6("web6", PORT, health=health, weights=weights))
+        doc = self.net.edged_config(i, services)
         del doc["node"]["bgp"]
         doc["node"]["fleet"] = {
             "etcd": [f"{ETCD_ADDR}:{ETCD_PORT}"],
@@ -146,6 +148,12 @@ class EtcdFleet:
         net.upstream.run(["ip", "route", "replace", f"{net.vip}/32", "via", str(net.topo.router_up_addr(i).ip)])
         return http_get(net.client, net.vip, PORT)
 
+    def get_through6(self, i: int):
+        """One GET to the IPv6 VIP from the client, routed by the upstream through router i."""
+        via = str(fleet6.router_up_addr6(i).ip)
+        self.net.upstream.run(["ip", "-6", "route", "replace", f"{fleet6.VIP6}/128", "via", via])
+        return http_get(self.net.client, fleet6.VIP6, PORT)
+
     # ------------------------------------------------------------ measurements
 
     def _same_version(self, nodes: list[int], pred, marks: list[int], timeout_s: float) -> list[dict]:
@@ -155,10 +163,10 @@ class EtcdFleet:
         version = max(g["version"] for g in got)
         return [self.applied(i, lambda e: e["version"] == version, after=marks[i], timeout_s=10.0) for i in nodes]
 
-    def weight_change(self, j: int = 1, timeout_s: float = 30.0) -> dict:
-        """Backend j stops answering; every node must apply the snapshot that gives it weight 0,
-        with the same weights and table digest; then it answers again and the same. Returns the
-        figures of the first change."""
+    def weight_change(self, j: int = 1, timeout_s: float = 30.0, service: str = "web") -> dict:
+        """Backend j stops answering; every node must apply the snapshot that gives it weight 0 in
+        service, with the same weights and table digest; then it answers again and the same.
+        Returns the figures of the first change."""
         nodes = self.alive()
         name, other = f"b{j}", f"b{1 - j}"
         marks = self.marks()
@@ -168,7 +176,7 @@ class EtcdFleet:
             got = [
                 self.applied(
                     i,
-                    lambda e: e["weights"]["web"][name] == 0 and e["weights"]["web"][other] > 0,
+                    lambda e: e["weights"][service][name] == 0 and e["weights"][service][other] > 0,
                     after=marks[i],
                     timeout_s=timeout_s,
                 )
@@ -176,7 +184,7 @@ class EtcdFleet:
             ]
         finally:
             self.thaw_backend(j)
-        finals = self._same_version(nodes, lambda e: e["weights"]["web"][name] == 0, marks, timeout_s)
+        finals = self._same_version(nodes, lambda e: e["weights"][service][name] == 0, marks, timeout_s)
         applied = [g["applied_t"] for g in got]
         first = min(got, key=lambda g: g["version"])
         figures = {
@@ -186,13 +194,13 @@ class EtcdFleet:
             "published_to_applied_on_all_ms": round((max(applied) - first["published_t"]) * 1000, 1),
             "backend_stopped_to_applied_on_all_ms": round((max(applied) - t0) * 1000, 1),
             "same_weights": len({json.dumps(f["weights"], sort_keys=True) for f in finals}) == 1,
-            "same_table": len({f["tables"]["web"] for f in finals}) == 1,
+            "same_table": len({f["tables"][service] for f in finals}) == 1,
             "version": finals[0]["version"],
-            "weights": finals[0]["weights"]["web"],
+            "weights": finals[0]["weights"][service],
         }
         marks = self.marks()
-        back = self._same_version(nodes, lambda e: e["weights"]["web"][name] > 0, marks, timeout_s)
-        figures["same_table_after_return"] = len({f["tables"]["web"] for f in back}) == 1
+        back = self._same_version(nodes, lambda e: e["weights"][service][name] > 0, marks, timeout_s)
+        figures["same_table_after_return"] = len({f["tables"][service] for f in back}) == 1
         return figures
 
     def operator_drain(self, i: int = 1, backend: str = "b1", timeout_s: float = 30.0) -> dict:

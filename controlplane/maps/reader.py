@@ -44,6 +44,13 @@ CT_FLAG_NAMES = {
 }
 
 
+def _endpoint(address, port: int) -> str:
+    """ADDR:PORT of a conntrack key's address field (a __be32 or a struct addr6) and __be16 port;
+    [ADDR]:PORT for IPv6."""
+    a = addr_of(address)
+    return f"{a}:{from_be16(port)}" if a.version == 4 else f"[{a}]:{from_be16(port)}"
+
+
 class Reader:
     """Readers of health, counters, status records and the snapshot (mixed into Maps)."""
 
@@ -184,10 +191,11 @@ class Reader:
         }
 
     def open_count(self, bid: int) -> int:
-        """Backend bid's open TCP connections as the data path counts them for new_flows:
-        two_choices (edge_inflight: one counter for all CPUs; below 0 after a restart of the count)."""
+        """Backend bid's open TCP connections as the data path counts them for new_flows
+        two_choices and least_loaded: its count (one for all CPUs; below 0 after a restart of the
+        count) less the fix edged found (maps/opencounts.py)."""
         t = self.t[abi.MAP_INFLIGHT]
-        return int(t[t.Key(bid)].value)
+        return int(t[t.Key(bid)].value) - int(t[t.Key(bid + len(t) // 2)].value)
 
     def usable(self, service: str) -> dict[str, bool]:
         """Backend name -> whether the data path gives it new flows now (up, not draining)."""
@@ -218,14 +226,22 @@ class Reader:
     def conntrack(
         self, limit: int, vip_id: int | None = None, backend_id: int | None = None, deadline_ns: int | None = None
     ) -> tuple[list[dict], bool]:
-        """Up to limit edge_ct entries, of service vip_id and backend backend_id when given, as
-        {client, vip, protocol, vip_id, backend_id, flags}; complete: whether the walk saw the
-        whole table (it stops at limit matches, or at deadline_ns, CLOCK_MONOTONIC)."""
-        t = self.t[abi.MAP_CT]
+        """Up to limit entries of edge_ct, then edge_ct6 (IPv6 connections), of service vip_id and
+        backend backend_id when given, as {client, vip, protocol, vip_id, backend_id, flags}
+        (IPv6 endpoints as [ADDR]:PORT); complete: whether the walk saw both whole tables (it stops
+        at limit matches, or at deadline_ns, CLOCK_MONOTONIC)."""
         out: list[dict] = []
+        for name in (abi.MAP_CT, abi.MAP_CT6):
+            if not self._walk_ct(self.t[name], out, limit, vip_id, backend_id, deadline_ns):
+                return out, False
+        return out, True
+
+    @staticmethod
+    def _walk_ct(t, out: list[dict], limit: int, vip_id, backend_id, deadline_ns) -> bool:
+        """Appends t's matching entries to out; False when it stopped at limit or the deadline."""
         for n, k in enumerate(t, 1):
             if deadline_ns is not None and n % 1024 == 0 and time.monotonic_ns() > deadline_ns:
-                return out, False
+                return False
             try:
                 v = t[k]
             except KeyError:  # gone (LRU or closed) between the key and its value
@@ -233,18 +249,18 @@ class Reader:
             if (vip_id is not None and v.vip_id != vip_id) or (backend_id is not None and v.backend_id != backend_id):
                 continue
             if len(out) == limit:
-                return out, False
+                return False
             out.append(
                 {
-                    "client": f"{from_be32(k.src)}:{from_be16(k.sport)}",
-                    "vip": f"{from_be32(k.dst)}:{from_be16(k.dport)}",
+                    "client": _endpoint(k.src, k.sport),
+                    "vip": _endpoint(k.dst, k.dport),
                     "protocol": PROTO_NAMES.get(k.proto, str(k.proto)),
                     "vip_id": v.vip_id,
                     "backend_id": v.backend_id,
                     "flags": [name for bit, name in CT_FLAG_NAMES.items() if v.flags & bit],
                 }
             )
-        return out, True
+        return True
 
     def snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
         """Everything status shows, as plain data. Counting conntrack entries

@@ -8,7 +8,7 @@ import asyncio
 import errno
 import shutil
 import subprocess
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import NamedTuple
 
 import pytest
@@ -236,7 +236,7 @@ def test_bgp_defaults():
         ({**GOOD, "peers": [{"address": "198.18.32.1"}]}, "node.bgp.peers[0].remote_as: missing"),
         (
             {**GOOD, "peers": [{"address": "fe80::1", "remote_as": 1}]},
-            "node.bgp.peers[0].address: IPv6 peers are not supported yet",
+            "node.bgp.peers[0].address: fe80::1 is a link-local address",
         ),
         ({**GOOD, "peers": GOOD["peers"] * 2}, "node.bgp.peers[1].address: 198.18.32.1 is already peers[0]"),
         ({**GOOD, "bfd": "yes"}, "node.bgp.bfd: expected true or false, got 'yes'"),
@@ -332,8 +332,7 @@ def test_what_a_reload_may_change_in_node_bgp(old, new, error):
     assert str(e.value) == error
 
 
-def test_an_ipv6_vip_with_bgp_is_refused_in_one_line():
-    d = doc(GOOD)
+def _with_ipv6_service(d: dict) -> dict:
     d["services"].append(
         {
             "name": "chat6",
@@ -342,6 +341,61 @@ def test_an_ipv6_vip_with_bgp_is_refused_in_one_line():
             "backends": [{"name": "a", "address": "2001:2:1::2", "port": 80}],
         }
     )
+    return d
+
+
+def test_an_ipv6_vip_without_an_ipv6_peer_is_refused_in_one_line():
     with pytest.raises(ConfigError) as e:
-        parse_config(d)
-    assert str(e.value) == "services[1].vip: IPv6 VIPs are not announced over BGP yet (node.bgp is set)"
+        parse_config(_with_ipv6_service(doc(GOOD)))
+    assert str(e.value) == (
+        "services[1].vip: 2001:2::1 cannot be announced: node.bgp.peers has no IPv6 peer "
+        "(a session carries the VIPs of its own family)"
+    )
+
+
+def test_an_ipv4_vip_without_an_ipv4_peer_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        parse_config(doc({**GOOD, "peers": [PEER6]}))
+    assert str(e.value).startswith("services[0].vip: 198.18.255.1 cannot be announced: node.bgp.peers has no IPv4 peer")
+
+
+PEER6 = {"address": "2001:2:0:20::1", "remote_as": 65000}
+
+
+def bgp6_cfg():
+    d = _with_ipv6_service(doc({**GOOD, "router_id": "198.18.32.2", "peers": [*GOOD["peers"], PEER6]}))
+    return parse_config(d).node.bgp
+
+
+def test_render_sends_ipv6_vips_as_128s_over_ipv6_sessions_only():
+    vip6 = IPv6Address("2001:2::1")
+    text = bird.render(bgp6_cfg(), [VIP1, vip6])
+    assert f"route {VIP1}/32 blackhole;" in text and f"route {vip6}/128 blackhole;" in text
+    peer4, peer6 = text.split("protocol bgp ")[1:]
+    assert (
+        "neighbor 198.18.32.1 as 65000;" in peer4
+        and 'ipv4 { import none; export where proto = "edge_vips"; };' in peer4
+    )
+    assert "ipv6" not in peer4
+    assert "neighbor 2001:2:0:20::1 as 65000;" in peer6
+    assert 'ipv6 { import none; export where proto = "edge_vips_v6"; };' in peer6 and "ipv4" not in peer6
+    static6 = text.split("protocol static edge_vips_v6 {")[1].split("}")[0]
+    assert static6.split() == ["ipv6;", "route", f"{vip6}/128", "blackhole;"]
+
+
+@pytest.mark.skipif(shutil.which("bird") is None, reason="bird2 is not installed (tools/bootstrap installs it)")
+def test_bird_parses_what_render_writes_with_ipv6(tmp_path):
+    conf = tmp_path / "bird.conf"
+    conf.write_text(bird.render(bgp6_cfg(), [VIP1, IPv6Address("2001:2::1")]))
+    res = subprocess.run(["bird", "-p", "-c", str(conf)], capture_output=True, text=True, timeout=10)
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_decision_over_both_families_is_described_ipv4_first():
+    """Addresses of two families do not compare: describing a change that announces an IPv4 and an
+    IPv6 VIP at once raised TypeError before, and the announcer never told bird."""
+    vip6 = IPv6Address("2001:2::1")
+    d = decide(NodeState(True, True, False, (ServiceState("chat6", vip6, 1), ServiceState("chat", VIP1, 1))))
+    assert describe_change(frozenset(), d) == f"announced {VIP1}, {vip6}"
+    gone = decide(NodeState(True, True, True, (ServiceState("chat6", vip6, 1), ServiceState("chat", VIP1, 1))))
+    assert describe_change(d.announce, gone) == f"withdrew {VIP1} (node drained), {vip6} (node drained)"

@@ -64,7 +64,7 @@ def test_a_service_with_discovery_needs_no_static_backends():
             {"dns": {"name": "x.test.", "port": 80}},
             None,
             False,
-            "services[0].discovery.dns.port: only for type A (SRV records carry their port)",
+            "services[0].discovery.dns.port: only for types A and AAAA (SRV records carry their port)",
         ),
         ({"dns": {"name": "x..test"}}, None, False, "services[0].discovery.dns.name: 'x..test' is not a DNS name"),
         (
