@@ -62,7 +62,7 @@ static __always_inline int classify_answer(struct flow_info *fi, struct flow_key
 	if (syn_ack && !ours) {
 		if (!is_direct(fk, bk))
 			return TC_ACT_OK;
-		wire_end(fi->flags, fi->backend_id); /* wire.h: counted closed */
+		wire_end(fi, fi->backend_id); /* wire.h: counted closed */
 		if (ho)
 			edge_half_open.delete(fk);
 		else
@@ -71,7 +71,7 @@ static __always_inline int classify_answer(struct flow_info *fi, struct flow_key
 	}
 	if (ours && past == 0 && (fi->flags & EDGE_CT_F_SYN_PENDING) &&
 	    (syn_ack || (flags & TCP_FLAG_RST_))) {
-		fi->flags &= ~EDGE_CT_F_SYN_PENDING;
+		ct_flags_clear(fi, EDGE_CT_F_SYN_PENDING); /* wire.h: atomic */
 		*answer = syn_ack;
 	}
 	return TC_ACT_OK;

@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 20
+ABI_VERSION = 21
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -58,6 +58,8 @@ SVC_F_PASSIVE = 0x2
 SVC_F_PROBED = 0x4
 SVC_F_DSR = 0x8
 SVC_F_TWO_CHOICES = 0x10
+SVC_F_LEAST_LOADED = 0x20
+LEAST_CANDIDATES = 8
 
 HB_MAGIC = 0x45444745
 HB_VERSION = 3

@@ -20,6 +20,7 @@ from controlplane.errors import LoaderError, MapError
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}
 _LOOKUP, _UPDATE, _DELETE, _NEXT_KEY, _OBJ_PIN, _OBJ_GET, _GET_INFO = 1, 2, 3, 4, 6, 7, 15
 _PROG_GET_FD_BY_ID = 13
+_LOOKUP_BATCH = 24
 
 
 class _ElemAttr(ctypes.Structure):
@@ -63,6 +64,20 @@ def _syscall():
     fn = ctypes.CDLL(None, use_errno=True).syscall
     fn.restype = ctypes.c_long
     return functools.partial(fn, ctypes.c_long(nr))
+
+
+class _BatchAttr(ctypes.Structure):
+    # the BPF_MAP_*_BATCH member of union bpf_attr
+    _fields_ = [
+        ("in_batch", ctypes.c_uint64),
+        ("out_batch", ctypes.c_uint64),
+        ("keys", ctypes.c_uint64),
+        ("values", ctypes.c_uint64),
+        ("count", ctypes.c_uint32),
+        ("map_fd", ctypes.c_uint32),
+        ("elem_flags", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+    ]
 
 
 def _bpf(cmd: int, attr: ctypes.Structure) -> int:
@@ -220,6 +235,32 @@ class Map:
 
     def __iter__(self):
         return self.keys()
+
+    def value_chunks(self, chunk: int = 4096):
+        """A hash map's values, chunk entries at a time, as (raw bytes, count) (BPF_MAP_LOOKUP_BATCH:
+        one call per chunk instead of two per entry). The kernel walks its buckets meanwhile, so
+        an entry changed during the walk may be seen or not, as with keys()."""
+        ksz, vsz = ctypes.sizeof(self.Key), ctypes.sizeof(self.Leaf)
+        keys, values = ctypes.create_string_buffer(ksz * chunk), ctypes.create_string_buffer(vsz * chunk)
+        token_in, token_out = ctypes.c_uint64(0), ctypes.c_uint64(0)  # a hash map's token is its u32 bucket
+        first = True
+        while True:
+            attr = _BatchAttr(
+                in_batch=0 if first else ctypes.addressof(token_in),
+                out_batch=ctypes.addressof(token_out),
+                keys=ctypes.addressof(keys),
+                values=ctypes.addressof(values),
+                count=chunk,
+                map_fd=self.map_fd,
+            )
+            rc = _bpf(_LOOKUP_BATCH, attr)
+            if rc < 0 and rc != -errno.ENOENT:
+                raise self._fail("batch walk", None, -rc)
+            if attr.count:
+                yield values.raw[: attr.count * vsz], attr.count
+            if rc == -errno.ENOENT:
+                return
+            token_in.value, first = token_out.value, False
 
     def items(self):
         """(key, value) of every entry; one deleted during the walk is left out."""

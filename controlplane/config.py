@@ -219,9 +219,10 @@ class Service:
         "nat",
     )
     new_flows: str = option(
-        "how a new connection picks its backend: maglev (the Maglev slot of its hash, by weight) or two_choices "
-        "(that backend or a second one drawn uniformly, whichever has fewer open TCP connections)",
-        _one_of("maglev", "two_choices"),
+        "how a new connection picks its backend: maglev (the Maglev slot of its hash, by weight), two_choices "
+        "(that backend or a second one drawn uniformly, whichever has fewer open TCP connections) or least_loaded "
+        "(the fewest open TCP connections of that backend and up to 7 others: every backend of a service of 8)",
+        _one_of("maglev", "two_choices", "least_loaded"),
         "maglev",
     )
     health: Optional[Health] = option("health checks; none when absent", _section(Health), None)

@@ -11,7 +11,16 @@ import sys
 from pathlib import Path
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench-serving"
-PEERS = {"haproxy-roundrobin", "haproxy-leastconn", "edge-static", "edge-default", "edge-two_choices", "jsq-bound"}
+PEERS = {
+    "haproxy-roundrobin",
+    "haproxy-leastconn",
+    "edge-static",
+    "edge-default",
+    "edge-two_choices",
+    "edge-least_loaded",
+    "edge-least_loaded_static",
+    "jsq-bound",
+}
 
 
 def test_a_short_run_completes_every_peer_and_produces_the_figures(tmp_path):

@@ -19,6 +19,7 @@ from typing import Iterator
 import pytest
 from conftest import require_privileges, undeployed_after
 
+from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.topo import Net, Topo
 from controlplane.lab.traffic import close_all, connect, open_connections, wait_until
 
@@ -26,6 +27,8 @@ PORT = 8000
 HELD = 60  # connections opened first; b0's stay open
 SHORT = 200  # short connections afterwards, one at a time
 SPLIT = 75  # b0's share of SHORT: about 50 with two choices, about 100 without
+EVICT = 1600  # connections held at once, over conntrack's 1024 entries: the LRU evicts open ones
+LEAST_B0 = 5  # least_loaded compares both backends: b0 gets none (a few for a close not yet seen)
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +83,10 @@ def short_connections(net: Net, n: int) -> dict[str, int]:
     return seen
 
 
-@pytest.mark.parametrize("new_flows", ["two_choices", "maglev"])
+@pytest.mark.parametrize("new_flows", ["two_choices", "least_loaded", "maglev"])
 def test_new_connections_go_away_from_the_backend_holding_open_ones(p2c_net, router, new_flows):
-    """two_choices: b0, holding about 30 open connections, gets fewer than SPLIT of SHORT; the
+    """two_choices: b0, holding about 30 open connections, gets fewer than SPLIT of SHORT
+    (least_loaded: at most LEAST_B0, since b1 is always a candidate); the
     held connections stay on b0 (established flows never move). maglev (the control: the test
     tells the two apart): b0 gets its Maglev share, more than SPLIT."""
     net = p2c_net
@@ -94,9 +98,39 @@ def test_new_connections_go_away_from_the_backend_holding_open_ones(p2c_net, rou
         assert sum(seen.values()) == SHORT and set(seen) <= {"b0", "b1"}, seen
         if new_flows == "two_choices":
             assert seen.get("b0", 0) < SPLIT, seen
+        elif new_flows == "least_loaded":  # both backends are candidates: b1, with none open, every time
+            assert seen.get("b0", 0) <= LEAST_B0, seen
         else:
             assert seen.get("b0", 0) > SPLIT, seen
         assert {c.request().backend for c in held} == {"b0"}
     finally:
         close_all(held)
     wait_until(lambda: active(router) == {"b0": 0, "b1": 0}, 10.0, "no open connections after closing")
+
+
+def open_counts(router) -> dict[str, int]:
+    return {b["name"]: b["wire"]["open"] for b in router.status()["services"][0]["backends"]}
+
+
+def test_counts_of_connections_the_lru_evicted_while_open_return_to_zero(p2c_net, router, tmp_path):
+    """conntrack of 1024 entries (the least) and EVICT connections held at once: the LRU evicts
+    entries of open connections, whose close the data path never counts. Once all are closed,
+    every backend's open count returns to 0: edged holds the counts to conntrack's open entries
+    (edged/openfix.py) and says so in an open-fix event. Without that the evicted connections
+    stay counted for good."""
+    net = p2c_net
+    node = {"api_socket": str(tmp_path / "edged.sock"), "ct_size": 1024}
+    doc = router.config([{**router.service("chat"), "new_flows": "two_choices"}], node)
+    edged = EdgedProc.start(net.router, doc, router.iface)
+    try:
+        conns = open_connections(net.client, net.vip, PORT, EVICT, timeout_s=5.0)
+        close_all(conns)
+        wait_until(
+            lambda: open_counts(router) == {"b0": 0, "b1": 0},
+            60.0,
+            "every open count back to 0 after closing",
+            observe=lambda: open_counts(router),
+        )
+        assert any(e["kind"] == "open-fix" for e in edged.events), "no open-fix event: nothing was evicted open?"
+    finally:
+        edged.stop()

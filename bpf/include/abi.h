@@ -14,7 +14,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 20
+#define EDGE_ABI_VERSION 21
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -106,11 +106,13 @@ struct service_cfg {
 };
 
 /* service_cfg.flags */
-#define EDGE_SVC_F_HEARTBEAT   0x1  /* backends are down without heartbeats */
-#define EDGE_SVC_F_PASSIVE     0x2  /* passive outlier detection on */
-#define EDGE_SVC_F_PROBED      0x4  /* edged probes the backends: a probation ends on a passing probe, never by a trial flow */
-#define EDGE_SVC_F_DSR	       0x8  /* direct server return: packets go to the backend in IPIP (encap.h), not NATed */
-#define EDGE_SVC_F_TWO_CHOICES 0x10 /* a new flow takes its Maglev pick or a second backend, whichever has fewer open connections (select.h, two_choices) */
+#define EDGE_SVC_F_HEARTBEAT	0x1  /* backends are down without heartbeats */
+#define EDGE_SVC_F_PASSIVE	0x2  /* passive outlier detection on */
+#define EDGE_SVC_F_PROBED	0x4  /* edged probes the backends: a probation ends on a passing probe, never by a trial flow */
+#define EDGE_SVC_F_DSR		0x8  /* direct server return: packets go to the backend in IPIP (encap.h), not NATed */
+#define EDGE_SVC_F_TWO_CHOICES	0x10 /* a new flow takes its Maglev pick or a second backend, whichever has fewer open connections (select.h, two_choices) */
+#define EDGE_SVC_F_LEAST_LOADED 0x20 /* a new flow takes the backend with the fewest open connections of its Maglev pick and up to EDGE_LEAST_CANDIDATES - 1 others (select.h, least_loaded) */
+#define EDGE_LEAST_CANDIDATES	8    /* least_loaded's candidates: every backend of a service this small */
 
 /* Value of edge_health, indexed by health id. Written by the data path
  * (heartbeats, SYN / SYN-ACK tracking); user space reads it, and ends a

@@ -232,7 +232,8 @@ static __always_inline void flow_mark_syn(const struct pkt *pkt, int ct_only)
 	if (!fi)
 		return;
 	fi->syn_seq = pkt->seq;
-	fi->flags = (fi->flags & ~EDGE_CT_F_SYN_PENDING) | syn_flags(pkt);
+	ct_flags_clear(fi, EDGE_CT_F_SYN_PENDING); /* wire.h: the return path changes flags too */
+	ct_flags_set(fi, syn_flags(pkt));
 }
 
 #endif /* EDGE_FLOW_H */

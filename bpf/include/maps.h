@@ -163,10 +163,14 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_be_stats,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_be_stats));
 /* backend id -> its open TCP connections through the VIP (wire.h,
  * wire_count): one counter for all CPUs, changed by atomic adds, read by
- * the ingress's two_choices (select.h). Signed: a connection opened before
- * the counter was zeroed may close after it. */
+ * the ingress's two_choices and least_loaded (select.h). Signed: a
+ * connection opened before the counter was zeroed may close after it.
+ * Slot EDGE_MAX_BACKENDS + id holds what user space found the count of id
+ * off by (connections the LRU evicted while open, never counted closed:
+ * controlplane/edged/openfix.py compares the count with conntrack's open
+ * entries); the data path subtracts it and never writes it. */
 BPF_TABLE_PINNED("array", __u32, __s64, edge_inflight,
-		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_inflight));
+		 2 * EDGE_MAX_BACKENDS, EDGE_PIN(edge_inflight));
 /* Per-CPU latency histograms and open/close counts per backend id (wire.h). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct wire_stats, edge_wire,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_wire));

@@ -7,8 +7,14 @@
  * EDGE_CT_F_* bits saying what it waits for, so an established flow with
  * nothing pending costs one flag test per packet each way. Entries are
  * shared by CPUs without locks: two packets of one connection racing on two
- * CPUs can lose a sample, never make a wrong one. Owns no policy: user space
- * (controlplane/wiresignals.py) turns the counts into quantiles and freshness. */
+ * CPUs can lose a sample, never make a wrong one. The flags themselves
+ * change only by atomic and/or of the bits a step means (ct_flags_*), never
+ * by a store of a copy: the forward path (XDP) and the return path (tc) of
+ * one connection run on different CPUs, and a stale copy stored back could
+ * set EDGE_CT_F_OPEN again after the other side cleared it, so a close was
+ * counted twice (an open count ended at -1 in bench-serving). Owns no
+ * policy: user space (controlplane/wiresignals.py) turns the counts into
+ * quantiles and freshness. */
 #ifndef EDGE_WIRE_H
 #define EDGE_WIRE_H
 
@@ -71,8 +77,8 @@ static __always_inline void wire_sample(__u32 bid, int first_byte, __u64 start_n
 /* Counts a connection of backend bid as opened (closed 0) or closed, in
  * its per-CPU statistics and in its open count (edge_inflight), which the
  * ingress reads to choose between two candidates (select.h, two_choices).
- * An entry the LRU evicts while open is never counted closed (see
- * docs/steering.md: the count leaks up, and only under conntrack pressure). */
+ * An entry the LRU evicts while open is never counted closed: edged finds
+ * such a count off against conntrack and says by how much (maps.h). */
 static __always_inline void wire_count(__u32 bid, int closed)
 {
 	struct wire_stats *ws = edge_wire.lookup(&bid);
@@ -88,8 +94,50 @@ static __always_inline void wire_count(__u32 bid, int closed)
 		ws->opened += 1;
 }
 
-/* flow_info.flags and wire_ns of a new conntrack entry: a SYN opens a
- * connection of bid and starts timing its handshake. */
+/* Atomic changes of an entry's flags: only the bits named change. bcc
+ * compiles for a BPF CPU without 32-bit atomics, so they work on the 64-bit
+ * word of flags and syn_seq (8-byte aligned, abi.h), with syn_seq's half of
+ * each mask neutral. */
+_Static_assert(offsetof(struct flow_info, flags) % 8 == 0 &&
+		       offsetof(struct flow_info, syn_seq) == offsetof(struct flow_info, flags) + 4,
+	       "wire.h: flags and syn_seq share an aligned 64-bit word");
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define CT_FLAGS_SHIFT 0
+#else
+#define CT_FLAGS_SHIFT 32
+#endif
+#define CT_FLAGS_WORD(fi) ((__u64 *)&(fi)->flags)
+
+static __always_inline void ct_flags_clear(struct flow_info *fi, __u32 bits)
+{
+	__sync_fetch_and_and(CT_FLAGS_WORD(fi), ~((__u64)bits << CT_FLAGS_SHIFT));
+}
+
+static __always_inline void ct_flags_set(struct flow_info *fi, __u32 bits)
+{
+	__sync_fetch_and_or(CT_FLAGS_WORD(fi), (__u64)bits << CT_FLAGS_SHIFT);
+}
+
+/* Clears EDGE_CT_F_OPEN: 1 for the one call that found it set (the one
+ * that counts the close), on whichever CPU. */
+static __always_inline int ct_take_open(struct flow_info *fi)
+{
+	__u64 mask = (__u64)EDGE_CT_F_OPEN << CT_FLAGS_SHIFT;
+
+	return (__sync_fetch_and_and(CT_FLAGS_WORD(fi), ~mask) & mask) != 0;
+}
+
+/* Sets EDGE_CT_F_OPEN: 1 for the one call that found it clear. */
+static __always_inline int ct_give_open(struct flow_info *fi)
+{
+	__u64 mask = (__u64)EDGE_CT_F_OPEN << CT_FLAGS_SHIFT;
+
+	return (__sync_fetch_and_or(CT_FLAGS_WORD(fi), mask) & mask) == 0;
+}
+
+/* flow_info.flags and wire_ns of a new conntrack entry (not yet in a map,
+ * so no other CPU sees it): a SYN opens a connection of bid and starts
+ * timing its handshake. */
 static __always_inline __u32 wire_open(int syn, __u32 bid, __u64 *wire_ns)
 {
 	if (!syn)
@@ -100,12 +148,13 @@ static __always_inline __u32 wire_open(int syn, __u32 bid, __u64 *wire_ns)
 }
 
 /* An established flow moves from its backend to bid (reselect): an open
- * connection counts as closed there and opened here, and a SYN opens one
- * and starts timing its handshake. Returns the flag bits the moved entry
- * keeps; what was being timed is dropped. */
+ * connection counts as closed there (if this CPU is the one that clears
+ * its mark) and opened here, and a SYN opens one and starts timing its
+ * handshake. Returns the flag bits the moved entry keeps; what was being
+ * timed is dropped. */
 static __always_inline __u32 wire_move(struct flow_info *fi, __u32 bid, int syn)
 {
-	__u32 open = fi->flags & EDGE_CT_F_OPEN;
+	__u32 open = ct_take_open(fi) ? EDGE_CT_F_OPEN : 0;
 
 	if (open)
 		wire_count(fi->backend_id, 1);
@@ -117,12 +166,13 @@ static __always_inline __u32 wire_move(struct flow_info *fi, __u32 bid, int syn)
 	return EDGE_CT_F_OPEN | EDGE_CT_F_HS_WAIT;
 }
 
-/* Flags after a FIN or RST: an open connection of bid counts as closed. */
-static __always_inline __u32 wire_end(__u32 flags, __u32 bid)
+/* A FIN or RST: an open connection of bid counts as closed, once, however
+ * the two directions' FINs race; nothing more is timed. */
+static __always_inline void wire_end(struct flow_info *fi, __u32 bid)
 {
-	if (flags & EDGE_CT_F_OPEN)
+	if (ct_take_open(fi))
 		wire_count(bid, 1);
-	return flags & ~(EDGE_CT_F_OPEN | EDGE_CT_F_WIRE_WAIT);
+	ct_flags_clear(fi, EDGE_CT_F_WIRE_WAIT);
 }
 
 /* Forward direction (XDP), a client packet of the flow whose entry fi the
@@ -141,19 +191,21 @@ static __always_inline void wire_forward(struct flow_info *fi, __u32 bid, int sy
 	if (syn) {
 		if ((flags & EDGE_CT_F_HS_WAIT) && seq == fi->syn_seq)
 			return;
-		if (!(flags & EDGE_CT_F_OPEN))
+		if (ct_give_open(fi))
 			wire_count(bid, 0);
 		fi->wire_ns = bpf_ktime_get_ns();
-		fi->flags = (flags & ~EDGE_CT_F_WIRE_WAIT) | EDGE_CT_F_OPEN | EDGE_CT_F_HS_WAIT;
+		ct_flags_clear(fi, EDGE_CT_F_REQ_WAIT | EDGE_CT_F_RESP_WAIT);
+		ct_flags_set(fi, EDGE_CT_F_HS_WAIT);
 		return;
 	}
 	if (end) {
-		fi->flags = wire_end(flags, bid);
+		wire_end(fi, bid);
 		return;
 	}
 	if ((flags & EDGE_CT_F_REQ_WAIT) && payload) {
 		fi->wire_ns = bpf_ktime_get_ns();
-		fi->flags = (flags & ~EDGE_CT_F_REQ_WAIT) | EDGE_CT_F_RESP_WAIT;
+		ct_flags_clear(fi, EDGE_CT_F_REQ_WAIT);
+		ct_flags_set(fi, EDGE_CT_F_RESP_WAIT);
 	}
 }
 
@@ -181,14 +233,14 @@ static __always_inline void wire_reply(struct __sk_buff *skb, struct flow_info *
 	if ((flags & EDGE_CT_F_HS_WAIT) &&
 	    (tcp_flags & (WIRE_TCP_SYN | WIRE_TCP_ACK)) == (WIRE_TCP_SYN | WIRE_TCP_ACK)) {
 		wire_sample(bid, 0, fi->wire_ns);
-		flags = (flags & ~EDGE_CT_F_HS_WAIT) | EDGE_CT_F_REQ_WAIT;
+		ct_flags_clear(fi, EDGE_CT_F_HS_WAIT);
+		ct_flags_set(fi, EDGE_CT_F_REQ_WAIT);
 	} else if ((flags & EDGE_CT_F_RESP_WAIT) && wire_reply_payload(skb, l4_off)) {
 		wire_sample(bid, 1, fi->wire_ns);
-		flags &= ~EDGE_CT_F_RESP_WAIT;
+		ct_flags_clear(fi, EDGE_CT_F_RESP_WAIT);
 	}
 	if (tcp_flags & (WIRE_TCP_FIN | WIRE_TCP_RST))
-		flags = wire_end(flags, bid);
-	fi->flags = flags;
+		wire_end(fi, bid);
 }
 
 #endif /* EDGE_WIRE_H */

@@ -21,6 +21,7 @@ from controlplane import abi, desired
 from controlplane.config import Backend, Service
 from controlplane.errors import MapError
 from controlplane.maps.journal import Journal
+from controlplane.maps.opencounts import OpenCounts
 from controlplane.maps.reader import Reader
 from controlplane.maps.records import (  # noqa: F401  (re-exported)
     _U32_MAX_VALUE,
@@ -53,7 +54,7 @@ def token_of_key(key) -> int | None:
     return int.from_bytes(raw, "big") or None
 
 
-class Maps(Writer, Reader):
+class Maps(Writer, Reader, OpenCounts):
     """Typed access to one instance's maps (the handles loader returns)."""
 
     def __init__(

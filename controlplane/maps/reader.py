@@ -191,10 +191,11 @@ class Reader:
         }
 
     def open_count(self, bid: int) -> int:
-        """Backend bid's open TCP connections as the data path counts them for new_flows:
-        two_choices (edge_inflight: one counter for all CPUs; below 0 after a restart of the count)."""
+        """Backend bid's open TCP connections as the data path counts them for new_flows
+        two_choices and least_loaded: its count (one for all CPUs; below 0 after a restart of the
+        count) less the fix edged found (maps/opencounts.py)."""
         t = self.t[abi.MAP_INFLIGHT]
-        return int(t[t.Key(bid)].value)
+        return int(t[t.Key(bid)].value) - int(t[t.Key(bid + len(t) // 2)].value)
 
     def usable(self, service: str) -> dict[str, bool]:
         """Backend name -> whether the data path gives it new flows now (up, not draining)."""

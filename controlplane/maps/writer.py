@@ -177,6 +177,7 @@ class Writer(Quick, Family6):
             self._zero_stats(abi.MAP_BE_STATS, bid)
             self._zero_stats(abi.MAP_NEXTHOP, bid)
             self._zero_stats(abi.MAP_INFLIGHT, bid)  # an id used before: its count starts over
+            self._zero_stats(abi.MAP_INFLIGHT, bid + len(self.t[abi.MAP_INFLIGHT]) // 2)  # and its fix
             probe = self.t[abi.MAP_BE_PROBE]
             v = probe.Leaf()
             v.waiting = v.running = v.kv_permille = abi.UNKNOWN
@@ -353,6 +354,8 @@ class Writer(Quick, Family6):
             v.flags |= abi.SVC_F_DSR
         if s.new_flows == "two_choices":
             v.flags |= abi.SVC_F_TWO_CHOICES
+        elif s.new_flows == "least_loaded":
+            v.flags |= abi.SVC_F_LEAST_LOADED
         if health:  # fewer usable than panic_percent of the primaries: usable < ceil(pct * n / 100)
             v.panic_below = (health.panic_percent * sum(not b.standby for b in s.backends) + 99) // 100
         ordered = [bid for b, bid in zip(s.backends, ids) if not b.standby]

@@ -25,18 +25,23 @@ def edge_service(base: dict, steering: str) -> dict:
     """A lab Router.service() dict with health and weights for one edge peer: "static" (equal
     weights; probes only take a dead backend out), "default" (latency_inverse with the default
     weight settings, probes and load scrapes) or "two_choices" (default, and each new connection
-    takes the less loaded of two Maglev candidates: new_flows two_choices)."""
+    takes the less loaded of two Maglev candidates: new_flows two_choices), "least_loaded" (default,
+    and the least loaded of up to 8: new_flows least_loaded) or "least_loaded_static" (least_loaded
+    on static weights, probed every HAPROXY_CHECK_MS as HAProxy checks: no scrapes, no weight pushes)."""
     if steering == "static":
         return {**base, "health": {"probe": dict(PROBE)}, "weights": {"policy": "static"}}
-    if steering == "two_choices":
-        return {**edge_service(base, "default"), "new_flows": "two_choices"}
+    if steering == "least_loaded_static":  # static weights, probed as HAProxy checks (no scrapes, no pushes)
+        probe = {**PROBE, "interval_ms": HAPROXY_CHECK_MS}
+        return {**base, "health": {"probe": probe}, "weights": {"policy": "static"}, "new_flows": "least_loaded"}
+    if steering in ("two_choices", "least_loaded"):
+        return {**edge_service(base, "default"), "new_flows": steering}
     if steering == "default":
         return {
             **base,
             "health": {"probe": dict(PROBE), "metrics": dict(METRICS)},
             "weights": {"policy": "latency_inverse"},
         }
-    raise ValueError(f"steering: {steering!r} is not static, default or two_choices")
+    raise ValueError(f"steering: {steering!r} is not static, default, two_choices, least_loaded(_static)")
 
 
 def haproxy_config(bind: str, port: int, balance: str, servers: list[tuple[str, str, int]]) -> str:
