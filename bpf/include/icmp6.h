@@ -4,7 +4,9 @@
  * so a hop that cannot carry a backend's segments answers each with "packet
  * too big" to their source, the VIP, and only the backend can act on it.
  *
- * Forward (XDP, edge_ingress6; called from ingress6.h): an ICMPv6
+ * Forward (XDP, edge_ingress6_scan, which edge_ingress6 tail-calls for
+ * ICMPv6 errors and echo requests: the slow program has less verifier room
+ * left; called from ingress6.h): an ICMPv6
  * destination-unreachable, packet-too-big or time-exceeded to a VIP address
  * whose quoted packet is one from that VIP (the reply direction of a VIP
  * flow) goes to the backend edge_ct6 names for the flow, or with no entry

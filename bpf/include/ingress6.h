@@ -304,11 +304,13 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	int verdict, new_flow, failover, looked;
 
 	verdict = parse6(ctx, &pkt, &p6);
-	if (verdict == EDGE_ICMP) { /* icmp6.h; the scan stage sees TCP and UDP only */
+	if (verdict == EDGE_ICMP) { /* icmp6.h, in the scan's program: the slow one has less room */
 		__u32 vid = EDGE_NO_SERVICE;
 
-		if (stage != EDGE_STAGE_SLOW)
-			return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+		if (stage != EDGE_STAGE_SCAN) {
+			edge_tails.call(ctx, EDGE_TAIL_V6_SCAN);
+			return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS); /* not installed */
+		}
 		verdict = icmp6_ingress(ctx, p6.l3_off, p6.l4_off, &bid, &vid);
 		return verdict == EDGE_CONTINUE ? forward6(ctx, &pkt, &p6, bid, vid) : verdict;
 	}
