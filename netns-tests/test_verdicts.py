@@ -70,6 +70,7 @@ from verdicts import (  # netns-tests/verdicts.py: the harness
     udp,
 )
 from verdicts6 import ROWS6
+from verdicts_icmp6 import ROWS_ICMP6
 
 from controlplane import abi
 
@@ -633,7 +634,7 @@ ROWS = [
 # fmt: on
 
 
-ROWS += [row(*r[:6], *r[7:], svc=r[6]) for r in ROWS6]  # IPv6 (verdicts6.py)
+ROWS += [row(*r[:6], *r[7:], svc=r[6]) for r in ROWS6 + ROWS_ICMP6]  # IPv6 (verdicts6.py, verdicts_icmp6.py)
 
 
 # ---------------------------------------------------------------- running the table
