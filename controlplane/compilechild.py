@@ -6,6 +6,7 @@ hands their fds back over a socket (SCM_RIGHTS) and exits. install_tails() only 
 programs into a deployed data path's edge_tails (the IPv6 ones, at a reload). The caller then holds the
 programs and opens the pins with bpf(2) alone (pinned.Pinned). A failure in the child comes
 back as the same EdgeError (type and one line) the compile would have raised in-process.
+Cancel ends a compile under way from another thread (edged's stop during its start).
 Imports no bcc itself: the child's loader does."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
@@ -27,11 +29,41 @@ from controlplane.pinned import Pinned, open_pins
 _MAX_MSG = 1 << 16
 
 
-def build(pin_path: Path, params: loader.Params, progs: Sequence[tuple[str, str]], ipv6: bool = True) -> Pinned:
+class Cancel:
+    """Ends, from any thread, the compile a build() given this runs, and any it starts after:
+    its child is killed at once and build() raises errors.Cancelled."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+
+    def _running(self, proc: subprocess.Popen | None) -> None:
+        with self._lock:
+            self._proc = proc
+            if proc is not None and self.cancelled:
+                proc.kill()
+
+
+def build(
+    pin_path: Path,
+    params: loader.Params,
+    progs: Sequence[tuple[str, str]],
+    ipv6: bool = True,
+    cancel: Cancel | None = None,
+) -> Pinned:
     """Compiles the data path sized by params in a child, with its maps pinned at pin_path
     (made there when missing), and loads progs ((function, "xdp" | "tc"), in order); returns
     the pins opened, holding those programs. Without ipv6 the IPv6 tail programs are not
-    loaded (loader.TAILS_V6). Raises the child's EdgeError."""
+    loaded (loader.TAILS_V6). Raises the child's EdgeError, or errors.Cancelled once cancel
+    was cancelled (the child killed)."""
+    cancel = cancel or Cancel()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     request = json.dumps(
         {"pin_path": str(pin_path), "params": asdict(params), "progs": list(map(list, progs)), "ipv6": ipv6}
@@ -47,13 +79,19 @@ def build(pin_path: Path, params: loader.Params, progs: Sequence[tuple[str, str]
             )
         finally:
             theirs.close()
+        cancel._running(proc)
         try:
             msg, fds, _, _ = socket.recv_fds(ours, _MAX_MSG, len(progs))
             proc.wait()
         finally:
+            cancel._running(None)
             if proc.poll() is None:  # we were interrupted: the compile ends with us
                 proc.kill()
                 proc.wait()
+        if cancel.cancelled:
+            for fd in fds:
+                os.close(fd)
+            raise errors.Cancelled("compiling the data path: stopped before it was done")
         held = _received(msg, fds, progs, proc.returncode, err)
     try:
         return open_pins(pin_path, params, held)

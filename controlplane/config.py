@@ -430,7 +430,7 @@ class Node:
         "auto",
     )
     answer_ping: bool = option(
-        "answer ICMP echo requests (ping) to VIP addresses in XDP, from the VIP; false: hand them to "
+        "answer ICMP and ICMPv6 echo requests (ping) to VIP addresses in XDP, from the VIP; false: hand them to "
         "the stack, which answers only a VIP that is a local address (on lo)",
         _bool,
         True,

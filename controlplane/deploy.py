@@ -179,6 +179,7 @@ def deploy(
     hold: bool = False,
     amend: Callable[[Maps, Config], Config] | None = None,
     lock: NodeLock | None = None,
+    cancel: compilechild.Cancel | None = None,
 ) -> DeployResult:
     """Loads, attaches and programs the data path on iface, or changes nothing. Refused
     while edged (or another deploy) owns the router; lock: the caller's own owner NodeLock,
@@ -186,14 +187,15 @@ def deploy(
     adopt_weights: keep the computed weights already in the tables (see adopted()).
     hold: return the open data path and maps in the result instead of closing them.
     amend: when a deployment is there already, amend(maps, cfg) gives what to program
-    instead of cfg (edged keeps backends that are still draining out)."""
+    instead of cfg (edged keeps backends that are still draining out).
+    cancel: ends the compile from another thread (errors.Cancelled, all undone)."""
     if lock is not None:
-        return _deploy(cfg, iface, progress, adopt_weights, hold, amend)
+        return _deploy(cfg, iface, progress, adopt_weights, hold, amend, cancel)
     instance = loader.instance_name(iface)
     owner, write = NodeLock(instance, iface), NodeLock(instance, iface, "write", WRITE_WAIT_S)
     with owner, write:
         try:
-            return _deploy(cfg, iface, progress, adopt_weights, hold, amend)
+            return _deploy(cfg, iface, progress, adopt_weights, hold, amend, cancel)
         except BaseException:
             if not loader.instance_dir(cfg.node.pin_dir, instance).exists():  # nothing is deployed
                 write.release(remove=True)
@@ -208,12 +210,13 @@ def _deploy(
     adopt_weights: bool,
     hold: bool,
     amend: Callable[[Maps, Config], Config] | None,
+    cancel: compilechild.Cancel | None = None,
 ) -> DeployResult:
     t = _target(cfg, iface)
     undo = loader.Undo()
     got = None
     try:
-        got = _load(cfg, t, undo, progress)
+        got = _load(cfg, t, undo, progress, cancel)
         old_node = got.maps.node() if t.updating else None
         applied = _amended(cfg, t, got.maps, amend)
         progress(f"programming {len(cfg.services)} services")
@@ -309,7 +312,9 @@ def ipv6_loaded(pinned) -> bool:
     return True
 
 
-def _load(cfg: Config, t: _Target, undo: loader.Undo, progress: Progress) -> _Loaded:
+def _load(
+    cfg: Config, t: _Target, undo: loader.Undo, progress: Progress, cancel: compilechild.Cancel | None = None
+) -> _Loaded:
     """Compiles the data path (pinning its maps at t.pin_path) and loads its programs."""
     with uninterrupted():
         make_pin_path(t.pin_path, undo)
@@ -321,7 +326,7 @@ def _load(cfg: Config, t: _Target, undo: loader.Undo, progress: Progress) -> _Lo
     if cfg.node.reply_xdp != "off":
         progs.append((abi.PROG_REPLY, "xdp"))
     # bcc and LLVM live in a child; the IPv6 programs are verified only for a config that has IPv6
-    loaded = compilechild.build(t.pin_path, params_of(cfg), progs, ipv6=has_ipv6(cfg))
+    loaded = compilechild.build(t.pin_path, params_of(cfg), progs, ipv6=has_ipv6(cfg), cancel=cancel)
     try:
         maps = open_maps(loaded)
         _check_sizes(maps, cfg)

@@ -51,6 +51,11 @@ class MapError(EdgeError):
         self.map = map
 
 
+class Cancelled(EdgeError):
+    """The work was stopped from outside before it was done (a SIGTERM during edged's start
+    ends the compile); what it had changed is rolled back."""
+
+
 class NotDeployed(EdgeError):
     """Nothing is deployed where the operation expected a deployed router."""
 

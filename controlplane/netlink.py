@@ -1,19 +1,50 @@
 """Interfaces, routes, the return path's tc filter and the one sysctl the
 router touches, through pyroute2's netlink: nothing here imports bcc or
 decides anything. Errors become LoaderError naming the interface; every step
-that changes the node pushes its undo onto the caller's Undo."""
+that changes the node pushes its undo onto the caller's Undo. pyroute2 comes in without its
+package __init__ (_without_package_init), which imports every netlink family it knows."""
 
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from controlplane.errors import LoaderError
+
+
+def _without_package_init(name: str) -> None:
+    """Registers package name with its path alone, so its submodules import without the
+    package's __init__ running first; the first name asked of the package that is not a
+    submodule (`from pyroute2 import NetNS`, as the lab does) runs that __init__ then. pyroute2's __init__
+    imports every family it knows (ndb with sqlite3, ipdb, ipvs, wireguard, nl80211, plan9, ...):
+    9 MB of edged's RSS, which needs IPRoute and NetlinkError alone (tools/bench-rss)."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+
+    def complete(attr: str):
+        if not attr.startswith("__") and importlib.util.find_spec(f"{name}.{attr}") is not None:
+            return importlib.import_module(f"{name}.{attr}")  # a submodule (`from pyroute2 import config`)
+        del module.__dict__["__getattr__"]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return getattr(module, attr)
+
+    module.__dict__["__getattr__"] = complete
+    sys.modules[name] = module
+
+
+_without_package_init("pyroute2")
+from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
 
 TC_INGRESS_PARENT = "ffff:fff2"
 TC_PRIO = 0xED  # our filter's priority on clsact ingress; identifies it
@@ -21,7 +52,7 @@ TC_HANDLE = 1
 
 
 def _ipr():
-    from pyroute2 import IPRoute
+    from pyroute2.iproute import IPRoute
 
     return IPRoute()
 
@@ -42,8 +73,6 @@ def ifindexes() -> list[int]:
 
 
 def ifname(index: int) -> str:
-    from pyroute2.netlink.exceptions import NetlinkError
-
     with _ipr() as ipr:
         try:
             return ipr.get_links(index)[0].get_attr("IFLA_IFNAME")
@@ -61,8 +90,6 @@ def route_oif(address: str) -> int | None:
 def route_oifs(addresses: Iterable[str]) -> dict[str, int | None]:
     """route_oif of every address over one netlink socket (opening one per address cost
     about 1.6 ms of CPU each: 1.6 s for 1,000 backends)."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
     out: dict[str, int | None] = {}
     with _ipr() as ipr:
         for address in addresses:
@@ -82,8 +109,6 @@ def route_oifs(addresses: Iterable[str]) -> dict[str, int | None]:
 def local_of(addresses: Iterable[str]) -> set[str]:
     """Those of addresses that this namespace routes as local (its own addresses, routes of
     type local), over one netlink socket; an unroutable address is not local."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
     out = set()
     with _ipr() as ipr:
         for address in set(addresses):
@@ -117,8 +142,6 @@ class XdpState:
 
 def xdp_state(index: int) -> XdpState | None:
     """The XDP program attached to an interface, if any (None when the interface is gone)."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
     with _ipr() as ipr:
         try:
             link = ipr.get_links(index)[0]
@@ -156,8 +179,6 @@ def set_xdp(index: int, fd: int, flags: int) -> None:
     """Attaches the XDP program of fd to interface index with XDP_FLAGS_* flags (RTM_SETLINK with
     IFLA_XDP, as libbpf does); fd -1 detaches what flags' mode holds. LoaderError with the
     kernel's words (its extended ack when it gives one)."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
     attrs = [("IFLA_XDP_FD", fd)] + ([("IFLA_XDP_FLAGS", flags)] if flags else [])
     with _ipr() as ipr:
         try:
@@ -189,8 +210,6 @@ def return_filter(index: int) -> str | None:
 def attach_tc(index: int, fn, undo) -> bool:
     """Puts the return-path program on clsact ingress of index (replacing
     ours if present). Returns whether clsact had to be added."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
     added = False
     with _ipr() as ipr:
         try:
@@ -219,8 +238,6 @@ def attach_tc(index: int, fn, undo) -> bool:
 
 
 def detach_tc(index: int, remove_clsact: bool = False) -> None:
-    from pyroute2.netlink.exceptions import NetlinkError
-
     with _ipr() as ipr:
         try:
             if return_filter(index) is not None:
@@ -233,8 +250,6 @@ def detach_tc(index: int, remove_clsact: bool = False) -> None:
 
 
 def _del_clsact(index: int) -> None:
-    from pyroute2.netlink.exceptions import NetlinkError
-
     with _ipr() as ipr:
         try:
             ipr.tc("del", "clsact", index)

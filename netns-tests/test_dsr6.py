@@ -120,9 +120,9 @@ def test_a_full_size_ipv6_transfer_fits_through_the_encapsulation(dsr6_net, rout
     net = dsr6_net
     router.deploy([dsr6_service(router, net, port=BULK_PORT, heartbeat=False)])
     vip6 = str(net.topo.vip6)
-    with BulkServers(net, BULK_PORT, 300_000, any_address=True, family=6):
+    with BulkServers(net, BULK_PORT, 300_000, any_address=True, ipv6=True):
         got = [bulk_get(net.client, vip6, BULK_PORT) for _ in range(3)]
-    with BulkServers(net, BULK_PORT, 0, any_address=True, upload=True, family=6):
+    with BulkServers(net, BULK_PORT, 0, any_address=True, upload=True, ipv6=True):
         uploads = [bulk_put(net.client, vip6, BULK_PORT, 256_000) for _ in range(3)]
     counters = router.counters()
     assert got == [300_000] * 3

@@ -10,6 +10,8 @@ reload keep running, the new interface gets the same return-path program).
 from __future__ import annotations
 
 import json
+import signal
+import time
 from pathlib import Path
 
 from controlplane import abi
@@ -19,6 +21,7 @@ from controlplane.lab.traffic import backends_seen
 
 PORT = 8000
 COMPILERS = ("libbcc", "libLLVM", "libclang")
+STOP_WITHIN_S = 2.0  # what systemd's stop waits for before it has to SIGKILL
 
 
 def compilers_mapped(pid: int) -> set[str]:
@@ -109,3 +112,43 @@ def test_a_new_link_that_cannot_take_the_replies_fast_path_leaves_nothing_behind
             assert seen == {"b0": 40}, seen
         finally:
             edged.stop()
+
+
+def compile_children(pid: int) -> list[int]:
+    """The compile child processes (controlplane.compilechild) of process pid."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except FileNotFoundError:
+                continue
+            if b"controlplane.compilechild" in cmdline:
+                found.append(int(child))
+    return found
+
+
+def test_a_sigterm_while_the_data_path_compiles_ends_the_compile_and_edged(net, router, tmp_path):
+    """SIGTERM while edged's first deploy compiles in its child: edged used to wait for the
+    compile (seconds), attach the data path and only then stop. Now the child is ended at once,
+    the deploy is rolled back (no XDP program left on the interface), and edged exits 0 within
+    the bound systemd's stop waits for."""
+    edged = EdgedProc.start(net.router, config(router, tmp_path, [0]), router.iface, wait_deployed=False)
+    try:
+        edged.wait_for(lambda e: "compiling the data path" in e.get("text", ""), 60.0, "the compile to start")
+        deadline = time.monotonic() + 10
+        while not (children := compile_children(edged.proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert children, "no compile child seen"
+        t0 = time.monotonic()
+        edged.signal(signal.SIGTERM)
+        edged.proc.wait(timeout=30)
+        took = time.monotonic() - t0
+        print(f"\nfigure: SIGTERM while compiling -> edged exited in {took * 1000:.0f} ms")
+        assert edged.proc.returncode == 0, edged.other_lines[-5:]
+        assert not Path(f"/proc/{children[0]}").exists()  # the compile ended with edged
+        assert not any(e["kind"] == "deployed" for e in edged.events)
+        assert programs(net, router.iface)[0] is None  # the deploy was rolled back
+        assert took < STOP_WITHIN_S, f"edged took {took:.1f} s to stop while compiling"
+    finally:
+        edged.stop()

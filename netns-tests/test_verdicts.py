@@ -72,6 +72,7 @@ from verdicts import (  # netns-tests/verdicts.py: the harness
 from verdicts6 import ROWS6
 from verdicts_dsr6 import rows as rows_dsr6
 from verdicts_hb6 import rows as rows_hb6
+from verdicts_icmp6 import ROWS_ICMP6
 
 from controlplane import abi
 
@@ -635,7 +636,7 @@ ROWS = [
 # fmt: on
 
 
-ROWS += [row(*r[:6], *r[7:], svc=r[6]) for r in ROWS6]  # IPv6 (verdicts6.py)
+ROWS += [row(*r[:6], *r[7:], svc=r[6]) for r in ROWS6 + ROWS_ICMP6]  # IPv6 (verdicts6.py, verdicts_icmp6.py)
 ROWS += rows_hb6(row)  # IPv6 backends' heartbeats (verdicts_hb6.py)
 ROWS += rows_dsr6(row)  # IPv6 DSR (verdicts_dsr6.py)
 

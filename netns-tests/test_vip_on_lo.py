@@ -115,3 +115,53 @@ def test_a_backends_port_unreachable_reaches_the_client_through_a_vip_on_lo(net,
 
     assert refused == [True] * 3
     assert router.counters()["verdicts"]["icmp_return"] == 3
+
+
+# ---------------------------------------------------------------- IPv6: the VIP 2001:2:0:ffff::1/128 on lo
+
+
+def put_vip6_on_lo(net) -> None:
+    with net.router.iproute() as ipr:
+        ipr.addr("add", index=ipr.link_lookup(ifname="lo")[0], address=str(net.topo.vip6), prefixlen=128)
+
+
+def service6(router, net, name: str, **extra) -> dict:
+    """A service on the IPv6 VIP with the backends' IPv6 addresses."""
+    svc = router.service(name, vip=str(net.topo.vip6), **extra)
+    for entry in svc["backends"]:
+        entry["address"] = str(net.topo.backend_addr6(int(entry["name"][1:])).ip)
+    return svc
+
+
+def test_http_through_an_ipv6_vip_on_lo_is_answered(net, router):
+    """The IPv6 VIP on the router's lo: 20 HTTP connections one by one, then 100 counted, all
+    answered from the VIP by every backend; the replies leave by XDP (reply6.h) or tc's redirect,
+    none through the kernel's forwarding path (which would not forward a local source)."""
+    put_vip6_on_lo(net)
+    router.deploy([service6(router, net, "web6")])
+    vip6 = net.topo.vip6
+
+    replies = [http_get(net.client, vip6, PORT) for _ in range(20)]
+    seen = backends_seen(net.client, vip6, PORT, 100)
+
+    assert {(r.status, r.server_addr) for r in replies} == {(200, f"{vip6}:{PORT}")}
+    assert sum(seen.values()) == 100 and set(seen) == {"b0", "b1", "b2"}, seen
+    snap = router.status()
+    (service,) = snap["services"]
+    assert service["new_flows"] == 120
+    verdicts = snap["verdicts"]
+    assert verdicts["return_nat"] == service["return_packets"] >= 2 * 120
+    assert verdicts["return_redirect"] + verdicts["return_xdp"] == verdicts["return_nat"]
+    assert verdicts["drop"] == 0
+
+
+def test_a_backends_ipv6_port_unreachable_reaches_the_client_through_a_vip_on_lo(net, router):
+    """A UDP service on the IPv6 VIP (on lo) no backend listens on: each backend's ICMPv6 port
+    unreachable gets the VIP back on the return path (icmp6.h) and leaves redirected, as replies do."""
+    put_vip6_on_lo(net)
+    router.deploy([service6(router, net, "void6", protocol="udp", port=VOID_PORT, backend_port=VOID_PORT)])
+
+    refused = [udp_refused(net.client, net.topo.vip6, VOID_PORT) for _ in range(3)]
+
+    assert refused == [True] * 3
+    assert router.counters()["verdicts"]["icmp_return"] == 3

@@ -5,8 +5,9 @@
  * the IPv6 header and walks at most EDGE_V6_EXT_MAX extension headers
  * (hop-by-hop, routing, destination options); a fragment header, or a next
  * header other than TCP, UDP or ICMPv6 after them, drops a packet for a VIP
- * address with its reason and passes anything else; ICMPv6 (neighbour
- * discovery above all) passes untouched. A TCP or UDP packet for an IPv6 VIP
+ * address with its reason and passes anything else; ICMPv6 goes to icmp6.h
+ * (errors about VIP flows go to their backend; neighbour discovery and the
+ * rest pass untouched). A TCP or UDP packet for an IPv6 VIP
  * (edge_vips6) then takes the IPv4 slow path's steps on the shared per-id
  * maps: conntrack (edge_ct6), the Maglev pick judged by per-packet health,
  * the walk, and the fallback scan (edge_ingress6_scan, tail-called through
@@ -17,10 +18,11 @@
  * of an established flow takes a shortcut first (established6, as IPv4's
  * established): no edge_vips6 lookup, the cached clock. A backend's
  * heartbeat arriving here is dropped (heartbeat6.h); a DSR service's packets
- * go out in IPv6-in-IPv6 instead of NAT (encap6.h), its established flows
- * by the full path. Not here yet: half-open entries, the stateless path over
- * the budget (such a packet is dropped as untracked), wire signals, ICMPv6
- * errors about VIP flows. Included by edge_xdp.c after health_now. */
+ * go out in IPv6-in-IPv6 instead of NAT (encap6.h, a program of its own),
+ * its established flows by the full path. Not here yet: half-open entries,
+ * the stateless path over the budget (such a packet is dropped as
+ * untracked), wire signals. ICMPv6 errors about VIP flows: icmp6.h.
+ * Included by edge_xdp.c after health_now. */
 #ifndef EDGE_INGRESS6_H
 #define EDGE_INGRESS6_H
 
@@ -32,6 +34,7 @@
 #include "select.h"
 #include "nat.h"
 #include "hop6.h"
+#include "icmp6.h"
 #include "heartbeat6.h"
 #include "encap6.h"
 
@@ -99,9 +102,7 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 	}
 	if (next == IPPROTO_FRAGMENT)
 		return unusual6(ip6, EDGE_DROP_V6_FRAGMENT);
-	if (next == IPPROTO_ICMPV6)
-		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS); /* neighbour discovery, errors: the stack's */
-	if (next != IPPROTO_TCP && next != IPPROTO_UDP)
+	if (next != IPPROTO_TCP && next != IPPROTO_UDP && next != IPPROTO_ICMPV6)
 		return unusual6(ip6, EDGE_DROP_V6_EXT_HEADER);
 
 	p6->l3_off = (void *)ip6 - data;
@@ -111,6 +112,14 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 	p6->l4_off = off;
 	l4_len = (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len) - nh.pos;
 	pkt->l3_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+	if (next == IPPROTO_ICMPV6) { /* icmp6.h: errors about VIP flows, echo requests */
+		__u8 *type = nh.pos;
+
+		if ((void *)(type + 1) <= data_end && !icmp6_taken(*type)) /* neighbour discovery */
+			return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+		p6->key.proto = IPPROTO_ICMPV6;
+		return EDGE_ICMP;
+	}
 	__builtin_memcpy(&p6->key.src, &ip6->saddr, sizeof(struct addr6));
 	__builtin_memcpy(&p6->key.dst, &ip6->daddr, sizeof(struct addr6));
 	if (parse_l4(&nh, data_end, l4_len, next, pkt) < 0) /* flow.h, as IPv4's */
@@ -300,6 +309,16 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	int verdict, new_flow, failover, looked;
 
 	verdict = parse6(ctx, &pkt, &p6);
+	if (verdict == EDGE_ICMP) { /* icmp6.h, in the scan's program: the slow one has less room */
+		__u32 vid = EDGE_NO_SERVICE;
+
+		if (stage != EDGE_STAGE_SCAN) {
+			edge_tails.call(ctx, EDGE_TAIL_V6_SCAN);
+			return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS); /* not installed */
+		}
+		verdict = icmp6_ingress(ctx, p6.l3_off, p6.l4_off, &bid, &vid);
+		return verdict == EDGE_CONTINUE ? forward6(ctx, &pkt, &p6, bid, vid) : verdict;
+	}
 	if (verdict != EDGE_CONTINUE)
 		return verdict;
 	/* conntrack first for a packet that is no SYN (established6) */

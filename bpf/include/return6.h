@@ -10,8 +10,8 @@
  * gives to another backend is dropped (EDGE_DROP_OTHER_BACKEND), so it never
  * leaves with the backend's address; everything else continues untouched,
  * neighbour discovery above all. Heartbeats of IPv6 backends are consumed
- * first (heartbeat6.h). Not here yet: the stateless
- * reply (no entry), direct connections, wire signals, ICMPv6 errors. */
+ * first (heartbeat6.h). Not here yet: the stateless reply (no entry), direct
+ * connections, wire signals. ICMPv6 errors about VIP flows: icmp6.h. */
 #ifndef EDGE_RETURN6_H
 #define EDGE_RETURN6_H
 
@@ -22,6 +22,7 @@
 #include "stateless.h"
 #include "nat.h"
 #include "hop6.h"
+#include "icmp6.h"
 #include "heartbeat6.h"
 
 #ifndef AF_INET6
@@ -104,8 +105,14 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 	if ((void *)(ip6 + 1) > data_end || ip6->version != 6)
 		return TC_ACT_UNSPEC;
 	proto = ip6->nexthdr;
+	if (proto == IPPROTO_ICMPV6) { /* icmp6.h: a backend's error about a client's packet */
+		struct addr6 client, vip;
+		int vid = icmp6_return(skb, l3_off, &client, &vip);
+
+		return vid < 0 ? TC_ACT_UNSPEC : reply_out6(skb, l3_off, vid, &client, &vip, IPPROTO_ICMPV6);
+	}
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
-		return TC_ACT_UNSPEC; /* ICMPv6 (neighbour discovery), extension headers */
+		return TC_ACT_UNSPEC; /* extension headers */
 	ports = (void *)(ip6 + 1);
 	if ((void *)(ports + 2) > data_end)
 		return TC_ACT_UNSPEC;

@@ -117,10 +117,15 @@ class EdgeServicer(edge_pb2_grpc.EdgeServicer):
                 view.check()  # a bad view is refused before the walk
             # a page or the summaries (view): megabytes at 10,000 backends stay in edged
             snap = await _maybe_await(self.daemon.snapshot(count_conntrack=request.count_conntrack, view=view))
-            return convert.status_to_proto(
-                snap,
-                {"version": __version__, "pid": os.getpid(), "t": time.time(), "not_serving": self.daemon.not_serving},
-            )
+            edged = {
+                "version": __version__,
+                "pid": os.getpid(),
+                "t": time.time(),
+                "not_serving": self.daemon.not_serving,
+            }
+            # off the loop: the snapshot is this call's own, and converting thousands of backends
+            # takes a second and more at 5,000 (the loop serves other calls and probes meanwhile)
+            return await asyncio.to_thread(convert.status_to_proto, snap, edged)
 
         return await self._answer(context, "GetStatus", work)
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable
 
-from controlplane import abi, deploy, desired, statuspage, wiresignals
+from controlplane import abi, compilechild, deploy, desired, statuspage, wiresignals
 from controlplane.config import Config
 from controlplane.discovery.supervisor import secrets_of
 from controlplane.edged import announce, bird, metrics, metricsserver, openfix, watch
@@ -28,8 +28,7 @@ from controlplane.edged.operations import Operations
 from controlplane.edged.state import State
 from controlplane.edged.status import STATUS_EVERY_S, Status
 from controlplane.edged.steer import Steering
-from controlplane.errors import EdgeError
-from controlplane.fleet import member as fleet_member
+from controlplane.errors import Cancelled, EdgeError
 from controlplane.tasks import cancel_all
 
 DISCOVERY_START_S = 5.0  # at start, discovery's first answers are waited for this long at most
@@ -56,6 +55,7 @@ class Daemon:
         self.on_serving: Callable[[bool], object] | None = None  # serve() sets grpc health with it
         self._metrics: metricsserver.MetricsServer | None = None
         self._adopted: dict = {}  # at start: discovered backends kept from the pinned maps
+        self._compile = compilechild.Cancel()  # stop() ends the start's compile with it
 
     # ------------------------------------------------------------ what the API and cli.py call
 
@@ -123,7 +123,12 @@ class Daemon:
         if not await self._unless_stopped(discovery.first(DISCOVERY_START_S)):
             return  # a stop while the sources are waited for: nothing deployed, nothing to undo
         state.cfg = discovery.effective(state.static_cfg)
-        res = await self._deploy(loop)
+        try:
+            res = await self._deploy(loop)
+        except Cancelled:
+            if self.stopping:  # a stop while the data path compiled: the child killed, the deploy undone
+                return
+            raise
         if self._adopted:  # what the maps held for sources still down is their last known good set
             discovery.adopt(self._adopted)
             state.cfg = discovery.effective(state.static_cfg)
@@ -160,6 +165,7 @@ class Daemon:
                 amend=self._amend_at_start,
                 progress=lambda line: loop.call_soon_threadsafe(state.events.emit, "progress", line),
                 lock=state.node_lock,
+                cancel=self._compile,
             )
         finally:
             state.write_lock.release()
@@ -182,8 +188,11 @@ class Daemon:
                 drained=True,
             )
 
-    def _member(self) -> fleet_member.Member:
-        """node.fleet: this node's fleet member, over the state's services and signals."""
+    def _member(self):
+        """node.fleet: this node's fleet member, over the state's services and signals (the fleet
+        and aetcd are imported only then: a node without one holds neither)."""
+        from controlplane.fleet import member as fleet_member
+
         state = self.state
         return fleet_member.Member(
             state.cfg.node.fleet,
@@ -267,6 +276,7 @@ class Daemon:
 
     def stop(self) -> None:
         self.state.stopping.set()
+        self._compile.cancel()  # a compile under way at the start ends now, not seconds later
 
     @property
     def stopping(self) -> bool:
@@ -403,7 +413,7 @@ class Daemon:
             self.steering.pace_probes(self.state.wire_fresh, time.monotonic_ns())  # as of each service's last step
             await self.state.maps_idle.wait()  # the record is written between applies, not under one
             try:
-                self.status.write_status(time.monotonic_ns())
+                await self.status.write_status_sliced()  # API calls and probes go on between its slices
                 await self.changes.retire_leaving(time.monotonic_ns())
                 failing = None
             except EdgeError as e:

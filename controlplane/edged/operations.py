@@ -8,14 +8,17 @@ State.overrides and State.node_drained; the status views are status.py's.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from controlplane import deploy, limits
 from controlplane.edged.state import State, Steered
 from controlplane.edged.status import Status
 from controlplane.edged.steer import Steering
 from controlplane.errors import EdgeError
-from controlplane.fleet import member as fleet_member, operator as fleet_operator
+from controlplane.fleet import operator as fleet_operator
+
+if TYPE_CHECKING:  # the fleet (aetcd, its etcd client) is imported only with node.fleet
+    from controlplane.fleet import member as fleet_member
 
 
 class Operations:
@@ -191,4 +194,4 @@ class Operations:
             scope="node",
             **fields,
         )
-        self.status.write_status(time.monotonic_ns())
+        self.status.write_service(service, time.monotonic_ns())  # its marks, at once; no other service changed

@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from controlplane import deploy, desired, loader, weights, wiresignals
 from controlplane.config import Config, Service
 from controlplane.edged import announce, metrics, sdnotify
 from controlplane.edged.events import Events
 from controlplane.errors import EdgeError, MapError
-from controlplane.fleet import member as fleet_member
 from controlplane.maps import Maps
+
+if TYPE_CHECKING:  # the fleet (aetcd, its etcd client) is imported only with node.fleet
+    from controlplane.fleet import member as fleet_member
 
 Key = tuple[str, str]  # (service, backend)
 

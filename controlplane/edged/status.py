@@ -2,7 +2,10 @@
 backend_view, node_state for the BGP announcement) and the edge_be_probe record written
 once a second, which a restarted edged and `edgectl status` without edged read back.
 Reads the State and the prober's windows; changes nothing but the status record. Walks
-of the maps run on a worker thread within a deadline, never on edged's loop.
+of the maps run on a worker thread within a deadline, never on edged's loop; the views of
+thousands of backends and the once-a-second record are built in slices of about SLICE
+backends (whole services), with the loop given back between them, so API calls and probes
+are served meanwhile instead of after the whole of it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ WALK_GRACE_S = 2.0  # past the deadline, a caller stops waiting for a walk that 
 # Walks of the maps for status and metrics run here, never on the loop: counting conntrack
 # is O(ct_size) (seconds when full), the rest O(max_backends). One at a time.
 _walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
+# Backends whose views (status) or records (edge_be_probe) are built before the loop is given
+# back: whole services, so each service's part is consistent with one state of edged.
+SLICE = 256
 
 
 def _leave_until_s(gone: desired.Leaving | None) -> int | None:
@@ -99,7 +105,12 @@ class Status:
                 "speaker_restarts": announcer.restarts,
             }
         snap["probe_budget"] = self.probe_budget()
+        done = 0
         for svc in snap["services"]:
+            if done >= SLICE:  # the loop serves API calls and probes between services
+                done = 0
+                await asyncio.sleep(0)
+                now = time.monotonic_ns()
             st = state.services.get(svc["name"])
             svc["pushes"] = st.pushes if st else 0
             if svc["name"] in found:
@@ -107,6 +118,7 @@ class Status:
             for b in svc["backends"]:
                 if st and b["name"] in st.trackers:
                     b["edged"] = self.backend_view(svc["name"], b["name"], now)
+            done += len(svc["backends"])
         return snap
 
     def probe_budget(self) -> dict:
@@ -207,29 +219,52 @@ class Status:
 
     def write_status(self, now_ns: int) -> None:
         """Every backend's edge_be_probe record: what edged measured and the operator's marks."""
+        for name in list(self.state.services):
+            self.write_service(name, now_ns)
+
+    async def write_status_sliced(self) -> None:
+        """write_status as the status loop runs it: the loop is given back every SLICE backends
+        (whole services); a service is written as edged has it then, and not under an apply
+        (one that starts meanwhile is waited out first)."""
+        state, done = self.state, 0
+        for name in list(state.services):
+            if done >= SLICE:
+                done = 0
+                await asyncio.sleep(0)
+                await state.maps_idle.wait()
+                if state.maps is None:  # stopping
+                    return
+            done += self.write_service(name, time.monotonic_ns())
+
+    def write_service(self, name: str, now_ns: int) -> int:
+        """The edge_be_probe records of service name's backends (an operator's action changes
+        no other's); how many (0: no such service, or gone meanwhile)."""
         state = self.state
-        for name, st in state.services.items():
-            _, bids = state.maps.ids(name)
-            for b in st.service.backends:
-                v = self.backend_view(name, b.name, now_ns, full=False)
-                gone = state.leaving.get((name, b.name))
-                state.maps.write_status(
-                    bids[b.name],
-                    ProbeStatus(
-                        updated_ns=now_ns,
-                        config_weight=b.weight,
-                        rtt_p50_s=v["rtt_p50_s"],
-                        rtt_p99_s=v["rtt_p99_s"],
-                        rtt_smoothed_s=v.get("rtt_smoothed_s"),
-                        waiting=v.get("waiting"),
-                        running=v.get("running"),
-                        kv_usage=v.get("kv_usage"),
-                        probes_ok=v["probes_ok"],
-                        probes_failed=v["probes_failed"],
-                        state=v["state"],
-                        reason=v["reason"],
-                        drained=v["drained"],
-                        override=v["override"],
-                        leave_until_s=_leave_until_s(gone),
-                    ),
-                )
+        st = state.services.get(name)
+        if st is None:
+            return 0
+        _, bids = state.maps.ids(name)
+        for b in st.service.backends:
+            v = self.backend_view(name, b.name, now_ns, full=False)
+            gone = state.leaving.get((name, b.name))
+            state.maps.write_status(
+                bids[b.name],
+                ProbeStatus(
+                    updated_ns=now_ns,
+                    config_weight=b.weight,
+                    rtt_p50_s=v["rtt_p50_s"],
+                    rtt_p99_s=v["rtt_p99_s"],
+                    rtt_smoothed_s=v.get("rtt_smoothed_s"),
+                    waiting=v.get("waiting"),
+                    running=v.get("running"),
+                    kv_usage=v.get("kv_usage"),
+                    probes_ok=v["probes_ok"],
+                    probes_failed=v["probes_failed"],
+                    state=v["state"],
+                    reason=v["reason"],
+                    drained=v["drained"],
+                    override=v["override"],
+                    leave_until_s=_leave_until_s(gone),
+                ),
+            )
+        return len(st.service.backends)

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncContextManager, Awaitable, Callable
 
-from pyroute2.netlink.exceptions import NetlinkError
-
 from controlplane import abi, deploy, loader
 from controlplane.errors import LoaderError
 from controlplane.maps import Maps
+from controlplane.netlink import NetlinkError
 from controlplane.undo import Undo
 
 

@@ -178,7 +178,7 @@ def udp_refused(ns: Ns, addr: Addr, port: int, timeout_s: float = 2.0) -> bool:
     """Send one datagram from a connected UDP socket in ns; True when the kernel reports the port
     unreachable (an ICMP error quoting this very socket's packet, client -> addr:port, came back)."""
     with ns.enter():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock = socket.socket(family(addr), socket.SOCK_DGRAM)
     with sock:
         sock.settimeout(timeout_s)
         sock.connect((str(addr), port))

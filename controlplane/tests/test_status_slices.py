@@ -1,0 +1,144 @@
+"""Status at scale without holding edged's loop: a status call's proto conversion runs off the
+loop (a weight pin is answered while one is held), and the status views and the once-a-second
+edge_be_probe record are built a slice of services at a time, with the loop given back between
+slices (other work on the loop runs in between). Through FakeMaps (edgedstage); tools/bench-probe
+--scale measures the API's latency while edged probes thousands of backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+from controlplane.api import server
+from controlplane.config import Node, parse_config
+from controlplane.edged import status as edged_status
+from controlplane.tests.apistage import serving, wait_until
+from controlplane.tests.edgedstage import daemon
+
+
+def services(n: int, per: int):
+    """n services of per backends each."""
+    return parse_config(
+        {
+            "version": 1,
+            "services": [
+                {
+                    "name": f"s{i}",
+                    "vip": f"198.18.0.{10 + i}",
+                    "port": 8000,
+                    "backends": [
+                        {"name": f"b{j}", "address": f"198.18.{i + 1}.{j + 2}", "port": 8000} for j in range(per)
+                    ],
+                }
+                for i in range(n)
+            ],
+        }
+    )
+
+
+def test_a_weight_pin_is_answered_while_a_status_is_converted(lt, sockdir, monkeypatch):
+    """A status call whose conversion to the API's message is held: a weight pin through the
+    API is answered meanwhile (with the conversion on the loop, the pin waited for it)."""
+    d = lt.call(daemon, services(2, 3))
+    converting, gate = threading.Event(), threading.Event()
+    convert = server.convert.status_to_proto
+
+    def held(snap, edged):
+        converting.set()
+        gate.wait(timeout=10)
+        return convert(snap, edged)
+
+    monkeypatch.setattr(server.convert, "status_to_proto", held)
+    try:
+        with serving(lt, Node(api_socket=os.path.join(sockdir, "edged.sock")), daemon=d) as served:
+            with served.client() as c1, served.client() as c2:
+                snaps: list = []
+                call = threading.Thread(target=lambda: snaps.append(c1.status()))
+                call.start()
+                wait_until(converting.is_set, what="the status call to convert")
+                pinned: list = []
+                pin = threading.Thread(target=lambda: pinned.append(c2.set_weight("s0", "b0", 7)))
+                pin.start()
+                wait_until(lambda: pinned, what="the pin's answer while the status is held")
+                assert d.state.maps.weights("s0")["b0"] == 7
+                gate.set()
+                call.join(10)
+                pin.join(10)
+        assert [s["name"] for s in snaps[0]["services"]] == ["s0", "s1"]
+    finally:
+        gate.set()
+
+
+def test_status_views_and_the_record_are_built_a_slice_at_a_time(monkeypatch):
+    """With SLICE at one service: between two services' views (a status) and two services'
+    records (the status loop's write), other work on the loop runs; every backend is in both."""
+    monkeypatch.setattr(edged_status, "SLICE", 1)
+
+    async def go():
+        d = daemon(services(3, 2))
+        turns = 0
+        seen: list[tuple[str, int]] = []
+        view = d.status.backend_view
+
+        def counted(name, backend, now_ns, full=True):
+            seen.append((name, turns))
+            return view(name, backend, now_ns, full)
+
+        d.status.backend_view = counted
+
+        async def other_work():
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(other_work())
+        try:
+            await asyncio.sleep(0)
+            snap = await d.snapshot()
+            in_status = list(seen)
+            seen.clear()
+            await d.status.write_status_sliced()
+            in_record = list(seen)
+        finally:
+            other.cancel()
+        return snap, in_status, in_record, d
+
+    snap, in_status, in_record, d = asyncio.run(go())
+    for views in (in_status, in_record):
+        assert len(views) == 6  # every backend of the three services
+        turns_per_service = {name: {t for n, t in views if n == name} for name in ("s0", "s1", "s2")}
+        assert all(len(t) == 1 for t in turns_per_service.values()), turns_per_service  # a service at once
+        assert len({next(iter(t)) for t in turns_per_service.values()}) == 3, turns_per_service  # the loop between
+    assert all("edged" in b for s in snap["services"] for b in s["backends"])
+    assert len(d.state.maps.probe) == 6 and all(p.updated_ns for p in d.state.maps.probe.values())
+
+
+def test_an_operator_action_writes_the_records_of_its_service_alone():
+    """A weight pin (and a drain) writes the edge_be_probe records of its own service, at once;
+    the others wait for the status loop's next round (they used to be rewritten with it: 5,000
+    records for one pin at 5,000 backends)."""
+
+    async def go():
+        d = daemon(services(3, 2))
+        maps, written = d.state.maps, []
+        write = maps.write_status
+
+        def counted(bid, status):
+            written.append(bid)
+            write(bid, status)
+
+        maps.write_status = counted
+        await d.operate("weight", "s1", "b0", 7)
+        pinned = list(written)
+        written.clear()
+        await d.operate("drain", "s2", "b1")
+        return pinned, list(written), maps
+
+    pinned, drained, maps = asyncio.run(go())
+    assert sorted(pinned) == sorted(maps.ids("s1")[1].values())
+    assert maps.probe[maps.ids("s1")[1]["b0"]].override == 7
+    assert sorted(drained) == sorted(maps.ids("s2")[1].values())
+    assert maps.probe[maps.ids("s2")[1]["b1"]].drained
