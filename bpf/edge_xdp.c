@@ -319,3 +319,27 @@ int edge_ingress6_scan(struct xdp_md *ctx)
 {
 	return ingress6(ctx, EDGE_STAGE_SCAN);
 }
+
+/* An IPv6 DSR service's packet, after edge_ingress6 chose its backend and
+ * wrote it into edge_ct6 (select.h): parsed again, its entry names backend
+ * and service, then encap6.h sends it. */
+int edge_ingress6_dsr(struct xdp_md *ctx)
+{
+	struct pkt pkt = {};
+	struct pkt6 p6 = {};
+	struct flow_info *fi;
+	struct addr6 *to;
+	__u32 bid;
+	int verdict = parse6(ctx, &pkt, &p6);
+
+	if (verdict != EDGE_CONTINUE)
+		return verdict;
+	fi = edge_ct6.lookup(&p6.key);
+	if (!fi)
+		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_NO_BACKEND);
+	bid = fi->backend_id;
+	to = edge_backends6.lookup(&bid);
+	if (!to)
+		return count_drop(fi->vip_id, EDGE_DROP_NO_BACKEND);
+	return dsr_forward6(ctx, p6.l3_off, pkt.l3_len, to, bid, fi->vip_id);
+}

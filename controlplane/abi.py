@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 21
+ABI_VERSION = 22
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -19,7 +19,8 @@ TAIL_SCAN = 1  # edge_tails slot of its fallback scan
 TAIL_SCAN_MORE = 2  # edge_tails slot of the scan's next chunk (the scan program again)
 TAIL_V6 = 3  # edge_tails slot of the IPv6 ingress
 TAIL_V6_SCAN = 4  # edge_tails slot of its fallback scan (and the scan's next chunk)
-TAIL_MAX = 5
+TAIL_V6_DSR = 5  # edge_tails slot of an IPv6 DSR service's encapsulation
+TAIL_MAX = 6
 V6_EXT_MAX = 4  # IPv6 extension headers walked before the L4 header
 MAGLEV_PER_VALUE = 2  # Maglev slots per edge_maglev value: 4 bytes a slot
 
@@ -177,6 +178,8 @@ MAP_VIP_ADDRS6 = "edge_vip_addrs6"
 MAP_BACKENDS6 = "edge_backends6"
 MAP_CT6 = "edge_ct6"
 MAP_RNAT6 = "edge_rnat6"
+MAP_HB6 = "edge_hb6"
+MAP_HOP6 = "edge_hop6"
 MAP_INFLIGHT = "edge_inflight"
 MAP_REPLY_HOP6 = "edge_reply_hop6"
 
@@ -211,6 +214,8 @@ MAP_NAMES = (
     MAP_BACKENDS6,
     MAP_CT6,
     MAP_RNAT6,
+    MAP_HB6,
+    MAP_HOP6,
     MAP_INFLIGHT,
     MAP_REPLY_HOP6,
 )
@@ -243,3 +248,5 @@ PROG_INGRESS_SCAN = "edge_ingress_scan"
 # fallback scan through [TAIL_V6_SCAN].
 PROG_INGRESS6 = "edge_ingress6"
 PROG_INGRESS6_SCAN = "edge_ingress6_scan"
+# An IPv6 DSR service's encapsulation (encap6.h), tail-called by edge_ingress6 through [TAIL_V6_DSR].
+PROG_INGRESS6_DSR = "edge_ingress6_dsr"

@@ -177,15 +177,6 @@ def _check_dsr(s: "Service", path: str) -> None:
             )
 
 
-def _check_ipv6(s: "Service", path: str) -> None:
-    """What an IPv6 service cannot have yet: the data path's IPv6 side forwards, reverse-NATs and judges
-    passive health, but has no heartbeats or DSR."""
-    if s.forwarding == "dsr":
-        raise ConfigError(f"{path}.forwarding: dsr is not supported for IPv6 VIPs yet")
-    if s.health and s.health.heartbeat:
-        raise ConfigError(f"{path}.health.heartbeat: not supported for IPv6 VIPs yet (use health.passive)")
-
-
 def _check_dns_family(s: "Service", path: str) -> None:
     """A and AAAA records give addresses of one family: the VIP's."""
     dns = s.discovery.dns if s.discovery else None
@@ -213,8 +204,8 @@ class Service:
         "reselect",
     )
     forwarding: str = option(
-        "nat (the router rewrites both ways) or dsr (direct server return: packets go to the backend in IPIP "
-        "with the VIP kept; the backend answers the client itself: tools/dsr-backend)",
+        "nat (the router rewrites both ways) or dsr (direct server return: packets go to the backend in IPIP, "
+        "IPv6-in-IPv6 for an IPv6 VIP, with the VIP kept; the backend answers the client itself: tools/dsr-backend)",
         _one_of("nat", "dsr"),
         "nat",
     )
@@ -272,8 +263,6 @@ class Service:
             raise ConfigError(f"{path}.backends: none given (set backends, or discovery to find them at run time)")
         if self.backends and all(backend.standby for backend in self.backends) and self.discovery is None:
             raise ConfigError(f"{path}.backends: service {self.name!r} has no primary backend (all are standby)")
-        if self.vip.version == 6:
-            _check_ipv6(self, path)
         _check_dns_family(self, path)
         if self.forwarding == "dsr":
             _check_dsr(self, path)

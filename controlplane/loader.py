@@ -67,6 +67,7 @@ PROGRAMS = {
     abi.PROG_INGRESS_SCAN: "xdp",
     abi.PROG_INGRESS6: "xdp",
     abi.PROG_INGRESS6_SCAN: "xdp",
+    abi.PROG_INGRESS6_DSR: "xdp",
 }
 # Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
 TAILS = {
@@ -75,8 +76,9 @@ TAILS = {
     abi.TAIL_SCAN_MORE: abi.PROG_INGRESS_SCAN,
     abi.TAIL_V6: abi.PROG_INGRESS6,
     abi.TAIL_V6_SCAN: abi.PROG_INGRESS6_SCAN,
+    abi.TAIL_V6_DSR: abi.PROG_INGRESS6_DSR,
 }
-TAILS_V6 = frozenset({abi.TAIL_V6, abi.TAIL_V6_SCAN})  # loaded only for a config with an IPv6 service
+TAILS_V6 = frozenset({abi.TAIL_V6, abi.TAIL_V6_SCAN, abi.TAIL_V6_DSR})  # loaded only for a config with an IPv6 service
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1

@@ -24,6 +24,16 @@ from typing import Callable
 
 from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import Dot1Q, Ether
+from verdicts_world6 import (  # noqa: F401  (re-exported)
+    DSR6_VIP,
+    F0,
+    G0,
+    G1,
+    HB_PORT,
+    HB_TIMEOUT_MS,
+    SERVICES6,
+    TOKENS6,
+)
 
 from controlplane import abi, loader
 from controlplane.config import parse_config
@@ -34,7 +44,7 @@ XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = 1, 2, 3, 4
 TC_ACT_UNSPEC, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0xFFFFFFFF, 0, 2, 7  # retval is a u32
 
 BPFFS = Path("/sys/fs/bpf")
-PARAMS = loader.Params(maglev_m=1009, max_services=8, max_backends=16, ct_size=1024)
+PARAMS = loader.Params(maglev_m=1009, max_services=16, max_backends=16, ct_size=1024)
 HOP_TTL_JIFFIES = 1 << 41  # -DEDGE_NEXTHOP_TTL_JIFFIES: see the module's docstring
 HOP_EXPIRES = 1 << 40  # jiffies64 starts near 2^32 and grows by HZ a second: fresh for decades
 
@@ -61,13 +71,14 @@ SBY_VIP = IPv4Address("198.18.255.4")
 S0, S1 = (IPv4Address("198.18.1.8"), 8000), (IPv4Address("198.18.1.9"), 8000)
 DSR_VIP, X0 = IPv4Address("198.18.255.5"), (IPv4Address("198.18.1.10"), 80)
 ROUTER_B = IPv4Address("198.18.1.1")  # the router's address towards the backends (DSR's outer source)
-HB_PORT, HB_TIMEOUT_MS = 7946, 300
-TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002}
+TOKENS = {"h0": 0x5EED0001, "h1": 0x5EED0002, **TOKENS6}
 
 # web: plain TCP NAT to one backend; dns: UDP; hb: two backends judged by heartbeats; pas: two
 # backends under passive detection (three failures in a row eject); sby: a primary and a standby,
 # whose flows stay on their backend when it becomes unusable (existing_flows: keep); dsr: one
-# backend answering clients directly (forwarding: dsr, IPIP); web6: IPv6 (verdicts6.py's rows).
+# backend answering clients directly (forwarding: dsr, IPIP); web6: IPv6 (verdicts6.py's rows);
+# hb6: two IPv6 backends judged by heartbeats (verdicts_hb6.py's rows); dsr6: one IPv6 backend
+# answering clients directly (IPv6-in-IPv6, verdicts_dsr6.py's rows).
 CONFIG = {
     "version": 1,
     "node": {
@@ -130,6 +141,7 @@ CONFIG = {
                 {"name": n, "address": a, "port": 8000} for n, a in (("e0", "2001:2:0:1::2"), ("e1", "2001:2:0:1::3"))
             ],
         },
+        *SERVICES6,  # hb6, dsr6 (verdicts_world6.py)
         {
             "name": "dsr",
             "vip": str(DSR_VIP),
@@ -319,13 +331,17 @@ class World:
         self.t = self.loaded.tables()
         self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
         self.cfg = parse_config(CONFIG, "test_verdicts")
-        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0)})
+        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0, G0, G1, F0)})
         self.node()
         self.ids = {s.name: self.maps.ids(s.name) for s in self.cfg.services}
         backends = self.t[abi.MAP_BACKENDS]
         self._backends = {bid: backends[backends.Key(bid)] for _, ids in self.ids.values() for bid in ids.values()}
         self._backends = {bid: type(v).from_buffer_copy(v) for bid, v in self._backends.items()}
-        self._hb = [(type(k).from_buffer_copy(k), type(v).from_buffer_copy(v)) for k, v in self.t[abi.MAP_HB].items()]
+        self._hb = [
+            (name, type(k).from_buffer_copy(k), type(v).from_buffer_copy(v))
+            for name in (abi.MAP_HB, abi.MAP_HB6)
+            for k, v in self.t[name].items()
+        ]
 
     def node(self, *, answer_ping: bool = True) -> None:
         """The node record deploy writes (node.answer_ping as given)."""
@@ -371,9 +387,9 @@ class World:
         backends = self.t[abi.MAP_BACKENDS]
         for bid, v in self._backends.items():
             backends[backends.Key(bid)] = v
-        for k, v in self._hb:
-            self.t[abi.MAP_HB][k] = v
-        for name in ("h0", "h1"):
+        for name, k, v in self._hb:
+            self.t[name][k] = v
+        for name in ("h0", "h1", "g0", "g1"):
             self.set_health(name, last_seen_ns=time.monotonic_ns(), rise_count=100)
         for name in ("p0", "p1"):
             self.set_health(name)
@@ -431,12 +447,12 @@ class World:
         t[t.Key(hid)] = v
 
     def hb_interface(self, backend: str, ifindex: int) -> None:
-        """backend's heartbeats are registered as arriving on ifindex (edge_hb)."""
-        t = self.t[abi.MAP_HB]
-        for k, v in list(t.items()):
-            if v.health_id == self._backends[self.bid(backend)].health_id:
-                v.ifindex = ifindex
-                t[k] = v
+        """backend's heartbeats are registered as arriving on ifindex (edge_hb, edge_hb6)."""
+        for t in (self.t[abi.MAP_HB], self.t[abi.MAP_HB6]):
+            for k, v in list(t.items()):
+                if v.health_id == self._backends[self.bid(backend)].health_id:
+                    v.ifindex = ifindex
+                    t[k] = v
 
     def health(self, backend: str):
         t = self.t[abi.MAP_HEALTH]

@@ -7,9 +7,9 @@ from __future__ import annotations
 import statistics
 import struct
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 
-FRAME_SIZE = 64  # on the wire without FCS: 14 Ethernet + 20 IPv4 + 8 UDP + 22 payload
+FRAME_SIZE = 64  # on the wire without FCS: 14 Ethernet + 20 IPv4 + 8 UDP + 22 payload (IPv6: 40 + 8 + 2)
 COMM_LEN = 15  # TASK_COMM_LEN - 1: what /proc/PID/comm keeps of a kthread's name
 
 
@@ -32,6 +32,27 @@ def udp_frame(
     ip = ip[:10] + struct.pack("!H", ipv4_checksum(ip)) + ip[12:]
     udp = struct.pack("!HHHH", sport, dport, 8 + payload, 0)
     return dst_mac + src_mac + b"\x08\x00" + ip + udp + bytes(payload)
+
+
+def udp6_frame(
+    dst_mac: bytes, src_mac: bytes, src: IPv6Address, dst: IPv6Address, sport: int, dport: int, size: int = FRAME_SIZE
+) -> bytes:
+    """An Ethernet/IPv6/UDP frame of size bytes, its UDP checksum right for these ports (the
+    generator's other client ports leave it stale: the sinks do not check it)."""
+    payload = size - 14 - 40 - 8
+    if payload < 0:
+        raise ValueError(f"size {size} is below the 62 bytes of the headers")
+    length = 8 + payload
+    udp = struct.pack("!HHHH", sport, dport, length, 0) + bytes(payload)
+    pseudo = src.packed + dst.packed + struct.pack("!IxxxB", length, 17)
+    data = pseudo + udp + (b"\0" if len(udp) % 2 else b"")
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    check = (~total & 0xFFFF) or 0xFFFF
+    udp = udp[:6] + struct.pack("!H", check) + udp[8:]
+    ip = struct.pack("!IHBB16s16s", 6 << 28, length, 17, 64, src.packed, dst.packed)
+    return dst_mac + src_mac + b"\x86\xdd" + ip + udp
 
 
 def napi_comm(ifname: str) -> str:

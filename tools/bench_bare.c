@@ -2,26 +2,29 @@
 /* tools/bench_bare.c: the floor programs tools/bench-e2e compares the router
  * with, and its packet sink. Not part of the data path; loaded through
  * controlplane/loader.py (compile_standalone). Each redirect program does the
- * least a redirecting router must: bounds-check Ethernet + IPv4 + UDP, write
- * both MACs and redirect to one interface. No NAT, no lookups. The target
+ * least a redirecting router must: bounds-check Ethernet + IPv4 + UDP (or
+ * IPv6 + UDP, tested after IPv4), write both MACs and redirect to one interface. No NAT, no lookups. The target
  * interface and MACs come as -D flags:
  *   BARE_IFINDEX        ifindex to redirect to
  *   BARE_DST_MAC_HI/LO  destination MAC: first 2 bytes, last 4 (host order)
  *   BARE_SRC_MAC_HI/LO  source MAC, likewise
- * bare_sink_xdp counts IPv4 UDP frames (also inside IPIP, as the router sends
- * a DSR backend) in bare_sink (per CPU) and drops them;
+ * bare_sink_xdp counts IPv4 and IPv6 UDP frames (also inside IPIP or
+ * IPv6-in-IPv6, as the router sends a DSR backend) in bare_sink (per CPU) and
+ * drops them;
  * everything else (ARP) passes. bare_gen_xdp is the generator, run through
  * BPF_PROG_TEST_RUN with live frames: it writes the frame in bare_tmpl over
  * each frame (live mode recycles pages without writing them again, so a
  * frame would come back as the router left it), gives it the next of
  * BARE_GEN_FLOWS UDP ports from BARE_GEN_FIRST_PORT (the source port when
- * BARE_GEN_PORT_OFF is 34, the destination port when 36) and redirects it to
+ * BARE_GEN_PORT_OFF is 34, the destination port when 36; IPv6's source port
+ * is at 54) and redirects it to
  * BARE_IFINDEX, so frames enter the router's veth as XDP frames, as from a
  * NIC's DMA. */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/in.h>
 #include <linux/udp.h>
 
@@ -73,6 +76,18 @@ static __always_inline int is_udp4_in_ipip(void *data, void *data_end)
 	       outer->protocol == IPPROTO_IPIP && inner->ihl == 5 && inner->protocol == IPPROTO_UDP;
 }
 
+/* 1 when data..data_end holds Ethernet + IPv6 + UDP, as the outer header
+ * (the first test) or behind an outer IPv6 header (next header 41). */
+static __always_inline int is_udp6(void *data, void *data_end, int in_ip6)
+{
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = data + sizeof(*eth) + (in_ip6 ? sizeof(*ip6) : 0), *outer = data + sizeof(*eth);
+
+	if ((void *)(ip6 + 1) + sizeof(struct udphdr) > data_end || eth->h_proto != bpf_htons(ETH_P_IPV6))
+		return 0;
+	return ip6->nexthdr == IPPROTO_UDP && (!in_ip6 || outer->nexthdr == IPPROTO_IPV6);
+}
+
 static __always_inline void write_macs(struct ethhdr *eth)
 {
 	__u16 *d = (__u16 *)eth->h_dest, *s = (__u16 *)eth->h_source;
@@ -90,7 +105,7 @@ int bare_redirect_xdp(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 
-	if (!is_udp4(data, data_end))
+	if (!is_udp4(data, data_end) && !is_udp6(data, data_end, 0))
 		return XDP_PASS;
 	write_macs(data);
 	return bpf_redirect(BARE_IFINDEX, 0);
@@ -114,8 +129,9 @@ int bare_sink_xdp(struct xdp_md *ctx)
 	int zero = 0;
 	u64 *n;
 
-	/* also UDP in IPIP: what the router sends a DSR backend (bench-e2e router-dsr) */
-	if (!is_udp4(data, data_end) && !is_udp4_in_ipip(data, data_end))
+	/* also UDP in IPIP or IPv6-in-IPv6: what the router sends a DSR backend (router-dsr, router-dsr6) */
+	if (!is_udp4(data, data_end) && !is_udp4_in_ipip(data, data_end) && !is_udp6(data, data_end, 0) &&
+	    !is_udp6(data, data_end, 1))
 		return XDP_PASS;
 	n = bare_sink.lookup(&zero);
 	if (n)

@@ -14,7 +14,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 21
+#define EDGE_ABI_VERSION 22
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -25,7 +25,8 @@
 #define EDGE_TAIL_SCAN_MORE    2	  /* edge_tails slot: the scan's next chunk (edge_ingress_scan again) */
 #define EDGE_TAIL_V6	       3	  /* edge_tails slot: the IPv6 ingress (edge_ingress6, ingress6.h) */
 #define EDGE_TAIL_V6_SCAN      4	  /* edge_tails slot: its fallback scan and the scan's next chunk (edge_ingress6_scan) */
-#define EDGE_TAIL_MAX	       5
+#define EDGE_TAIL_V6_DSR       5	  /* edge_tails slot: an IPv6 DSR service's encapsulation (edge_ingress6_dsr, encap6.h) */
+#define EDGE_TAIL_MAX	       6
 #define EDGE_V6_EXT_MAX	       4 /* IPv6 extension headers walked before the L4 header (ingress6.h) */
 #define EDGE_MAGLEV_PER_VALUE  2 /* Maglev slots per edge_maglev value (struct maglev_slots) */
 
@@ -397,6 +398,26 @@ struct backend_key6 {
 	__u8 pad;
 };
 
+/* Key of edge_hb6 (value: struct hb_target): edge_hb's key for an IPv6
+ * backend (heartbeat6.h). */
+struct hb_key6 {
+	struct addr6 addr; /* the backend's registered address */
+	__be16 port;	   /* the backend's service port (from the payload) */
+	__be16 hb_port;	   /* UDP port of the router the heartbeat went to */
+};
+
+/* Value of edge_hop6 (per CPU, by backend id): the way to an IPv6 backend
+ * of a DSR service (encap6.h), the outer header's source with it. */
+struct nexthop6 {
+	__u64 expires; /* bpf_jiffies64() from which on it is looked up again */
+	__u32 ifindex; /* 0: not looked up */
+	__u32 mtu;     /* of ifindex, which an encapsulated packet must fit */
+	__u8 smac[6];
+	__u8 dmac[6];
+	__u32 pad;
+	struct addr6 src; /* the router's address towards the backend */
+};
+
 /* Value of edge_rnat6: what the return path rewrites the source back to. */
 struct rnat_info6 {
 	struct addr6 vip_addr;
@@ -498,5 +519,7 @@ _Static_assert(sizeof(struct flow_key6) == 40, "abi: flow_key6");
 _Static_assert(sizeof(struct backend_key6) == 20, "abi: backend_key6");
 _Static_assert(sizeof(struct rnat_info6) == 28, "abi: rnat_info6");
 _Static_assert(sizeof(struct reply_hop6) == 64, "abi: reply_hop6");
+_Static_assert(sizeof(struct hb_key6) == 20, "abi: hb_key6");
+_Static_assert(sizeof(struct nexthop6) == 48, "abi: nexthop6");
 
 #endif /* EDGE_ABI_H */

@@ -6,7 +6,7 @@
  * newer than the last taken), stamps the backend's health and consumes it.
  * The ingress program drops any heartbeat that arrives on an interface
  * other than its backend's, so a client cannot keep a dead backend alive.
- * Every rejection is counted. */
+ * Every rejection is counted. IPv6 backends' heartbeats: heartbeat6.h. */
 #ifndef EDGE_HEARTBEAT_H
 #define EDGE_HEARTBEAT_H
 
@@ -90,31 +90,24 @@ static __always_inline int hb_misrouted(struct xdp_md *ctx, struct iphdr *iph,
 	return !t || t->ifindex != ctx->ingress_ifindex;
 }
 
-/* tc, backend-facing ingress. Returns TC_ACT_SHOT for a heartbeat (stamped
- * or rejected) and TC_ACT_UNSPEC for anything else. */
-static __always_inline int consume_heartbeat(struct __sk_buff *skb,
-					     struct iphdr *iph, __u32 l4_off,
-					     __be16 dport)
+/* tc: heartbeat hb, found registered as t (NULL: not registered), that
+ * arrived on ifindex: stamps its backend's health when it holds (interface,
+ * MAC, epoch within the window, newer than the last taken), else counts why
+ * not. TC_ACT_SHOT either way: a heartbeat is consumed here. Both families'
+ * (consume_heartbeat, heartbeat6.h). */
+static __always_inline int hb_take(const struct heartbeat *hb, struct hb_target *t, __u32 ifindex)
 {
-	struct heartbeat hb;
-	struct hb_target *t;
 	struct backend_health *h;
 	__u32 epoch, seq;
 	__u64 now;
 
-	if (!is_hb_port(dport))
-		return TC_ACT_UNSPEC;
-	if (bpf_skb_load_bytes(skb, l4_off + sizeof(struct udphdr), &hb, sizeof(hb)) < 0 ||
-	    hb.magic != bpf_htonl(EDGE_HB_MAGIC))
-		return TC_ACT_UNSPEC; /* not a heartbeat after all */
-	t = hb_lookup(&hb, iph->saddr, dport);
-	if (!t || t->ifindex != skb->ingress_ifindex || !hb_mac_ok(&hb, t))
+	if (!t || t->ifindex != ifindex || !hb_mac_ok(hb, t))
 		goto spoofed;
 	h = edge_health.lookup(&t->health_id);
 	if (!h)
 		goto spoofed;
-	epoch = bpf_ntohl(hb.epoch);
-	seq = bpf_ntohl(hb.seq);
+	epoch = bpf_ntohl(hb->epoch);
+	seq = bpf_ntohl(hb->seq);
 	if (!hb_epoch_ok(epoch)) {
 		count_reason(EDGE_NO_SERVICE, EDGE_DROP_STALE_HB);
 		return TC_ACT_SHOT;
@@ -142,6 +135,22 @@ static __always_inline int consume_heartbeat(struct __sk_buff *skb,
 spoofed:
 	count_reason(EDGE_NO_SERVICE, EDGE_DROP_SPOOFED_HB);
 	return TC_ACT_SHOT;
+}
+
+/* tc, backend-facing ingress. Returns TC_ACT_SHOT for a heartbeat (stamped
+ * or rejected) and TC_ACT_UNSPEC for anything else. */
+static __always_inline int consume_heartbeat(struct __sk_buff *skb,
+					     struct iphdr *iph, __u32 l4_off,
+					     __be16 dport)
+{
+	struct heartbeat hb;
+
+	if (!is_hb_port(dport))
+		return TC_ACT_UNSPEC;
+	if (bpf_skb_load_bytes(skb, l4_off + sizeof(struct udphdr), &hb, sizeof(hb)) < 0 ||
+	    hb.magic != bpf_htonl(EDGE_HB_MAGIC))
+		return TC_ACT_UNSPEC; /* not a heartbeat after all */
+	return hb_take(&hb, hb_lookup(&hb, iph->saddr, dport), skb->ingress_ifindex);
 }
 
 #endif /* EDGE_HEARTBEAT_H */

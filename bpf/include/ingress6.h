@@ -16,10 +16,13 @@
  * the address), and the frame is redirected by a FIB lookup cached per
  * backend (edge_nexthop, shared: an id is one backend's). A packet (no SYN)
  * of an established flow takes a shortcut first (established6, as IPv4's
- * established): no edge_vips6 lookup, the cached clock. Not here yet:
- * half-open entries, the stateless path over the budget (such a packet is
- * dropped as untracked), wire signals, heartbeats, DSR. ICMPv6 errors
- * about VIP flows: icmp6.h. Included by edge_xdp.c after health_now. */
+ * established): no edge_vips6 lookup, the cached clock. A backend's
+ * heartbeat arriving here is dropped (heartbeat6.h); a DSR service's packets
+ * go out in IPv6-in-IPv6 instead of NAT (encap6.h, a program of its own),
+ * its established flows by the full path. Not here yet: half-open entries,
+ * the stateless path over the budget (such a packet is dropped as
+ * untracked), wire signals. ICMPv6 errors about VIP flows: icmp6.h.
+ * Included by edge_xdp.c after health_now. */
 #ifndef EDGE_INGRESS6_H
 #define EDGE_INGRESS6_H
 
@@ -32,6 +35,8 @@
 #include "nat.h"
 #include "hop6.h"
 #include "icmp6.h"
+#include "heartbeat6.h"
+#include "encap6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -330,8 +335,12 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	vk.port = p6.key.dport;
 	vk.proto = p6.key.proto;
 	vip = edge_vips6.lookup(&vk);
-	if (!vip)
+	if (!vip) {
+		/* heartbeat6.h: a backend's heartbeat never enters here */
+		if (p6.key.proto == IPPROTO_UDP && hb_misrouted6(ctx, p6.l3_off, p6.l4_off))
+			return count_drop(EDGE_NO_SERVICE, EDGE_DROP_SPOOFED_HB);
 		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+	}
 	{
 		void *data = (void *)(long)ctx->data;
 		struct ipv6hdr *ip6 = data + (p6.l3_off & 0x1f);
@@ -373,6 +382,10 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	if (!to)
 		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
+	if (sc->flags & EDGE_SVC_F_DSR) { /* encap6.h, a program of its own (verifier: ~57k instructions here) */
+		edge_tails.call(ctx, EDGE_TAIL_V6_DSR);
+		return count_drop(vip->id, EDGE_DROP_NO_BACKEND); /* not installed */
+	}
 	if (pkt.syn && !new_flow)
 		flow_mark_syn6(&pkt, &p6.key);
 	if (pkt.syn_counted && (sc->flags & EDGE_SVC_F_PASSIVE))

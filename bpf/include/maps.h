@@ -104,7 +104,8 @@ BPF_TABLE_PINNED("prog", __u32, __u32, edge_tails,
 /* IPv6 (abi.h: struct addr6 and the keys with it): VIP key -> vip_info;
  * VIP address -> VIPs on it; backend id -> address (its edge_backends entry
  * holds the rest); conntrack (EDGE_CT6_SIZE entries; no half-open table:
- * a SYN's entry goes into edge_ct6 at once); reverse NAT. */
+ * a SYN's entry goes into edge_ct6 at once); reverse NAT; heartbeats; the
+ * way to a DSR backend (encap6.h). */
 BPF_TABLE_PINNED("hash", struct vip_key6, struct vip_info, edge_vips6,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vips6));
 BPF_TABLE_PINNED("hash", struct addr6, __u32, edge_vip_addrs6,
@@ -118,6 +119,10 @@ BPF_TABLE_PINNED("hash", struct backend_key6, struct rnat_info6, edge_rnat6,
 /* hash(client, VIP) -> cached egress interface and MACs of IPv6 replies (per CPU, hop6.h). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct reply_hop6, edge_reply_hop6,
 		 EDGE_REPLY_HOP_SLOTS, EDGE_PIN(edge_reply_hop6));
+BPF_TABLE_PINNED("hash", struct hb_key6, struct hb_target, edge_hb6,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_hb6));
+BPF_TABLE_PINNED("percpu_array", __u32, struct nexthop6, edge_hop6,
+		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_hop6));
 /* Per-CPU state of the fallback scan between its runs over one packet
  * (select.h, scan_backends); kernel only, not pinned. */
 struct scan_state {

@@ -9,9 +9,9 @@
  * (hop6.h). A TCP packet of a connection edge_ct6
  * gives to another backend is dropped (EDGE_DROP_OTHER_BACKEND), so it never
  * leaves with the backend's address; everything else continues untouched,
- * neighbour discovery above all. Not here yet: heartbeats, the stateless
- * reply (no entry), direct connections, wire signals. ICMPv6 errors about
- * VIP flows: icmp6.h. */
+ * neighbour discovery above all. Heartbeats of IPv6 backends are consumed
+ * first (heartbeat6.h). Not here yet: the stateless reply (no entry), direct
+ * connections, wire signals. ICMPv6 errors about VIP flows: icmp6.h. */
 #ifndef EDGE_RETURN6_H
 #define EDGE_RETURN6_H
 
@@ -23,6 +23,7 @@
 #include "nat.h"
 #include "hop6.h"
 #include "icmp6.h"
+#include "heartbeat6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -115,6 +116,12 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 	ports = (void *)(ip6 + 1);
 	if ((void *)(ports + 2) > data_end)
 		return TC_ACT_UNSPEC;
+	if (proto == IPPROTO_UDP) { /* heartbeat6.h */
+		int hb = consume_heartbeat6(skb, ip6, l4_off + sizeof(struct udphdr), ports[1]);
+
+		if (hb != TC_ACT_UNSPEC)
+			return hb;
+	}
 	if (proto == IPPROTO_TCP) {
 		__u8 *th = (void *)ports;
 

@@ -9,7 +9,7 @@ import math
 import socket
 import sys
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Optional
 from urllib.parse import urlsplit
 
@@ -30,11 +30,11 @@ class UsageError(ValueError):
     """A bad option value; the message names the option."""
 
 
-def parse_ipv4(text: str, what: str) -> IPv4Address:
+def parse_ip(text: str, what: str) -> IPv4Address | IPv6Address:
     try:
-        return IPv4Address(text)
+        return ip_address(text)
     except ValueError:
-        raise UsageError(f"{what}: {text!r} is not an IPv4 address") from None
+        raise UsageError(f"{what}: {text!r} is not an IPv4 or IPv6 address") from None
 
 
 def parse_port(text: str, what: str) -> int:
@@ -43,12 +43,19 @@ def parse_port(text: str, what: str) -> int:
     return int(text)
 
 
-def parse_router(text: str) -> tuple[IPv4Address, int]:
-    """`ADDR[:PORT]` -> (address, port); the port defaults to DEFAULT_ROUTER_PORT."""
-    if text.count(":") > 1:
-        raise UsageError(f"--router: {text!r} is not an IPv4 address (with an optional :PORT)")
-    addr, sep, port = text.partition(":")
-    return (parse_ipv4(addr, "--router"), parse_port(port, "--router port") if sep else DEFAULT_ROUTER_PORT)
+def parse_router(text: str) -> tuple[IPv4Address | IPv6Address, int]:
+    """`ADDR[:PORT]` -> (address, port), an IPv6 address with a port in brackets (`[ADDR]:PORT`);
+    the port defaults to DEFAULT_ROUTER_PORT."""
+    if text.startswith("["):
+        addr, sep, port = text[1:].partition("]")
+        if not sep or (port and not port.startswith(":")) or ":" not in addr:
+            raise UsageError(f"--router: {text!r} is not [IPv6 address] with an optional :PORT")
+        sep, port = port[:1], port[1:]
+    elif text.count(":") > 1:  # a bare IPv6 address: no port
+        addr, sep, port = text, "", ""
+    else:
+        addr, sep, port = text.partition(":")
+    return (parse_ip(addr, "--router"), parse_port(port, "--router port") if sep else DEFAULT_ROUTER_PORT)
 
 
 def parse_token(text: str) -> int:
@@ -123,9 +130,9 @@ def parse_check_url(text: str) -> Target:
 class Options:
     """Everything the agent runs with, checked and with defaults filled in."""
 
-    router: IPv4Address
+    router: IPv4Address | IPv6Address
     router_port: int
-    source: Optional[IPv4Address]
+    source: Optional[IPv4Address | IPv6Address]
     service_port: int
     token: int
     interval_ms: float
@@ -139,7 +146,11 @@ class Options:
 
 
 def secret_token(
-    path: str, source: Optional[IPv4Address], router: IPv4Address, router_port: int, service_port: int
+    path: str,
+    source: Optional[IPv4Address | IPv6Address],
+    router: IPv4Address | IPv6Address,
+    router_port: int,
+    service_port: int,
 ) -> int:
     """The token the router derives for this backend (a discovered one) from the service secret:
     keyed by this backend's address (--source, else the one the kernel sends to the router from)."""
@@ -151,12 +162,12 @@ def secret_token(
     except ConfigError as e:
         raise UsageError(str(e)) from None
     if source is None:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        with socket.socket(socket.AF_INET if router.version == 4 else socket.AF_INET6, socket.SOCK_DGRAM) as s:
             try:
                 s.connect((str(router), router_port))  # no packet: only the route is looked up
             except OSError as e:
                 raise UsageError(f"--router: no route to {router}: {e.strerror}") from None
-            source = IPv4Address(s.getsockname()[0])
+            source = ip_address(s.getsockname()[0])
     return derive_token(secret, source, service_port)
 
 
@@ -173,7 +184,9 @@ def warn_secret_file() -> None:
 def options(args: argparse.Namespace) -> Options:
     """Turn parsed arguments into Options, filling the defaults that depend on others."""
     router, router_port = parse_router(args.router)
-    source = parse_ipv4(args.source, "--source") if args.source is not None else None
+    source = parse_ip(args.source, "--source") if args.source is not None else None
+    if source is not None and source.version != router.version:
+        raise UsageError(f"--source: {source} is IPv{source.version} but --router {router} is IPv{router.version}")
     service_port = parse_port(args.service_port, "--service-port")
     interval_ms = parse_ms(args.interval_ms, "--interval-ms")
     check_interval_ms = (
@@ -247,8 +260,9 @@ def parser() -> argparse.ArgumentParser:
         "--router",
         required=True,
         metavar="ADDR[:PORT]",
-        help=f"the router's address on this backend's link, and the service's "
-        f"health.heartbeat.port (default {DEFAULT_ROUTER_PORT})",
+        help=f"the router's IPv4 or IPv6 address on this backend's link, and the service's "
+        f"health.heartbeat.port (default {DEFAULT_ROUTER_PORT}); an IPv6 address with a port in brackets: "
+        f"[2001:2::1]:{DEFAULT_ROUTER_PORT}",
     )
     p.add_argument(
         "--source",

@@ -73,6 +73,10 @@ def send_loop(
     return stats
 
 
+def _hostport(address, port: int) -> str:
+    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+
+
 def _tighten_timer_slack() -> None:
     # Linux lets a sleeping thread wake up to 50 us late by default (timer slack); ask for 1 ns.
     try:
@@ -85,13 +89,13 @@ def run(opts: Options, stop: StopFlag, say: Callable[[str], None]) -> SendStats:
     """Open the socket, start the checker, send until stop or the duration ends."""
     check = make_check(opts)
     checker = None
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock = socket.socket(socket.AF_INET if opts.router.version == 4 else socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         # Unconnected and non-blocking: ICMP errors from the router are not reported back,
         # and a full send buffer costs one heartbeat, never the schedule.
         sock.setblocking(False)
         try:
-            sock.bind((str(opts.source) if opts.source else "0.0.0.0", 0))
+            sock.bind((str(opts.source) if opts.source else ("0.0.0.0" if opts.router.version == 4 else "::"), 0))
         except OSError as e:
             raise UsageError(f"--source {opts.source}: {os.strerror(e.errno).lower()}") from None
         readiness = Readiness(say, mmap.mmap(-1, 8))
@@ -107,7 +111,7 @@ def run(opts: Options, stop: StopFlag, say: Callable[[str], None]) -> SendStats:
             else ""
         )
         say(
-            f"sending to {opts.router}:{opts.router_port} from {opts.source or 'any address'} every "
+            f"sending to {_hostport(opts.router, opts.router_port)} from {opts.source or 'any address'} every "
             f"{fmt_ms(opts.interval_ms)} for service port {opts.service_port}, {what}{checking}"
         )
         stale_ns = None
@@ -151,15 +155,15 @@ def dsr_problem(vip: str | None) -> str | None:
     """--dsr-vip: what the backend lacks for direct server return of vip (agent/dsr.py), or None."""
     if vip is None:
         return None
-    from ipaddress import AddressValueError, IPv4Address
+    from ipaddress import ip_address
 
     from controlplane.agent import dsr
 
     try:
-        address = IPv4Address(vip)
-    except AddressValueError:
-        raise UsageError(f"--dsr-vip: {vip!r} is no IPv4 address") from None
-    return dsr.problems(dsr.read_state(), address)
+        address = ip_address(vip)
+    except ValueError:
+        raise UsageError(f"--dsr-vip: {vip!r} is no IPv4 or IPv6 address") from None
+    return dsr.problems(dsr.read_state(address.version), address)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -126,16 +126,22 @@ def agent_argv(
     check_timeout_ms: Optional[float] = None,
     rt_priority: int = 0,
     dsr_vip: Optional[str] = None,
+    family: int = 4,
 ) -> list[str]:
-    """The command line of backend i's agent (see start_heartbeats)."""
+    """The command line of backend i's agent (see start_heartbeats); family 6: over IPv6, from the
+    backend's IPv6 address to the router's on its link."""
+    if family == 6:
+        router, source = f"[{net.topo.router_backend_addr6(i).ip}]:{hb_port}", str(net.topo.backend_addr6(i).ip)
+    else:
+        router, source = f"{net.topo.router_backend_addr(i).ip}:{hb_port}", str(net.backend_addr(i))
     argv = [
         sys.executable,
         "-m",
         "controlplane.agent",
         "--router",
-        f"{net.topo.router_backend_addr(i).ip}:{hb_port}",
+        router,
         "--source",
-        str(net.backend_addr(i)),
+        source,
         "--service-port",
         str(service_port),
         "--token-file",
@@ -201,7 +207,7 @@ def start_heartbeats(
     token: backend i's token in the router config. check: none (always send), tcp or http;
     check_url defaults to http://<backend i's address>:<service_port>/v2/health/ready (the
     testbed backend answers 200 on any path). kw: check_interval_ms, check_timeout_ms,
-    rt_priority, dsr_vip, passed on to the agent.
+    rt_priority, dsr_vip, family (6: heartbeats over IPv6), passed on to the agent.
     """
     agent = _spawn(
         net,

@@ -14,7 +14,7 @@ a backend's full-size segments then reach the hop, which drops them and sends "f
 router's end stays for undeploy) and the hop namespace and its veth are removed.
 
 BulkServers: TCP servers (sockets made in the backend namespaces, served by threads of this
-process) that send a fixed number of bytes to every connection and close it (bulk_get reads one
+process, IPv4 or with family 6 IPv6) that send a fixed number of bytes to every connection and close it (bulk_get reads one
 such response in the client), or with upload read what the client sends and answer its count
 (bulk_put); over IPv6 with ipv6. Everything is bounded in count and time.
 """

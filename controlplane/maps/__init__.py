@@ -323,20 +323,18 @@ class Maps(Writer, Reader, OpenCounts):
                 port=from_be16(b.port),
                 weight=int(meta[meta.Key(bid)].weight),
                 standby=bool(b.flags & abi.BE_F_STANDBY),
-                token=self._hb_token(s, b),
+                token=self._hb_token(s, bid, b),
             )
             out.append((backend, int(self.read_probe(bid)["flags"])))
         return out
 
-    def _hb_token(self, s: Service, b) -> int | None:
+    def _hb_token(self, s: Service, bid: int, b) -> int | None:
         """The heartbeat token edge_hb holds for backend_info b of service s; None without one."""
         if not (s.health and s.health.heartbeat):
             return None
-        hb = self.t[abi.MAP_HB]
-        k = hb.Key()
-        k.addr, k.port, k.hb_port = b.addr, b.port, be16(s.health.heartbeat.port)
+        name, k = self._hb_key_of(self._backend_addr(bid, b), from_be16(b.port), s.health.heartbeat.port)
         try:
-            return hb[k].token
+            return token_of_key(self.t[name][k].key)
         except KeyError:
             return None
 
@@ -348,8 +346,8 @@ class Maps(Writer, Reader, OpenCounts):
             _, bids = self.ids(s.name)
         except MapError:
             return []
-        info, hb = self.t[abi.MAP_BACKENDS], self.t[abi.MAP_HB]
-        hb_port = be16(s.health.heartbeat.port) if s.health and s.health.heartbeat else None
+        info = self.t[abi.MAP_BACKENDS]
+        hb_port = s.health.heartbeat.port if s.health and s.health.heartbeat else None
         out = []
         for name, bid in sorted(bids.items()):
             p = self.read_probe(bid)
@@ -358,10 +356,9 @@ class Maps(Writer, Reader, OpenCounts):
             b = info[info.Key(bid)]
             token = None
             if hb_port is not None:
-                k = hb.Key()
-                k.addr, k.port, k.hb_port = b.addr, b.port, hb_port
+                name, k = self._hb_key_of(self._backend_addr(bid, b), from_be16(b.port), hb_port)
                 try:
-                    token = token_of_key(hb[k].key)
+                    token = token_of_key(self.t[name][k].key)
                 except KeyError:
                     token = None
             backend = Backend(

@@ -1,5 +1,6 @@
 """The IPv6 side of the apply transaction (bpf/include/abi.h, struct addr6): which map of the two
-families an endpoint's reverse NAT and a VIP address's count go to, and edge_vip_addrs6. Part of the
+families an endpoint's reverse NAT, a heartbeat registration and a VIP address's count go to, and
+edge_vip_addrs6. Part of the
 maps package; mixed into Writer."""
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ class Family6:
         put_addr(k, "addr", address)
         k.port, k.proto = be16(port), PROTOS[protocol]
         return k
+
+    def _hb_key_of(self, address, port: int, hb_port: int):
+        """(map name, key) of a backend's heartbeat registration: edge_hb or edge_hb6 by its family."""
+        name = abi.MAP_HB if address.version == 4 else abi.MAP_HB6
+        k = self.t[name].Key()
+        put_addr(k, "addr", address)
+        k.port, k.hb_port = be16(port), be16(hb_port)
+        return name, k
 
     def _rnat_table(self, key):
         return self.t[abi.MAP_RNAT6 if is6(key) else abi.MAP_RNAT]

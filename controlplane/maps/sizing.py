@@ -90,13 +90,15 @@ SHAPES: dict[str, Shape] = {
     abi.MAP_BE_META: Shape("array", 4, 40, _backends),
     abi.MAP_BE_PROBE: Shape("array", 4, 136, _backends),
     abi.MAP_NODE: Shape("array", 4, 112, _one),
-    # IPv6 (abi.h: vip_key6, flow_key6, backend_key6, rnat_info6): pinned whether or not a VIP is IPv6
+    # IPv6 (abi.h: vip_key6, flow_key6, backend_key6, rnat_info6, hb_key6, nexthop6): pinned whether or not a VIP is IPv6
     abi.MAP_VIPS6: Shape("hash", 20, 16, _services),
     abi.MAP_VIP_ADDRS6: Shape("hash", 16, 4, _services),
     abi.MAP_BACKENDS6: Shape("array", 4, 16, _backends),
     abi.MAP_CT6: Shape("lru_hash", 40, 24, lambda n: ct6_size(n.ct_size)),
     abi.MAP_RNAT6: Shape("hash", 20, 28, _backends),
     abi.MAP_REPLY_HOP6: Shape("percpu_array", 4, 64, _const(abi.REPLY_HOP_SLOTS)),
+    abi.MAP_HB6: Shape("hash", 20, 32, _backends),
+    abi.MAP_HOP6: Shape("percpu_array", 4, 48, _backends),
 }
 
 

@@ -176,6 +176,7 @@ class Writer(Quick, Family6):
             bid = p.be_ids[key]
             self._zero_stats(abi.MAP_BE_STATS, bid)
             self._zero_stats(abi.MAP_NEXTHOP, bid)
+            self._zero_stats(abi.MAP_HOP6, bid)  # IPv6 DSR's way out (encap6.h)
             self._zero_stats(abi.MAP_INFLIGHT, bid)  # an id used before: its count starts over
             self._zero_stats(abi.MAP_INFLIGHT, bid + len(self.t[abi.MAP_INFLIGHT]) // 2)  # and its fix
             probe = self.t[abi.MAP_BE_PROBE]
@@ -184,6 +185,7 @@ class Writer(Quick, Family6):
             probe[probe.Key(bid)] = v
         for bid in p.moved_backends:
             self._zero_stats(abi.MAP_NEXTHOP, bid)
+            self._zero_stats(abi.MAP_HOP6, bid)
         for hid in p.new_health:
             t = self.t[abi.MAP_HEALTH]
             t[t.Key(hid)] = t.Leaf()  # down until it proves itself
@@ -266,7 +268,8 @@ class Writer(Quick, Family6):
         if self._drop_unwanted(abi.MAP_RNAT, self._rnat_keys(cfg)):
             self.rnat_changed()
         self._drop_unwanted(abi.MAP_RNAT6, self._rnat_keys(cfg))
-        self._drop_unwanted(abi.MAP_HB, self._hb_wanted)
+        self._drop_unwanted(abi.MAP_HB, self._hb_wanted[abi.MAP_HB])
+        self._drop_unwanted(abi.MAP_HB6, self._hb_wanted[abi.MAP_HB6])
         self._drop_unwanted(abi.MAP_HB_PORTS, self._hb_ports_wanted)
         self._drop_unwanted(abi.MAP_VIP_ADDRS, {bytes(self._vip_addr_key(s.vip)) for s in cfg.services})
         self._drop_unwanted(abi.MAP_VIP_ADDRS6, {bytes(self._vip_addr_key(s.vip)) for s in cfg.services})
@@ -402,10 +405,10 @@ class Writer(Quick, Family6):
         t[t.Key(vid)] = v
 
     def _write_heartbeats(self, cfg: Config, health_ids: dict, oifs: Mapping[IPv4Address, int]) -> None:
-        """edge_hb and edge_hb_ports for every service that uses heartbeats (added and
-        changed entries; apply() drops the rest once nothing needs them)."""
-        hb, ports = self.t[abi.MAP_HB], self.t[abi.MAP_HB_PORTS]
-        want: dict[bytes, object] = {}
+        """edge_hb (edge_hb6 for IPv6 backends) and edge_hb_ports for every service that uses
+        heartbeats (added and changed entries; apply() drops the rest once nothing needs them)."""
+        ports = self.t[abi.MAP_HB_PORTS]
+        want: dict[str, dict[bytes, tuple]] = {abi.MAP_HB: {}, abi.MAP_HB6: {}}
         want_ports: dict[bytes, object] = {}
         for s in cfg.services:
             if not (s.health and s.health.heartbeat):
@@ -414,22 +417,23 @@ class Writer(Quick, Family6):
             pk = ports.Key(be16(h.port))
             want_ports[bytes(pk)] = pk
             for b in s.backends:
-                k = hb.Key()
-                k.addr, k.port, k.hb_port = be32(b.address), be16(b.port), be16(h.port)
-                v = want.get(bytes(k), (k, None))[1]
+                name, k = self._hb_key_of(b.address, b.port, h.port)
+                v = want[name].get(bytes(k), (k, None))[1]
                 timeout_ns = h.timeout_ms * 1_000_000
                 if v is None:
-                    v = hb.Leaf()
+                    v = self.t[name].Leaf()
                     v.timeout_ns = timeout_ns
                 v.key[0], v.key[1] = siphash.key_words(abi.hb_key(b.token or 0))
                 v.health_id = health_ids[(b.address, b.port)]
                 v.ifindex = oifs.get(b.address, 0)
                 v.timeout_ns = min(v.timeout_ns, timeout_ns)  # shared by services: the strictest
-                want[bytes(k)] = (k, v)
-        self._hb_wanted, self._hb_ports_wanted = set(want), set(want_ports)
-        self._make_room(abi.MAP_HB, set(want))
-        for k, v in want.values():
-            self._put_changed(hb, k, v)
+                want[name][bytes(k)] = (k, v)
+        self._hb_wanted = {name: set(entries) for name, entries in want.items()}
+        self._hb_ports_wanted = set(want_ports)
+        for name, entries in want.items():
+            self._make_room(name, set(entries))
+            for k, v in entries.values():
+                self._put_changed(self.t[name], k, v)
         self._make_room(abi.MAP_HB_PORTS, set(want_ports))
         for k in want_ports.values():
             self._put_changed(ports, k, ports.Leaf(1))

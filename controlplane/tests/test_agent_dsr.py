@@ -4,7 +4,7 @@ one line, in the order the setup makes them (pure: a State in)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 
 import pytest
 
@@ -45,4 +45,32 @@ def test_a_ready_backend_has_no_problem():
 )
 def test_each_missing_piece_is_named_in_one_line(change, line):
     got = problems(replace(READY, **change), VIP)
+    assert got is not None and got.startswith(line) and "\n" not in got
+
+
+VIP6 = IPv6Address("2001:2:0:ffff::1")
+READY6 = replace(READY, lo_addrs=frozenset({VIP6}), arp_ignore=0, arp_announce=0, rp_filter_all=1, advmss=1400)
+
+
+def test_a_ready_ipv6_backend_has_no_problem_and_needs_no_arp_or_rp_filter():
+    """IPv6-in-IPv6 (encap6.h): the VIP on lo and an advmss 100 below the link MTU; neither the ARP
+    sysctls nor rp_filter matter (neighbour discovery does not answer for lo's addresses on a link)."""
+    assert problems(READY6, VIP6) is None
+    assert wanted_advmss(1500, 6) == 1400
+
+
+@pytest.mark.parametrize(
+    "change, line",
+    [
+        (
+            {"decap_up": False},
+            "decap: neither ip6tnl0 up (modprobe ip6_tunnel; ip link set ip6tnl0 up) nor dsr_decap "
+            "attached to the IPv6 default route's device",
+        ),
+        ({"lo_addrs": frozenset({VIP})}, f"vip: {VIP6} is not on lo (ip addr add {VIP6}/128 dev lo)"),
+        ({"advmss": 1440}, "advmss: the IPv6 default route's is 1440; want at most 1400 (link MTU 1500 - 100)"),
+    ],
+)
+def test_each_missing_piece_of_an_ipv6_backend_is_named_in_one_line(change, line):
+    got = problems(replace(READY6, **change), VIP6)
     assert got is not None and got.startswith(line) and "\n" not in got

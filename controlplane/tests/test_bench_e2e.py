@@ -4,7 +4,7 @@ the per-packet arithmetic. No root."""
 from __future__ import annotations
 
 import sys
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 
 import pytest
@@ -76,3 +76,17 @@ def test_summary_ratio_and_table():
     assert lines[1].split()[-4:] == ["300", "400", "3", "90%"]
     with pytest.raises(ValueError):
         _e2e.summarize([], [])
+
+
+def test_the_ipv6_frame_is_64_bytes_with_a_right_udp_checksum():
+    from scapy.layers.inet import UDP
+    from scapy.layers.l2 import Ether
+
+    src, dst = IPv6Address("2001:2::2"), IPv6Address("2001:2:0:ffff::1")
+    frame = _e2e.udp6_frame(MAC_A, MAC_B, src, dst, 10000, 8001)
+    assert len(frame) == _e2e.FRAME_SIZE and frame[12:14] == b"\x86\xdd"
+    p = Ether(frame)
+    sent = p[UDP].chksum
+    del p[UDP].chksum
+    assert Ether(bytes(p))[UDP].chksum == sent
+    assert (p[UDP].sport, p[UDP].dport, p["IPv6"].plen) == (10000, 8001, 10)

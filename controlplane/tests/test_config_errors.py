@@ -554,10 +554,9 @@ def test_ipv6_service_with_an_ipv4_backend_is_one_line_naming_it():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        ({"forwarding": "dsr"}, "forwarding: dsr is not supported for IPv6 VIPs yet"),
         (
-            {"health": {"heartbeat": {"port": 7946}}},
-            "health.heartbeat: not supported for IPv6 VIPs yet (use health.passive)",
+            {"forwarding": "dsr", "health": {"passive": {}}},
+            "health.passive: not with forwarding dsr (the router sees no replies)",
         ),
     ],
 )
@@ -565,3 +564,23 @@ def test_ipv6_service_refuses_what_its_data_path_lacks(extra, message):
     doc = valid_doc()
     doc["services"].append(_ipv6_service(**extra))
     assert error_of(doc) == f"services[{len(doc['services']) - 1}].{message}"
+
+
+def test_ipv6_service_with_dsr_is_accepted():
+    """forwarding: dsr for an IPv6 VIP (encap6.h): refused before ("dsr is not supported for IPv6 VIPs yet")."""
+    doc = valid_doc()
+    doc["services"].append(_ipv6_service(forwarding="dsr", port=8000))
+    assert parse_config(doc).services[-1].forwarding == "dsr"
+
+
+def test_ipv6_service_with_heartbeats_is_accepted_and_wants_tokens():
+    """Heartbeats of IPv6 backends (heartbeat6.h): refused before ("not supported for IPv6 VIPs yet")."""
+    doc = valid_doc()
+    doc["services"].append(_ipv6_service(health={"heartbeat": {"port": 7946}}))
+    assert error_of(doc).endswith(
+        "backends[0].token: required when services[3].health.heartbeat is set "
+        "(heartbeats without the backend's token are rejected)"
+    )
+    for i, backend in enumerate(doc["services"][-1]["backends"]):
+        backend["token"] = hex(0x6EED0000 + i)
+    assert parse_config(doc).services[-1].health.heartbeat.port == 7946

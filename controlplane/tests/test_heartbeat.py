@@ -104,6 +104,9 @@ def test_sleep_until_sleeps_in_bounded_naps_to_the_deadline_and_stops_when_asked
     [
         ("198.18.1.1", ("198.18.1.1", 7946)),
         ("198.18.1.1:9000", ("198.18.1.1", 9000)),
+        ("2001:2:0:1::1", ("2001:2:0:1::1", 7946)),
+        ("[2001:2:0:1::1]", ("2001:2:0:1::1", 7946)),
+        ("[2001:2:0:1::1]:9000", ("2001:2:0:1::1", 9000)),
     ],
 )
 def test_router_is_an_address_with_an_optional_port(text, expected):
@@ -114,10 +117,13 @@ def test_router_is_an_address_with_an_optional_port(text, expected):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("router.example", "--router: 'router.example' is not an IPv4 address"),
+        ("router.example", "--router: 'router.example' is not an IPv4 or IPv6 address"),
         ("198.18.1.1:70000", "--router port: '70000' is not a port (1..65535)"),
         ("198.18.1.1:", "--router port: '' is not a port"),
-        ("::1", "--router: '::1' is not an IPv4 address"),
+        ("[198.18.1.1]:9000", "--router: '[198.18.1.1]:9000' is not [IPv6 address] with an optional :PORT"),
+        ("[2001:2::1]9000", "--router: '[2001:2::1]9000' is not [IPv6 address] with an optional :PORT"),
+        ("[2001:2::1]:", "--router port: '' is not a port"),
+        ("2001:2::zz", "--router: '2001:2::zz' is not an IPv4 or IPv6 address"),
     ],
 )
 def test_router_errors_name_the_option(text, message):
@@ -250,7 +256,8 @@ def test_the_console_script_is_declared():
         (["--check", "none", "--check-url", "http://127.0.0.1/"], "--check-url: given with --check none"),
         (["--duration-s", "-1"], "--duration-s: '-1' is not a number of seconds"),
         (["--rt-priority", "100"], "--rt-priority: 100 is not in 0..99"),
-        (["--source", "198.18.1.300"], "--source: '198.18.1.300' is not an IPv4 address"),
+        (["--source", "198.18.1.300"], "--source: '198.18.1.300' is not an IPv4 or IPv6 address"),
+        (["--source", "2001:2::2"], "--source: 2001:2::2 is IPv6 but --router 127.0.0.1 is IPv4"),
         (["--service-port", "0"], "--service-port: '0' is not a port"),
     ],
     ids=lambda v: v if isinstance(v, str) else " ".join(v) or "nothing",

@@ -12,6 +12,7 @@ import pytest
 
 from controlplane import abi
 from controlplane.config import parse_config
+from controlplane.maps import token_of_key
 from controlplane.maps.records import addr_of, from_be16
 from controlplane.tests.memtables import MemMaps, canonical
 
@@ -125,6 +126,77 @@ def test_weights_of_an_ipv6_service_flip_its_table(mem):
     slots = maps.set_weights(cfg.services[1], {"b0": 0})
     assert slots == {"b0": 0, "b1": M}
     assert cfg.services[1].name in {s["name"] for s in maps.snapshot()["services"]}
+
+
+HB = {"heartbeat": {"port": 7946, "timeout_ms": 500}}
+
+
+def hb_entries(mem, name) -> dict:
+    """edge_hb or edge_hb6, readable: (address, service port, heartbeat port) -> (token, health id)."""
+    return {
+        (str(addr_of(k.addr)), from_be16(k.port), from_be16(k.hb_port)): (token_of_key(v.key), int(v.health_id))
+        for k, v in mem.tables[name].items()
+    }
+
+
+def heartbeat_service(name, vip, addresses, first_token):
+    return {
+        "name": name,
+        "vip": vip,
+        "port": 80,
+        "health": HB,
+        "backends": [
+            {"name": f"b{i}", "address": a, "port": 8000, "token": hex(first_token + i)}
+            for i, a in enumerate(addresses)
+        ],
+    }
+
+
+def test_heartbeats_of_ipv6_backends_register_in_edge_hb6_and_read_back(mem):
+    """An IPv6 service with heartbeats registers its backends in edge_hb6 (keyed by the IPv6
+    address), an IPv4 one in edge_hb; deployed_backends reads each backend's token back (it raised
+    AttributeError for any heartbeat service before: it read a field hb_target does not have), and
+    removing the IPv6 service empties edge_hb6."""
+    maps = mem.maps()
+    hb4 = heartbeat_service("chat", "198.19.0.1", ["198.18.1.10"], 0x5EED0100)
+    hb6 = heartbeat_service("chat6", "2001:2:0:ff::1", ["2001:2:0:1::10", "2001:2:0:1::11"], 0x5EED0000)
+    cfg = config(hb4, hb6)
+    maps.apply(cfg)
+    got6 = hb_entries(mem, abi.MAP_HB6)
+    assert {k: token for k, (token, _) in got6.items()} == {
+        ("2001:2:0:1::10", 8000, 7946): 0x5EED0000,
+        ("2001:2:0:1::11", 8000, 7946): 0x5EED0001,
+    }
+    assert {k: token for k, (token, _) in hb_entries(mem, abi.MAP_HB).items()} == {
+        ("198.18.1.10", 8000, 7946): 0x5EED0100
+    }
+    assert len({hid for _, hid in got6.values()}) == 2  # each its own health record
+    for s in cfg.services:
+        assert [(str(b.address), b.token) for b, _ in maps.deployed_backends(s)] == [
+            (str(b.address), b.token) for b in s.backends
+        ]
+    maps.apply(config(hb4))
+    assert hb_entries(mem, abi.MAP_HB6) == {}
+    assert len(hb_entries(mem, abi.MAP_HB)) == 1
+
+
+def test_a_new_backend_on_a_reused_id_finds_no_cached_ipv6_dsr_hop(mem):
+    """edge_hop6 caches the way to an IPv6 DSR backend by id (encap6.h) for a minute; a backend
+    that replaces another on the same id must not be sent to the old one's interface and MACs:
+    apply zeroes its entry, as edge_nexthop's (it kept the old entry before)."""
+    maps = mem.maps()
+    dsr = {"forwarding": "dsr", "port": 8000}
+    maps.apply(config(V4, v6(backends=("2001:2:0:1::10",), **dsr)))
+    _, bids = maps.ids("chat6")
+    hop6 = mem.tables[abi.MAP_HOP6]
+    stale = hop6.Leaf()
+    for cpu in range(len(stale)):
+        stale[cpu].ifindex, stale[cpu].expires = 7, 1 << 40
+    hop6[hop6.Key(bids["b0"])] = stale
+    maps.apply(config(V4, v6(backends=("2001:2:0:1::20",), **dsr)))  # b0 is a new backend now
+    _, after = maps.ids("chat6")
+    assert after["b0"] == bids["b0"]  # the same id, reused
+    assert {int(v.ifindex) for v in hop6[hop6.Key(after["b0"])]} == {0}
 
 
 def _named6(mem, vid: int) -> tuple[str, int, int] | None:

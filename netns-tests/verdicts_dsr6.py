@@ -1,0 +1,91 @@
+"""DSR rows of an IPv6 service for test_verdicts.py's table (encap6.h): the service "dsr6" of
+verdicts.py's world (VIP6 2001:2:0:ff::3 port 80, one backend f0, forwarding: dsr). Each row
+caches f0's way out (edge_hop6: BACKEND_IF, the hop's MACs, the router's address ROUTER6_B on
+that link, MTU 1500), so no row asks the FIB. The expected frames are built with scapy: the
+client's packet, hop limit - 1, behind an outer IPv6 header (next header 41) from ROUTER6_B to
+f0. rows(row) builds them with test_verdicts.py's row()."""
+
+from __future__ import annotations
+
+from ipaddress import IPv6Address
+from typing import Callable
+
+from scapy.layers.inet import TCP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Dot1Q, Ether
+from scapy.packet import Raw
+from verdicts import (
+    BACKEND_IF,
+    CLIENT_MAC,
+    CLIENT_PORT,
+    DSR6_VIP,
+    F0,
+    HOP_DMAC,
+    HOP_EXPIRES,
+    HOP_SMAC,
+    MTU,
+    ROUTER_MAC,
+    XDP_DROP,
+    XDP_REDIRECT,
+    World,
+)
+from verdicts6 import CLIENT6
+
+from controlplane import abi
+from controlplane.maps.records import put_addr
+
+ING = abi.PROG_INGRESS
+ROUTER6_B = IPv6Address("2001:2:0:1::1")  # the router's address towards the backends: the outer source
+
+
+def syn6(*, payload: bytes = b"", vlan: bool = False, fl: int = 0x12345, tc: int = 0x28) -> bytes:
+    """A client's TCP segment to the dsr6 VIP (SYN, or with payload an ACK carrying it)."""
+    seg = TCP(sport=CLIENT_PORT, dport=80, flags="A" if payload else "S", seq=1000, ack=1 if payload else 0)
+    l3 = IPv6(src=str(CLIENT6), dst=str(DSR6_VIP), hlim=64, fl=fl, tc=tc) / seg / Raw(payload)
+    eth = Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
+    return bytes(eth / Dot1Q(vlan=7) / l3 if vlan else eth / l3)
+
+
+def encap6(f: bytes) -> bytes:
+    """Expected: the inner IPv6 packet (hop limit - 1) behind an outer IPv6 header from ROUTER6_B to
+    f0 with its traffic class and flow label, hop limit 64, next header 41; the hop's MACs; no tag."""
+    inner = Ether(f)[IPv6]
+    inner.hlim -= 1
+    raw = bytes(inner)
+    outer = IPv6(src=str(ROUTER6_B), dst=str(F0[0]), nh=41, hlim=64, tc=inner.tc, fl=inner.fl, plen=len(raw))
+    return bytes(Ether(dst=HOP_DMAC.hex(":"), src=HOP_SMAC.hex(":"), type=0x86DD) / outer / Raw(raw))
+
+
+def hop6_cached(w: World) -> None:
+    """f0's way out in edge_hop6, on every CPU."""
+    t = w.t[abi.MAP_HOP6]
+    v = t.Leaf()
+    for cpu in range(len(v)):
+        v[cpu].expires, v[cpu].ifindex, v[cpu].mtu = HOP_EXPIRES, BACKEND_IF, MTU
+        for i in range(6):
+            v[cpu].smac[i], v[cpu].dmac[i] = HOP_SMAC[i], HOP_DMAC[i]
+        put_addr(v[cpu], "src", ROUTER6_B)
+    t[t.Key(w.bid("f0"))] = v
+
+
+def drop(reason: str) -> dict[str, int]:
+    return {"drop": 1, f"drop:{reason}": 1}
+
+
+def rows(row) -> list:
+    """The rows, made by test_verdicts.py's row()."""
+    too_big = syn6(payload=b"x" * 1440)  # 1500 bytes of IPv6 packet: 1540 with the outer header
+    fits = syn6(payload=b"x" * 1400)  # 1460: 1500 with it
+    out: Callable[[bytes], bytes] = encap6
+    # fmt: off
+    return [
+        row("IPv6 DSR: a SYN goes to the backend in IPv6-in-IPv6", ING, syn6(), XDP_REDIRECT, out, {"dsr": 1},
+            hop6_cached, svc="dsr6"),
+        row("IPv6 DSR: a full-size segment that still fits the backend link", ING, fits, XDP_REDIRECT, out,
+            {"dsr": 1}, hop6_cached, svc="dsr6"),
+        row("IPv6 DSR: a packet the tunnel cannot carry is dropped", ING, too_big, XDP_DROP, None,
+            drop("dsr_too_big"), hop6_cached, svc="dsr6"),
+        row("IPv6 DSR, VLAN tagged: the tag goes", ING, syn6(vlan=True), XDP_REDIRECT, out, {"dsr": 1},
+            hop6_cached, svc="dsr6"),
+    ]
+    # fmt: on
