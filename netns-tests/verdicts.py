@@ -3,7 +3,7 @@ and fed one frame at a time through BPF_PROG_TEST_RUN, in this process's network
 no interface made and no packet sent. It owns the world the table's rows start from (services,
 backends, the caches that stand in for bpf_fib_lookup), the frame builders, an Internet checksum
 of its own to verify rewritten frames with, and the counters' deltas. It decides no verdict:
-the rows in test_verdicts.py say what each program must do.
+the rows (verdicts_v4.py, verdicts6.py, ...) say what each program must do.
 
 Everything the FIB would answer comes from the data path's own caches, filled here: the forward
 next hop per backend (edge_nexthop) and the reply hop per (client, VIP) (edge_reply_hop). Their

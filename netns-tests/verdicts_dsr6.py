@@ -3,7 +3,7 @@ verdicts.py's world (VIP6 2001:2:0:ff::3 port 80, one backend f0, forwarding: ds
 caches f0's way out (edge_hop6: BACKEND_IF, the hop's MACs, the router's address ROUTER6_B on
 that link, MTU 1500), so no row asks the FIB. The expected frames are built with scapy: the
 client's packet, hop limit - 1, behind an outer IPv6 header (next header 41) from ROUTER6_B to
-f0. rows(row) builds them with test_verdicts.py's row()."""
+f0. rows(row) builds them with verdicts_v4.py's row()."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def drop(reason: str) -> dict[str, int]:
 
 
 def rows(row) -> list:
-    """The rows, made by test_verdicts.py's row()."""
+    """The rows, made by verdicts_v4.py's row()."""
     too_big = syn6(payload=b"x" * 1440)  # 1500 bytes of IPv6 packet: 1540 with the outer header
     fits = syn6(payload=b"x" * 1400)  # 1460: 1500 with it
     out: Callable[[bytes], bytes] = encap6

@@ -1,7 +1,7 @@
 """Heartbeat rows of IPv6 backends for test_verdicts.py's table (heartbeat6.h): the service "hb6"
 of verdicts.py's world (two IPv6 backends g0, g1 judged by heartbeats, registered in edge_hb6 on
 BACKEND_IF). Each row starts with both alive and risen; the frames are a backend's heartbeat
-over IPv6 to the router, valid or not. rows(row) builds them with test_verdicts.py's row()."""
+over IPv6 to the router, valid or not. rows(row) builds them with verdicts_v4.py's row()."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def drop(reason: str) -> dict[str, int]:
 
 
 def rows(row) -> list:
-    """The rows, made by test_verdicts.py's row()."""
+    """The rows, made by verdicts_v4.py's row()."""
     on_lo = lambda w: w.hb_interface("g0", LO)  # noqa: E731  (where the XDP test runs arrive)
     # fmt: off
     return [
