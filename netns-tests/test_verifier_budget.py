@@ -53,3 +53,14 @@ def test_a_full_service_is_scanned_within_the_tail_calls_of_one_packet() -> None
     runs = -(-abi.MAX_PER_SERVICE // chunk)
     # fast path -> slow path -> the scan's first run: two tail calls; each further run one more
     assert 2 + (runs - 1) <= MAX_TAIL_CALLS, f"{runs} runs of {chunk} backends for {abi.MAX_PER_SERVICE}"
+
+
+FAST_PATH_SHARE = 0.10
+
+
+def test_the_fast_path_stays_small(loaded: loader.Loaded) -> None:
+    """edge_ingress, the program every packet enters and every deploy verifies first, keeps new
+    policy loops out (they run in the tail-called slow path): each 100k instructions it is verified
+    with cost every deploy, and so every namespace test, about a third of a second."""
+    count = loader.verified_insns(loaded.load("edge_ingress", loader.PROGRAMS["edge_ingress"]).fd)
+    assert count <= FAST_PATH_SHARE * VERIFIER_BUDGET, f"edge_ingress verifies in {count:,} instructions"
