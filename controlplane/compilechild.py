@@ -69,16 +69,7 @@ def build(
         {"pin_path": str(pin_path), "params": asdict(params), "progs": list(map(list, progs)), "ipv6": ipv6}
     )
     with ours, tempfile.TemporaryFile() as err:
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.compilechild", str(theirs.fileno()), request],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        finally:
-            theirs.close()
+        proc = _spawn(theirs, request, err)
         cancel._running(proc)
         try:
             msg, fds, _, _ = socket.recv_fds(ours, _MAX_MSG, len(progs))
@@ -108,16 +99,7 @@ def install_tails(pin_path: Path, params: loader.Params, slots: frozenset[int]) 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     request = json.dumps({"pin_path": str(pin_path), "params": asdict(params), "tails": sorted(slots)})
     with ours, tempfile.TemporaryFile() as err:
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.compilechild", str(theirs.fileno()), request],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        finally:
-            theirs.close()
+        proc = _spawn(theirs, request, err)
         try:
             msg = ours.recv(_MAX_MSG)
             proc.wait()
@@ -139,6 +121,20 @@ def load_ipv6(pinned) -> None:
             "an IPv6 VIP needs net.ipv6.conf.all.forwarding=1 (the data path's FIB lookups); set it and reload again"
         )
     install_tails(pinned.pin_path, pinned.params, loader.TAILS_V6)
+
+
+def _spawn(theirs: socket.socket, request: str, err) -> subprocess.Popen:
+    """Starts the child with its end of the socket pair (closed here once it is passed on)."""
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "controlplane.compilechild", str(theirs.fileno()), request],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    finally:
+        theirs.close()
 
 
 def _received(msg: bytes, fds: list[int], progs: Sequence[tuple[str, str]], rc: int, err) -> dict[str, Prog]:
