@@ -23,10 +23,23 @@ PASSIVE = {"syn_timeout_ms": 50, "consecutive": 3, "ejection_ms": 300, "max_ejec
 PROBE = {"kind": "tcp", "interval_ms": 50, "timeout_ms": 40, "window": 10}
 
 
+def backend_of(router, backend: str) -> dict:
+    """One backend's row of `edgectl status --json`."""
+    (svc,) = router.status()["services"]
+    return next(b for b in svc["backends"] if b["name"] == backend)
+
+
 def state_of(router, backend: str) -> str:
     """The data path's state of one backend, as `edgectl status --json` reads it from the maps."""
-    (svc,) = router.status()["services"]
-    return next(b["health"]["state"] for b in svc["backends"] if b["name"] == backend)
+    return backend_of(router, backend)["health"]["state"]
+
+
+def takes_new_flows(router, backend: str) -> bool:
+    """Readmitted by the data path and back in the Maglev table: under the static policy a
+    backend its probes called down has weight 0 until they call it up again (rise passes in a
+    row), a step that may come after the readmission's on a loaded host."""
+    b = backend_of(router, backend)
+    return b["health"]["state"] == "up" and b["slots"] > 0
 
 
 def start_and_kill_b0(net, router, tmp_path, service: dict) -> tuple[EdgedProc, Server]:
@@ -101,6 +114,12 @@ def test_a_passing_probe_ends_the_probation_of_an_ejected_backend(net, router, t
             lambda e: e["kind"] == "state" and e.get("new") == "readmitted", 5.0, "the readmission event"
         )
         assert event["backend"] == "b0", event
+        wait_until(
+            lambda: takes_new_flows(router, "b0"),
+            15.0,
+            "b0 back in the table (its probes call it up)",
+            observe=lambda: backend_of(router, "b0"),
+        )
 
         seen = backends_seen(net.client, net.vip, PORT, 60, flow_timeout_s=1.0)
         assert set(seen) == ALL, seen  # every flow answered, b0 among them
