@@ -310,6 +310,11 @@ int edge_ingress_scan(struct xdp_md *ctx)
 	return ingress(ctx, EDGE_STAGE_SCAN);
 }
 
+/* The IPv6 tail programs. A deploy of a config without an IPv6 service
+ * leaves their slots empty and compiles without them (EDGE_NO_INGRESS6,
+ * compilechild.build): a third of the compile's time; a reload that adds
+ * the first IPv6 service compiles them then (compilechild.load_ipv6). */
+#ifndef EDGE_NO_INGRESS6
 int edge_ingress6(struct xdp_md *ctx)
 {
 	return ingress6(ctx, EDGE_STAGE_SLOW);
@@ -343,3 +348,4 @@ int edge_ingress6_dsr(struct xdp_md *ctx)
 		return count_drop(fi->vip_id, EDGE_DROP_NO_BACKEND);
 	return dsr_forward6(ctx, p6.l3_off, pkt.l3_len, to, bid, fi->vip_id);
 }
+#endif /* EDGE_NO_INGRESS6 */

@@ -162,7 +162,9 @@ def _received(msg: bytes, fds: list[int], progs: Sequence[tuple[str, str]], rc: 
 def _serve(sock: socket.socket, request: dict) -> None:
     params = loader.Params(**request["params"])
     try:
-        loaded = loader.compile_datapath(Path(request["pin_path"]), params)
+        # a reload's install_tails asks for the IPv6 tails: compiled with them
+        ipv6 = request.get("ipv6", True) or "tails" in request
+        loaded = loader.compile_datapath(Path(request["pin_path"]), params, ipv6=ipv6)
         if "tails" in request:
             try:
                 loaded.install_tails(frozenset(request["tails"]))
@@ -170,8 +172,6 @@ def _serve(sock: socket.socket, request: dict) -> None:
             finally:
                 loaded.close()
             return
-        if not request.get("ipv6", True):
-            loaded.skip_tails = loader.TAILS_V6
         try:
             fns = [loaded.load(name, kind) for name, kind in request["progs"]]
             socket.send_fds(sock, [json.dumps({"ok": [n for n, _ in request["progs"]]}).encode()], [f.fd for f in fns])
