@@ -25,7 +25,7 @@ import pytest
 from dsrcheck import assert_direct_replies
 
 from controlplane.lab.heartbeats import agent_argv, start_heartbeats, write_token_file
-from controlplane.lab.mtuhop import BulkServers, bulk_get, bulk_put
+from controlplane.lab.mtuhop import BulkServers, bulk_get, bulk_put, with_mtu_hop
 from controlplane.lab.procs import read_line
 from controlplane.lab.traffic import backends_seen, http_get, wait_until
 
@@ -122,6 +122,31 @@ def test_a_full_size_ipv6_transfer_fits_through_the_encapsulation(dsr6_net, rout
     assert got == [300_000] * 3
     assert uploads == [256_000] * 3
     assert counters["drops"]["dsr_too_big"] == 0 and counters["verdicts"]["dsr"] > 3 * 256_000 // 1500
+
+
+def test_large_ipv6_dsr_responses_complete_behind_a_lower_mtu_hop(dsr6_net, router):
+    """A 1400-byte-MTU IPv6 hop between client and router: a backend's full-size segments (straight
+    from the backend, through the router's forwarding) reach the hop, which sends "packet too big"
+    to their source, VIP6. The router sends that error in IPv6-in-IPv6, unchanged, to the backend
+    that owns the flow (edge_ct6), whose socket is VIP6's and lowers its path MTU: every 200 KB
+    response completes (translated as for NAT, the error matched no socket and each stalled)."""
+    net = dsr6_net
+    router.deploy([dsr6_service(router, net, port=BULK_PORT, heartbeat=False)])
+    vip6 = str(net.topo.vip6)
+    with with_mtu_hop(net, mtu=1400), BulkServers(net, BULK_PORT, 200_000, any_address=True, ipv6=True):
+        got = [bulk_get(net.client, vip6, BULK_PORT) for _ in range(6)]
+        counters = router.counters()
+
+    assert got == [200_000] * 6
+    verdicts, drops = counters["verdicts"], counters["drops"]
+    assert verdicts["icmp_to_backend"] >= 1 and verdicts["dsr"] >= verdicts["icmp_to_backend"]
+    assert verdicts["redirect"] == 0 and verdicts["nat_pass"] == 0, verdicts
+    assert {name: n for name, n in drops.items() if name.startswith(("icmp", "dsr"))} == {
+        "icmp_malformed": 0,
+        "icmp_nested": 0,
+        "icmp_no_flow": 0,
+        "dsr_too_big": 0,
+    }
 
 
 def test_ipv6_dsr_flows_fail_over_by_heartbeat_and_the_agent_checks_the_setup(dsr6_net, router):

@@ -3,7 +3,8 @@ verdicts.py's world (VIP6 2001:2:0:ff::3 port 80, one backend f0, forwarding: ds
 caches f0's way out (edge_hop6: BACKEND_IF, the hop's MACs, the router's address ROUTER6_B on
 that link, MTU 1500), so no row asks the FIB. The expected frames are built with scapy: the
 client's packet, hop limit - 1, behind an outer IPv6 header (next header 41) from ROUTER6_B to
-f0. rows(row) builds them with verdicts_v4.py's row()."""
+f0. rows(row) builds them with verdicts_v4.py's row(). ICMPv6 errors about a dsr6 flow go to f0 in
+the same tunnel, untranslated: f0 holds the VIP, so the error must quote the packet its socket sent."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ipaddress import IPv6Address
 from typing import Callable
 
 from scapy.layers.inet import TCP
-from scapy.layers.inet6 import IPv6
+from scapy.layers.inet6 import ICMPv6DestUnreach, ICMPv6TimeExceeded, IPv6
 from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Raw
 from verdicts import (
@@ -30,9 +31,10 @@ from verdicts import (
     World,
 )
 from verdicts6 import CLIENT6
+from verdicts_icmp6 import error6, from_vip6
 
 from controlplane import abi
-from controlplane.maps.records import put_addr
+from controlplane.maps.records import be16, put_addr
 
 ING = abi.PROG_INGRESS
 ROUTER6_B = IPv6Address("2001:2:0:1::1")  # the router's address towards the backends: the outer source
@@ -68,6 +70,29 @@ def hop6_cached(w: World) -> None:
     t[t.Key(w.bid("f0"))] = v
 
 
+def dsr6_connected(w: World) -> None:
+    """edge_ct6 pins the client's connection to the dsr6 VIP to f0 (select.h writes it for DSR too)."""
+    t = w.t[abi.MAP_CT6]
+    k = t.Key()
+    put_addr(k, "src", CLIENT6)
+    put_addr(k, "dst", DSR6_VIP)
+    k.sport, k.dport, k.proto = be16(CLIENT_PORT), be16(80), 6
+    v = t.Leaf()
+    v.backend_id, v.vip_id = w.bid("f0"), w.vid("dsr6")
+    t[k] = v
+
+
+def dsr6_error(**kw) -> bytes:
+    """An ICMPv6 error (default: packet too big, MTU 1400) from a hop to the dsr6 VIP quoting the
+    VIP's segment to the client."""
+    return error6(from_vip6(src=DSR6_VIP), dst=DSR6_VIP, **kw)
+
+
+def tagged(f: bytes) -> bytes:
+    """f with an 802.1Q tag (VLAN 7) after its MACs."""
+    return f[:12] + b"\x81\x00\x00\x07" + f[12:]
+
+
 def drop(reason: str) -> dict[str, int]:
     return {"drop": 1, f"drop:{reason}": 1}
 
@@ -77,6 +102,7 @@ def rows(row) -> list:
     too_big = syn6(payload=b"x" * 1440)  # 1500 bytes of IPv6 packet: 1540 with the outer header
     fits = syn6(payload=b"x" * 1400)  # 1460: 1500 with it
     out: Callable[[bytes], bytes] = encap6
+    icmp = {"icmp_to_backend": 1, "dsr": 1}
     # fmt: off
     return [
         row("IPv6 DSR: a SYN goes to the backend in IPv6-in-IPv6", ING, syn6(), XDP_REDIRECT, out, {"dsr": 1},
@@ -87,5 +113,16 @@ def rows(row) -> list:
             drop("dsr_too_big"), hop6_cached, svc="dsr6"),
         row("IPv6 DSR, VLAN tagged: the tag goes", ING, syn6(vlan=True), XDP_REDIRECT, out, {"dsr": 1},
             hop6_cached, svc="dsr6"),
+        # ICMPv6 errors about a DSR flow (icmp6.h): to the backend in the tunnel, the error unchanged
+        row("ICMPv6 packet too big about a pinned IPv6 DSR flow: to f0 in IPv6-in-IPv6, untranslated", ING,
+            dsr6_error(), XDP_REDIRECT, out, icmp, hop6_cached, dsr6_connected, svc="dsr6"),
+        row("ICMPv6 destination unreachable about an IPv6 DSR flow edge_ct6 lacks: to the Maglev pick, "
+            "untranslated", ING, dsr6_error(kind=ICMPv6DestUnreach, code=1), XDP_REDIRECT, out, icmp,
+            hop6_cached, svc="dsr6"),
+        row("ICMPv6 time exceeded about an IPv6 DSR flow: to f0, untranslated", ING,
+            dsr6_error(kind=ICMPv6TimeExceeded), XDP_REDIRECT, out, icmp, hop6_cached, dsr6_connected,
+            svc="dsr6"),
+        row("ICMPv6 error about an IPv6 DSR flow, VLAN tagged: the tag goes", ING, tagged(dsr6_error()),
+            XDP_REDIRECT, out, icmp, hop6_cached, dsr6_connected, svc="dsr6"),
     ]
     # fmt: on

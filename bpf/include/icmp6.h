@@ -14,7 +14,10 @@
  * destination, quoted source address and port, the quoted TCP or UDP
  * checksum when the quote holds it, and the ICMPv6 checksum (its
  * pseudo-header holds the outer destination). ingress6.h forwards it as the
- * flow's packets (forward6). Cut short, quoting ICMPv6 (nested), quoting
+ * flow's packets (forward6). An error about a DSR service's flow is not
+ * translated: the backend has the VIP on lo, so it goes to the backend
+ * unchanged in IPv6-in-IPv6 (encap6.h, dsr_forward6), as icmp.h sends
+ * IPv4's, counted icmp_to_backend and dsr. Cut short, quoting ICMPv6 (nested), quoting
  * extension headers (a VIP's packets never carry any: return6.h sends only
  * TCP and UDP right after the IPv6 header) or naming no flow: dropped with
  * icmp.h's reasons, under no service. Every other ICMPv6 message passes,
@@ -51,7 +54,8 @@
 #define ICMP6_TIME_EXCEED  3
 #define ICMP6_ECHO_REQUEST 128
 #define ICMP6_ECHO_REPLY   129
-#define ECHO6_HOP_LIMIT	   64 /* of an echo reply from a VIP, as Linux's default */
+#define ECHO6_HOP_LIMIT	   64	/* of an echo reply from a VIP, as Linux's default */
+#define EDGE_ICMP6_DSR	   (-4) /* icmp6_ingress: an error about a DSR flow, to encapsulate */
 
 /* What an ICMPv6 error starts with: its header, then the offending packet
  * (as much as fits in 1,280 bytes), here its IPv6 header and first 8 bytes. */
@@ -150,6 +154,15 @@ static __always_inline __u32 icmp6_flow_backend(struct flow_key6 *k)
 	return id ? *id : EDGE_NO_BACKEND;
 }
 
+/* 1 when be's service forwards by direct server return (encap6.h). */
+static __always_inline int icmp6_dsr(const struct backend_info *be)
+{
+	__u32 vid = be->vip_id;
+	struct service_cfg *sc = edge_svc_cfg.lookup(&vid);
+
+	return sc && (sc->flags & EDGE_SVC_F_DSR);
+}
+
 /* 1 when addr may be answered: neither :: nor multicast (ff00::/8). */
 static __always_inline int icmp6_unicast_src(const struct addr6 *addr)
 {
@@ -193,7 +206,10 @@ static __always_inline int icmp6_echo(struct xdp_md *ctx, struct ipv6hdr *ip6, _
 /* XDP: an ICMPv6 message (header at frame offset l4, after the IPv6 header
  * at l3) arriving on the client side. Returns EDGE_CONTINUE when it was an
  * error about a VIP flow, now translated to backend *bid of service *vid for
- * ingress6.h to forward; else the verdict. */
+ * ingress6.h to forward; EDGE_ICMP6_DSR when that flow's service forwards by
+ * DSR: untouched, for ingress6.h to encapsulate to *bid as the flow's
+ * packets go (the backend's socket is bound to the VIP, so only the error
+ * as the hop sent it matches it); else the verdict. */
 static __always_inline int icmp6_ingress(struct xdp_md *ctx, __u32 l3, __u32 l4, __u32 *bid, __u32 *vid)
 {
 	void *data = (void *)(long)ctx->data;
@@ -238,6 +254,8 @@ static __always_inline int icmp6_ingress(struct xdp_md *ctx, __u32 l3, __u32 l4,
 		return count_drop(EDGE_NO_SERVICE, EDGE_DROP_ICMP_NO_FLOW);
 	*vid = be->vip_id;
 	count_index(be->vip_id, EDGE_CNT_ICMP_TO_BACKEND);
+	if (icmp6_dsr(be)) /* the backend holds the VIP: the error goes as it is (encap6.h) */
+		return EDGE_ICMP6_DSR;
 
 	addr = icmp6_addr_delta(&vip, to);
 	delta = addr + csum_delta16(e.sport, be->port); /* the quoted packet's */

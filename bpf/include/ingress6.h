@@ -240,6 +240,18 @@ static __always_inline int forward6(struct xdp_md *ctx, const struct pkt *pkt, c
 	return count_verdict(vid, EDGE_CNT_REDIRECT, bpf_redirect(nh->ifindex, 0));
 }
 
+/* An ICMPv6 error about a DSR flow of service vid (icmp6_ingress): to its
+ * backend bid in IPv6-in-IPv6, unchanged (encap6.h). */
+static __always_inline int icmp6_dsr_forward(struct xdp_md *ctx, const struct pkt *pkt, const struct pkt6 *p6,
+					     __u32 bid, __u32 vid)
+{
+	struct addr6 *to = edge_backends6.lookup(&bid);
+
+	if (!to)
+		return count_drop(vid, EDGE_DROP_NO_BACKEND);
+	return dsr_forward6(ctx, p6->l3_off, pkt->l3_len, to, bid, vid);
+}
+
 /* A SYN on an existing edge_ct6 entry: its answer will be ours (flow.h,
  * flow_mark_syn, for IPv4). */
 static __always_inline void flow_mark_syn6(const struct pkt *pkt, struct flow_key6 *key)
@@ -317,6 +329,8 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 			return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS); /* not installed */
 		}
 		verdict = icmp6_ingress(ctx, p6.l3_off, p6.l4_off, &bid, &vid);
+		if (verdict == EDGE_ICMP6_DSR) /* about a DSR flow: untouched, in the tunnel */
+			return icmp6_dsr_forward(ctx, &pkt, &p6, bid, vid);
 		return verdict == EDGE_CONTINUE ? forward6(ctx, &pkt, &p6, bid, vid) : verdict;
 	}
 	if (verdict != EDGE_CONTINUE)
