@@ -485,7 +485,7 @@ struct reply_hop6 {
 #define EDGE_DROP_ICMP_NO_FLOW	 13 /* ICMP error quoting a VIP flow neither conntrack nor the Maglev table knows */
 #define EDGE_DROP_DSR_TOO_BIG	 14 /* DSR: the packet with its IPIP header exceeds the backend link's MTU */
 #define EDGE_DROP_V6_FRAGMENT	 15 /* IPv6 fragment header on VIP traffic (not handled) */
-#define EDGE_DROP_V6_EXT_HEADER	 16 /* IPv6 VIP traffic whose next header is none of TCP, UDP, ICMPv6 after EDGE_V6_EXT_MAX extension headers */
+#define EDGE_DROP_V6_EXT_HEADER	 16 /* IPv6 VIP traffic whose next header is none of TCP, UDP, ICMPv6 after EDGE_V6_EXT_MAX extension headers, or with a routing header whose segments are left */
 #define EDGE_DROP_MAX		 17
 
 _Static_assert(EDGE_SVC_COUNTERS == EDGE_CNT_MAX + EDGE_DROP_MAX, "abi: svc_counters");

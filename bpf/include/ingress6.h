@@ -3,8 +3,9 @@
  * edge_ingress tail-calls (edge_tails[EDGE_TAIL_V6]) for every IPv6 frame
  * once it has read the EtherType, so IPv4 pays nothing for it. It parses
  * the IPv6 header and walks at most EDGE_V6_EXT_MAX extension headers
- * (hop-by-hop, routing, destination options); a fragment header, or a next
- * header other than TCP, UDP or ICMPv6 after them, drops a packet for a VIP
+ * (hop-by-hop, routing, destination options); a fragment header, a routing
+ * header with segments left, or a next header other than TCP, UDP or ICMPv6
+ * after them, drops a packet for a VIP
  * address with its reason and passes anything else; ICMPv6 goes to icmp6.h
  * (errors about VIP flows go to their backend; neighbour discovery and the
  * rest pass untouched). A TCP or UDP packet for an IPv6 VIP
@@ -66,6 +67,18 @@ static __always_inline __be32 fold6(const struct addr6 *a)
 	return a->w[0] ^ a->w[1] ^ a->w[2] ^ a->w[3];
 }
 
+/* A routing header at rh: 1 when segments are left (the packet's final
+ * destination is another address, the one its TCP/UDP checksum covers: not
+ * a packet for the VIP to take), -1 when cut short, else 0. */
+static __always_inline int routed_on6(void *rh, void *data_end)
+{
+	struct ipv6_rt_hdr *r = rh;
+
+	if ((void *)(r + 1) > data_end)
+		return -1;
+	return r->segments_left ? 1 : 0;
+}
+
 /* Fills pkt and p6 for a well-formed IPv6 TCP/UDP packet. Returns
  * EDGE_CONTINUE, or the verdict for everything else. */
 static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pkt6 *p6)
@@ -97,6 +110,12 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 			break;
 		if ((void *)(oh + 1) > data_end)
 			return unusual6(ip6, EDGE_DROP_MALFORMED);
+		if (next == IPPROTO_ROUTING) {
+			int on = routed_on6(nh.pos, data_end);
+
+			if (on)
+				return unusual6(ip6, on < 0 ? EDGE_DROP_MALFORMED : EDGE_DROP_V6_EXT_HEADER);
+		}
 		next = oh->nexthdr;
 		nh.pos += (oh->hdrlen + 1) * 8;
 	}
