@@ -60,6 +60,11 @@ def cut6(f: bytes, n: int) -> bytes:
     return with_plen(f[: IP6 + 40 + n], n)
 
 
+def tagged(f: bytes) -> bytes:
+    """f with an 802.1Q tag (VLAN 7) after its MACs."""
+    return f[:12] + b"\x81\x00\x00\x07" + f[12:]
+
+
 def proto6(nh: int, payload: bytes = b"\0" * 16, dst=VIP6) -> bytes:
     """An IPv6 packet with next header nh to dst."""
     return bytes(Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IPv6(src=str(CLIENT6), dst=str(dst), nh=nh) / Raw(payload))
@@ -136,10 +141,14 @@ ROWS_MALFORMED6 = [
     # -- the IPv6 header -------------------------------------------------------------------------------
     ("IPv6 header cut short (20 of its 40 bytes): dropped", ING, cut_frame(tcp6(), 20), XDP_DROP, SAME, MALFORMED,
      ""),
+    ("IPv6 header cut short behind an 802.1Q tag: dropped", ING, tagged(tcp6())[: 18 + 20], XDP_DROP, SAME, MALFORMED,
+     ""),
     ("IPv6 EtherType, version field 4, to the VIP: dropped", ING,
      bytes([*tcp6()[:IP6], 0x40 | (tcp6()[IP6] & 0x0F), *tcp6()[IP6 + 1 :]]), XDP_DROP, SAME, MALFORMED, ""),
     ("IPv6 payload length 8 bytes past the frame, to the VIP: dropped", ING, with_plen(tcp6(), 28), XDP_DROP, SAME,
      MALFORMED, ""),
+    ("IPv6 payload length past the frame behind an 802.1Q tag, to the VIP: dropped", ING, tagged(tcp6())[:-4],
+     XDP_DROP, SAME, MALFORMED, ""),
     ("IPv6 payload length past the frame, to another address: passes", ING,
      with_plen(tcp6(dst=ROUTER6, dport=22), 28), XDP_PASS, SAME, PASS, ""),
     ("IPv6 payload length shorter than the TCP header (10 of 20 bytes): dropped", ING, with_plen(tcp6(), 10),
