@@ -71,6 +71,8 @@ BACKEND_IF = 2  # where heartbeats must arrive (edge_hb.ifindex), tc's ingress
 CLIENT_IF = 3  # the client-facing interface: edge_node.ingress_ifindex, the reply hop's
 HOP_SMAC, HOP_DMAC = bytes.fromhex("02000000aa01"), bytes.fromhex("02000000aa02")  # towards backends
 REPLY_SMAC, REPLY_DMAC = bytes.fromhex("02000000bb01"), bytes.fromhex("02000000bb02")  # towards clients
+TO_BACKEND = (HOP_DMAC, HOP_SMAC)  # the MACs of the cached next hop towards the backends, as a frame has them
+TO_CLIENT = (REPLY_DMAC, REPLY_SMAC)  # the MACs of the cached reply hop
 MTU = 1500
 
 CLIENT = IPv4Address("198.18.0.2")  # from port CLIENT_PORT, MAC CLIENT_MAC (verdicts_frames.py)
