@@ -173,7 +173,7 @@ def _serve(sock: socket.socket, request: dict) -> None:
                 loaded.close()
             return
         try:
-            fns = [loaded.load(name, kind) for name, kind in request["progs"]]
+            fns = loaded.load_all([(name, kind) for name, kind in request["progs"]])
             socket.send_fds(sock, [json.dumps({"ok": [n for n, _ in request["progs"]]}).encode()], [f.fd for f in fns])
         finally:
             loaded.close()

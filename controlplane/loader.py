@@ -312,13 +312,19 @@ class Loaded:
 
     def load(self, func: str, kind: str):
         """Loads one program; an ingress (an XDP program other than a tail or the reply) with
-        the tail programs it calls, verified two at a time (_load_many), put in edge_tails."""
-        if kind != "xdp" or func in TAILS.values() or func == abi.PROG_REPLY:
-            return _load_func(self._bpf, func, kind)
-        slots = {slot: f for slot, f in TAILS.items() if slot not in self.skip_tails}
-        fns = _load_many(self._bpf, [(func, kind), *((f, "xdp") for f in slots.values())])
-        self._install_tails({slot: fns[f] for slot, f in slots.items()})
-        return fns[func]
+        the tail programs it calls (load_all)."""
+        return self.load_all([(func, kind)])[0]
+
+    def load_all(self, progs: Sequence[tuple[str, str]]) -> list:
+        """Loads progs ((function, "xdp" | "tc")) and, when an ingress is among them, the tail
+        programs it calls, verified two at a time (_load_many); puts the tails in edge_tails.
+        Returns progs' programs in order."""
+        ingress = any(k == "xdp" and f not in TAILS.values() and f != abi.PROG_REPLY for f, k in progs)
+        slots = {slot: f for slot, f in TAILS.items() if slot not in self.skip_tails} if ingress else {}
+        fns = _load_many(self._bpf, [*progs, *((f, "xdp") for f in slots.values())])
+        if ingress:
+            self._install_tails({slot: fns[f] for slot, f in slots.items()})
+        return [fns[f] for f, _ in progs]
 
     def _install_tails(self, fns: Mapping[int, object]) -> None:
         """Puts the loaded tail programs in edge_tails (pinned: the kernel keeps them there after

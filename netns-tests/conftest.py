@@ -14,7 +14,7 @@ import importlib
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -53,11 +53,16 @@ def privileges() -> None:
 
 
 @contextmanager
-def built_net() -> Iterator[Net]:
-    net = Net(Topo(backends=3))
+def built_net(backends: int = 3, start: Callable[[Net], None] | None = None) -> Iterator[Net]:
+    """A net with `backends` backends, built; start(net) starts their servers (default: the HTTP
+    backends on BACKEND_PORT). Closed on leaving, also when building or starting fails."""
+    net = Net(Topo(backends=backends))
     try:
         net.build()
-        net.start_backends(port=BACKEND_PORT)
+        if start is None:
+            net.start_backends(port=BACKEND_PORT)
+        else:
+            start(net)
         yield net
     finally:
         net.close()

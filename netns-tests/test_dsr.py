@@ -14,16 +14,15 @@ serves the plain HTTP backend on 0.0.0.0:DSR_PORT, so it answers on the VIP too.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import hb
 import pytest
-from dsrcheck import assert_direct_replies
+from dsrcheck import agent_refusals, assert_direct_replies, dsr_tool
 
-from controlplane.lab.heartbeats import agent_argv, start_heartbeats, write_token_file
+from controlplane.lab.heartbeats import start_heartbeats
 from controlplane.lab.mtuhop import BulkServers, bulk_get, bulk_put, with_mtu_hop
 from controlplane.lab.procs import read_line
 from controlplane.lab.traffic import backends_seen, http_get, wait_until
@@ -31,7 +30,6 @@ from controlplane.lab.traffic import backends_seen, http_get, wait_until
 DSR_PORT = 8010
 BULK_PORT = 8011
 TOKENS = (0x5EED0001, 0x5EED0002, 0x5EED0003)
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "dsr-backend"
 ALL = {"b0", "b1", "b2"}
 
 
@@ -43,10 +41,6 @@ def dsr_service(router, port: int = DSR_PORT, heartbeat: bool = True) -> dict:
     for entry in svc["backends"]:
         entry["token"] = hex(TOKENS[int(entry["name"][1:])])
     return svc
-
-
-def dsr_tool(ns, *args: str) -> subprocess.CompletedProcess:
-    return ns.run([sys.executable, str(TOOL), *args], check=False)
 
 
 def start_any_address_backends(net, port: int) -> None:
@@ -152,16 +146,7 @@ def test_dsr_flows_fail_over_by_heartbeat_and_the_agent_checks_the_setup(dsr_net
 def test_the_agent_refuses_to_start_on_a_backend_not_set_up_for_dsr(net):
     """edge-heartbeat --dsr-vip on a backend without the setup: exit 1, one line naming what is
     missing (the decap first); after tools/dsr-backend setup it is only the VIP on lo that is not."""
-    directory, token_file = write_token_file(TOKENS[0])
-    try:
-        argv = agent_argv(net, 0, token_file=token_file, check="none", dsr_vip=str(net.vip))
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-        first = net.backends[0].run(argv, check=False, env=env)
-        dsr_tool(net.backends[0], "setup", "--vip", str(net.vip), "--decap", "xdp")
-        net.backends[0].run(["ip", "addr", "del", f"{net.vip}/32", "dev", "lo"])
-        second = net.backends[0].run(argv, check=False, env=env)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    first, second = agent_refusals(net, TOKENS[0], str(net.vip), 32)
 
     assert first.returncode == 1 and first.stderr.startswith("edge-heartbeat: decap: "), first.stderr
     assert (

@@ -16,15 +16,13 @@ only (controlplane/lab/topo.py), in the test's own namespaces.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from dsrcheck import assert_direct_replies
+from dsrcheck import ROOT, agent_refusals, assert_direct_replies, dsr_tool
 
-from controlplane.lab.heartbeats import agent_argv, start_heartbeats, write_token_file
+from controlplane.lab.heartbeats import start_heartbeats
 from controlplane.lab.mtuhop import BulkServers, bulk_get, bulk_put, with_mtu_hop
 from controlplane.lab.procs import read_line
 from controlplane.lab.traffic import backends_seen, http_get, wait_until
@@ -33,8 +31,6 @@ DSR_PORT = 8010
 BULK_PORT = 8011
 HB_PORT = 7946
 TOKENS = (0x6EED0001, 0x6EED0002, 0x6EED0003)
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "dsr-backend"
-ROOT = Path(__file__).resolve().parents[1]
 ALL = {"b0", "b1", "b2"}
 
 
@@ -53,10 +49,6 @@ def dsr6_service(router, net, port: int = DSR_PORT, heartbeat: bool = True) -> d
         entry["address"] = str(net.topo.backend_addr6(i).ip)
         entry["token"] = hex(TOKENS[i])
     return svc
-
-
-def dsr_tool(ns, *args: str) -> subprocess.CompletedProcess:
-    return ns.run([sys.executable, str(TOOL), *args], check=False)
 
 
 def start_vip_backends(net, port: int) -> None:
@@ -187,16 +179,7 @@ def test_the_agent_refuses_to_start_on_a_backend_not_set_up_for_ipv6_dsr(net):
     """edge-heartbeat --dsr-vip VIP6 on a backend without the setup: exit 1, one line naming what is
     missing (the decap first); after tools/dsr-backend setup it is only the VIP on lo that is not."""
     vip6 = str(net.topo.vip6)
-    directory, token_file = write_token_file(TOKENS[0])
-    try:
-        argv = agent_argv(net, 0, token_file=token_file, check="none", dsr_vip=vip6, family=6)
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        first = net.backends[0].run(argv, check=False, env=env)
-        dsr_tool(net.backends[0], "setup", "--vip", vip6, "--decap", "xdp")
-        net.backends[0].run(["ip", "addr", "del", f"{vip6}/128", "dev", "lo"])
-        second = net.backends[0].run(argv, check=False, env=env)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    first, second = agent_refusals(net, TOKENS[0], vip6, 128, family=6)
 
     assert first.returncode == 1 and first.stderr.startswith("edge-heartbeat: decap: neither ip6tnl0"), first.stderr
     assert (

@@ -1,4 +1,5 @@
-"""Failover in the data path: heartbeats, link loss, passive ejection, standbys, spoofing, rise.
+"""Failover in the data path: heartbeats, link loss, standbys, spoofing, rise (passive ejection:
+test_passive_ejection.py; the service and helpers both use: failover.py).
 
         client ──veth── router ──veth── b0
                            ├────veth── b1
@@ -7,67 +8,42 @@
 Heartbeats are real UDP datagrams from each backend's namespace (hb.py). Every edgectl call
 compiles the data path (3 s on an idle machine, far more on a busy one), so the tests that only
 stop heartbeats or links share one net and one deployment (`shared`), which redeploys only for
-another config, in file order; the tests that kill servers build their own net. Each test starts
+another config, in file order. Each test starts
 the heartbeats it needs and stops them all in teardown. Some tests pin down bugs found here
 (reused client ports, a clock race between CPUs) so they stay fixed.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import struct
-import time
 from collections import Counter
-from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import hb
 import pytest
+from failover import (
+    ALL,
+    FRESH_PORT,
+    PORT,
+    SLOW_TIMEOUT_MS,
+    STANDBY_VIP,
+    TIMEOUT_MS,
+    TOKENS,
+    answer,
+    attempt_is_dropped,
+    backends,
+    flows,
+    heartbeat_agents,
+    link_down,
+    service,
+    wait_flows_reach,
+)
 
 from controlplane.lab.router import Router
-from controlplane.lab.topo import Net, Ns
-from controlplane.lab.traffic import Conn, backends_seen, close_all, connect, open_connections, wait_until
-
-PORT = 8000  # conftest.BACKEND_PORT
-TOKENS = {i: 0x5EED0000 + i for i in range(3)}
-ALL = {"b0", "b1", "b2"}
-# Heartbeats leave every ~1 ms (agent processes, or threads sharing the GIL with the test's
-# traffic); 250 ms of silence is far beyond any scheduling stall, and short next to a test.
-TIMEOUT_MS = 250
-SLOW_TIMEOUT_MS = 60_000  # for tests that send heartbeats one at a time, with status calls between
-RISE = 3
-PASSIVE = {"syn_timeout_ms": 50, "consecutive": 3, "ejection_ms": 2000, "max_ejected_percent": 50}
-STANDBY_VIP = "198.18.255.2"  # in the client's route to the router, like net.vip
-FRESH_PORT = 8001  # backends also serve here (fresh_endpoints); no deployment uses it before
-SAMPLE = 30  # flows per readiness poll: one of 3 equal backends is missed with p = (2/3)**30 < 1e-5
-
-
-def service(
-    router: Router,
-    *,
-    timeout_ms: int = TIMEOUT_MS,
-    rise: int = RISE,
-    passive: dict | None = None,
-    existing_flows: str = "reselect",
-    standby: tuple[int, ...] = (),
-    vip: str | None = None,
-    backend_port: int = PORT,
-) -> dict:
-    """The service "web" (VIP port PORT) on b0..b2, heartbeats on (each backend with its token)."""
-    health: dict = {"heartbeat": {"port": hb.HB_PORT, "interval_ms": 1, "timeout_ms": timeout_ms, "rise": rise}}
-    if passive:
-        health["passive"] = dict(passive)
-    svc = router.service(
-        "web", standby=standby, existing_flows=existing_flows, health=health, vip=vip, backend_port=backend_port
-    )
-    for entry in svc["backends"]:
-        entry["token"] = hex(TOKENS[int(entry["name"][1:])])
-    return svc
+from controlplane.lab.topo import Net
+from controlplane.lab.traffic import Conn, close_all, open_connections, wait_until
 
 
 class Deployment:
@@ -106,103 +82,8 @@ def fresh_endpoints(shared_net: Net) -> int:
 @pytest.fixture
 def heartbeats() -> Iterator[Callable[..., object]]:
     """start(net, i, ...) starts backend i's heartbeats; every one started is stopped in teardown."""
-    started = []
-
-    def start(net: Net, i: int, interval_ms: float = 1, service_port: int = PORT):
-        agent = hb.start_heartbeats(net, i, token=TOKENS[i], interval_ms=interval_ms, service_port=service_port)
-        started.append(agent)
-        return agent
-
-    yield start
-    errors = []
-    for agent in started:
-        try:
-            agent.stop()
-        except Exception as e:  # stop the others anyway; report the first
-            errors.append(e)
-    if errors:
-        raise errors[0]
-
-
-# ------------------------------------------------------------------ helpers
-
-
-def flows(net: Net, n: int, *, vip: str | None = None, flow_timeout_s: float = 1.0) -> Counter:
-    """Backend names (or "error:<why>") over n new connections from the client to the VIP."""
-    return backends_seen(net.client, vip or net.vip, PORT, n, flow_timeout_s=flow_timeout_s)
-
-
-def wait_flows_reach(net: Net, want: set[str], *, vip: str | None = None, timeout_s: float = 5.0) -> None:
-    """Poll until SAMPLE new flows all succeed and reach exactly the backends in want."""
-    last: dict = {}
-
-    def reached() -> bool:
-        last["seen"] = flows(net, SAMPLE, vip=vip, flow_timeout_s=0.5)
-        return set(last["seen"]) == want
-
-    wait_until(reached, timeout_s, f"{SAMPLE} new flows reach exactly {sorted(want)}", observe=lambda: last.get("seen"))
-
-
-def attempt_is_dropped(net: Net, router: Router) -> bool:
-    """One connection attempt to the VIP fails and the router counts a no_backend drop for it."""
-    before = router.counters()["drops"]["no_backend"]
-    try:
-        connect(net.client, net.vip, PORT, timeout_s=0.3).close()
-        return False
-    except OSError:
-        return router.counters()["drops"]["no_backend"] > before
-
-
-def answer(conn: Conn) -> str:
-    """The backend that answers one more request on conn, or "error:<exception>"."""
-    try:
-        return conn.request().backend
-    except OSError as e:
-        return f"error:{type(e).__name__}"
-
-
-def backends(snap: dict) -> dict[str, dict]:
-    """{name: backend} of the one service in an `edgectl status --json` snapshot."""
-    return {b["name"]: b for b in snap["services"][0]["backends"]}
-
-
-def status_under_traffic(router: Router, net: Net, timeout_s: float = 60.0) -> tuple[dict, Counter]:
-    """router.status() taken while new flows keep arriving (10 every ~20 ms), and the flows'
-    outcomes. A passive ejection lasts 2 s and status takes 3 s or more: refused flows re-eject a
-    dead backend as soon as its ejection ends (for twice as long), so it is still ejected when
-    status reads the maps."""
-    seen: Counter = Counter()
-    deadline = time.monotonic() + timeout_s
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        snap = pool.submit(router.status)
-        for _ in range(int(timeout_s / 0.02)):
-            seen.update(flows(net, 10, flow_timeout_s=0.5))
-            if futures.wait([snap], timeout=0.02).done or time.monotonic() > deadline:
-                break
-        return snap.result(timeout=max(0.0, deadline - time.monotonic())), seen
-
-
-def kill_server(net: Net, i: int) -> None:
-    """SIGKILL backend i's HTTP server (by its pid); its host and heartbeats live on."""
-    proc = net.servers[i].proc
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=5.0)
-
-
-@contextmanager
-def link_down(net: Net, ns: Ns, ifname: str) -> Iterator[None]:
-    """ifname in ns is administratively down inside the block; up again (both veth ends) after."""
-    with ns.iproute() as ipr:
-        index = ipr.link_lookup(ifname=ifname)[0]
-        ipr.link("set", index=index, state="down")
-    try:
-        yield
-    finally:
-        with ns.iproute() as ipr:
-            ipr.link("set", index=index, state="up")
-        wait_until(
-            lambda: set(net.link_states().values()) == {"UP"}, 5.0, "every veth end UP again", observe=net.link_states
-        )
+    with heartbeat_agents() as start:
+        yield start
 
 
 # ------------------------------------------------------------------ heartbeats and links
@@ -556,67 +437,3 @@ def test_established_connections_to_a_heartbeating_backend_never_move(shared_net
         close_all(conns)
 
     assert moved == {}, moved
-
-
-# ------------------------------------------------------------------ passive detection
-
-
-def test_a_backend_whose_server_dies_is_ejected_by_passive_detection(net, router, heartbeats):
-    """b0's server is killed; its heartbeats go on. Flows picked for b0 are refused (RST); after 3
-    (`consecutive`) b0 is ejected for 2 s. New flows made in the first 1.2 s of that (at least
-    100, up to 200; the rest of the 2 s is margin for a slow last batch) all go to b1 and b2,
-    none is refused. Status, read under traffic, shows b0 ejected."""
-    router.deploy([service(router, passive=PASSIVE)])
-    for i in range(3):
-        heartbeats(net, i)
-    wait_flows_reach(net, ALL)
-    kill_server(net, 0)
-
-    refused: Counter = Counter()
-    batch_started = [0.0]
-
-    def ejected() -> bool:
-        batch_started[0] = time.monotonic()  # the ejection cannot be older than the last batch
-        refused.update(flows(net, 10, flow_timeout_s=0.5))
-        return router.counters()["verdicts"]["ejection"] >= 1
-
-    wait_until(ejected, 5.0, "an ejection", observe=lambda: refused)
-    seen: Counter = Counter()
-    while sum(seen.values()) < 200 and time.monotonic() - batch_started[0] < 1.2:
-        seen.update(flows(net, 20))
-    snap, during_status = status_under_traffic(router, net)
-
-    assert refused["error:refused"] >= PASSIVE["consecutive"], refused
-    assert set(seen) - {"error:reset"} == {"b1", "b2"} and sum(seen.values()) >= 100, seen
-    # A reset is a flow to healthy b1 or b2 moved by the clock race of
-    # test_established_connections_to_a_heartbeating_backend_never_move, not one that reached b0.
-    assert seen["error:reset"] <= 2, seen
-    b0 = backends(snap)["b0"]
-    assert b0["state"] == "ejected", (b0, during_status)
-    assert b0["health"]["ejections"] >= 1
-    assert snap["verdicts"]["ejection"] >= 1
-
-
-def test_passive_ejection_never_takes_out_more_than_max_ejected_percent(net, router, heartbeats):
-    """3 backends, max_ejected_percent 50: ejecting a second one would take out 2/3 = 67%, so while
-    one of the two killed servers is ejected the other stays "up" by health and keeps getting
-    new flows, which are refused; b2 takes the rest."""
-    router.deploy([service(router, passive=PASSIVE)])
-    for i in range(3):
-        heartbeats(net, i)
-    wait_flows_reach(net, ALL)
-    kill_server(net, 0)
-    kill_server(net, 1)
-
-    def ejected() -> bool:
-        flows(net, 10, flow_timeout_s=0.5)  # refused where they reach b0 or b1
-        return router.counters()["verdicts"]["ejection"] >= 1
-
-    wait_until(ejected, 5.0, "an ejection")
-    snap, seen = status_under_traffic(router, net)
-
-    states = {n: b["state"] for n, b in backends(snap).items()}
-    health = {n: b["health"] for n, b in backends(snap).items()}
-    assert sorted([states["b0"], states["b1"]]) == ["ejected", "up"], (states, health, seen)
-    assert states["b2"] == "up"
-    assert seen["error:refused"] > 0 and seen["b2"] > 0, seen

@@ -17,11 +17,11 @@ from collections import Counter
 from typing import Iterator
 
 import pytest
-from conftest import require_privileges, undeployed_after
+from conftest import built_net, require_privileges, undeployed_after
 
 from controlplane.lab.daemon import EdgedProc
 from controlplane.lab.inference import degrade_from
-from controlplane.lab.topo import Net, Topo
+from controlplane.lab.topo import Net
 from controlplane.lab.traffic import backends_seen, close_all, open_connections
 
 PORT = 8000
@@ -44,13 +44,12 @@ IDLE = {"added_latency_ms": 1.0, "fill_queue": 0, "hang": False, "metrics_off": 
 @pytest.fixture(scope="module")
 def sim_net() -> Iterator[Net]:
     require_privileges()
-    net = Net(Topo(backends=3))
-    try:
-        net.build()
+
+    def start(net: Net) -> None:
         net.start_inference(port=PORT, common=["--max-running", "4", "--ttft-ms", "5", "--tpot-ms", "1"])
+
+    with built_net(start=start) as net:
         yield net
-    finally:
-        net.close()
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
-from conftest import require_privileges, undeployed_after
+from conftest import built_net, require_privileges, undeployed_after
 
 from controlplane.lab.daemon import EdgedProc
-from controlplane.lab.topo import Net, Topo
+from controlplane.lab.topo import Net
 from controlplane.lab.traffic import close_all, connect, open_connections, wait_until
 
 PORT = 8000
@@ -34,13 +34,8 @@ LEAST_B0 = 5  # least_loaded compares both backends: b0 gets none (a few for a c
 @pytest.fixture(scope="module")
 def p2c_net() -> Iterator[Net]:
     require_privileges()
-    net = Net(Topo(backends=2))
-    try:
-        net.build()
-        net.start_backends(port=PORT)
+    with built_net(backends=2) as net:  # its backends on BACKEND_PORT, which is PORT
         yield net
-    finally:
-        net.close()
 
 
 @pytest.fixture

@@ -29,6 +29,18 @@ def put_vip_on_lo(net) -> None:
         ipr.addr("add", index=ipr.link_lookup(ifname="lo")[0], address=str(net.vip), prefixlen=32)
 
 
+def nat_verdicts(router, new_flows: int) -> dict:
+    """The router's verdicts, once the one service has had new_flows flows: each counted, at least
+    two replies each reverse-NATed on the return path, nothing dropped."""
+    snap = router.status()
+    (service,) = snap["services"]
+    assert service["new_flows"] == new_flows
+    verdicts = snap["verdicts"]
+    assert verdicts["return_nat"] == service["return_packets"] >= 2 * new_flows
+    assert verdicts["drop"] == 0
+    return verdicts
+
+
 @pytest.mark.parametrize("vip_port", VIP_PORTS)
 def test_tcp_and_http_through_a_vip_on_lo_are_answered(net, router, vip_port):
     """20 HTTP connections one by one, then 100 counted: all answered from the VIP by every backend,
@@ -44,13 +56,8 @@ def test_tcp_and_http_through_a_vip_on_lo_are_answered(net, router, vip_port):
     assert all(r.peer.startswith(f"{client}:") for r in replies)
     assert sum(seen.values()) == 100 and set(seen) == {"b0", "b1", "b2"}, seen
 
-    snap = router.status()
-    (service,) = snap["services"]
-    assert service["new_flows"] == 120
-    verdicts = snap["verdicts"]
-    assert verdicts["return_nat"] == service["return_packets"] >= 2 * 120
+    verdicts = nat_verdicts(router, 120)
     assert verdicts["return_redirect"] == verdicts["return_nat"]
-    assert verdicts["drop"] == 0
 
 
 def client_neighbour_states(net) -> list[int]:
@@ -146,13 +153,8 @@ def test_http_through_an_ipv6_vip_on_lo_is_answered(net, router):
 
     assert {(r.status, r.server_addr) for r in replies} == {(200, f"{vip6}:{PORT}")}
     assert sum(seen.values()) == 100 and set(seen) == {"b0", "b1", "b2"}, seen
-    snap = router.status()
-    (service,) = snap["services"]
-    assert service["new_flows"] == 120
-    verdicts = snap["verdicts"]
-    assert verdicts["return_nat"] == service["return_packets"] >= 2 * 120
+    verdicts = nat_verdicts(router, 120)
     assert verdicts["return_redirect"] + verdicts["return_xdp"] == verdicts["return_nat"]
-    assert verdicts["drop"] == 0
 
 
 def test_a_backends_ipv6_port_unreachable_reaches_the_client_through_a_vip_on_lo(net, router):

@@ -1,6 +1,7 @@
 """The IPv4 rows of the data path's verdict table (test_verdicts.py runs them with the IPv6 rows of
 verdicts6.py, verdicts_icmp6.py, verdicts_hb6.py and verdicts_dsr6.py): the Row type, the frame builders,
-set-ups and checks the rows use, and ROWS. What a row means is said in test_verdicts.py."""
+set-ups and checks the rows use, and ROWS. The ICMP frames are verdicts_icmp4.py's, the harness and the
+world verdicts.py's. What a row means is said in test_verdicts.py."""
 
 from __future__ import annotations
 
@@ -23,14 +24,10 @@ from verdicts import (  # netns-tests/verdicts.py: the harness
     H1,
     HB_PORT,
     HB_VIP,
-    HOP_DMAC,
-    HOP_SMAC,
     LO,
     P0,
     P1,
     PAS_VIP,
-    REPLY_DMAC,
-    REPLY_SMAC,
     ROUTER,
     ROUTER_MAC,
     S0,
@@ -40,6 +37,8 @@ from verdicts import (  # netns-tests/verdicts.py: the harness
     TC_ACT_REDIRECT,
     TC_ACT_SHOT,
     TC_ACT_UNSPEC,
+    TO_BACKEND,
+    TO_CLIENT,
     VIP,
     XDP_DROP,
     XDP_PASS,
@@ -55,6 +54,7 @@ from verdicts import (  # netns-tests/verdicts.py: the harness
     tcp,
     udp,
 )
+from verdicts_icmp4 import backend_error, echo, echo_reply, from_vip, icmp_back, icmp_error, icmp_to
 
 from controlplane import abi
 
@@ -66,90 +66,7 @@ def hb_at(backend: str, *, seq: int, ahead: int = 0) -> Callable[[World], bytes]
     return lambda w: heartbeat(backend, seq=seq, epoch=w.epoch + ahead)
 
 
-def icmp_error(quote, *, dst=VIP, src=ROUTER, type=3, code=4) -> bytes:
-    """An ICMP error (default: fragmentation needed, next-hop MTU 1400) from a hop to dst quoting
-    the packet quote."""
-    return bytes(
-        Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
-        / IP(src=str(src), dst=str(dst), ttl=64)
-        / ICMP(type=type, code=code, nexthopmtu=1400 if (type, code) == (3, 4) else 0)
-        / quote
-    )
-
-
-def from_vip(dport: int = CLIENT_PORT, sport: int = 80, vip=VIP) -> IP:
-    """A segment vip sent to the client, as an ICMP error quotes it."""
-    return IP(src=str(vip), dst=str(CLIENT), ttl=60) / TCP(sport=sport, dport=dport, flags="A", seq=1, ack=1)
-
-
-def backend_error(quote, *, src=B0[0], ttl=64) -> bytes:
-    """An ICMP error (port unreachable) a backend sends to the client about the client's packet."""
-    return bytes(
-        Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
-        / IP(src=str(src), dst=str(CLIENT), ttl=ttl)
-        / ICMP(type=3, code=3)
-        / quote
-    )
-
-
-def icmp_back(backend: tuple, vip=VIP, port: int = 80) -> Callable[[bytes], bytes]:
-    """Expected: a backend's ICMP error with the VIP back as outer source and quoted destination
-    address and port (outer IP, quoted IP and ICMP checksums), TTL - 1, sent to the reply hop."""
-
-    def out(f: bytes) -> bytes:
-        p = Ether(f)
-        p.dst, p.src = TO_CLIENT[0].hex(":"), TO_CLIENT[1].hex(":")
-        p[IP].src, p[IP].ttl = str(vip), p[IP].ttl - 1
-        quote = p[ICMP].payload
-        quote.dst = str(vip)
-        quote.payload.dport = port
-        del p[IP].chksum, p[ICMP].chksum, quote.chksum
-        return bytes(p)
-
-    return out
-
-
-def echo(dst=VIP, *, src=CLIENT, type=8, code=0) -> bytes:
-    """An ICMP echo request (ping) from src to dst."""
-    return bytes(
-        Ether(dst=ROUTER_MAC, src=CLIENT_MAC)
-        / IP(src=str(src), dst=str(dst), ttl=61)
-        / ICMP(type=type, code=code, id=0x1234, seq=7)
-        / (b"p" * 56)
-    )
-
-
-def echo_reply(f: bytes) -> bytes:
-    """Expected: f answered from where it went: MACs and addresses swapped, TTL 64, echo reply."""
-    p = Ether(f)
-    p.src, p.dst = p.dst, p.src
-    p[IP].src, p[IP].dst, p[IP].ttl = p[IP].dst, p[IP].src, 64
-    p[ICMP].type = 0
-    del p[IP].chksum, p[ICMP].chksum
-    return bytes(p)
-
-
-def icmp_to(to: tuple) -> Callable[[bytes], bytes]:
-    """Expected: an ICMP error about a VIP flow translated to backend to (outer destination, quoted
-    source address and port; outer IP, quoted IP and ICMP checksums; the quoted L4 checksum left),
-    TTL - 1, redirected to the next hop."""
-
-    def out(f: bytes) -> bytes:
-        p = Ether(f)
-        p.dst, p.src = TO_BACKEND[0].hex(":"), TO_BACKEND[1].hex(":")
-        p[IP].dst, p[IP].ttl = str(to[0]), p[IP].ttl - 1
-        quote = p[ICMP].payload
-        quote.src = str(to[0])
-        quote.payload.sport = to[1]
-        del p[IP].chksum, p[ICMP].chksum, quote.chksum
-        return bytes(p)
-
-    return out
-
-
 SAME = "unchanged"  # the frame leaves as it came
-TO_BACKEND = (HOP_DMAC, HOP_SMAC)  # the MACs of the cached next hop towards the backends
-TO_CLIENT = (REPLY_DMAC, REPLY_SMAC)  # the MACs of the cached reply hop
 ALIVE, SILENT = "alive", "silent"
 
 

@@ -1,8 +1,8 @@
 """How maps applies a config: the transaction (ids planned by desired.py,
 writes ordered so that no packet sees a half-made state, every write journaled
-and undone when a later one fails) and the writers of each map it touches.
-Part of the maps package, the only code that knows map layouts; Maps mixes
-this in."""
+and undone when a later one fails) and the writers of each map it touches but
+the VIP entries (vips.py) and the IPv6 keys (family6.py). Part of the maps
+package, the only code that knows map layouts; Maps mixes this in."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from controlplane import abi, desired, maglev, siphash
 from controlplane.config import Backend, Config, Service
 from controlplane.errors import MapError
 from controlplane.maps.changed import changed_services, member_plan
-from controlplane.maps.family6 import Family6, named_vip, set_vip, vip_of
+from controlplane.maps.family6 import Family6
 from controlplane.maps.journal import Journal
 from controlplane.maps.quick import Quick
 from controlplane.maps.records import (
@@ -30,8 +30,8 @@ from controlplane.maps.records import (
     is6,
     next_rnat_gen,
     put_addr,
-    vip_filter_words,
 )
+from controlplane.maps.vips import Vips
 
 
 @dataclass
@@ -46,7 +46,7 @@ class ApplyReport:
     renamed_services: list[str] = field(default_factory=list)
 
 
-class Writer(Quick, Family6):
+class Writer(Quick, Family6, Vips):
     """The apply transaction and the writers it orders (mixed into Maps)."""
 
     def _zero_stats(self, name: str, index: int) -> None:
@@ -374,36 +374,6 @@ class Writer(Quick, Family6):
         v.vip_addr, v.vip_port, v.vip_proto, v.vip_addr6 = cur.vip_addr, cur.vip_port, cur.vip_proto, cur.vip_addr6
         t[t.Key(vid)] = v
 
-    def _name_service_vip(self, vid: int, key) -> None:
-        """Names VIP key `key` in service vid's config once that VIP entry is vid's: a conntrack
-        hit to it is then forwarded without the edge_vips lookup (edge_xdp.c, established; an IPv6
-        VIP's address goes in vip_addr6: ingress6.h, established6)."""
-        t = self.t[abi.MAP_SVC_CFG]
-        v = t[t.Key(vid)]
-        if named_vip(v) == vip_of(key):
-            return
-        set_vip(v, key)
-        t[t.Key(vid)] = v
-
-    def _delete_vip(self, key) -> None:
-        """Deletes VIP entry `key`, after the config of the service it names stops naming it."""
-        t = self._vip_table(key)
-        self._forget_service_vip(t[key].id, key)
-        del t[key]
-
-    def _forget_service_vip(self, vid: int, key) -> None:
-        """Clears VIP key `key` from service vid's config (if it names it) before that VIP
-        entry goes: conntrack hits to that address then take the edge_vips lookup again,
-        which finds it gone."""
-        t = self.t[abi.MAP_SVC_CFG]
-        if vid >= self.max_services:
-            return
-        v = t[t.Key(vid)]
-        if named_vip(v) != vip_of(key):
-            return
-        set_vip(v, None)
-        t[t.Key(vid)] = v
-
     def _write_heartbeats(self, cfg: Config, health_ids: dict, oifs: Mapping[IPv4Address, int]) -> None:
         """edge_hb (edge_hb6 for IPv6 backends) and edge_hb_ports for every service that uses
         heartbeats (added and changed entries; apply() drops the rest once nothing needs them)."""
@@ -525,59 +495,6 @@ class Writer(Quick, Family6):
         counts = np.bincount(positions[positions >= 0], minlength=len(names))
         per_name = dict(zip(names, counts.tolist()))
         return [per_name.get(b.name, 0) for b in s.backends]
-
-    def _write_vip(self, s: Service, vid: int, half: int, old) -> None:
-        k = self._vip_key(s)
-        t = self._vip_table(k)
-        v = t.Leaf()
-        v.id, v.table = vid, half
-        v.flags = abi.VIP_F_KEEP_FLOWS if s.existing_flows == "keep" else 0
-        try:
-            owner = t[k].id
-        except KeyError:
-            owner = vid
-        if owner != vid:  # taken over: the other service's established flows look the VIP up again
-            self._forget_service_vip(owner, k)
-        t[k] = v  # one hash update: the flip
-        self._name_service_vip(vid, k)
-        if old and bytes(old[0]) != bytes(k):  # the service moved to a new VIP
-            try:
-                if self._vip_table(old[0])[old[0]].id == vid:  # not taken over by another service meanwhile
-                    self._delete_vip(old[0])
-            except KeyError:  # made room for the new one already
-                pass
-
-    def _write_vip_addrs(self, cfg: Config) -> None:
-        """How many VIPs each address carries (added and changed; apply() drops the rest last)."""
-        self._write_vip_addrs6(cfg)
-        t = self.t[abi.MAP_VIP_ADDRS]
-        want: dict[int, int] = {}
-        for s in cfg.services:
-            if s.vip.version == 4:
-                want[be32(s.vip)] = want.get(be32(s.vip), 0) + 1
-        present = {k.value for k in t.keys()}
-        self._write_vip_filter(present | set(want))  # apply() narrows it to want last
-        if len(present | set(want)) > self._capacity(abi.MAP_VIP_ADDRS):  # full: VIPs moving off an address go first
-            vips = self.t[abi.MAP_VIPS]
-            for k in list(vips.keys()):
-                if k.addr not in want:
-                    self._delete_vip(k)
-        self._make_room(abi.MAP_VIP_ADDRS, {bytes(t.Key(a)) for a in want})
-        for addr, n in want.items():
-            self._put_changed(t, t.Key(addr), t.Leaf(n))
-
-    def _write_vip_filter(self, addrs: set[int]) -> None:
-        """edge_vip_filter with the bits of these VIP addresses (be32 values): the fast path
-        skips the conntrack lookup of traffic to an address whose bit is clear (and looks it up
-        after all when the VIP lookup finds one), so every VIP's bit is set before its entry is
-        written and cleared only after it is gone, or its flows pay a third lookup."""
-        t = self.t[abi.MAP_VIP_FILTER]
-        words = vip_filter_words(addrs)
-        v = t[t.Key(0)]
-        if list(v.bits) != words:
-            for i, w in enumerate(words):
-                v.bits[i] = w
-            t[t.Key(0)] = v
 
     # ------------------------------------------------------------ reading
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from controlplane import maglev
 from controlplane.maglev import build_table, is_prime
@@ -26,9 +26,11 @@ def disruption_bound(share):
     """Most slots one removal or addition may move, given that backend's share of the table.
 
     Measured with 10..64 backends, weights 1..4, m=65537: mean 0.84%, p99 1.4% over 2000
-    random removals; worst seen 2.1% below a 10% share and 5.2% at a 27% share.
+    random removals; worst seen 2.1% below a 10% share and 5.2% at a 27% share. Hypothesis later
+    found an addition moving 3.2% at a 7.7% share (11 backends, the example below): the floor
+    is 2.5%, not 2%.
     """
-    return 0.02 + 0.15 * share
+    return 0.025 + 0.15 * share
 
 
 names_st = st.lists(st.text(min_size=1, max_size=16), min_size=1, max_size=24, unique=True)
@@ -162,6 +164,14 @@ def test_removing_one_backend_moves_few_survivor_slots(backends_, data):
 
 @settings(max_examples=20, deadline=None)
 @given(fleet(max_size=63), st.integers(1, 4))
+@example(  # moved 3.2% at a 7.7% share: what set the bound's floor
+    (
+        ["10.0.0.1:8000", "10.0.0.5:8000", "10.0.0.6:8000", "10.0.0.7:8000", "10.0.11.50:8000"]
+        + ["10.145.192.1:8000", "10.0.0.4:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.5.58.7:8000"],
+        [1, 1, 1, 1, 1, 2, 2, 1, 1, 1],
+    ),
+    1,
+)
 def test_adding_one_backend_moves_few_slots_between_existing_backends(backends_, weight):
     names, weights = backends_
     new = "10.255.255.255:8000"  # fleet() never makes this name
