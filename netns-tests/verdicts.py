@@ -47,6 +47,7 @@ from verdicts_world6 import (  # noqa: F401  (re-exported)
     HB_TIMEOUT_MS,
     SERVICES6,
     TOKENS6,
+    U0,
 )
 
 from controlplane import abi, loader
@@ -156,7 +157,7 @@ CONFIG = {
                 {"name": n, "address": a, "port": 8000} for n, a in (("e0", "2001:2:0:1::2"), ("e1", "2001:2:0:1::3"))
             ],
         },
-        *SERVICES6,  # hb6, dsr6 (verdicts_world6.py)
+        *SERVICES6,  # hb6, dsr6, udp6 (verdicts_world6.py)
         {
             "name": "dsr",
             "vip": str(DSR_VIP),
@@ -206,7 +207,7 @@ class World:
         self.t = self.loaded.tables()
         self.maps = Maps(self.t, self.loaded.map_fd(abi.MAP_MAGLEV), PARAMS.maglev_m, PARAMS.max_services)
         self.cfg = parse_config(CONFIG, "test_verdicts")
-        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0, G0, G1, F0)})
+        self.maps.apply(self.cfg, {a: BACKEND_IF for a, _ in (B0, D0, H0, H1, P0, P1, S0, S1, X0, G0, G1, F0, U0)})
         self.node()
         self.ids = {s.name: self.maps.ids(s.name) for s in self.cfg.services}
         backends = self.t[abi.MAP_BACKENDS]

@@ -103,12 +103,12 @@ def connected6(backend: str, flags: int = 0, syn_seq: int = 0) -> Callable[[Worl
     return setup
 
 
-def hop6(ifindex: int = CLIENT_IF) -> Callable[[World], None]:
-    """edge_reply_hop6 holds the hop of replies from VIP6 to CLIENT6 (hop6.h, reply_hop6_at: its
+def hop6(ifindex: int = CLIENT_IF, vip: IPv6Address = VIP6) -> Callable[[World], None]:
+    """edge_reply_hop6 holds the hop of replies from vip (VIP6 unless given) to CLIENT6 (hop6.h, reply_hop6_at: its
     slot, tagged with both addresses) on every CPU: out of ifindex, the REPLY_* MACs."""
 
     def setup(w: World) -> None:
-        words = struct.unpack("=4I", CLIENT6.packed) + struct.unpack("=4I", VIP6.packed)
+        words = struct.unpack("=4I", CLIENT6.packed) + struct.unpack("=4I", vip.packed)
         slot = hash_mix(functools.reduce(operator.xor, words)) & (abi.REPLY_HOP_SLOTS - 1)
         t = w.t[abi.MAP_REPLY_HOP6]
         v = t.Leaf()
@@ -116,7 +116,7 @@ def hop6(ifindex: int = CLIENT_IF) -> Callable[[World], None]:
             e = v[cpu]
             e.expires, e.ifindex, e.mtu = HOP_EXPIRES, ifindex, MTU
             put_addr(e, "client", CLIENT6)
-            put_addr(e, "vip", VIP6)
+            put_addr(e, "vip", vip)
             for field, mac in (("smac", REPLY_SMAC), ("dmac", REPLY_DMAC)):
                 for i, b in enumerate(mac):
                     getattr(e, field)[i] = b

@@ -5,7 +5,9 @@ TCP and UDP headers, and neighbour discovery and MLD that must pass untouched. v
 first rows of each kind (a first fragment, GRE, a neighbour solicitation, a destination options
 header); these do not repeat them. A packet the ingress cannot take is dropped with its reason when
 it is for a VIP address and left to the stack otherwise (unusual6); the drops count under no
-service (""). Rows are plain tuples in row()'s argument order, as verdicts6.py's."""
+service (""). A UDP datagram with checksum 0 (invalid in IPv6, RFC 8200 8.1) of a VIP flow, either
+way, is dropped as malformed under its service (udp6, verdicts_world6.py) rather than NATed into a
+wrong checksum. Rows are plain tuples in row()'s argument order, as verdicts6.py's."""
 
 from __future__ import annotations
 
@@ -31,10 +33,26 @@ from scapy.layers.inet6 import (
 )
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
-from verdicts import CLIENT_MAC, CLIENT_PORT, ROUTER_MAC, XDP_DROP, XDP_PASS, XDP_REDIRECT
-from verdicts6 import CLIENT6, E0, ROUTER6, SAME, VIP6, W, connected6, dnat6, drop, frame6, tcp6
+from verdicts import (
+    CLIENT_MAC,
+    CLIENT_PORT,
+    HOP_DMAC,
+    HOP_SMAC,
+    REPLY_DMAC,
+    REPLY_SMAC,
+    ROUTER_MAC,
+    TC_ACT_OK,
+    TC_ACT_SHOT,
+    XDP_DROP,
+    XDP_PASS,
+    XDP_REDIRECT,
+    World,
+)
+from verdicts6 import CLIENT6, E0, REP, RET, ROUTER6, SAME, VIP6, W, connected6, dnat6, drop, frame6, hop6, tcp6
+from verdicts_world6 import U0, UDP6_PORT, UDP6_VIP
 
 from controlplane import abi
+from controlplane.maps.records import be16, put_addr
 
 ING = abi.PROG_INGRESS
 EXT_MAX = 4  # abi.h's EDGE_V6_EXT_MAX: extension headers walked before the L4 header
@@ -83,6 +101,55 @@ def udp6(*, length: int | None = None, dst=VIP6) -> bytes:
     if length is not None:
         u.len = length
     return frame6(CLIENT6, dst, u)
+
+
+U = "udp6"  # verdicts_world6.py: UDP6_VIP:53/udp -> u0
+
+
+def dgram6(*, zero: bool = False, reply: bool = False, dst=UDP6_VIP, hlim: int = 64) -> bytes:
+    """A client's datagram to dst:53 (or, reply, u0's answer to it), its UDP checksum 0 if zero."""
+    u = UDP(sport=CLIENT_PORT, dport=UDP6_PORT) / Raw(b"query 12")
+    src = CLIENT6
+    if reply:
+        src, dst, u = U0[0], CLIENT6, UDP(sport=U0[1], dport=CLIENT_PORT) / Raw(b"answer 1")
+    f = bytearray(frame6(src, dst, u, hlim=hlim))
+    if zero:
+        f[IP6 + 46 : IP6 + 48] = b"\0\0"
+    return bytes(f)
+
+
+def pinned_udp6(w: World) -> None:
+    """edge_ct6 pins the client's flow to UDP6_VIP:53 to u0."""
+    t = w.t[abi.MAP_CT6]
+    k = t.Key()
+    put_addr(k, "src", CLIENT6)
+    put_addr(k, "dst", UDP6_VIP)
+    k.sport, k.dport, k.proto = be16(CLIENT_PORT), be16(UDP6_PORT), 17
+    v = t.Leaf()
+    v.backend_id, v.vip_id = w.bid("u0"), w.vid(U)
+    t[k] = v
+
+
+def dnat_udp6(f: bytes) -> bytes:
+    """Expected: to u0, hop limit - 1, the cached hop's MACs, the UDP checksum recomputed."""
+    p = Ether(f)
+    p.dst, p.src = HOP_DMAC.hex(":"), HOP_SMAC.hex(":")
+    p[IPv6].dst, p[IPv6].hlim = str(U0[0]), p[IPv6].hlim - 1
+    p[UDP].dport = U0[1]
+    del p[UDP].chksum
+    return bytes(p)
+
+
+def snat_udp6(f: bytes, *, xdp: bool = False) -> bytes:
+    """Expected of a reply: source UDP6_VIP:53 again (and with xdp, hop limit - 1, the reply hop's MACs)."""
+    p = Ether(f)
+    p[IPv6].src = str(UDP6_VIP)
+    p[UDP].sport = UDP6_PORT
+    del p[UDP].chksum
+    if xdp:
+        p.dst, p.src = REPLY_DMAC.hex(":"), REPLY_SMAC.hex(":")
+        p[IPv6].hlim -= 1
+    return bytes(p)
 
 
 def ext_chain(n: int):
@@ -217,6 +284,22 @@ ROWS_MALFORMED6 = [
     ("IPv6 UDP length past the payload to the VIP: dropped", ING, udp6(length=40), XDP_DROP, SAME, MALFORMED, ""),
     ("IPv6 UDP length 4 (below its own header) to the VIP: dropped", ING, udp6(length=4), XDP_DROP, SAME, MALFORMED,
      ""),
+    # -- UDP checksum 0: invalid in IPv6 (RFC 8200 8.1); NAT would turn it into a wrong one -----------
+    ("IPv6 UDP to a UDP VIP: NAT to its backend, checksum recomputed", ING, dgram6(), XDP_REDIRECT, dnat_udp6,
+     {"redirect": 1}, U),
+    ("IPv6 UDP with checksum 0 to a UDP VIP: dropped", ING, dgram6(zero=True), XDP_DROP, SAME, MALFORMED, U),
+    ("IPv6 UDP with checksum 0 of a pinned flow (the established path): dropped", ING, dgram6(zero=True), XDP_DROP,
+     SAME, MALFORMED, U, pinned_udp6),
+    ("IPv6 UDP with checksum 0 to another address: passes", ING, dgram6(zero=True, dst=ROUTER6), XDP_PASS, SAME,
+     PASS, ""),
+    ("IPv6 UDP reply of a pinned flow: source back to the VIP (tc)", RET, dgram6(reply=True, hlim=1), TC_ACT_OK,
+     snat_udp6, {"return_nat": 1}, U, pinned_udp6),
+    ("IPv6 UDP reply with checksum 0 of a pinned flow: dropped (tc)", RET, dgram6(zero=True, reply=True, hlim=1),
+     TC_ACT_SHOT, SAME, MALFORMED, U, pinned_udp6),
+    ("IPv6 UDP reply of a pinned flow, its hop cached: reverse NAT, redirected (XDP)", REP, dgram6(reply=True),
+     XDP_REDIRECT, lambda f: snat_udp6(f, xdp=True), {"return_xdp": 1}, U, pinned_udp6, hop6(vip=UDP6_VIP)),
+    ("IPv6 UDP reply with checksum 0 of a pinned flow, its hop cached: to tc", REP, dgram6(zero=True, reply=True),
+     XDP_PASS, SAME, {}, "", pinned_udp6, hop6(vip=UDP6_VIP)),
     # -- neighbour discovery and MLD pass untouched ------------------------------------------------------
     ("IPv6 neighbour solicitation to the VIP itself (unicast, reachability): passes untouched", ING,
      nd(ICMPv6ND_NS(tgt=str(VIP6)), VIP6), XDP_PASS, SAME, PASS, ""),

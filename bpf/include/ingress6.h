@@ -49,6 +49,7 @@ struct pkt6 {
 	struct flow_key6 key; /* edge_ct6's key: the client's 5-tuple as received */
 	__u32 l3_off;	      /* frame offset of the IPv6 header */
 	__u32 l4_off;	      /* of the TCP or UDP header */
+	__u8 udp_csum0;	      /* UDP checksum 0: invalid in IPv6 (RFC 8200 8.1) */
 };
 
 /* Verdict for an IPv6 packet the ingress does not take: dropped with its
@@ -138,6 +139,12 @@ static __always_inline int parse6(struct xdp_md *ctx, struct pkt *pkt, struct pk
 			return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 		p6->key.proto = IPPROTO_ICMPV6;
 		return EDGE_ICMP;
+	}
+	if (next == IPPROTO_UDP) {
+		struct udphdr *uh = nh.pos;
+
+		if ((void *)(uh + 1) <= data_end)
+			p6->udp_csum0 = !uh->check;
 	}
 	__builtin_memcpy(&p6->key.src, &ip6->saddr, sizeof(struct addr6));
 	__builtin_memcpy(&p6->key.dst, &ip6->daddr, sizeof(struct addr6));
@@ -354,8 +361,9 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	}
 	if (verdict != EDGE_CONTINUE)
 		return verdict;
-	/* conntrack first for a packet that is no SYN (established6) */
-	looked = stage == EDGE_STAGE_SLOW && !pkt.syn;
+	/* conntrack first for a packet that is no SYN (established6); a UDP
+	 * checksum of 0 takes the full path, to its drop under the service */
+	looked = stage == EDGE_STAGE_SLOW && !pkt.syn && !p6.udp_csum0;
 	if (looked) {
 		fi = edge_ct6.lookup(&p6.key);
 		if (fi) {
@@ -384,6 +392,8 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 		if (ip6->hop_limit <= 1)
 			return count_verdict(vip->id, EDGE_CNT_PASS, XDP_PASS);
 	}
+	if (p6.udp_csum0) /* NAT would make it a wrong checksum (dnat6) */
+		return count_drop(vip->id, EDGE_DROP_MALFORMED);
 	if (pkt.syn && stage == EDGE_STAGE_SLOW) {
 		int csum = syn_csum6(ctx, &pkt, &p6);
 

@@ -6,7 +6,7 @@
  * as its source (the L4 checksum updated incrementally), hop limit - 1, and
  * is redirected to the client-facing interface the ingress runs on, by the
  * FIB result cached per (client, VIP) (hop6.h).
- * Everything else goes on to tc (return6.h): SYN-ACKs and RSTs (passive
+ * Everything else goes on to tc (return6.h): UDP checksums of 0, SYN-ACKs and RSTs (passive
  * detection), replies without an entry, partial checksums, another egress
  * interface, an MTU exceeded, no neighbour entry yet. */
 #ifndef EDGE_REPLY6_H
@@ -70,7 +70,7 @@ static __always_inline int reply6(struct xdp_md *ctx)
 	} else if (ip6->nexthdr == IPPROTO_UDP) {
 		struct udphdr *uh = (void *)ports;
 
-		if ((void *)(uh + 1) > data_end)
+		if ((void *)(uh + 1) > data_end || !uh->check) /* checksum 0, invalid in IPv6: tc drops it */
 			return XDP_PASS;
 		check = &uh->check;
 		udp = 1;

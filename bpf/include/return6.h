@@ -8,7 +8,8 @@
  * redirected towards the client by the FIB result cached per (client, VIP)
  * (hop6.h). A TCP packet of a connection edge_ct6
  * gives to another backend is dropped (EDGE_DROP_OTHER_BACKEND), so it never
- * leaves with the backend's address; everything else continues untouched,
+ * leaves with the backend's address, as is a UDP reply with checksum 0
+ * (malformed: IPv6 forbids it, and the helpers would keep it 0); everything else continues untouched,
  * neighbour discovery above all. Heartbeats of IPv6 backends are consumed
  * first (heartbeat6.h). Not here yet: the stateless reply (no entry), direct
  * connections, wire signals. ICMPv6 errors about VIP flows: icmp6.h. */
@@ -149,6 +150,11 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 		if (proto != IPPROTO_TCP)
 			return TC_ACT_UNSPEC;
 		count_reason(ri->vip_id, EDGE_DROP_OTHER_BACKEND);
+		return TC_ACT_SHOT;
+	}
+	/* a UDP checksum of 0: invalid in IPv6 (RFC 8200 8.1), never sent as the VIP's */
+	if (proto == IPPROTO_UDP && (void *)(ports + 4) <= data_end && !ports[3]) {
+		count_reason(ri->vip_id, EDGE_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
 	if (proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_))) {
