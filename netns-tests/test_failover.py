@@ -317,7 +317,9 @@ def test_a_standby_gets_new_flows_only_while_every_primary_is_down(shared_net, s
     silent: all 300 on b2. b0 back: all 300 on b0 (b1 is still down), none on b2. The service
     moves to a VIP of its own: earlier tests' conntrack entries to b2 would otherwise take new
     connections that reuse their client ports to b2 (the bug
-    test_a_new_connection_on_a_reused_client_port_avoids_a_standby shows)."""
+    test_a_new_connection_on_a_reused_client_port_avoids_a_standby shows). Each counted flow has
+    2 s, so a SYN the kernel retransmits (after 1 s) still counts by where it went: a full run with
+    two workers saw one of 300 time out at 1 s once."""
     net = shared_net
     vip = STANDBY_VIP
     shared.ensure([service(shared.router, standby=(2,), vip=vip)])
@@ -325,14 +327,14 @@ def test_a_standby_gets_new_flows_only_while_every_primary_is_down(shared_net, s
     heartbeats(net, 2)
     wait_flows_reach(net, {"b0", "b1"}, vip=vip)
 
-    all_up = flows(net, 300, vip=vip)
+    all_up = flows(net, 300, vip=vip, flow_timeout_s=2.0)
     for sender in primaries:
         sender.stop()
     wait_flows_reach(net, {"b2"}, vip=vip)
-    primaries_down = flows(net, 300, vip=vip)
+    primaries_down = flows(net, 300, vip=vip, flow_timeout_s=2.0)
     heartbeats(net, 0)
     wait_flows_reach(net, {"b0"}, vip=vip)
-    one_back = flows(net, 300, vip=vip)
+    one_back = flows(net, 300, vip=vip, flow_timeout_s=2.0)
 
     assert set(all_up) == {"b0", "b1"}, all_up
     assert primaries_down == Counter(b2=300)
