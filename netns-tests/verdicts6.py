@@ -86,17 +86,19 @@ def snat6(f: bytes) -> bytes:
     return bytes(p)
 
 
-def connected6(backend: str, flags: int = 0, syn_seq: int = 0) -> Callable[[World], None]:
-    """edge_ct6 pins the client's connection to VIP6:80 to backend."""
+def connected6(
+    backend: str, flags: int = 0, syn_seq: int = 0, vip: IPv6Address = VIP6, service: str = "web6"
+) -> Callable[[World], None]:
+    """edge_ct6 pins the client's connection to vip:80 (service's) to backend."""
 
     def setup(w: World) -> None:
         t = w.t[abi.MAP_CT6]
         k = t.Key()
         put_addr(k, "src", CLIENT6)
-        put_addr(k, "dst", VIP6)
+        put_addr(k, "dst", vip)
         k.sport, k.dport, k.proto = be16(CLIENT_PORT), be16(80), 6
         v = t.Leaf()
-        v.backend_id, v.vip_id, v.flags = w.bid(backend), w.vid("web6"), flags
+        v.backend_id, v.vip_id, v.flags = w.bid(backend), w.vid(service), flags
         v.syn_seq = syn_seq
         t[k] = v
 

@@ -30,11 +30,11 @@ from verdicts import (
     XDP_REDIRECT,
     World,
 )
-from verdicts6 import CLIENT6
+from verdicts6 import CLIENT6, connected6
 from verdicts_icmp6 import error6, from_vip6
 
 from controlplane import abi
-from controlplane.maps.records import be16, put_addr
+from controlplane.maps.records import put_addr
 
 ING = abi.PROG_INGRESS
 ROUTER6_B = IPv6Address("2001:2:0:1::1")  # the router's address towards the backends: the outer source
@@ -70,16 +70,8 @@ def hop6_cached(w: World) -> None:
     t[t.Key(w.bid("f0"))] = v
 
 
-def dsr6_connected(w: World) -> None:
-    """edge_ct6 pins the client's connection to the dsr6 VIP to f0 (select.h writes it for DSR too)."""
-    t = w.t[abi.MAP_CT6]
-    k = t.Key()
-    put_addr(k, "src", CLIENT6)
-    put_addr(k, "dst", DSR6_VIP)
-    k.sport, k.dport, k.proto = be16(CLIENT_PORT), be16(80), 6
-    v = t.Leaf()
-    v.backend_id, v.vip_id = w.bid("f0"), w.vid("dsr6")
-    t[k] = v
+# edge_ct6 pins the client's connection to the dsr6 VIP to f0 (select.h writes it for DSR too)
+dsr6_connected = connected6("f0", vip=DSR6_VIP, service="dsr6")
 
 
 def dsr6_error(**kw) -> bytes:
