@@ -27,6 +27,7 @@ from controlplane.config import Backend, Discovery, Etcd, parse_backend
 from controlplane.discovery import Answer, Failure, Report, endpoint_name
 from controlplane.discovery.tokens import read_secret
 from controlplane.errors import ConfigError
+from controlplane.tasks import within
 
 VALUE_KEYS = ("address", "port", "weight", "standby", "token")
 KEEPALIVE_MS = 5000  # etcd refuses pings more often than its --grpc-keepalive-min-time (5 s)
@@ -89,7 +90,7 @@ def client(
 
 async def close_quietly(c: aetcd.Client) -> None:
     try:
-        await asyncio.wait_for(c.close(), 1.0)
+        await within(c.close(), 1.0)
     except (asyncio.TimeoutError, aetcd.ClientError, grpc.RpcError, OSError):
         pass
 
@@ -136,13 +137,13 @@ class EtcdSource:
         """Every key's parsed value (parsed off the loop) and the revision read at; ConfigError
         when the prefix holds more keys than max_backends (counted first, nothing read)."""
         timeout_s = self.cfg.timeout_ms / 1000
-        count = await asyncio.wait_for(self._count(client), timeout_s)
+        count = await within(self._count(client), timeout_s)
         if count > self.max_keys:
             raise ConfigError(
                 f"etcd {self.cfg.prefix}: {count} keys, more than discovery.max_backends "
                 f"({self.max_keys}); over the cap, nothing read"
             )
-        got = await asyncio.wait_for(client.get_prefix(self.prefix), timeout_s)
+        got = await within(client.get_prefix(self.prefix), timeout_s)
         kvs = await asyncio.to_thread(lambda: {kv.key: _parsed(kv.key, kv.value) for kv in got})
         return kvs, got.header.revision
 
@@ -150,10 +151,10 @@ class EtcdSource:
         """Reads the prefix, reports it, then reports after every watch event (each value parsed
         once, when it is put); returns or raises when the stream breaks."""
         timeout_s = self.cfg.timeout_ms / 1000
-        await asyncio.wait_for(client.connect(), timeout_s)
+        await within(client.connect(), timeout_s)
         kvs, revision = await self._read(client)
         await self._report(kvs, report)
-        watch = await asyncio.wait_for(client.watch_prefix(self.prefix, start_revision=revision + 1), timeout_s)
+        watch = await within(client.watch_prefix(self.prefix, start_revision=revision + 1), timeout_s)
         # The events of one revision (a transaction, a prefix delete) arrive one by one; a pump
         # moves them into a queue, and the set is reported once per batch that is there, so no
         # half-applied revision ever reaches the maps.

@@ -15,6 +15,7 @@ from ipaddress import IPv4Address, IPv6Address
 from typing import Callable, Iterable, Protocol
 
 from controlplane.errors import SpeakerError
+from controlplane.tasks import within
 
 Vip = IPv4Address | IPv6Address
 POLL_S = 0.05  # how often the node's state is looked at; changes by edged poke() at once
@@ -238,7 +239,7 @@ class Announcer:
                     failing = str(e)
                     self.emit("error", f"bgp: {e}")
             try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                await within(self._wake.wait(), self.poll_s)
             except asyncio.TimeoutError:
                 pass
 

@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 
 from controlplane.config import Bgp
 from controlplane.errors import ConfigError, SpeakerError
+from controlplane.tasks import within
 
 STATIC = "edge_vips"  # the static protocol holding the announced /32s
 STATIC6 = "edge_vips_v6"  # the one holding the announced IPv6 /128s
@@ -141,7 +142,7 @@ async def birdc(socket_path: str, *command: str, timeout_s: float = BIRDC_TIMEOU
     except FileNotFoundError:
         raise SpeakerError("node.bgp.speaker: birdc not found (install bird2: tools/bootstrap)") from None
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+        out, _ = await within(proc.communicate(), timeout_s)
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
@@ -240,7 +241,7 @@ class Bird:
                 return f"bird is not running: {e}"
             proc.terminate()
             try:
-                await asyncio.wait_for(proc.wait(), 1.0)
+                await within(proc.wait(), 1.0)
             except asyncio.TimeoutError:
                 proc.kill()
                 await proc.wait()
@@ -278,11 +279,11 @@ class Bird:
         except SpeakerError:
             pass  # it is stopped by signal below
         try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
+            await within(proc.wait(), timeout_s)
         except asyncio.TimeoutError:
             proc.terminate()
             try:
-                await asyncio.wait_for(proc.wait(), timeout_s)
+                await within(proc.wait(), timeout_s)
             except asyncio.TimeoutError:
                 proc.kill()
                 await proc.wait()

@@ -22,6 +22,7 @@ from controlplane.errors import EdgeError
 from controlplane.maps import ProbeStatus
 from controlplane.probe import Prober
 from controlplane.samples import quantiles
+from controlplane.tasks import within
 
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
 # A status walk stops counting conntrack here and reports it unknown. A full table of the
@@ -145,7 +146,7 @@ class Status:
         state.walks.add(walk)
         walk.add_done_callback(state.walks.discard)
         try:
-            return await asyncio.wait_for(asyncio.shield(walk), WALK_DEADLINE_S + WALK_GRACE_S)
+            return await within(asyncio.shield(walk), WALK_DEADLINE_S + WALK_GRACE_S)
         except asyncio.TimeoutError:
             raise EdgeError(
                 f"status: walking the maps took over {WALK_DEADLINE_S + WALK_GRACE_S:g}s; try again"

@@ -18,6 +18,7 @@ from controlplane.errors import EdgeError
 from controlplane.probe import Prober, Target
 from controlplane.probe.budget import Budget
 from controlplane.samples import Load, Sample
+from controlplane.tasks import within
 
 RELAX_HOLD_NS = int(3 * STATUS_EVERY_S * 1e9)  # relaxed probes outlive a late status round, not a stuck loop
 
@@ -192,7 +193,7 @@ class Steering:
             await asyncio.sleep(interval / 4)
             if not st.wake.is_set():
                 try:
-                    await asyncio.wait_for(st.wake.wait(), interval * 3 / 4)
+                    await within(st.wake.wait(), interval * 3 / 4)
                 except asyncio.TimeoutError:
                     pass
 

@@ -16,6 +16,7 @@ from controlplane.config import Fleet
 from controlplane.discovery.etcd import client as etcd_client, close_quietly
 from controlplane.discovery.tokens import read_secret
 from controlplane.fleet import operator as op, schema, snapshot as fs
+from controlplane.tasks import within
 
 FAULTS = (asyncio.TimeoutError, aetcd.ClientError, grpc.RpcError, OSError, ConnectionError, ValueError)
 
@@ -82,7 +83,7 @@ async def events(
     c: aetcd.Client, key: bytes, range_end: Optional[bytes], timeout_ms: int, start_revision: Optional[int] = None
 ):
     """The watch's events one by one; ConnectionError when the stream ends."""
-    watch = await asyncio.wait_for(c.watch(key, range_end=range_end, start_revision=start_revision), timeout_ms / 1000)
+    watch = await within(c.watch(key, range_end=range_end, start_revision=start_revision), timeout_ms / 1000)
     try:
         async for event in watch:
             yield event
@@ -99,12 +100,12 @@ async def read_status(cfg: Fleet) -> dict:
     for host, port in cfg.etcd:
         c = etcd_client(host, port, cfg.timeout_ms, cfg.user, secret)
         try:
-            await asyncio.wait_for(c.connect(), cfg.timeout_ms / 1000)
+            await within(c.connect(), cfg.timeout_ms / 1000)
             prefix = cfg.prefix.encode()
-            leader = await asyncio.wait_for(c.get(prefix + fs.LEADER.encode()), cfg.timeout_ms / 1000)
-            snap = await asyncio.wait_for(c.get(prefix + fs.SNAPSHOT.encode()), cfg.timeout_ms / 1000)
-            nodes = await asyncio.wait_for(c.get_prefix(prefix + fs.NODES.encode()), cfg.timeout_ms / 1000)
-            marked = await asyncio.wait_for(c.get_prefix(prefix + op.OPERATOR.encode()), cfg.timeout_ms / 1000)
+            leader = await within(c.get(prefix + fs.LEADER.encode()), cfg.timeout_ms / 1000)
+            snap = await within(c.get(prefix + fs.SNAPSHOT.encode()), cfg.timeout_ms / 1000)
+            nodes = await within(c.get_prefix(prefix + fs.NODES.encode()), cfg.timeout_ms / 1000)
+            marked = await within(c.get_prefix(prefix + op.OPERATOR.encode()), cfg.timeout_ms / 1000)
         except FAULTS as e:
             errors.append(f"{host}:{port}: {' '.join(str(e).split())[:80] or type(e).__name__}")
             continue

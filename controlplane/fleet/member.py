@@ -40,6 +40,7 @@ from controlplane import weights as policy
 from controlplane.config import Fleet, Service
 from controlplane.discovery.etcd import close_quietly
 from controlplane.fleet import etcdio, operator as op, schema, snapshot as fs
+from controlplane.tasks import within
 
 FAULTS = etcdio.FAULTS
 BACKOFF_MAX_S = 10.0  # a session that fails before it connects waits twice as long each time, up to this
@@ -196,7 +197,7 @@ class Member:
         self.is_leader = False
         if self._lease is not None:
             try:
-                await asyncio.wait_for(self._lease.revoke(), 1.0)
+                await within(self._lease.revoke(), 1.0)
             except FAULTS:
                 pass
 
@@ -214,7 +215,7 @@ class Member:
         self.connected, self.problem = False, why
 
     async def _call(self, coro):
-        return await asyncio.wait_for(coro, self.cfg.timeout_ms / 1000)
+        return await within(coro, self.cfg.timeout_ms / 1000)
 
     async def _session(self, c: aetcd.Client) -> None:
         await self._call(c.connect())
@@ -270,7 +271,7 @@ class Member:
             await self._call(c.put(self.k_me, fs.encode(doc), lease=self._lease))
             self.reported = {k: dict(v) for k, v in self.computed.items()}
             try:
-                await asyncio.wait_for(self._wake_report.wait(), self.cfg.report_ms / 1000)
+                await within(self._wake_report.wait(), self.cfg.report_ms / 1000)
             except asyncio.TimeoutError:
                 pass
 
@@ -450,7 +451,7 @@ class Member:
     async def _absorb(self, term: _Term) -> None:
         """Waits up to report_ms for watch events, then takes every one that is there."""
         try:
-            batch = [await asyncio.wait_for(term.queue.get(), self.cfg.report_ms / 1000)]
+            batch = [await within(term.queue.get(), self.cfg.report_ms / 1000)]
         except asyncio.TimeoutError:
             return
         while not term.queue.empty():
