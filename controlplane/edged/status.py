@@ -21,6 +21,7 @@ from controlplane.edged.state import State
 from controlplane.errors import EdgeError
 from controlplane.maps import ProbeStatus
 from controlplane.probe import Prober
+from controlplane.probe.threaded import ThreadedProber
 from controlplane.samples import quantiles
 
 STATUS_EVERY_S = 1.0  # how often measurements are written to edge_be_probe
@@ -46,7 +47,7 @@ def _leave_until_s(gone: desired.Leaving | None) -> int | None:
 class Status:
     """edged's views of itself, over the State and the prober's windows."""
 
-    def __init__(self, state: State, prober: Prober):
+    def __init__(self, state: State, prober: Prober | ThreadedProber):
         self.state = state
         self.prober = prober
 
