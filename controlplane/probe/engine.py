@@ -182,7 +182,8 @@ class Prober:
         self.on_sample = on_sample
         # False: on_sample's caller adds each Sample to window(key) itself (probe.threaded, on its loop)
         self.add_to_windows = add_to_windows
-        # the prober's time spent elsewhere (ns, a running total): counted into its share of the loop
+        # on a thread of its own (probe.threaded): busy_elsewhere() is a running total (ns) of the wall
+        # time the results' handling took on the caller's loop, counted into the prober's share
         self.busy_elsewhere: Optional[Callable[[], int]] = None
         self._elsewhere_ns = 0
         self.on_load = on_load
@@ -370,6 +371,7 @@ class Prober:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
+            self._period_ns = _perf_ns()  # the first budget period
             self._ep = select.epoll()
             loop.add_reader(self._ep.fileno(), self._on_epoll)
             self._rebudget_timer = loop.call_later(REBUDGET_S, self._rebudget)

@@ -11,8 +11,10 @@ thread, so that its timer wheel, epoll batches and socket work never hold the ca
   their effect, and their errors, on return); relax and confirm are posted and return at once
   (confirm says only that it was posted). window, last_load, keys, relaxed, budget, stretch and
   short read what the prober thread wrote last.
-- the budget (probe.budget) counts the caller's time spent on the handed-over results as the
-  prober's, so "half of the loop" still means the probes with their steering.
+- the budget (probe.budget): the prober's share is the wall time of its callbacks on its own loop
+  (waits for the GIL while edged's loop holds it included: the budget gives way to edged's loop)
+  plus that of the handed-over results' handling on the caller's loop, so "half of the loop" still
+  means the probes with their steering.
 - close() stops every probe on the prober's loop, then that loop, and joins the thread.
 
 The thread shares the interpreter: it frees the caller's loop, not the GIL. tools/bench-probe
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 import threading
 import time
 from typing import Any, Callable, Hashable, Iterable, Optional
@@ -30,6 +33,10 @@ from controlplane.probe import budget as budgets
 from controlplane.probe.engine import Prober, Target
 from controlplane.samples import Load, Sample, Window
 
+# Two busy threads hand the GIL over every switch interval (5 ms by default): each time the caller's
+# loop wakes while the prober's thread computes, it waits that long. A shorter interval while a
+# prober thread runs, so that an API call's few wake-ups cost little (tools/bench-probe --scale).
+SWITCH_S = 0.0005
 CALL_WITHIN_S = 30.0  # set_targets of tens of thousands of targets takes well under this
 THREAD_NAME = "edged-prober"
 _perf_ns = time.perf_counter_ns
@@ -146,6 +153,8 @@ class ThreadedProber:
                 raise RuntimeError("prober used from another event loop")
             return
         self._home = asyncio.get_running_loop()
+        if sys.getswitchinterval() > SWITCH_S:
+            sys.setswitchinterval(SWITCH_S)
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name=THREAD_NAME, daemon=True)
         self._thread.start()

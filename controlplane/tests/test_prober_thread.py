@@ -123,3 +123,23 @@ def test_edged_without_probed_backends_starts_no_prober_thread():
         return len(_prober_threads()) - before
 
     assert edgedstage.on_loop(go) == 0
+
+
+def test_edgeds_stop_ends_the_probers_thread():
+    """What SIGTERM runs (Daemon.close, after the loops are cancelled): the prober's thread
+    ends with it, its sockets closed; nothing of the prober outlives edged's stop."""
+
+    async def main() -> tuple:
+        server = await _listening()
+        before = len(_prober_threads())
+        d = _daemon(server.sockets[0].getsockname()[1])
+        try:
+            running = len(_prober_threads()) - before
+            await wait_for(lambda: d.steering.prober.window(("web", "b0")).samples, 3, "b0 probed")
+            await d.close()
+            return running, len(_prober_threads()) - before, d.steering.prober.running
+        finally:
+            server.close()
+
+    running, left, still = run(main())
+    assert running == 1 and left == 0 and not still
