@@ -143,3 +143,28 @@ def test_edgeds_stop_ends_the_probers_thread():
 
     running, left, still = run(main())
     assert running == 1 and left == 0 and not still
+
+
+def test_grpc_probes_run_on_the_probers_loop_beside_a_grpc_server_on_the_callers():
+    """grpc.aio on two loops of one process: edged's API server on edged's loop, the grpc
+    health probes' channels on the prober's."""
+    from controlplane.config import Probe
+    from controlplane.probe.threaded import ThreadedProber
+    from controlplane.tests.proberstage import Recorder
+    from controlplane.tests.test_prober import GrpcServer
+
+    async def main() -> tuple:
+        server = await GrpcServer().start()
+        rec = Recorder()
+        p = ThreadedProber(on_sample=rec.sample)
+        probe = Probe(kind="grpc", grpc_service="chat", interval_ms=250, timeout_ms=250)
+        try:
+            p.set_targets([Target("chat", LOOPBACK, server.port, probe)])
+            await wait_for(lambda: len(rec.of("chat")) >= 3, 5, "3 samples", observe=lambda: rec.errors("chat"))
+            return rec.of("chat")[-2:]
+        finally:
+            await p.close()
+            await server.close()
+
+    samples = run(main())
+    assert all(s.ok for s in samples), samples
