@@ -34,8 +34,9 @@ from controlplane.probe.engine import Prober, Target
 from controlplane.samples import Load, Sample, Window
 
 # Two busy threads hand the GIL over every switch interval (5 ms by default): each time the caller's
-# loop wakes while the prober's thread computes, it waits that long. A shorter interval while a
-# prober thread runs, so that an API call's few wake-ups cost little (tools/bench-probe --scale).
+# loop wakes while the prober's thread computes, it waits that long. A shorter interval from the
+# first prober thread's start on (the process's setting: it is not put back), so that an API
+# call's few wake-ups cost little (tools/bench-probe --scale).
 SWITCH_S = 0.0005
 CALL_WITHIN_S = 30.0  # set_targets of tens of thousands of targets takes well under this
 THREAD_NAME = "edged-prober"
