@@ -4,7 +4,7 @@ daemon.py      Daemon: builds the State and the parts below, deploys or adopts t
                path, runs and stops their loops, watches the data path
 state.py       State: what the parts share (config, maps, services, marks, locks, events,
                announcer and fleet member or None); Steered: one service as edged drives it
-steer.py       Steering: probes in (the Prober), one decision per service, weights out
+steer.py       Steering: probes in (the Prober, on its own thread), one decision per service, weights out
 status.py      Status: the status views (snapshot, backend_view, node_state) and the
                edge_be_probe record
 operations.py  Operations: operator actions (drain, weight pins, drain-node)

@@ -21,6 +21,7 @@ from controlplane.edged.state import State
 from controlplane.errors import EdgeError
 from controlplane.maps import ProbeStatus
 from controlplane.probe import Prober
+from controlplane.probe.threaded import ThreadedProber
 from controlplane.samples import quantiles
 from controlplane.tasks import within
 
@@ -47,7 +48,7 @@ def _leave_until_s(gone: desired.Leaving | None) -> int | None:
 class Status:
     """edged's views of itself, over the State and the prober's windows."""
 
-    def __init__(self, state: State, prober: Prober):
+    def __init__(self, state: State, prober: Prober | ThreadedProber):
         self.state = state
         self.prober = prober
 

@@ -1,6 +1,6 @@
-"""Steering, edged's policy loop: probe results and scrapes in (the Prober it owns), one
-decision per service (weights.decide, or the fleet's snapshot) and, when it says so, the
-weights into the maps. Owns State.services and State.wire_fresh; reads the operator's marks
+"""Steering, edged's policy loop: probe results and scrapes in (the prober it owns, on a thread
+of its own: probe.threaded), one decision per service (weights.decide, or the fleet's snapshot)
+and, when it says so, the weights into the maps. Owns State.services and State.wire_fresh; reads the operator's marks
 and what a reload left draining, never changes them. Holds no math (weights.py decides).
 """
 
@@ -15,8 +15,9 @@ from controlplane.config import Config, Service
 from controlplane.edged.state import State, Steered
 from controlplane.edged.status import STATUS_EVERY_S
 from controlplane.errors import EdgeError
-from controlplane.probe import Prober, Target
+from controlplane.probe import Target
 from controlplane.probe.budget import Budget
+from controlplane.probe.threaded import ThreadedProber
 from controlplane.samples import Load, Sample
 from controlplane.tasks import within
 
@@ -72,7 +73,8 @@ class Steering:
 
     def __init__(self, state: State):
         self.state = state
-        self.prober = Prober(on_sample=self.on_sample, on_load=self.on_load, on_budget=self.on_budget)
+        # on a thread and loop of its own: probe rounds never hold edged's loop; results come back in batches
+        self.prober = ThreadedProber(on_sample=self.on_sample, on_load=self.on_load, on_budget=self.on_budget)
         self.targets = targets  # what set_services() hands the prober (a test may probe nothing)
 
     # ------------------------------------------------------------ the services

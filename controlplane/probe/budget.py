@@ -22,10 +22,12 @@ from typing import Iterable
 # probed at their rate on a quiet core. 0 in the config: no budget and no adaptation.
 DEFAULT_BUDGET_PER_S = 10_000
 # Below node.probe_budget the budget follows the loop (adapt): the prober may take about
-# SHARE_TARGET of the wall time of edged's loop (its timer and epoll callbacks, the steering
-# they call included), so the API, status and the steering steps find the loop free half the
-# time whatever a probe costs here: a slower or busier core (other processes preempt the loop
-# inside the callbacks too) lowers the budget, a quiet one raises it back to the key. Once a
+# SHARE_TARGET of the wall time of its loop (its timer and epoll callbacks, the steering
+# they call included; in edged the prober's own loop on its own thread, its callbacks' waits for
+# the GIL and the results' handling on edged's loop counted in: probe.threaded), so the API, status
+# and the steering steps find the interpreter free half the time whatever a probe costs here: a
+# slower or busier core (other processes preempt the callbacks too) lowers the budget, a quiet
+# one raises it back to the key. Once a
 # second, by at most DOWN or UP; never below FLOOR_PER_S (health probing goes on, stretched).
 # The loop's lateness alone would not do: on a busy machine the timers fire late however few
 # probes run (measured: 20-30 ms at load 10 on 2 cores with the loop mostly idle).

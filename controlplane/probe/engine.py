@@ -81,7 +81,7 @@ class _Backend:
             self.checks.append(_HttpCheck(prober, self, metrics.interval_ms, metrics.interval_ms, metrics.path, True))
 
     def sample(self, sample: Sample) -> None:
-        if not sample.extra:  # a confirmation (Prober.confirm) is a second look, not a round of the window
+        if not sample.extra and self.prober.add_to_windows:  # a confirmation (Prober.confirm) is a second look
             self.window.add(sample)
         callback = self.prober.on_sample
         if callback is not None:
@@ -177,8 +177,15 @@ class Prober:
         tick_s: float = TICK_S,
         budget_per_s: float = 0,
         on_budget: Optional[Callable[[budgets.Budget], None]] = None,
+        add_to_windows: bool = True,
     ):
         self.on_sample = on_sample
+        # False: on_sample's caller adds each Sample to window(key) itself (probe.threaded, on its loop)
+        self.add_to_windows = add_to_windows
+        # on a thread of its own (probe.threaded): busy_elsewhere() is a running total (ns) of the wall
+        # time the results' handling took on the caller's loop, counted into the prober's share
+        self.busy_elsewhere: Optional[Callable[[], int]] = None
+        self._elsewhere_ns = 0
         self.on_load = on_load
         self.on_budget = on_budget
         self._cap_per_s = budget_per_s  # node.probe_budget
@@ -364,6 +371,7 @@ class Prober:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
+            self._period_ns = _perf_ns()  # the first budget period
             self._ep = select.epoll()
             loop.add_reader(self._ep.fileno(), self._on_epoll)
             self._rebudget_timer = loop.call_later(REBUDGET_S, self._rebudget)
@@ -376,6 +384,10 @@ class Prober:
         if self._closed:
             return
         now = _perf_ns()
+        if self.busy_elsewhere is not None:  # the results' handling on another loop (probe.threaded)
+            elsewhere = self.busy_elsewhere()
+            self._busy_ns += elsewhere - self._elsewhere_ns
+            self._elsewhere_ns = elsewhere
         share = self._busy_ns / (now - self._period_ns) if now > self._period_ns else 0.0
         self._busy_ns, self._period_ns = 0, now
         self._budget_per_s = budgets.adapt(self._budget_per_s, self._cap_per_s, self.budget.run_per_s, share)
