@@ -20,10 +20,11 @@ import json
 import subprocess
 import tempfile
 
+from test_ipv6 import service6
+
 from controlplane import abi
 from controlplane.lab.router import Router
 from controlplane.lab.traffic import close_all, open_connections
-from test_ipv6 import service6
 
 PORT = 8000  # conftest.BACKEND_PORT, also the VIP port
 N_CONNS = 300  # well over the 64 entries a second each CPU may create for packets that are no SYN

@@ -28,7 +28,9 @@
 #endif
 /* The compiler forgets what it knows of x's value (as libbpf's
  * barrier_var), so a mask the verifier needs stays in the code. */
+/* clang-format off */
 #define EDGE_OPAQUE(x) asm volatile("" : "+r"(x))
+/* clang-format on */
 
 /* hash_flow (flow.h) of an IPv6 flow: of its 5-tuple with both addresses
  * folded to 32 bits, as ingress6.h's parse6 fills pkt.flow, so the ingress
