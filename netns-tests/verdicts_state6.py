@@ -197,6 +197,25 @@ def flood_keeps(backend: str) -> tuple[str, Callable[[World], bool]]:
     return (f"after {FLOOD} spoofed SYNs edge_ct6 still pins the connection to {backend}", holds)
 
 
+def syn_seq6(backend: str, syn_seq: int = 1000) -> Callable[[World], None]:
+    """edge_ct6 pins the client's connection to backend, whose SYN (seq syn_seq) went through the VIP."""
+
+    def setup(w: World) -> None:
+        t = w.t[abi.MAP_CT6]
+        v = t.Leaf()
+        v.backend_id, v.vip_id, v.flags = w.bid(backend), w.vid(W), abi.CT_F_SYN
+        v.syn_seq = int.from_bytes(syn_seq.to_bytes(4, "big"), "little")
+        t[_key(t, CLIENT_PORT)] = v
+
+    return setup
+
+
+def syn_ack6(src: tuple[IPv6Address, int], ack: int) -> bytes:
+    """src's SYN-ACK to the client's port acknowledging ack - 1."""
+    seg = TCP(sport=src[1], dport=CLIENT_PORT, flags="SA", seq=5000, ack=ack)
+    return bytes(Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IPv6(src=str(src[0]), dst=str(CLIENT6), hlim=1) / seg)
+
+
 def rows(row) -> list:
     # fmt: off
     return [
@@ -247,6 +266,15 @@ def rows(row) -> list:
         row("IPv6 reply of a direct connection, the slot naming the sender: untouched", RET,
             reply_picking(E1, "e1"), TC_ACT_UNSPEC, "unchanged", {},
             lambda w: direct6(E1, port_picking6("e1")(w))(w)),
+        row("IPv6 SYN-ACK of a direct connection on a VIP flow's port: untouched, the entry goes", RET,
+            syn_ack6(E0, 2_000_000), TC_ACT_UNSPEC, "unchanged", {}, syn_seq6("e0"), direct6(E0),
+            after=[in_ct6(None)]),
+        row("IPv6 SYN-ACK not answering the VIP's SYN, no direct connection: reverse NAT all the same", RET,
+            syn_ack6(E0, 2_000_000), TC_ACT_OK, snat6, {"return_nat": 1}, syn_seq6("e0"), svc=W,
+            after=[in_ct6("e0")]),
+        row("IPv6 SYN-ACK answering the VIP's SYN, a direct connection known: reverse NAT", RET,
+            syn_ack6(E0, 1001), TC_ACT_OK, snat6, {"return_nat": 1}, syn_seq6("e0"), direct6(E0), svc=W,
+            after=[in_ct6("e0")]),
         row("IPv6 reply of a direct connection on a VIP flow of another backend: untouched", RET,
             reply6(src=E1, hlim=1), TC_ACT_UNSPEC, "unchanged", {}, half_open6("e0"), direct6(E1)),
     ]

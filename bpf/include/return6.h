@@ -13,8 +13,9 @@
  * neighbour discovery above all. Heartbeats of IPv6 backends are consumed
  * first (heartbeat6.h). A SYN-ACK or RST finds a half-open connection's
  * entry too; a reply with no entry is reverse-NATed when the Maglev table
- * gives its flow to the sender, unless its connection is a direct one
- * (state6.h). Not here yet: wire signals. ICMPv6 errors about VIP flows:
+ * gives its flow to the sender, unless its connection is a direct one; a
+ * direct connection's SYN-ACK on a VIP flow's port is left alone and the
+ * stale entry goes (state6.h). Not here yet: wire signals. ICMPv6 errors about VIP flows:
  * icmp6.h. */
 #ifndef EDGE_RETURN6_H
 #define EDGE_RETURN6_H
@@ -165,6 +166,8 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 			return TC_ACT_UNSPEC;
 		count_reason(ri->vip_id, EDGE_DROP_OTHER_BACKEND);
 		return TC_ACT_SHOT;
+	} else if (proto == IPPROTO_TCP && direct_answer6(skb, fi, &fk, &rk, ho, tcp_flags, l4_off)) {
+		return TC_ACT_UNSPEC; /* state6.h: a direct connection's SYN-ACK; the stale entry went */
 	}
 	/* a UDP checksum of 0: invalid in IPv6 (RFC 8200 8.1), never sent as the VIP's */
 	if (proto == IPPROTO_UDP && (void *)(ports + 4) <= data_end && !ports[3]) {

@@ -197,6 +197,33 @@ static __always_inline void half_open6_answered(struct __sk_buff *skb, struct ha
 	ho->flags |= EDGE_HO_F_ANSWERED;
 }
 
+/* A SYN-ACK from the backend of entry fi (ho: a half-open one) that does
+ * not acknowledge the VIP's SYN (plus any data it carried) answers a SYN
+ * that did not come through the VIP: when that SYN was seen (a direct
+ * connection on the VIP flow's client port), the stale entry goes and 1
+ * leaves the reply untouched; else 0, and it is NATed like the connection's,
+ * so it never leaves with the backend's address (edge_tc.c's
+ * classify_answer for IPv4). */
+static __always_inline int direct_answer6(struct __sk_buff *skb, const struct flow_info *fi, struct flow_key6 *fk,
+					  const struct backend_key6 *bk, const struct half_open *ho, __u8 tcp_flags,
+					  __u32 l4_off)
+{
+	__be32 ack;
+
+	if ((tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) != (TCP_FLAG_SYN_ | TCP_FLAG_ACK_) ||
+	    bpf_skb_load_bytes(skb, l4_off + 8, &ack, sizeof(ack)) < 0)
+		return 0;
+	if ((fi->flags & EDGE_CT_F_SYN) && bpf_ntohl(ack) - bpf_ntohl(fi->syn_seq) - 1 <= 0xffff)
+		return 0;
+	if (!is_direct6(fk, bk))
+		return 0;
+	if (ho)
+		edge_half_open6.delete(fk);
+	else
+		edge_ct6.delete(fk);
+	return 1;
+}
+
 /* 1 when the reply from backend endpoint bk (ri: its edge_rnat6 entry) to
  * the client of fk (client -> VIP), with no entry, is to be reverse-NATed:
  * TCP, no direct connection, not to the router itself (a SYN-ACK there is
