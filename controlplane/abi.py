@@ -8,7 +8,7 @@ import struct
 
 from controlplane.siphash import siphash24
 
-ABI_VERSION = 22
+ABI_VERSION = 23
 
 NAME_LEN = 32
 MAX_RETURN_IFACES = 16
@@ -20,7 +20,8 @@ TAIL_SCAN_MORE = 2  # edge_tails slot of the scan's next chunk (the scan program
 TAIL_V6 = 3  # edge_tails slot of the IPv6 ingress
 TAIL_V6_SCAN = 4  # edge_tails slot of its fallback scan (and the scan's next chunk)
 TAIL_V6_DSR = 5  # edge_tails slot of an IPv6 DSR service's encapsulation
-TAIL_MAX = 6
+TAIL_V6_STATELESS = 6  # edge_tails slot of an IPv6 TCP packet over the budget, forwarded without an entry
+TAIL_MAX = 7
 V6_EXT_MAX = 4  # IPv6 extension headers walked before the L4 header
 MAGLEV_PER_VALUE = 2  # Maglev slots per edge_maglev value: 4 bytes a slot
 
@@ -48,6 +49,7 @@ VIP_FILTER_BITS = 1024
 
 REPLY_HOP_SLOTS = 4096  # edge_reply_hop: per-CPU cache slots of reply FIB results
 DIRECT_SLOTS = 16384  # edge_direct: LRU entries of direct (not VIP) connections to backends
+DIRECT6_SLOTS = 4096  # edge_direct6: the same for IPv6 backends (a quarter, as edge_ct6 is of edge_ct)
 
 UNKNOWN = 0xFFFFFFFF
 PROBE_F_DRAINED = 0x1
@@ -182,6 +184,8 @@ MAP_HB6 = "edge_hb6"
 MAP_HOP6 = "edge_hop6"
 MAP_INFLIGHT = "edge_inflight"
 MAP_REPLY_HOP6 = "edge_reply_hop6"
+MAP_HALF_OPEN6 = "edge_half_open6"
+MAP_DIRECT6 = "edge_direct6"
 
 MAP_NAMES = (
     MAP_VIPS,
@@ -218,6 +222,8 @@ MAP_NAMES = (
     MAP_HOP6,
     MAP_INFLIGHT,
     MAP_REPLY_HOP6,
+    MAP_HALF_OPEN6,
+    MAP_DIRECT6,
 )
 
 
@@ -250,3 +256,5 @@ PROG_INGRESS6 = "edge_ingress6"
 PROG_INGRESS6_SCAN = "edge_ingress6_scan"
 # An IPv6 DSR service's encapsulation (encap6.h), tail-called by edge_ingress6 through [TAIL_V6_DSR].
 PROG_INGRESS6_DSR = "edge_ingress6_dsr"
+# An IPv6 TCP packet over the budget (state6.h), tail-called by edge_ingress6 through [TAIL_V6_STATELESS].
+PROG_INGRESS6_STATELESS = "edge_ingress6_stateless"

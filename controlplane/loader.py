@@ -69,6 +69,7 @@ PROGRAMS = {
     abi.PROG_INGRESS6: "xdp",
     abi.PROG_INGRESS6_SCAN: "xdp",
     abi.PROG_INGRESS6_DSR: "xdp",
+    abi.PROG_INGRESS6_STATELESS: "xdp",
 }
 # Tail-call targets: edge_tails slot -> program, installed whenever an XDP program is loaded.
 TAILS = {
@@ -78,8 +79,11 @@ TAILS = {
     abi.TAIL_V6: abi.PROG_INGRESS6,
     abi.TAIL_V6_SCAN: abi.PROG_INGRESS6_SCAN,
     abi.TAIL_V6_DSR: abi.PROG_INGRESS6_DSR,
+    abi.TAIL_V6_STATELESS: abi.PROG_INGRESS6_STATELESS,
 }
-TAILS_V6 = frozenset({abi.TAIL_V6, abi.TAIL_V6_SCAN, abi.TAIL_V6_DSR})  # loaded only for a config with an IPv6 service
+TAILS_V6 = frozenset(
+    {abi.TAIL_V6, abi.TAIL_V6_SCAN, abi.TAIL_V6_DSR, abi.TAIL_V6_STATELESS}
+)  # loaded only for a config with an IPv6 service
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1

@@ -20,6 +20,8 @@ import json
 import subprocess
 import tempfile
 
+from test_ipv6 import service6
+
 from controlplane import abi
 from controlplane.lab.router import Router
 from controlplane.lab.traffic import close_all, open_connections
@@ -29,9 +31,10 @@ N_CONNS = 300  # well over the 64 entries a second each CPU may create for packe
 TIMEOUT_S = 5.0  # per request: a packet dropped as untracked costs at least one retransmission
 
 
-def empty_conntrack(router: Router) -> int:
-    """Delete every edge_ct entry through bpftool (one batch); returns how many there were."""
-    path = router.pin_path / abi.MAP_CT
+def empty_conntrack(router: Router, name: str = abi.MAP_CT) -> int:
+    """Delete every entry of edge_ct (or name: edge_ct6) through bpftool (one batch); returns how many
+    there were."""
+    path = router.pin_path / name
     done = subprocess.run(
         ["bpftool", "-j", "map", "dump", "pinned", str(path)], capture_output=True, text=True, timeout=10.0, check=True
     )
@@ -117,3 +120,36 @@ def test_direct_connections_to_a_backend_are_not_rewritten_without_conntrack(net
     assert set(first) == {("b0", f"{b0}:{PORT}")}, first
     assert again == first
     assert delta(after, before, "verdicts", "return_stateless") == 0
+
+
+def test_ipv6_connections_keep_their_answers_and_direct_ones_their_address_without_conntrack(net, router):
+    """The two tests above for IPv6 (state6.h), on one deploy: 300 IPv6 connections through the
+    VIP and 20 straight to b0's IPv6 address (10 from the client, 10 from the router namespace, as
+    edged's probes go); edge_ct6 is emptied and each asks again. The VIP connections get their
+    answers from the backends they had, with no packet dropped as untracked (before state6.h
+    every packet beyond the budget was, and the backends' replies left with their own addresses,
+    which the client's sockets ignore: requests timed out); the direct ones from b0's address."""
+    router.deploy([service6(router, net)])
+    b0 = net.topo.backend_addr6(0).ip
+    conns = open_connections(net.client, net.topo.vip6, PORT, N_CONNS)
+    direct = open_connections(net.client, b0, PORT, 10) + open_connections(net.router, b0, PORT, 10)
+    try:
+        for conn in conns + direct:
+            conn.sock.settimeout(TIMEOUT_S)
+        first = [c.request().backend for c in conns]
+        first_direct = [(c.request().backend, c.server_addr) for c in direct]
+        assert empty_conntrack(router, abi.MAP_CT6) == N_CONNS
+        before = router.counters()
+        again = [c.request().backend for c in conns]
+        again_direct = [(c.request().backend, c.server_addr) for c in direct]
+        after = router.counters()
+    finally:
+        close_all(conns + direct)
+
+    assert set(first) == {"b0", "b1", "b2"}, first
+    assert again == first
+    assert delta(after, before, "drops", "untracked") == 0
+    assert delta(after, before, "verdicts", "stateless") > 0
+    assert delta(after, before, "verdicts", "return_stateless") > 0
+    assert {b for b, _ in first_direct} == {"b0"} and len({a for _, a in first_direct}) == 1, first_direct
+    assert again_direct == first_direct

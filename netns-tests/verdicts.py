@@ -258,7 +258,7 @@ class World:
         # the heartbeats' second for this row (abi.heartbeat: the sender's CLOCK_TAI): taken per
         # row, so the window check sees a current epoch however late in a long run the row runs
         self.epoch = int(time.clock_gettime(time.CLOCK_TAI))
-        for name in (abi.MAP_CT, abi.MAP_HALF_OPEN, abi.MAP_DIRECT, abi.MAP_CT6):
+        for name in (abi.MAP_CT, abi.MAP_HALF_OPEN, abi.MAP_DIRECT, abi.MAP_CT6, abi.MAP_HALF_OPEN6, abi.MAP_DIRECT6):
             self.t[name].clear()
         backends = self.t[abi.MAP_BACKENDS]
         for bid, v in self._backends.items():

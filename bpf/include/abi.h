@@ -14,7 +14,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 22
+#define EDGE_ABI_VERSION 23
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -26,7 +26,8 @@
 #define EDGE_TAIL_V6	       3	  /* edge_tails slot: the IPv6 ingress (edge_ingress6, ingress6.h) */
 #define EDGE_TAIL_V6_SCAN      4	  /* edge_tails slot: its fallback scan and the scan's next chunk (edge_ingress6_scan) */
 #define EDGE_TAIL_V6_DSR       5	  /* edge_tails slot: an IPv6 DSR service's encapsulation (edge_ingress6_dsr, encap6.h) */
-#define EDGE_TAIL_MAX	       6
+#define EDGE_TAIL_V6_STATELESS 6	  /* edge_tails slot: an IPv6 TCP packet over the budget, forwarded without an entry (edge_ingress6_stateless, state6.h) */
+#define EDGE_TAIL_MAX	       7
 #define EDGE_V6_EXT_MAX	       4 /* IPv6 extension headers walked before the L4 header (ingress6.h) */
 #define EDGE_MAGLEV_PER_VALUE  2 /* Maglev slots per edge_maglev value (struct maglev_slots) */
 
@@ -398,6 +399,18 @@ struct backend_key6 {
 	__u8 pad;
 };
 
+/* Key of edge_direct6 (value: __u32, unused): edge_direct's key for an IPv6
+ * backend endpoint, a TCP connection to the backend's own address that did
+ * not come through a VIP (state6.h). EDGE_DIRECT6_SLOTS entries: a quarter
+ * of edge_direct's, as edge_ct6 is of edge_ct. */
+#define EDGE_DIRECT6_SLOTS 4096 /* LRU entries */
+struct direct_key6 {
+	struct addr6 backend; /* the backend's address */
+	struct addr6 client;  /* the peer's address */
+	__be16 backend_port;  /* network byte order */
+	__be16 client_port;
+};
+
 /* Key of edge_hb6 (value: struct hb_target): edge_hb's key for an IPv6
  * backend (heartbeat6.h). */
 struct hb_key6 {
@@ -521,5 +534,6 @@ _Static_assert(sizeof(struct rnat_info6) == 28, "abi: rnat_info6");
 _Static_assert(sizeof(struct reply_hop6) == 64, "abi: reply_hop6");
 _Static_assert(sizeof(struct hb_key6) == 20, "abi: hb_key6");
 _Static_assert(sizeof(struct nexthop6) == 48, "abi: nexthop6");
+_Static_assert(sizeof(struct direct_key6) == 36, "abi: direct_key6");
 
 #endif /* EDGE_ABI_H */

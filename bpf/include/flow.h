@@ -151,8 +151,9 @@ static __always_inline __u32 syn_flags(const struct pkt *pkt)
  * needs no entry: edge_rnat is keyed by the backend endpoint. dsr: the
  * service's replies bypass the router (encap.h), so no SYN-ACK would ever
  * promote a half-open entry: a SYN goes to edge_ct at once. flow6: an IPv6
- * flow's key (ingress6.h), whose entry goes into edge_ct6 at once, without
- * wire signals; NULL (a constant) for IPv4. */
+ * flow's key (ingress6.h), whose entry goes into edge_half_open6 or
+ * edge_ct6 alike (state6.h), without wire signals; NULL (a constant) for
+ * IPv4. */
 static __always_inline void flow_insert(const struct pkt *pkt,
 					const struct vip_info *vip,
 					__u32 backend_id, int dsr,
@@ -168,7 +169,10 @@ static __always_inline void flow_insert(const struct pkt *pkt,
 
 	if (flow6) {
 		ho.ct.flags = syn_flags(pkt);
-		edge_ct6.update((struct flow_key6 *)flow6, &ho.ct);
+		if (pkt->syn && !dsr)
+			edge_half_open6.update((struct flow_key6 *)flow6, &ho);
+		else
+			edge_ct6.update((struct flow_key6 *)flow6, &ho.ct);
 		return;
 	}
 	ho.ct.flags = syn_flags(pkt) | wire_open(pkt->syn, backend_id, &ho.ct.wire_ns);

@@ -20,9 +20,9 @@
  * established): no edge_vips6 lookup, the cached clock. A backend's
  * heartbeat arriving here is dropped (heartbeat6.h); a DSR service's packets
  * go out in IPv6-in-IPv6 instead of NAT (encap6.h, a program of its own),
- * its established flows by the full path. Not here yet: half-open entries,
- * the stateless path over the budget (such a packet is dropped as
- * untracked), wire signals. ICMPv6 errors about VIP flows: icmp6.h.
+ * its established flows by the full path. Half-open entries, the stateless
+ * path over the budget and direct connections: state6.h. Not here yet:
+ * wire signals. ICMPv6 errors about VIP flows: icmp6.h.
  * Included by edge_xdp.c after health_now. */
 #ifndef EDGE_INGRESS6_H
 #define EDGE_INGRESS6_H
@@ -38,6 +38,7 @@
 #include "icmp6.h"
 #include "heartbeat6.h"
 #include "encap6.h"
+#include "state6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -380,6 +381,12 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 		/* heartbeat6.h: a backend's heartbeat never enters here */
 		if (p6.key.proto == IPPROTO_UDP && hb_misrouted6(ctx, p6.l3_off, p6.l4_off))
 			return count_drop(EDGE_NO_SERVICE, EDGE_DROP_SPOOFED_HB);
+		/* state6.h: a SYN to a backend's own address, a direct connection;
+		 * in the scan's program (verifier: +4 % of the budget here) */
+		if (pkt.syn && stage == EDGE_STAGE_SLOW)
+			edge_tails.call(ctx, EDGE_TAIL_V6_SCAN);
+		else if (pkt.syn)
+			direct_syn6(&p6.key);
 		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
 	}
 	{
@@ -408,11 +415,15 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 		now = bpf_ktime_get_ns();
 	if (!looked)
 		fi = edge_ct6.lookup(&p6.key);
+	if (!fi && stage == EDGE_STAGE_SLOW && p6.key.proto == IPPROTO_TCP && !pkt.syn)
+		fi = half_open6(&pkt, &p6.key); /* state6.h: the ACK that completes it moves it to edge_ct6 */
 	/* a flood of TCP packets that are no SYN must not push connections
-	 * out of the LRU: as IPv4's budget (flow.h), without its stateless
-	 * pick (such a packet is dropped) */
-	if (stage == EDGE_STAGE_SLOW && !fi && p6.key.proto == IPPROTO_TCP && !pkt.syn && !ct_budget_take())
-		return count_drop(vip->id, EDGE_DROP_UNTRACKED);
+	 * out of the LRU: as IPv4's budget (flow.h); over it, its stateless
+	 * pick in a program of its own (state6.h; verifier: +4 % here) */
+	if (stage == EDGE_STAGE_SLOW && !fi && p6.key.proto == IPPROTO_TCP && !pkt.syn && !ct_budget_take()) {
+		edge_tails.call(ctx, EDGE_TAIL_V6_STATELESS);
+		return count_drop(vip->id, EDGE_DROP_UNTRACKED); /* not installed */
+	}
 	be = select_backend(vip, sc, &pkt, fi, now, &bid, &new_flow, &failover, &drop, stage, &p6.key);
 	if (!be) {
 		if (drop == EDGE_TO_NEXT_STAGE) {

@@ -103,9 +103,11 @@ BPF_TABLE_PINNED("prog", __u32, __u32, edge_tails,
 		 EDGE_TAIL_MAX, EDGE_PIN(edge_tails));
 /* IPv6 (abi.h: struct addr6 and the keys with it): VIP key -> vip_info;
  * VIP address -> VIPs on it; backend id -> address (its edge_backends entry
- * holds the rest); conntrack (EDGE_CT6_SIZE entries; no half-open table:
- * a SYN's entry goes into edge_ct6 at once); reverse NAT; heartbeats; the
- * way to a DSR backend (encap6.h). */
+ * holds the rest); conntrack (EDGE_CT6_SIZE entries); half-open TCP
+ * connections (state6.h: an LRU of their own, as edge_half_open, sized as
+ * it); reverse NAT; direct connections to a backend's own address
+ * (state6.h, as edge_direct); heartbeats; the way to a DSR backend
+ * (encap6.h). */
 BPF_TABLE_PINNED("hash", struct vip_key6, struct vip_info, edge_vips6,
 		 EDGE_MAX_SERVICES, EDGE_PIN(edge_vips6));
 BPF_TABLE_PINNED("hash", struct addr6, __u32, edge_vip_addrs6,
@@ -114,6 +116,10 @@ BPF_TABLE_PINNED("array", __u32, struct addr6, edge_backends6,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_backends6));
 BPF_TABLE_PINNED("lru_hash", struct flow_key6, struct flow_info, edge_ct6,
 		 EDGE_CT6_SIZE, EDGE_PIN(edge_ct6), EDGE_CT_FLAGS);
+BPF_TABLE_PINNED("lru_hash", struct flow_key6, struct half_open, edge_half_open6,
+		 EDGE_HALF_OPEN_SIZE, EDGE_PIN(edge_half_open6), EDGE_CT_FLAGS);
+BPF_TABLE_PINNED("lru_hash", struct direct_key6, __u32, edge_direct6,
+		 EDGE_DIRECT6_SLOTS, EDGE_PIN(edge_direct6));
 BPF_TABLE_PINNED("hash", struct backend_key6, struct rnat_info6, edge_rnat6,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_rnat6));
 /* hash(client, VIP) -> cached egress interface and MACs of IPv6 replies (per CPU, hop6.h). */

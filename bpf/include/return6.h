@@ -11,8 +11,12 @@
  * leaves with the backend's address, as is a UDP reply with checksum 0
  * (malformed: IPv6 forbids it, and the helpers would keep it 0); everything else continues untouched,
  * neighbour discovery above all. Heartbeats of IPv6 backends are consumed
- * first (heartbeat6.h). Not here yet: the stateless reply (no entry), direct
- * connections, wire signals. ICMPv6 errors about VIP flows: icmp6.h. */
+ * first (heartbeat6.h). A SYN-ACK or RST finds a half-open connection's
+ * entry too; a reply with no entry is reverse-NATed when the Maglev table
+ * gives its flow to the sender, unless its connection is a direct one; a
+ * direct connection's SYN-ACK on a VIP flow's port is left alone and the
+ * stale entry goes (state6.h). Not here yet: wire signals. ICMPv6 errors about VIP flows:
+ * icmp6.h. */
 #ifndef EDGE_RETURN6_H
 #define EDGE_RETURN6_H
 
@@ -25,6 +29,7 @@
 #include "hop6.h"
 #include "icmp6.h"
 #include "heartbeat6.h"
+#include "state6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -97,6 +102,7 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 	struct backend_key6 rk = {};
 	struct flow_key6 fk = {};
 	struct rnat_info6 *ri;
+	struct half_open *ho;
 	struct flow_info *fi;
 	__u32 l4_off = l3_off + sizeof(*ip6), csum_off, csum_flags, i;
 	__be16 *ports;
@@ -129,8 +135,15 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 		if ((void *)(th + 14) > data_end)
 			return TC_ACT_UNSPEC;
 		tcp_flags = th[13];
-		if ((tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == TCP_FLAG_SYN_)
+		if ((tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_ACK_)) == TCP_FLAG_SYN_) {
+			__builtin_memcpy(&fk.src, &ip6->saddr, sizeof(fk.src));
+			__builtin_memcpy(&fk.dst, &ip6->daddr, sizeof(fk.dst));
+			fk.sport = ports[0];
+			fk.dport = ports[1];
+			fk.proto = IPPROTO_TCP;
+			direct_syn6(&fk);     /* state6.h */
 			return TC_ACT_UNSPEC; /* a connection opened from this side: no reply */
+		}
 	}
 	__builtin_memcpy(&rk.addr, &ip6->saddr, sizeof(rk.addr));
 	rk.port = ports[0];
@@ -143,23 +156,29 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 	fk.sport = ports[1];
 	fk.dport = ri->vip_port;
 	fk.proto = proto;
-	fi = edge_ct6.lookup(&fk);
-	if (!fi)
-		return TC_ACT_UNSPEC; /* the router's own probes, direct connections */
-	if (fi->backend_id != ri->backend_id) {
-		if (proto != IPPROTO_TCP)
+	fi = reply_entry6(&fk, tcp_flags, &ho); /* state6.h: edge_ct6, or a SYN-ACK's half-open entry */
+	if (!fi) {
+		/* the router's own probes, direct connections: untouched (state6.h) */
+		if (!stateless_reply6(skb, &fk, &rk, ri, tcp_flags))
+			return TC_ACT_UNSPEC;
+	} else if (fi->backend_id != ri->backend_id) {
+		if (proto != IPPROTO_TCP || is_direct6(&fk, &rk))
 			return TC_ACT_UNSPEC;
 		count_reason(ri->vip_id, EDGE_DROP_OTHER_BACKEND);
 		return TC_ACT_SHOT;
+	} else if (proto == IPPROTO_TCP && direct_answer6(skb, fi, &fk, &rk, ho, tcp_flags, l4_off)) {
+		return TC_ACT_UNSPEC; /* state6.h: a direct connection's SYN-ACK; the stale entry went */
 	}
 	/* a UDP checksum of 0: invalid in IPv6 (RFC 8200 8.1), never sent as the VIP's */
 	if (proto == IPPROTO_UDP && (void *)(ports + 4) <= data_end && !ports[3]) {
 		count_reason(ri->vip_id, EDGE_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
-	if (proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_))) {
+	if (fi && proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN_ | TCP_FLAG_RST_))) {
 		bpf_skb_load_bytes(skb, l4_off + 8, &ack_seq, sizeof(ack_seq));
 		note_answer6(fi, ri, tcp_flags, ack_seq);
+		if (ho)
+			half_open6_answered(skb, ho, l4_off, tcp_flags); /* state6.h */
 	}
 	if (proto == IPPROTO_TCP) {
 		csum_off = l4_off + offsetof(struct tcphdr, check);

@@ -95,6 +95,8 @@ SHAPES: dict[str, Shape] = {
     abi.MAP_VIP_ADDRS6: Shape("hash", 16, 4, _services),
     abi.MAP_BACKENDS6: Shape("array", 4, 16, _backends),
     abi.MAP_CT6: Shape("lru_hash", 40, 24, lambda n: ct6_size(n.ct_size)),
+    abi.MAP_HALF_OPEN6: Shape("lru_hash", 40, 32, lambda n: half_open_size(n.ct_size)),
+    abi.MAP_DIRECT6: Shape("lru_hash", 36, 4, _const(abi.DIRECT6_SLOTS)),
     abi.MAP_RNAT6: Shape("hash", 20, 28, _backends),
     abi.MAP_REPLY_HOP6: Shape("percpu_array", 4, 64, _const(abi.REPLY_HOP_SLOTS)),
     abi.MAP_HB6: Shape("hash", 20, 32, _backends),

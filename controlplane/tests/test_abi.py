@@ -40,6 +40,7 @@ def test_entry_points_exist_in_the_c_sources():
             abi.PROG_INGRESS6,
             abi.PROG_INGRESS6_SCAN,
             abi.PROG_INGRESS6_DSR,
+            abi.PROG_INGRESS6_STATELESS,
             abi.PROG_RETURN,
             abi.PROG_REPLY,
         ]
