@@ -90,6 +90,45 @@ def test_ipv6_replies_take_the_xdp_fast_path(net, router):
     assert snap["verdicts"]["return_nat"] == by_name(snap)["web6"]["return_packets"] > verdicts["return_xdp"]
 
 
+def test_ipv6_flows_feed_wire_signals(net, router):
+    """30 IPv6 HTTP exchanges, each on a connection of its own that the client closes: per backend
+    status shows one handshake and one first-byte sample per new flow (wire6.h; the response's
+    first segment goes to tc while its sample is pending, not through edge_reply), with their
+    medians; 6 connections held open count as active, and none once they are closed."""
+    router.deploy([service6(router, net)])
+    vip6 = net.topo.vip6
+    assert {http_get(net.client, vip6, PORT).status for _ in range(30)} == {200}
+
+    def backends() -> dict:
+        return {b["name"]: b for b in by_name(router.status())["web6"]["backends"]}
+
+    b = wait_until(
+        lambda: (s := backends()) and sum(x["wire"]["first_bytes"] for x in s.values()) == 30 and s,
+        10.0,
+        "30 first-byte samples",
+        observe=lambda: {n: x["wire"] for n, x in backends().items()},
+    )
+    assert sum(x["new_flows"] for x in b.values()) == 30
+    for name, x in b.items():
+        w = x["wire"]
+        assert w["handshakes"] == w["first_bytes"] == x["new_flows"], (name, w)
+        if x["new_flows"]:
+            assert w["handshake_p50_s"] > 0 and w["first_byte_p50_s"] > 0, (name, w)
+        assert w["active"] == 0, (name, w)
+
+    conns = open_connections(net.client, vip6, PORT, 6)
+    try:
+        wait_until(
+            lambda: sum(x["wire"]["active"] for x in backends().values()) == 6,
+            10.0,
+            "6 active IPv6 flows",
+            observe=lambda: {n: x["wire"] for n, x in backends().items()},
+        )
+    finally:
+        close_all(conns)
+    wait_until(lambda: sum(x["wire"]["active"] for x in backends().values()) == 0, 10.0, "no active flows")
+
+
 def test_ipv6_connections_keep_their_backend_across_a_weight_change(net, router):
     """60 keep-alive IPv6 connections opened under 1:1:1 answer from the same backend after a
     redeploy with 1:0:1 (b1 drains: a change that moves every slot b1 had); 300 new flows after

@@ -12,7 +12,7 @@
  * (malformed: IPv6 forbids it, and the helpers would keep it 0); everything else continues untouched,
  * neighbour discovery above all. Heartbeats of IPv6 backends are consumed
  * first (heartbeat6.h). Not here yet: the stateless reply (no entry), direct
- * connections, wire signals. ICMPv6 errors about VIP flows: icmp6.h. */
+ * connections. Wire signals: wire6.h. ICMPv6 errors about VIP flows: icmp6.h. */
 #ifndef EDGE_RETURN6_H
 #define EDGE_RETURN6_H
 
@@ -25,6 +25,7 @@
 #include "hop6.h"
 #include "icmp6.h"
 #include "heartbeat6.h"
+#include "wire6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -43,7 +44,7 @@ static __always_inline void note_answer6(struct flow_info *fi, const struct rnat
 	if (!(fi->flags & EDGE_CT_F_SYN_PENDING) || !(flags & TCP_FLAG_ACK_) ||
 	    bpf_ntohl(ack_seq) != bpf_ntohl(fi->syn_seq) + 1 || !(syn_ack || (flags & TCP_FLAG_RST_)))
 		return;
-	fi->flags &= ~EDGE_CT_F_SYN_PENDING;
+	ct_flags_clear(fi, EDGE_CT_F_SYN_PENDING); /* wire.h: atomic */
 	be = edge_backends.lookup(&bid);
 	sc = edge_svc_cfg.lookup(&vid);
 	if (be && sc && (sc->flags & EDGE_SVC_F_PASSIVE))
@@ -176,6 +177,7 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 		bpf_l4_csum_replace(skb, csum_off, rk.port, ri->vip_port, csum_flags | sizeof(__be16));
 	bpf_skb_store_bytes(skb, l3_off + offsetof(struct ipv6hdr, saddr), &ri->vip_addr, sizeof(ri->vip_addr), 0);
 	bpf_skb_store_bytes(skb, l4_off, &ri->vip_port, sizeof(ri->vip_port), 0);
+	wire6_reply(skb, fi, ri->backend_id, proto, tcp_flags, l4_off);
 	count_return(ri->vip_id, ri->backend_id);
 	count_index(ri->vip_id, EDGE_CNT_RETURN_NAT);
 	return reply_out6(skb, l3_off, ri->vip_id, &fk.src, &ri->vip_addr, proto);
