@@ -3,19 +3,24 @@ verdicts.py's world (VIP6:80 -> e0, e1). An IPv6 connection is counted opened an
 (edge_wire, edge_inflight), its handshake timed from the SYN to the backend's SYN-ACK and its first
 request to the backend's first reply payload, as IPv4's are; the edge_ct6 entry carries the same
 EDGE_CT_F_* marks and wire_ns. Each row zeroes e0's and e1's wire counts first (the world's reset
-leaves them) and checks what moved. rows(row) builds them with verdicts_v4.py's row()."""
+leaves them) and checks what moved. One more row holds tc's reverse NAT of IPv6 (rnat6.h: the address
+change as one checksum difference) to UDP's rule that a checksum computing to 0 is sent as 0xffff.
+rows(row) builds them with verdicts_v4.py's row()."""
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import Callable
 
-from scapy.layers.inet import TCP
+from scapy.layers.inet import TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from verdicts import CLIENT_MAC, CLIENT_PORT, ROUTER_MAC, TC_ACT_OK, XDP_PASS, XDP_REDIRECT, World
 from verdicts6 import CLIENT6, E0, E1, SAME, VIP6, dnat6, hop6, snat6, tcp6
+from verdicts_malformed6 import pinned_udp6, snat_udp6
+from verdicts_world6 import U0, UDP6_VIP
 
 from controlplane import abi
 from controlplane.maps.records import be16, put_addr
@@ -36,6 +41,25 @@ def answer6(flags: str, payload: bytes = b"", hlim: int = 1) -> bytes:
         / IPv6(src=str(E0[0]), dst=str(CLIENT6), hlim=hlim)
         / (seg / Raw(payload) if payload else seg)
     )
+
+
+def udp_reply_summing_to_zero() -> bytes:
+    """u0's answer to the client, hop limit 1, whose UDP checksum after the reverse NAT to
+    UDP6_VIP:53 computes to 0 (sent as 0xffff): the last two payload bytes are chosen for that."""
+
+    def frame(x: int) -> bytes:
+        u = UDP(sport=U0[1], dport=CLIENT_PORT) / Raw(b"answer" + struct.pack("!H", x))
+        return bytes(Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IPv6(src=str(U0[0]), dst=str(CLIENT6), hlim=1) / u)
+
+    after = Ether(snat_udp6(frame(0)))
+    seg = bytearray(bytes(after[UDP]))
+    seg[6:8] = b"\0\0"
+    pseudo = UDP6_VIP.packed + CLIENT6.packed + struct.pack("!IxxxB", len(seg), 17)
+    data = pseudo + bytes(seg)
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return frame(0xFFFF - total)  # the sum becomes 0xffff: the checksum, its complement, 0
 
 
 def _key(w: World):
@@ -162,5 +186,7 @@ def rows(row) -> list:
             lambda w: w.set_flags("e0", 0),
             after=[counts("e0", closed=1), counts("e1", opened=1, open=1), marks("e1", SYN | abi.CT_F_SYN_PENDING | OPEN | HS),
                    restarted()], svc=W),
+        row("IPv6 UDP reply whose checksum computes to 0 after the reverse NAT (tc): sent as 0xffff", RET,
+            udp_reply_summing_to_zero(), TC_ACT_OK, snat_udp6, {"return_nat": 1}, pinned_udp6, svc="udp6"),
     ]
     # fmt: on

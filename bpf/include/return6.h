@@ -26,6 +26,7 @@
 #include "icmp6.h"
 #include "heartbeat6.h"
 #include "wire6.h"
+#include "rnat6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -99,7 +100,7 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 	struct flow_key6 fk = {};
 	struct rnat_info6 *ri;
 	struct flow_info *fi;
-	__u32 l4_off = l3_off + sizeof(*ip6), csum_off, csum_flags, i;
+	__u32 l4_off = l3_off + sizeof(*ip6);
 	__be16 *ports;
 	__u8 proto, tcp_flags = 0;
 	__be32 ack_seq = 0;
@@ -162,21 +163,7 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 		bpf_skb_load_bytes(skb, l4_off + 8, &ack_seq, sizeof(ack_seq));
 		note_answer6(fi, ri, tcp_flags, ack_seq);
 	}
-	if (proto == IPPROTO_TCP) {
-		csum_off = l4_off + offsetof(struct tcphdr, check);
-		csum_flags = 0;
-	} else {
-		csum_off = l4_off + offsetof(struct udphdr, check);
-		csum_flags = BPF_F_MARK_MANGLED_0;
-	}
-#pragma unroll
-	for (i = 0; i < 4; i++)
-		bpf_l4_csum_replace(skb, csum_off, rk.addr.w[i], ri->vip_addr.w[i],
-				    BPF_F_PSEUDO_HDR | csum_flags | sizeof(__be32));
-	if (rk.port != ri->vip_port)
-		bpf_l4_csum_replace(skb, csum_off, rk.port, ri->vip_port, csum_flags | sizeof(__be16));
-	bpf_skb_store_bytes(skb, l3_off + offsetof(struct ipv6hdr, saddr), &ri->vip_addr, sizeof(ri->vip_addr), 0);
-	bpf_skb_store_bytes(skb, l4_off, &ri->vip_port, sizeof(ri->vip_port), 0);
+	rnat6(skb, l3_off, proto, &rk.addr, rk.port, &fk.src, &ri->vip_addr, ri->vip_port);
 	wire6_reply(skb, fi, ri->backend_id, proto, tcp_flags, l4_off);
 	count_return(ri->vip_id, ri->backend_id);
 	count_index(ri->vip_id, EDGE_CNT_RETURN_NAT);
