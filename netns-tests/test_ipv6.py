@@ -77,17 +77,61 @@ def test_ipv6_http_and_udp_through_the_vip_next_to_ipv4(net, router):
 
 
 def test_ipv6_replies_take_the_xdp_fast_path(net, router):
-    """IPv6 alone: 30 HTTP exchanges over IPv6 (the replies' first segments: SYN-ACKs, tc's; the
-    rest of the response segments) are answered from the VIP, and replies went through edge_reply
-    (XDP, reply6.h) as well as tc: return_xdp counts them, and return_nat (tc's and XDP's, as
-    status adds them) counts every reply."""
+    """IPv6 alone: 10 keep-alive connections with 5 requests each are answered from the VIP. A
+    connection's SYN-ACK, its first reply payload (a wire sample is pending, wire6.h) and its FIN
+    go to tc, as IPv4's do; the answers to its later requests through edge_reply (XDP, reply6.h):
+    return_xdp counts at least 4 x 10, and return_nat (tc's and XDP's, as status adds them) counts
+    every reply."""
     router.deploy([service6(router, net)])
-    replies = [http_get(net.client, net.topo.vip6, PORT) for _ in range(30)]
+    conns = open_connections(net.client, net.topo.vip6, PORT, 10)
+    try:
+        replies = [c.request() for _ in range(5) for c in conns]
+    finally:
+        close_all(conns)
     assert {(r.status, r.server_addr) for r in replies} == {(200, f"{net.topo.vip6}:{PORT}")}
     verdicts = router.counters()["verdicts"]
-    assert verdicts["return_xdp"] > 0, verdicts
+    assert verdicts["return_xdp"] >= 4 * 10, verdicts
     snap = router.status()
     assert snap["verdicts"]["return_nat"] == by_name(snap)["web6"]["return_packets"] > verdicts["return_xdp"]
+
+
+def test_ipv6_flows_feed_wire_signals(net, router):
+    """30 IPv6 HTTP exchanges, each on a connection of its own that the client closes: per backend
+    status shows one handshake and one first-byte sample per new flow (wire6.h; the response's
+    first segment goes to tc while its sample is pending, not through edge_reply), with their
+    medians; 6 connections held open count as active, and none once they are closed."""
+    router.deploy([service6(router, net)])
+    vip6 = net.topo.vip6
+    assert {http_get(net.client, vip6, PORT).status for _ in range(30)} == {200}
+
+    def backends() -> dict:
+        return {b["name"]: b for b in by_name(router.status())["web6"]["backends"]}
+
+    b = wait_until(
+        lambda: (s := backends()) and sum(x["wire"]["first_bytes"] for x in s.values()) == 30 and s,
+        10.0,
+        "30 first-byte samples",
+        observe=lambda: {n: x["wire"] for n, x in backends().items()},
+    )
+    assert sum(x["new_flows"] for x in b.values()) == 30
+    for name, x in b.items():
+        w = x["wire"]
+        assert w["handshakes"] == w["first_bytes"] == x["new_flows"], (name, w)
+        if x["new_flows"]:
+            assert w["handshake_p50_s"] > 0 and w["first_byte_p50_s"] > 0, (name, w)
+        assert w["active"] == 0, (name, w)
+
+    conns = open_connections(net.client, vip6, PORT, 6)
+    try:
+        wait_until(
+            lambda: sum(x["wire"]["active"] for x in backends().values()) == 6,
+            10.0,
+            "6 active IPv6 flows",
+            observe=lambda: {n: x["wire"] for n, x in backends().items()},
+        )
+    finally:
+        close_all(conns)
+    wait_until(lambda: sum(x["wire"]["active"] for x in backends().values()) == 0, 10.0, "no active flows")
 
 
 def test_ipv6_connections_keep_their_backend_across_a_weight_change(net, router):

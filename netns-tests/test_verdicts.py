@@ -6,7 +6,7 @@ path), by how much each verdict and drop counter grows, and the service they gro
 and every other service's, must stay put. Every drop reason and every NAT case has a row.
 
 The rows live in verdicts_v4.py (IPv4) and verdicts6.py, verdicts_icmp6.py, verdicts_hb6.py,
-verdicts_dsr6.py, verdicts_malformed6.py, verdicts_state6.py (IPv6). The programs are compiled once for the module and run through BPF_PROG_TEST_RUN (verdicts.py):
+verdicts_dsr6.py, verdicts_malformed6.py, verdicts_state6.py, verdicts_wire6.py (IPv6). The programs are compiled once for the module and run through BPF_PROG_TEST_RUN (verdicts.py):
 no namespace, no interface, no traffic; the rows take well under a second. Each row starts from
 World.reset(): no connections, the heartbeat backends alive, budgets unspent, hops cached.
 
@@ -39,6 +39,7 @@ from verdicts_icmp6 import ROWS_ICMP6
 from verdicts_malformed6 import ROWS_MALFORMED6
 from verdicts_state6 import rows as rows_state6
 from verdicts_v4 import ING, REP, RET, ROWS as ROWS4, SAME, Row, row
+from verdicts_wire6 import rows as rows_wire6
 
 from controlplane import abi
 
@@ -61,6 +62,7 @@ ROWS = [
     *rows_hb6(row),  # IPv6 backends' heartbeats (verdicts_hb6.py)
     *rows_dsr6(row),  # IPv6 DSR (verdicts_dsr6.py)
     *rows_state6(row),  # IPv6 half-open, stateless and direct (verdicts_state6.py)
+    *rows_wire6(row),  # IPv6 wire signals (verdicts_wire6.py)
 ]
 
 

@@ -152,8 +152,8 @@ static __always_inline __u32 syn_flags(const struct pkt *pkt)
  * service's replies bypass the router (encap.h), so no SYN-ACK would ever
  * promote a half-open entry: a SYN goes to edge_ct at once. flow6: an IPv6
  * flow's key (ingress6.h), whose entry goes into edge_half_open6 or
- * edge_ct6 alike (state6.h), without wire signals; NULL (a constant) for
- * IPv4. */
+ * edge_ct6 alike (state6.h), with wire signals as IPv4's (wire6.h); NULL
+ * (a constant) for IPv4. */
 static __always_inline void flow_insert(const struct pkt *pkt,
 					const struct vip_info *vip,
 					__u32 backend_id, int dsr,
@@ -167,15 +167,14 @@ static __always_inline void flow_insert(const struct pkt *pkt,
 		},
 	};
 
+	ho.ct.flags = syn_flags(pkt) | wire_open(pkt->syn, backend_id, &ho.ct.wire_ns);
 	if (flow6) {
-		ho.ct.flags = syn_flags(pkt);
 		if (pkt->syn && !dsr)
 			edge_half_open6.update((struct flow_key6 *)flow6, &ho);
 		else
 			edge_ct6.update((struct flow_key6 *)flow6, &ho.ct);
 		return;
 	}
-	ho.ct.flags = syn_flags(pkt) | wire_open(pkt->syn, backend_id, &ho.ct.wire_ns);
 	if (pkt->syn && !dsr)
 		edge_half_open.update((struct flow_key *)&pkt->flow, &ho);
 	else

@@ -21,8 +21,8 @@
  * heartbeat arriving here is dropped (heartbeat6.h); a DSR service's packets
  * go out in IPv6-in-IPv6 instead of NAT (encap6.h, a program of its own),
  * its established flows by the full path. Half-open entries, the stateless
- * path over the budget and direct connections: state6.h. Not here yet:
- * wire signals. ICMPv6 errors about VIP flows: icmp6.h.
+ * path over the budget and direct connections: state6.h. Wire signals:
+ * wire6.h. ICMPv6 errors about VIP flows: icmp6.h.
  * Included by edge_xdp.c after health_now. */
 #ifndef EDGE_INGRESS6_H
 #define EDGE_INGRESS6_H
@@ -39,6 +39,7 @@
 #include "heartbeat6.h"
 #include "encap6.h"
 #include "state6.h"
+#include "wire6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -288,7 +289,8 @@ static __always_inline void flow_mark_syn6(const struct pkt *pkt, struct flow_ke
 	if (!fi)
 		return;
 	fi->syn_seq = pkt->seq;
-	fi->flags = (fi->flags & ~EDGE_CT_F_SYN_PENDING) | syn_flags(pkt);
+	ct_flags_clear(fi, EDGE_CT_F_SYN_PENDING); /* wire.h: the return path changes flags too */
+	ct_flags_set(fi, syn_flags(pkt));
 }
 
 /* A packet (no SYN) of an established IPv6 flow, whose edge_ct6 entry fi
@@ -326,6 +328,7 @@ static __always_inline int established6(struct xdp_md *ctx, struct pkt *pkt, str
 	if (ip6->hop_limit <= 1)
 		return count_verdict(vid, EDGE_CNT_PASS, XDP_PASS);
 	count_traffic(vid, bid, pkt->l3_len, 0, 0);
+	wire6_forward(fi, bid, pkt, p6->l4_off - p6->l3_off, 0); /* no SYN takes this way */
 	if (dnat6(ctx, p6, to, be->port) < 0)
 		return count_drop(vid, EDGE_DROP_MALFORMED);
 	return forward6(ctx, pkt, p6, bid, vid);
@@ -440,6 +443,8 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 		edge_tails.call(ctx, EDGE_TAIL_V6_DSR);
 		return count_drop(vip->id, EDGE_DROP_NO_BACKEND); /* not installed */
 	}
+	if (stage == EDGE_STAGE_SLOW && pkt.ct && !new_flow) /* wire6.h: before flow_mark_syn6, as IPv4's */
+		wire6_forward(pkt.ct, bid, &pkt, p6.l4_off - p6.l3_off, pkt.syn);
 	if (pkt.syn && !new_flow)
 		flow_mark_syn6(&pkt, &p6.key);
 	if (pkt.syn_counted && (sc->flags & EDGE_SVC_F_PASSIVE))

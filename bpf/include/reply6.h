@@ -7,7 +7,7 @@
  * is redirected to the client-facing interface the ingress runs on, by the
  * FIB result cached per (client, VIP) (hop6.h).
  * Everything else goes on to tc (return6.h): UDP checksums of 0, SYN-ACKs and RSTs (passive
- * detection), replies without an entry, partial checksums, another egress
+ * detection), replies a wire sample waits for (wire6.h), replies without an entry, partial checksums, another egress
  * interface, an MTU exceeded, no neighbour entry yet. */
 #ifndef EDGE_REPLY6_H
 #define EDGE_REPLY6_H
@@ -96,7 +96,7 @@ static __always_inline int reply6(struct xdp_md *ctx)
 	fk.dport = ri->vip_port;
 	fk.proto = rk.proto;
 	fi = edge_ct6.lookup(&fk);
-	if (!fi || fi->backend_id != ri->backend_id)
+	if (!fi || fi->backend_id != ri->backend_id || (fi->flags & EDGE_CT_F_WIRE_WAIT)) /* wire6.h: tc's */
 		return XDP_PASS;
 
 	/* only to the interface edge_ingress runs on (edge_reply.c) */

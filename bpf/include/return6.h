@@ -15,8 +15,8 @@
  * entry too; a reply with no entry is reverse-NATed when the Maglev table
  * gives its flow to the sender, unless its connection is a direct one; a
  * direct connection's SYN-ACK on a VIP flow's port is left alone and the
- * stale entry goes (state6.h). Not here yet: wire signals. ICMPv6 errors about VIP flows:
- * icmp6.h. */
+ * stale entry goes (state6.h). Wire signals: wire6.h. ICMPv6 errors about
+ * VIP flows: icmp6.h. */
 #ifndef EDGE_RETURN6_H
 #define EDGE_RETURN6_H
 
@@ -30,6 +30,8 @@
 #include "icmp6.h"
 #include "heartbeat6.h"
 #include "state6.h"
+#include "wire6.h"
+#include "rnat6.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -48,7 +50,7 @@ static __always_inline void note_answer6(struct flow_info *fi, const struct rnat
 	if (!(fi->flags & EDGE_CT_F_SYN_PENDING) || !(flags & TCP_FLAG_ACK_) ||
 	    bpf_ntohl(ack_seq) != bpf_ntohl(fi->syn_seq) + 1 || !(syn_ack || (flags & TCP_FLAG_RST_)))
 		return;
-	fi->flags &= ~EDGE_CT_F_SYN_PENDING;
+	ct_flags_clear(fi, EDGE_CT_F_SYN_PENDING); /* wire.h: atomic */
 	be = edge_backends.lookup(&bid);
 	sc = edge_svc_cfg.lookup(&vid);
 	if (be && sc && (sc->flags & EDGE_SVC_F_PASSIVE))
@@ -104,7 +106,7 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 	struct rnat_info6 *ri;
 	struct half_open *ho;
 	struct flow_info *fi;
-	__u32 l4_off = l3_off + sizeof(*ip6), csum_off, csum_flags, i;
+	__u32 l4_off = l3_off + sizeof(*ip6);
 	__be16 *ports;
 	__u8 proto, tcp_flags = 0;
 	__be32 ack_seq = 0;
@@ -180,21 +182,8 @@ static __always_inline int return6(struct __sk_buff *skb, __u32 l3_off)
 		if (ho)
 			half_open6_answered(skb, ho, l4_off, tcp_flags); /* state6.h */
 	}
-	if (proto == IPPROTO_TCP) {
-		csum_off = l4_off + offsetof(struct tcphdr, check);
-		csum_flags = 0;
-	} else {
-		csum_off = l4_off + offsetof(struct udphdr, check);
-		csum_flags = BPF_F_MARK_MANGLED_0;
-	}
-#pragma unroll
-	for (i = 0; i < 4; i++)
-		bpf_l4_csum_replace(skb, csum_off, rk.addr.w[i], ri->vip_addr.w[i],
-				    BPF_F_PSEUDO_HDR | csum_flags | sizeof(__be32));
-	if (rk.port != ri->vip_port)
-		bpf_l4_csum_replace(skb, csum_off, rk.port, ri->vip_port, csum_flags | sizeof(__be16));
-	bpf_skb_store_bytes(skb, l3_off + offsetof(struct ipv6hdr, saddr), &ri->vip_addr, sizeof(ri->vip_addr), 0);
-	bpf_skb_store_bytes(skb, l4_off, &ri->vip_port, sizeof(ri->vip_port), 0);
+	rnat6(skb, l3_off, proto, &rk.addr, rk.port, &fk.src, &ri->vip_addr, ri->vip_port);
+	wire6_reply(skb, fi, ri->backend_id, proto, tcp_flags, l4_off);
 	count_return(ri->vip_id, ri->backend_id);
 	count_index(ri->vip_id, EDGE_CNT_RETURN_NAT);
 	return reply_out6(skb, l3_off, ri->vip_id, &fk.src, &ri->vip_addr, proto);

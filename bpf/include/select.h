@@ -416,7 +416,7 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 		/* An established flow moved: rewritten in place, so moving
 		 * flows never evicts another entry. */
 		*failover = 1;
-		fi->flags = syn_flags(pkt) | (flow6 ? 0 : wire_move(fi, *bid, pkt->syn));
+		fi->flags = syn_flags(pkt) | wire_move(fi, *bid, pkt->syn);
 		fi->backend_id = *bid;
 		fi->syn_seq = pkt->seq;
 		return be;
