@@ -62,8 +62,8 @@ def udp_reply_summing_to_zero() -> bytes:
     return frame(0xFFFF - total)  # the sum becomes 0xffff: the checksum, its complement, 0
 
 
-def _key(w: World):
-    t = w.t[abi.MAP_CT6]
+def _key(w: World, table: str = abi.MAP_CT6):
+    t = w.t[table]
     k = t.Key()
     put_addr(k, "src", CLIENT6)
     put_addr(k, "dst", VIP6)
@@ -99,8 +99,15 @@ def zeroed(*backends: str, open_: int = 0) -> Callable[[World], None]:
 
 
 def entry(w: World):
+    """The connection's edge_ct6 entry, else the flow_info of its edge_half_open6 entry (where
+    a SYN's waits for the handshake's end, state6.h), else None."""
     t, k = _key(w)
-    return t.get(k)
+    e = t.get(k)
+    if e is None:
+        t, k = _key(w, abi.MAP_HALF_OPEN6)
+        ho = t.get(k)
+        e = ho.ct if ho is not None else None
+    return e
 
 
 def wire(w: World, backend: str) -> dict[str, int]:
