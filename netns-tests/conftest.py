@@ -24,6 +24,41 @@ from controlplane.lab.topo import Net, Topo
 
 BACKEND_PORT = 8000
 
+# Files by their time in a full run (junit, two workers, 2026-12-02), slowest first. tools/test
+# gives whole files to two workers in collection order (--dist loadfile --no-loadscope-reorder):
+# the long files start first and the short ones fill in behind them, so that no worker runs a
+# long file alone at the end (ordered by test count, a quarter of one run was one worker alone).
+SLOW_FIRST = (
+    "test_ipv6",  # 326 s
+    "test_deploy",  # 196
+    "test_ecmp",  # 187
+    "test_vip_on_lo",  # 157
+    "test_state_abuse",  # 142
+    "test_health_abuse",  # 137
+    "test_edged_faults",  # 120
+    "test_edged_ops",  # 118
+    "test_bgp6",  # 109
+    "test_failover",  # 105
+    "test_steering",  # 103
+    "test_membership",  # 102
+    "test_bench_serving",  # 92
+    "test_reply_xdp",  # 90
+    "test_dsr6",  # 89
+    "test_fleet_trust",
+    "test_two_choices",  # 79
+    "test_cli_ops",  # 75
+    "test_icmp6",  # 74
+    "test_dsr",  # 71
+    "test_restart_outage",  # 71
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow files first (SLOW_FIRST), then the rest as collected; a file's tests keep their
+    order (the sort is stable)."""
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
 
 @functools.lru_cache(maxsize=None)
 def missing_privileges() -> str | None:
