@@ -185,13 +185,7 @@ int edge_return(struct __sk_buff *skb)
 		}
 	}
 
-	if (proto == IPPROTO_TCP) {
-		csum_off = l4_off + offsetof(struct tcphdr, check);
-		csum_flags = 0;
-	} else {
-		csum_off = l4_off + offsetof(struct udphdr, check);
-		csum_flags = BPF_F_MARK_MANGLED_0;
-	}
+	csum_off = l4_csum_off(proto, l4_off, &csum_flags); /* csum.h */
 	bpf_l4_csum_replace(skb, csum_off, rk.addr, ri->vip_addr,
 			    BPF_F_PSEUDO_HDR | csum_flags | sizeof(rk.addr));
 	if (rk.port != ri->vip_port) /* most services keep the port: one helper call less */

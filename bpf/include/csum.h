@@ -7,7 +7,11 @@
 #ifndef EDGE_CSUM_H
 #define EDGE_CSUM_H
 
+#include <uapi/linux/bpf.h>
 #include <uapi/linux/ip.h>
+#include <uapi/linux/tcp.h>
+#include <uapi/linux/udp.h>
+#include <linux/stddef.h>
 
 static __always_inline __u16 csum_fold(__u32 sum)
 {
@@ -66,6 +70,21 @@ static __always_inline int ipv4_csum_ok(const struct iphdr *iph)
 	__u64 sum = (__u64)w[0] + w[1] + w[2] + w[3] + w[4];
 
 	return csum_fold64(sum) == 0xffff;
+}
+
+/* For the tc side: the offset of the checksum of the TCP (proto
+ * IPPROTO_TCP) or UDP header at l4_off, and the flags bpf_l4_csum_replace
+ * takes for it (a UDP checksum 0, none in IPv4, stays 0:
+ * BPF_F_MARK_MANGLED_0). One home for IPv4's (edge_tc.c) and IPv6's
+ * (rnat6.h) reverse NAT. */
+static __always_inline __u32 l4_csum_off(__u8 proto, __u32 l4_off, __u32 *csum_flags)
+{
+	if (proto == IPPROTO_TCP) {
+		*csum_flags = 0;
+		return l4_off + offsetof(struct tcphdr, check);
+	}
+	*csum_flags = BPF_F_MARK_MANGLED_0;
+	return l4_off + offsetof(struct udphdr, check);
 }
 
 #endif /* EDGE_CSUM_H */

@@ -17,6 +17,7 @@
 
 #include <uapi/linux/ipv6.h>
 #include "maps.h"
+#include "csum.h"
 
 /* The bytes from the IPv6 source address to the L4 source port of a
  * packet without extension headers. */
@@ -41,13 +42,7 @@ static __always_inline void rnat6(struct __sk_buff *skb, __u32 l3_off, __u8 prot
 	struct rnat6_run run;
 	__s64 diff;
 
-	if (proto == IPPROTO_TCP) {
-		csum_off = l4_off + offsetof(struct tcphdr, check);
-		csum_flags = 0;
-	} else {
-		csum_off = l4_off + offsetof(struct udphdr, check);
-		csum_flags = BPF_F_MARK_MANGLED_0;
-	}
+	csum_off = l4_csum_off(proto, l4_off, &csum_flags); /* csum.h */
 	diff = bpf_csum_diff((__be32 *)from, sizeof(*from), (__be32 *)vip, sizeof(*vip), 0);
 	bpf_l4_csum_replace(skb, csum_off, 0, (__u32)diff, BPF_F_PSEUDO_HDR | csum_flags);
 	if (from_port != vip_port)
