@@ -397,6 +397,8 @@ int edge_ingress6_stateless(struct xdp_md *ctx)
 	if (!to)
 		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
 	count_traffic(vip->id, bid, pkt.l3_len, 0, 0);
+	if (sc->flags & EDGE_SVC_F_DSR) /* as IPv4's: the pick, encapsulated (encap6.h) */
+		return dsr_forward6(ctx, p6.l3_off, pkt.l3_len, to, bid, vip->id);
 	if (dnat6(ctx, &p6, to, be->port) < 0)
 		return count_drop(vip->id, EDGE_DROP_MALFORMED);
 	return forward6(ctx, &pkt, &p6, bid, vip->id);
