@@ -120,14 +120,15 @@ def answered6(seq: int) -> tuple[str, Callable[[World], bool]]:
     return (f"the SYN-ACK's sequence + 1 ({seq}) noted", holds)
 
 
-def replaced_by(backend: str) -> tuple[str, Callable[[World], bool]]:
-    """The half-open entry of the port picking e0 names backend, its answer forgotten."""
+def pinned_half_open(backend: str) -> tuple[str, Callable[[World], bool]]:
+    """The half-open entry of the port picking e0 names backend, its SYN's sequence number noted."""
 
     def holds(w: World) -> bool:
         v = _get(w, abi.MAP_HALF_OPEN6, port_picking6("e0")(w))
-        return v is not None and v.ct.backend_id == w.bid(backend) and not v.flags & abi.HO_F_ANSWERED
+        seq = int.from_bytes((1000).to_bytes(4, "big"), "little")
+        return v is not None and v.ct.backend_id == w.bid(backend) and v.ct.syn_seq == seq
 
-    return (f"edge_half_open6 holds it for {backend}, not answered", holds)
+    return (f"edge_half_open6 holds it for {backend}", holds)
 
 
 def _direct_key(w: World, backend: tuple[IPv6Address, int], sport: int):
@@ -290,10 +291,14 @@ def rows(row) -> list:
         row("IPv6 ACK acknowledging another sequence: the half-open entry stays", ING, seg6("A", ack=7777),
             XDP_REDIRECT, None, {"redirect": 1}, half_open6("e1", answered_seq=5000), svc=W,
             after=[in_half_open6("e1")]),
-        row("IPv6 SYN sent again on a half-open flow: its Maglev pick anew, the entry replaced", ING,
-            picking("e0", "S"), XDP_REDIRECT, dnat6(E0), {"redirect": 1},
+        row("IPv6 SYN sent again on a half-open flow: the entry's backend, as IPv4's", ING,
+            picking("e0", "S"), XDP_REDIRECT, dnat6(E1), {"redirect": 1},
             lambda w: half_open6("e1", answered_seq=5000, sport=port_picking6("e0")(w))(w), svc=W,
-            after=[replaced_by("e0")]),
+            after=[pinned_half_open("e1")]),
+        row("IPv6 SYN sent again on a half-open flow, its backend draining: a new pick, the entry rewritten", ING,
+            picking("e0", "S"), XDP_REDIRECT, dnat6(E0), {"redirect": 1},
+            lambda w: half_open6("e1", answered_seq=5000, sport=port_picking6("e0")(w))(w),
+            lambda w: w.set_flags("e1", UP | abi.BE_F_DRAINING), svc=W, after=[pinned_half_open("e0")]),
         row("IPv6 SYN-ACK of a half-open flow: source back to the VIP, its sequence noted", RET, reply6(hlim=1),
             TC_ACT_OK, snat6, {"return_nat": 1}, half_open6("e0"), svc=W,
             after=[in_half_open6("e0"), answered6(5001)]),
