@@ -11,6 +11,7 @@ are served meanwhile instead of after the whole of it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -36,6 +37,14 @@ _walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
 # Backends whose views (status) or records (edge_be_probe) are built before the loop is given
 # back: whole services, so each service's part is consistent with one state of edged.
 SLICE = 256
+# The status loop writes a backend's record only when it differs from what edged wrote last (at
+# 10,000 backends under the probe budget most records change every few seconds, and rewriting all
+# of them held edged's loop and the interpreter every second: tools/bench-probe --scale); an
+# unchanged record is rewritten all the same once it is about this old (spread over the last third
+# of it by backend id, so that the records written together at start are not all due in one second),
+# so that updated_ns says edged looked at it no longer ago than that.
+REFRESH_S = 10.0
+_SPREAD = 32
 
 
 def _leave_until_s(gone: desired.Leaving | None) -> int | None:
@@ -51,6 +60,11 @@ class Status:
     def __init__(self, state: State, prober: Prober | ThreadedProber):
         self.state = state
         self.prober = prober
+        # what the status loop wrote last: per service, the maps and the Service it was written for
+        # (an apply may reset or clear the records of a service it changes); per backend id, the
+        # backend, its record (updated_ns 0) and when it was written
+        self._written_for: dict[str, tuple[object, object]] = {}
+        self._written: dict[int, tuple[str, ProbeStatus, int]] = {}
 
     def node_state(self) -> announce.NodeState:
         """What announce.decide() judges: data path open, serving (the watch finds the data path
@@ -220,9 +234,10 @@ class Status:
             view["state"], view["reason"] = "drained", "drained fleet-wide by the operator"
 
     def write_status(self, now_ns: int) -> None:
-        """Every backend's edge_be_probe record: what edged measured and the operator's marks."""
+        """Every backend's edge_be_probe record that changed (or is REFRESH_S old): what edged
+        measured and the operator's marks."""
         for name in list(self.state.services):
-            self.write_service(name, now_ns)
+            self.write_service(name, now_ns, changed_only=True)
 
     async def write_status_sliced(self) -> None:
         """write_status as the status loop runs it: the loop is given back every SLICE backends
@@ -236,37 +251,56 @@ class Status:
                 await state.maps_idle.wait()
                 if state.maps is None:  # stopping
                     return
-            done += self.write_service(name, time.monotonic_ns())
+            done += self.write_service(name, time.monotonic_ns(), changed_only=True)
 
-    def write_service(self, name: str, now_ns: int) -> int:
+    def write_service(self, name: str, now_ns: int, changed_only: bool = False) -> int:
         """The edge_be_probe records of service name's backends (an operator's action changes
-        no other's); how many (0: no such service, or gone meanwhile)."""
+        no other's); changed_only: only those that differ from what was written last, or are due
+        for their refresh (REFRESH_S). How many backends were looked at (0: no such service, or
+        gone meanwhile)."""
         state = self.state
         st = state.services.get(name)
         if st is None:
             return 0
-        _, bids = state.maps.ids(name)
+        maps, written = state.maps, self._written
+        _, bids = maps.ids(name)
+        if changed_only:
+            was = self._written_for.get(name)
+            if was is None or was[0] is not maps or (was[1] is not st.service and was[1] != st.service):
+                for bid in bids.values():  # written for another deployment or config of it: anew
+                    written.pop(bid, None)
+        self._written_for[name] = (maps, st.service)
+        refresh_ns = int(REFRESH_S * 1e9)
         for b in st.service.backends:
+            bid = bids[b.name]
             v = self.backend_view(name, b.name, now_ns, full=False)
             gone = state.leaving.get((name, b.name))
-            state.maps.write_status(
-                bids[b.name],
-                ProbeStatus(
-                    updated_ns=now_ns,
-                    config_weight=b.weight,
-                    rtt_p50_s=v["rtt_p50_s"],
-                    rtt_p99_s=v["rtt_p99_s"],
-                    rtt_smoothed_s=v.get("rtt_smoothed_s"),
-                    waiting=v.get("waiting"),
-                    running=v.get("running"),
-                    kv_usage=v.get("kv_usage"),
-                    probes_ok=v["probes_ok"],
-                    probes_failed=v["probes_failed"],
-                    state=v["state"],
-                    reason=v["reason"],
-                    drained=v["drained"],
-                    override=v["override"],
-                    leave_until_s=_leave_until_s(gone),
-                ),
+            record = ProbeStatus(
+                updated_ns=0,
+                config_weight=b.weight,
+                rtt_p50_s=v["rtt_p50_s"],
+                rtt_p99_s=v["rtt_p99_s"],
+                rtt_smoothed_s=v.get("rtt_smoothed_s"),
+                waiting=v.get("waiting"),
+                running=v.get("running"),
+                kv_usage=v.get("kv_usage"),
+                probes_ok=v["probes_ok"],
+                probes_failed=v["probes_failed"],
+                state=v["state"],
+                reason=v["reason"],
+                drained=v["drained"],
+                override=v["override"],
+                leave_until_s=_leave_until_s(gone),
             )
+            last = written.get(bid)
+            if (
+                changed_only
+                and last is not None
+                and last[0] == b.name
+                and last[1] == record
+                and (now_ns - last[2]) * _SPREAD < refresh_ns * (_SPREAD - bid % (_SPREAD // 3))
+            ):
+                continue
+            maps.write_status(bid, dataclasses.replace(record, updated_ns=now_ns))
+            written[bid] = (b.name, record, now_ns)
         return len(st.service.backends)

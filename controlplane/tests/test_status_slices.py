@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
+
+import yaml
 
 from controlplane.api import server
 from controlplane.config import Node, parse_config
 from controlplane.edged import status as edged_status
+from controlplane.samples import Sample
 from controlplane.tests.apistage import serving, wait_until
-from controlplane.tests.edgedstage import daemon
+from controlplane.tests.edgedstage import PROBED, daemon
 
 
 def services(n: int, per: int):
@@ -142,3 +146,70 @@ def test_an_operator_action_writes_the_records_of_its_service_alone():
     assert maps.probe[maps.ids("s1")[1]["b0"]].override == 7
     assert sorted(drained) == sorted(maps.ids("s2")[1].values())
     assert maps.probe[maps.ids("s2")[1]["b1"]].drained
+
+
+def test_the_status_loop_rewrites_only_the_records_that_changed(monkeypatch):
+    """The once-a-second edge_be_probe record: a backend whose record would be written as it is
+    in the map already is left alone (at 10,000 backends the rewrite of every record held edged's
+    loop and the interpreter every second); one probe result rewrites its backend's record alone;
+    a reload rewrites the records of the services it changed (an apply may have reset them); every
+    record is rewritten again within REFRESH_S, so updated_ns is never older than that."""
+
+    def probed(s2_weight: int = 100) -> dict:
+        """three services of two probed backends; s2's at weight s2_weight"""
+        return {
+            "version": 1,
+            "services": [
+                {
+                    "name": f"s{i}",
+                    "vip": f"198.18.0.{10 + i}",
+                    "port": 8000,
+                    **PROBED,
+                    "backends": [
+                        {"name": f"b{j}", "address": f"198.18.{i + 1}.{j + 2}", "port": 8000}
+                        | ({"weight": s2_weight} if i == 2 else {})
+                        for j in range(2)
+                    ],
+                }
+                for i in range(3)
+            ],
+        }
+
+    async def go():
+        d = daemon(parse_config(probed()))
+        maps, written = d.state.maps, []
+        write = maps.write_status
+
+        def counted(bid, status):
+            written.append(bid)
+            write(bid, status)
+
+        maps.write_status = counted
+        rounds = []
+        t = time.monotonic_ns()  # the reload writes at the time it runs
+        for step in range(3):
+            if step == 2:  # one probe result of s0/b1
+                d.steering.on_sample(("s0", "b1"), Sample(t_ns=t, ok=True, rtt_s=0.01))
+            d.status.write_status(t + step * 1_000_000_000)
+            rounds.append(sorted(written))
+            written.clear()
+        new = probed(s2_weight=101)
+        await d.reload(yaml.safe_dump(new))  # which writes the records itself
+        d.status.write_status(t + 3 * 1_000_000_000)
+        rounds.append(sorted(written))
+        written.clear()
+        d.status.write_status(t + 3 * 1_000_000_000 + int(edged_status.REFRESH_S * 1e9))
+        rounds.append(sorted(written))
+        return rounds, maps
+
+    monkeypatch.setattr(
+        edged_status.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services for b in s.backends}
+    )
+    rounds, maps = asyncio.run(go())
+    every = sorted(bid for name in ("s0", "s1", "s2") for bid in maps.ids(name)[1].values())
+    assert rounds[0] == every
+    assert rounds[1] == []  # nothing changed
+    assert rounds[2] == [maps.ids("s0")[1]["b1"]]  # its probe count and RTT
+    assert rounds[3] == sorted(maps.ids("s2")[1].values())  # the service the reload changed, once
+    assert rounds[4] == every  # refreshed
+    assert maps.probe[maps.ids("s2")[1]["b0"]].config_weight == 101
