@@ -1,8 +1,8 @@
 """edged: the control-plane daemon of one edge node. Owns the orchestration, not the policy:
 builds edged's State and its parts (steer.py, status.py, operations.py, changes.py), deploys
 (or adopts) the data path, runs their loops, watches the data path and stops them all. One
-asyncio loop, never blocked for long: the prober runs on a thread and loop of its own
-(probe.threaded), walks of the maps for status and metrics run on a worker thread within a deadline; a failed map write is an error event and
+asyncio loop, never blocked for long: the prober runs in a child process of its own
+(probe.child), walks of the maps for status and metrics run on a worker thread within a deadline; a failed map write is an error event and
 edge_map_errors_total, and the loop goes on. Stopping edged leaves the data path forwarding.
 
     (the command line, serve() and main() are in cli.py)
