@@ -234,6 +234,42 @@ class Status:
         elif view.get("fleet_drained"):
             view["state"], view["reason"] = "drained", "drained fleet-wide by the operator"
 
+    def record(self, name: str, backend: str, config_weight: int) -> ProbeStatus:
+        """Backend backend's edge_be_probe record (updated_ns 0): what backend_view says of it,
+        without the rest of the view (the record of every backend is built every second)."""
+        state = self.state
+        st = state.services[name]
+        tracker = st.trackers[backend]
+        load = tracker.load
+        window = self.prober.window((name, backend))
+        p50, p99 = quantiles(window.rtts(), 0.50, 0.99) if window else (None, None)
+        ok, failed = state.observer.probes(name, backend)
+        marks = {
+            "state": st.states.get(backend, "static" if not st.computed else ""),
+            "reason": st.reasons.get(backend, ""),
+            "drained": (name, backend) in state.drained,
+            "leaving": (name, backend) in state.leaving,
+        }
+        self._explain(marks, name, backend)
+        return ProbeStatus(
+            updated_ns=0,
+            config_weight=config_weight,
+            rtt_p50_s=p50,
+            rtt_p99_s=p99,
+            rtt_smoothed_s=tracker.rtt_s,
+            # engines export gauges as floats; requests are counted in whole numbers
+            waiting=None if load is None or load.waiting is None else int(load.waiting),
+            running=None if load is None or load.running is None else int(load.running),
+            kv_usage=None if load is None else load.kv_usage,
+            probes_ok=ok,
+            probes_failed=failed,
+            state=marks["state"],
+            reason=marks["reason"],
+            drained=marks["drained"],
+            override=state.overrides.get((name, backend)),
+            leave_until_s=_leave_until_s(state.leaving.get((name, backend))),
+        )
+
     def write_status(self, now_ns: int) -> None:
         """Every backend's edge_be_probe record that changed (or is REFRESH_S old): what edged
         measured and the operator's marks."""
@@ -274,25 +310,7 @@ class Status:
         refresh_ns = int(REFRESH_S * 1e9)
         for b in st.service.backends:
             bid = bids[b.name]
-            v = self.backend_view(name, b.name, now_ns, full=False)
-            gone = state.leaving.get((name, b.name))
-            record = ProbeStatus(
-                updated_ns=0,
-                config_weight=b.weight,
-                rtt_p50_s=v["rtt_p50_s"],
-                rtt_p99_s=v["rtt_p99_s"],
-                rtt_smoothed_s=v.get("rtt_smoothed_s"),
-                waiting=v.get("waiting"),
-                running=v.get("running"),
-                kv_usage=v.get("kv_usage"),
-                probes_ok=v["probes_ok"],
-                probes_failed=v["probes_failed"],
-                state=v["state"],
-                reason=v["reason"],
-                drained=v["drained"],
-                override=v["override"],
-                leave_until_s=_leave_until_s(gone),
-            )
+            record = self.record(name, b.name, b.weight)
             last = written.get(bid)
             if (
                 changed_only

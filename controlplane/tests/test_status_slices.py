@@ -84,13 +84,17 @@ def test_status_views_and_the_record_are_built_a_slice_at_a_time(monkeypatch):
         d = daemon(services(3, 2))
         turns = 0
         seen: list[tuple[str, int]] = []
-        view = d.status.backend_view
+        view, record = d.status.backend_view, d.status.record
 
         def counted(name, backend, now_ns, full=True):
             seen.append((name, turns))
             return view(name, backend, now_ns, full)
 
-        d.status.backend_view = counted
+        def counted_record(name, backend, weight):
+            seen.append((name, turns))
+            return record(name, backend, weight)
+
+        d.status.backend_view, d.status.record = counted, counted_record
 
         async def other_work():
             nonlocal turns
@@ -148,6 +152,27 @@ def test_an_operator_action_writes_the_records_of_its_service_alone():
     assert maps.probe[maps.ids("s2")[1]["b1"]].drained
 
 
+def probed_doc(s2_weight: int = 100) -> dict:
+    """Three services of two probed backends; s2's at weight s2_weight"""
+    return {
+        "version": 1,
+        "services": [
+            {
+                "name": f"s{i}",
+                "vip": f"198.18.0.{10 + i}",
+                "port": 8000,
+                **PROBED,
+                "backends": [
+                    {"name": f"b{j}", "address": f"198.18.{i + 1}.{j + 2}", "port": 8000}
+                    | ({"weight": s2_weight} if i == 2 else {})
+                    for j in range(2)
+                ],
+            }
+            for i in range(3)
+        ],
+    }
+
+
 def test_the_status_loop_rewrites_only_the_records_that_changed(monkeypatch):
     """The once-a-second edge_be_probe record: a backend whose record would be written as it is
     in the map already is left alone (at 10,000 backends the rewrite of every record held edged's
@@ -155,28 +180,8 @@ def test_the_status_loop_rewrites_only_the_records_that_changed(monkeypatch):
     a reload rewrites the records of the services it changed (an apply may have reset them); every
     record is rewritten again within REFRESH_S, so updated_ns is never older than that."""
 
-    def probed(s2_weight: int = 100) -> dict:
-        """three services of two probed backends; s2's at weight s2_weight"""
-        return {
-            "version": 1,
-            "services": [
-                {
-                    "name": f"s{i}",
-                    "vip": f"198.18.0.{10 + i}",
-                    "port": 8000,
-                    **PROBED,
-                    "backends": [
-                        {"name": f"b{j}", "address": f"198.18.{i + 1}.{j + 2}", "port": 8000}
-                        | ({"weight": s2_weight} if i == 2 else {})
-                        for j in range(2)
-                    ],
-                }
-                for i in range(3)
-            ],
-        }
-
     async def go():
-        d = daemon(parse_config(probed()))
+        d = daemon(parse_config(probed_doc()))
         maps, written = d.state.maps, []
         write = maps.write_status
 
@@ -193,7 +198,7 @@ def test_the_status_loop_rewrites_only_the_records_that_changed(monkeypatch):
             d.status.write_status(t + step * 1_000_000_000)
             rounds.append(sorted(written))
             written.clear()
-        new = probed(s2_weight=101)
+        new = probed_doc(s2_weight=101)
         await d.reload(yaml.safe_dump(new))  # which writes the records itself
         d.status.write_status(t + 3 * 1_000_000_000)
         rounds.append(sorted(written))
@@ -213,3 +218,40 @@ def test_the_status_loop_rewrites_only_the_records_that_changed(monkeypatch):
     assert rounds[3] == sorted(maps.ids("s2")[1].values())  # the service the reload changed, once
     assert rounds[4] == every  # refreshed
     assert maps.probe[maps.ids("s2")[1]["b0"]].config_weight == 101
+
+
+def test_the_record_says_what_the_backend_view_says(monkeypatch):
+    """Status.record (built for every backend every second) and backend_view (status) agree on
+    every field the record holds, with probe results, loads, an operator's drain and pin and a
+    backend a reload left draining."""
+    from controlplane.samples import Load
+
+    async def go():
+        d = daemon(parse_config(probed_doc()))
+        t = time.monotonic_ns()
+        for j, rtt in enumerate((0.010, 0.020)):
+            for k in range(5):
+                d.steering.on_sample(
+                    ("s0", f"b{j}"), Sample(t_ns=t + k, ok=k != 3, rtt_s=rtt, error=None if k != 3 else "timeout")
+                )
+        d.steering.on_load(("s0", "b0"), Load(t_ns=t, ok=True, waiting=3.0, running=7.0, kv_usage=0.25))
+        d.steering.step(d.state.services["s0"], t)
+        await d.operate("drain", "s1", "b0")
+        await d.operate("weight", "s1", "b1", 7)
+        new = probed_doc()
+        new["services"][2]["backends"] = new["services"][2]["backends"][:1]  # s2/b1 drains out
+        await d.reload(yaml.safe_dump(new))
+        return d, time.monotonic_ns()
+
+    routes = lambda cfg: {b.address: 1 for s in cfg.services for b in s.backends}  # noqa: E731
+    monkeypatch.setattr(edged_status.deploy, "backend_routes", routes)
+    d, now = asyncio.run(go())
+    assert ("s2", "b1") in d.state.leaving
+    fields = ("rtt_p50_s", "rtt_p99_s", "rtt_smoothed_s", "waiting", "running", "kv_usage", "probes_ok")
+    fields += ("probes_failed", "state", "reason", "drained", "override")
+    for name, st in d.state.services.items():
+        for b in st.service.backends:
+            view, rec = d.status.backend_view(name, b.name, now, full=False), d.status.record(name, b.name, b.weight)
+            assert {f: getattr(rec, f) for f in fields} == {f: view.get(f) for f in fields}, (name, b.name)
+            assert rec.leave_until_s == edged_status._leave_until_s(d.state.leaving.get((name, b.name)))
+    assert d.status.record("s0", "b0", 100).waiting == 3 and d.status.record("s1", "b0", 100).drained
