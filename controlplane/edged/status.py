@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -38,6 +39,11 @@ _walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
 # Backends whose views (status) or records (edge_be_probe) are built before the loop is given
 # back: whole services, so each service's part is consistent with one state of edged.
 SLICE = 256
+# A walk (and then the status call's conversion, api.server) computes on a thread beside the loop:
+# two busy threads hand the interpreter over every switch interval (5 ms by default), and each of
+# the loop's wake-ups meanwhile waited that long. From the first walk on, the process switches
+# every 0.5 ms (the prober's thread set it before the prober moved to a child process: probe.child).
+SWITCH_S = 0.0005
 # The status loop writes a backend's record only when it differs from what edged wrote last (at
 # 10,000 backends under the probe budget most records change every few seconds, and rewriting all
 # of them held edged's loop and the interpreter every second: tools/bench-probe --scale); an
@@ -155,6 +161,8 @@ class Status:
     async def _walk(self, count_conntrack: bool) -> dict:
         """deploy.describe on the walker thread (State.walks holds it while it runs)."""
         state = self.state
+        if sys.getswitchinterval() > SWITCH_S:
+            sys.setswitchinterval(SWITCH_S)
         deadline_ns = time.monotonic_ns() + int(WALK_DEADLINE_S * 1e9)
         walk = asyncio.wrap_future(
             _walker.submit(deploy.describe, state.maps, state.instance, state.pin_path, count_conntrack, deadline_ns)
