@@ -1,6 +1,7 @@
 """What edged shows: the status views (snapshot for `edgectl status` and the metrics,
-backend_view, node_state for the BGP announcement) and the edge_be_probe record written
-once a second, which a restarted edged and `edgectl status` without edged read back.
+backend_view, node_state for the BGP announcement) and the edge_be_probe record, written once
+a second where it changed (and every REFRESH_S regardless), which a restarted edged and
+`edgectl status` without edged read back.
 Reads the State and the prober's windows; changes nothing but the status record. Walks
 of the maps run on a worker thread within a deadline, never on edged's loop; the views of
 thousands of backends and the once-a-second record are built in slices of about SLICE
