@@ -325,18 +325,28 @@ int edge_ingress6_scan(struct xdp_md *ctx)
 	return ingress6(ctx, EDGE_STAGE_SCAN);
 }
 
-/* An IPv6 DSR service's packet, after edge_ingress6 chose its backend and
- * wrote it into edge_ct6 (select.h): parsed again, its entry names backend
- * and service, then encap6.h sends it. */
+/* An IPv6 DSR service's packet, after edge_ingress6 chose its backend, wrote
+ * it into edge_ct6 (select.h) and handed it over (encap6.h, dsr6_hand_over);
+ * encap6.h sends it. Without the hand-over (a tail program of another
+ * compile, during a deploy) the packet is parsed again and its entry names
+ * backend and service. */
 int edge_ingress6_dsr(struct xdp_md *ctx)
 {
+	struct dsr6_hand hand;
 	struct pkt pkt = {};
 	struct pkt6 p6 = {};
 	struct flow_info *fi;
 	struct addr6 *to;
 	__u32 bid;
-	int verdict = parse6(ctx, &pkt, &p6);
+	int verdict;
 
+	if (dsr6_take(ctx, &hand)) {
+		to = edge_backends6.lookup(&hand.bid);
+		if (!to)
+			return count_drop(hand.vip_id, EDGE_DROP_NO_BACKEND);
+		return dsr_forward6(ctx, hand.l3_off, hand.l3_len, to, hand.bid, hand.vip_id);
+	}
+	verdict = parse6(ctx, &pkt, &p6);
 	if (verdict != EDGE_CONTINUE)
 		return verdict;
 	fi = edge_ct6.lookup(&p6.key);

@@ -201,6 +201,25 @@ def _group(value: Any, path: str) -> int | str:
     return text
 
 
+def _unicast(address: Any, path: str) -> Any:
+    """address when it can be a VIP, a backend or a peer; else the one-line ConfigError naming what
+    it is. The one home of that rule for both families (IPv6's link-local and IPv4-mapped addresses
+    are refused too; IPv4's link-local ones are not)."""
+    v6 = address.version == 6
+    unusable = (
+        (address.is_unspecified, "the unspecified address"),
+        (address.is_loopback, "a loopback address"),
+        (address.is_multicast, "a multicast address"),
+        (v6 and address.is_link_local, "a link-local address"),
+        (v6 and address.ipv4_mapped is not None, "an IPv4-mapped address (give the IPv4 address)"),
+        (address.is_reserved, "a reserved address"),
+    )
+    for found, kind in unusable:
+        if found:
+            raise ConfigError(f"{path}: {address} is {kind}")
+    return address
+
+
 def _ipv4(role: str) -> Check:
     """A unicast IPv4 address; role names what it is for in the IPv6 error ("VIPs")."""
 
@@ -213,16 +232,7 @@ def _ipv4(role: str) -> Check:
             raise ConfigError(f"{path}: {_show(value)} is not an IPv4 address") from None
         if address.version == 6:
             raise ConfigError(f"{path}: IPv6 {role} are not supported yet")
-        unusable = (
-            (address.is_unspecified, "the unspecified address"),
-            (address.is_loopback, "a loopback address"),
-            (address.is_multicast, "a multicast address"),
-            (address.is_reserved, "a reserved address"),
-        )
-        for found, kind in unusable:
-            if found:
-                raise ConfigError(f"{path}: {address} is {kind}")
-        return address
+        return _unicast(address, path)
 
     return check
 
@@ -239,18 +249,7 @@ def _ip(role: str) -> Check:
             raise ConfigError(f"{path}: {_show(value)} is not an IPv4 or IPv6 address") from None
         if address.version == 4:
             return _ipv4(role)(value, path)
-        unusable = (
-            (address.is_unspecified, "the unspecified address"),
-            (address.is_loopback, "a loopback address"),
-            (address.is_multicast, "a multicast address"),
-            (address.is_link_local, "a link-local address"),
-            (address.ipv4_mapped is not None, "an IPv4-mapped address (give the IPv4 address)"),
-            (address.is_reserved, "a reserved address"),
-        )
-        for found, kind in unusable:
-            if found:
-                raise ConfigError(f"{path}: {address} is {kind}")
-        return address
+        return _unicast(address, path)
 
     return check
 

@@ -53,6 +53,7 @@ VERDICTS = {
     },
 }
 VERDICTS[REP] = VERDICTS[ING]
+VERDICTS[abi.PROG_INGRESS6_DSR] = VERDICTS[ING]  # a tail program run on its own (verdicts_dsr6.py)
 
 
 ROWS = [

@@ -449,6 +449,8 @@ class World:
         one test run; counters are the data path's own (return_nat: tc's alone)."""
         before = self.counters()
         ctx = _sk_buff(BACKEND_IF, LO) if prog == abi.PROG_RETURN else _xdp_md(len(frame), LO)
+        if prog not in self.fds:  # a tail program run on its own (edge_tails holds the same one)
+            self.fds[prog] = self.loaded.load(prog, "xdp").fd
         done = loader.prog_test_run(self.fds[prog], frame, ctx=ctx)
         after = self.counters()
         moved: dict[str, dict[str, int]] = {}

@@ -37,6 +37,7 @@ from controlplane import abi
 from controlplane.maps.records import put_addr
 
 ING = abi.PROG_INGRESS
+DSR6 = abi.PROG_INGRESS6_DSR
 ROUTER6_B = IPv6Address("2001:2:0:1::1")  # the router's address towards the backends: the outer source
 
 
@@ -85,6 +86,36 @@ def tagged(f: bytes) -> bytes:
     return f[:12] + b"\x81\x00\x00\x07" + f[12:]
 
 
+def hand_over(length: int, backend: str = "f0") -> Callable[[World], None]:
+    """A hand-over from edge_ingress6 to the DSR program left on every CPU (maps.h, dsr6_hand):
+    backend chosen, for a frame of length bytes."""
+
+    def put(w: World) -> None:
+        t = w.loaded.table("edge_dsr6_hand")
+        v = t.Leaf()
+        for cpu in range(len(v)):
+            v[cpu].len, v[cpu].bid, v[cpu].vip_id = length, w.bid(backend), w.ids["dsr6"][0]
+            v[cpu].l3_off, v[cpu].l3_len = 14, length - 14
+        t[t.Key(0)] = v
+
+    return put
+
+
+def hands_left(w: World) -> int:
+    """On how many CPUs a hand-over waits (the DSR program clears the one it takes)."""
+    t = w.loaded.table("edge_dsr6_hand")
+    return sum(v.len != 0 for v in t[t.Key(0)])
+
+
+def cpus(w: World) -> int:
+    return len(w.loaded.table("edge_dsr6_hand").Leaf())
+
+
+def hand_taken(w: World) -> bool:
+    """No hand-over left on any CPU: the DSR program took the one edge_ingress6 gave it."""
+    return hands_left(w) == 0
+
+
 def drop(reason: str) -> dict[str, int]:
     return {"drop": 1, f"drop:{reason}": 1}
 
@@ -98,7 +129,20 @@ def rows(row) -> list:
     # fmt: off
     return [
         row("IPv6 DSR: a SYN goes to the backend in IPv6-in-IPv6", ING, syn6(), XDP_REDIRECT, out, {"dsr": 1},
-            hop6_cached, svc="dsr6"),
+            hop6_cached, after=[("the DSR program took edge_ingress6's hand-over", hand_taken)], svc="dsr6"),
+        # the DSR program on its own (edge_ingress6 handed nothing over: a tail of another compile
+        # during a deploy): it parses the packet again and sends it where edge_ct6 says
+        row("IPv6 DSR program without a hand-over: parses again, to edge_ct6's backend", DSR6, syn6(payload=b"x"),
+            XDP_REDIRECT, out, {"dsr": 1}, hop6_cached, dsr6_connected, svc="dsr6"),
+        row("IPv6 DSR program with a hand-over for a frame of another length: parses again", DSR6,
+            syn6(payload=b"x"), XDP_REDIRECT, out, {"dsr": 1}, hop6_cached, dsr6_connected, hand_over(99),
+            after=[("the stale hand-over is left", lambda w: hands_left(w) == cpus(w))], svc="dsr6"),
+        row("IPv6 DSR program with edge_ingress6's hand-over: sent to its backend, no second lookup (no entry)",
+            DSR6, syn6(payload=b"x"), XDP_REDIRECT, out, {"dsr": 1}, hop6_cached,
+            hand_over(len(syn6(payload=b"x"))), after=[("this CPU's hand-over is taken", lambda w: hands_left(w) == cpus(w) - 1)],
+            svc="dsr6"),
+        row("IPv6 DSR program without a hand-over or an entry: dropped", DSR6, syn6(payload=b"x"), XDP_DROP, None,
+            drop("no_backend"), hop6_cached, svc=""),
         row("IPv6 DSR: a full-size segment that still fits the backend link", ING, fits, XDP_REDIRECT, out,
             {"dsr": 1}, hop6_cached, svc="dsr6"),
         row("IPv6 DSR: a packet the tunnel cannot carry is dropped", ING, too_big, XDP_DROP, None,

@@ -1,5 +1,5 @@
 """The pure part of tools/bench-e2e: test frames, NAPI thread names, /proc parsing, the per-packet
-arithmetic and the table. No root, no kernel, no bcc (controlplane/tests/test_bench_e2e.py).
+arithmetic, the table and the report. No root, no kernel, no bcc (controlplane/tests/test_bench_e2e.py).
 """
 
 from __future__ import annotations
@@ -115,4 +115,35 @@ def table(paths: list[Path], results: dict[str, Summary]) -> list[str]:
         lines.append(
             f"  {path.direction:<8} {path.label:<44} {s.min:>8,.0f} {s.median:>10,.0f} {s.runs:>5} {s.delivered:>9.0%}"
         )
+    return lines
+
+
+def report(paths: list[Path], results: dict[str, Summary], rounds: int, packets: int, flows: int) -> list[str]:
+    """bench-e2e's printout: the table, then the ratios of medians against their targets (issue 11)."""
+    r = results.get
+    lines = [
+        f"bench-e2e: router CPU per delivered packet (ns), 64 B UDP, {flows} flows, "
+        f"{packets:,} delivered per run, {rounds} rounds",
+        *table(paths, results),
+    ]
+    lines.append("  ratios (medians):")
+    lines.append(f"    forward  router / bare XDP   {ratio(r('fwd/router'), r('fwd/bare')):>7}   (target <= 1.2x)")
+    lines.append(f"    forward  router DSR / bare XDP {ratio(r('fwd/router-dsr'), r('fwd/bare')):>5}")
+    lines.append(f"    forward  router DSR6 / bare6  {ratio(r('fwd/router-dsr6'), r('fwd/bare6')):>6}")
+    lines.append(f"    forward  router6 / bare6     {ratio(r('fwd/router6'), r('fwd/bare6')):>7}")
+    lines.append(f"    forward  router6 / router    {ratio(r('fwd/router6'), r('fwd/router')):>7}")
+    lines.append(f"    reply    router6 / router    {ratio(r('rep/router6'), r('rep/router')):>7}")
+    lines.append(
+        f"    reply    router XDP6 / bare XDP6 {ratio(r('rep/router-xdp6'), r('rep/bare-xdp6')):>3}   (target <= 1.2x)"
+    )
+    lines.append(f"    reply    router XDP6 / router XDP {ratio(r('rep/router-xdp6'), r('rep/router-xdp')):>2}")
+    lines.append(f"    reply    router / bare tc    {ratio(r('rep/router'), r('rep/bare-tc')):>7}   (target <= 1.2x)")
+    lines.append(f"    reply    router / bare XDP   {ratio(r('rep/router'), r('rep/bare-xdp')):>7}")
+    lines.append(
+        f"    reply    router XDP / bare XDP {ratio(r('rep/router-xdp'), r('rep/bare-xdp')):>5}   (target <= 1.2x)"
+    )
+    lines.append(f"    reply    bare tc / bare XDP  {ratio(r('rep/bare-tc'), r('rep/bare-xdp')):>7}")
+    lines.append(f"    forward  kernel / router     {ratio(r('fwd/kernel'), r('fwd/router')):>7}")
+    lines.append(f"    reply    kernel / router     {ratio(r('rep/kernel'), r('rep/router')):>7}")
+    lines.append(f"    reply    kernel / router XDP {ratio(r('rep/kernel'), r('rep/router-xdp')):>7}   (target >= 3x)")
     return lines

@@ -71,6 +71,37 @@ static __always_inline int encap6_hop(struct xdp_md *ctx, const struct addr6 *to
 	return rc;
 }
 
+/* edge_ingress6 hands the packet it sends by DSR over to edge_ingress6_dsr
+ * (maps.h, struct dsr6_hand): the backend, its service and the packet's
+ * offsets, with the frame's length as the mark of the packet it is for. */
+static __always_inline void dsr6_hand_over(struct xdp_md *ctx, __u32 bid, __u32 vid, __u32 l3_off, __u32 l3_len)
+{
+	__u32 zero = 0;
+	struct dsr6_hand *h = edge_dsr6_hand.lookup(&zero);
+
+	if (!h)
+		return;
+	h->len = ctx->data_end - ctx->data;
+	h->bid = bid;
+	h->vip_id = vid;
+	h->l3_off = l3_off;
+	h->l3_len = l3_len;
+}
+
+/* edge_ingress6_dsr takes the hand-over: 1 and a copy in out when there is
+ * one for a frame of this length (cleared: it is taken once), else 0. */
+static __always_inline int dsr6_take(struct xdp_md *ctx, struct dsr6_hand *out)
+{
+	__u32 zero = 0;
+	struct dsr6_hand *h = edge_dsr6_hand.lookup(&zero);
+
+	if (!h || !h->len || h->len != ctx->data_end - ctx->data)
+		return 0;
+	*out = *h;
+	h->len = 0;
+	return 1;
+}
+
 /* Sends the IPv6 packet whose header is at l3_off (l3_len bytes with it,
  * hop limit > 1) to backend bid at address to, in IPv6-in-IPv6: hop limit - 1
  * inside, outer header in front (VLAN tags go: the backend link is

@@ -440,6 +440,7 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
 	count_traffic(vip->id, bid, pkt.l3_len, new_flow, failover);
 	if (sc->flags & EDGE_SVC_F_DSR) { /* encap6.h, a program of its own (verifier: ~57k instructions here) */
+		dsr6_hand_over(ctx, bid, vip->id, p6.l3_off, pkt.l3_len);
 		edge_tails.call(ctx, EDGE_TAIL_V6_DSR);
 		return count_drop(vip->id, EDGE_DROP_NO_BACKEND); /* not installed */
 	}

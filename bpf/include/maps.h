@@ -129,6 +129,20 @@ BPF_TABLE_PINNED("hash", struct hb_key6, struct hb_target, edge_hb6,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_hb6));
 BPF_TABLE_PINNED("percpu_array", __u32, struct nexthop6, edge_hop6,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_hop6));
+/* Per-CPU hand-over from edge_ingress6 to edge_ingress6_dsr of the packet
+ * being sent (ingress6.h, edge_xdp.c), so that the DSR program needs no
+ * second parse and conntrack lookup; kernel only, not pinned. Taken once:
+ * the DSR program clears len, and parses again when it finds none or one
+ * of another length (a tail program of another compile, during a deploy). */
+struct dsr6_hand {
+	__u32 len;    /* the frame's length when handed over; 0: nothing handed */
+	__u32 bid;    /* the backend edge_ingress6 chose */
+	__u32 vip_id; /* its service */
+	__u32 l3_off; /* where the IPv6 header starts */
+	__u32 l3_len; /* the IPv6 packet's length */
+	__u32 pad;
+};
+BPF_PERCPU_ARRAY(edge_dsr6_hand, struct dsr6_hand, 1);
 /* Per-CPU state of the fallback scan between its runs over one packet
  * (select.h, scan_backends); kernel only, not pinned. */
 struct scan_state {

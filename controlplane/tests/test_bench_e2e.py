@@ -90,3 +90,17 @@ def test_the_ipv6_frame_is_64_bytes_with_a_right_udp_checksum():
     del p[UDP].chksum
     assert Ether(bytes(p))[UDP].chksum == sent
     assert (p[UDP].sport, p[UDP].dport, p["IPv6"].plen) == (10000, 8001, 10)
+
+
+def test_the_report_sets_ipv6s_xdp_reply_against_its_own_bare_redirect():
+    paths = [_e2e.Path("rep/bare-xdp6", "reply", "bare6"), _e2e.Path("rep/router-xdp6", "reply", "router6")]
+    results = {
+        "rep/bare-xdp6": _e2e.summarize([200.0, 200.0], [1.0, 1.0]),
+        "rep/router-xdp6": _e2e.summarize([250.0, 250.0], [1.0, 1.0]),
+    }
+    lines = _e2e.report(paths, results, rounds=2, packets=1000, flows=16)
+    assert "16 flows" in lines[0] and "1,000 delivered" in lines[0]
+    (xdp6,) = [line for line in lines if "router XDP6 / bare XDP6" in line]
+    assert "1.25x" in xdp6
+    (v4,) = [line for line in lines if "router XDP / bare XDP" in line]
+    assert v4.split()[-4] == "-"  # a path not measured has no ratio
