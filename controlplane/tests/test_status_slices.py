@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 
@@ -16,7 +17,8 @@ import yaml
 
 from controlplane.api import server
 from controlplane.config import Node, parse_config
-from controlplane.edged import status as edged_status
+from controlplane.edged import status as edged_status, steer
+from controlplane.probe import Target
 from controlplane.samples import Sample
 from controlplane.tests.apistage import serving, wait_until
 from controlplane.tests.edgedstage import PROBED, daemon
@@ -223,17 +225,29 @@ def test_the_status_loop_rewrites_only_the_records_that_changed(monkeypatch):
 def test_the_record_says_what_the_backend_view_says(monkeypatch):
     """Status.record (built for every backend every second) and backend_view (status) agree on
     every field the record holds, with probe results, loads, an operator's drain and pin and a
-    backend a reload left draining."""
+    backend a reload left draining; a result that comes after a record was built is in the next."""
     from controlplane.samples import Load
 
+    closed = socket.socket()  # bound, not listening: the prober's own probes are refused (no RTT)
+    closed.bind(("127.0.0.1", 0))
+
+    def result(d, key, sample: Sample) -> None:
+        """A probe result as the prober delivers it: into the window, then to the steering."""
+        d.steering.prober.window(key).add(sample)
+        d.steering.on_sample(key, sample)
+
     async def go():
-        d = daemon(parse_config(probed_doc()))
+        cfg = parse_config(probed_doc())
+        d = daemon(cfg)
+        port = closed.getsockname()[1]
+        d.steering.targets = lambda cfg: [Target(t.key, "127.0.0.1", port, t.probe) for t in steer.targets(cfg)]
+        d.steering.set_services(cfg)  # the windows
         t = time.monotonic_ns()
         for j, rtt in enumerate((0.010, 0.020)):
             for k in range(5):
-                d.steering.on_sample(
-                    ("s0", f"b{j}"), Sample(t_ns=t + k, ok=k != 3, rtt_s=rtt, error=None if k != 3 else "timeout")
-                )
+                ok = k != 3
+                sample = Sample(t_ns=t + k, ok=ok, rtt_s=rtt if ok else None, error=None if ok else "timeout")
+                result(d, ("s0", f"b{j}"), sample)
         d.steering.on_load(("s0", "b0"), Load(t_ns=t, ok=True, waiting=3.0, running=7.0, kv_usage=0.25))
         d.steering.step(d.state.services["s0"], t)
         await d.operate("drain", "s1", "b0")
@@ -241,17 +255,31 @@ def test_the_record_says_what_the_backend_view_says(monkeypatch):
         new = probed_doc()
         new["services"][2]["backends"] = new["services"][2]["backends"][:1]  # s2/b1 drains out
         await d.reload(yaml.safe_dump(new))
+        await d.steering.prober.close()
         return d, time.monotonic_ns()
 
     routes = lambda cfg: {b.address: 1 for s in cfg.services for b in s.backends}  # noqa: E731
     monkeypatch.setattr(edged_status.deploy, "backend_routes", routes)
-    d, now = asyncio.run(go())
+    try:
+        d, now = asyncio.run(go())
+    finally:
+        closed.close()
     assert ("s2", "b1") in d.state.leaving
     fields = ("rtt_p50_s", "rtt_p99_s", "rtt_smoothed_s", "waiting", "running", "kv_usage", "probes_ok")
     fields += ("probes_failed", "state", "reason", "drained", "override")
-    for name, st in d.state.services.items():
-        for b in st.service.backends:
-            view, rec = d.status.backend_view(name, b.name, now, full=False), d.status.record(name, b.name, b.weight)
-            assert {f: getattr(rec, f) for f in fields} == {f: view.get(f) for f in fields}, (name, b.name)
-            assert rec.leave_until_s == edged_status._leave_until_s(d.state.leaving.get((name, b.name)))
+
+    def agree() -> None:
+        for name, st in d.state.services.items():
+            for b in st.service.backends:
+                view = d.status.backend_view(name, b.name, now, full=False)
+                rec = d.status.record(name, b.name, b.weight)
+                assert {f: getattr(rec, f) for f in fields} == {f: view.get(f) for f in fields}, (name, b.name)
+                assert rec.leave_until_s == edged_status._leave_until_s(d.state.leaving.get((name, b.name)))
+
+    agree()
+    assert d.status.record("s0", "b0", 100).rtt_p99_s == 0.010
     assert d.status.record("s0", "b0", 100).waiting == 3 and d.status.record("s1", "b0", 100).drained
+    for k in range(5):  # new results after a record was built: the next one has them
+        result(d, ("s0", "b0"), Sample(t_ns=now + k, ok=True, rtt_s=0.5))
+    assert d.status.record("s0", "b0", 100).rtt_p99_s == 0.5
+    agree()
