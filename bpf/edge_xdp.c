@@ -363,7 +363,9 @@ int edge_ingress6_dsr(struct xdp_md *ctx)
  * (edge_ingress6 found it spent): parsed again, forwarded to its first
  * Maglev pick without an entry (state6.h, stateless6), or dropped as
  * untracked. A program of its own: inlined in edge_ingress6 it cost 4 % of
- * the verifier's budget there. */
+ * the verifier's budget there. A SYN comes here when edge_ingress6 found no
+ * edge_ct6 entry but a half-open one (ingress6.h, syn_again6): the other
+ * step edge_ingress6 has no room for. */
 int edge_ingress6_stateless(struct xdp_md *ctx)
 {
 	struct pkt pkt = {};
@@ -384,6 +386,8 @@ int edge_ingress6_stateless(struct xdp_md *ctx)
 	 * drop the masks dnat6 puts on them; hide what it knows */
 	EDGE_OPAQUE(p6.l3_off);
 	EDGE_OPAQUE(p6.l4_off);
+	if (pkt.syn) /* a SYN sent again on a half-open flow (ingress6.h) */
+		return syn_again6(ctx, &pkt, &p6);
 	vk.addr = p6.key.dst;
 	vk.port = p6.key.dport;
 	vk.proto = p6.key.proto;
@@ -407,6 +411,8 @@ int edge_ingress6_stateless(struct xdp_md *ctx)
 	if (!to)
 		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
 	count_traffic(vip->id, bid, pkt.l3_len, 0, 0);
+	if (sc->flags & EDGE_SVC_F_DSR) /* as IPv4's: the pick, encapsulated (encap6.h) */
+		return dsr_forward6(ctx, p6.l3_off, pkt.l3_len, to, bid, vip->id);
 	if (dnat6(ctx, &p6, to, be->port) < 0)
 		return count_drop(vip->id, EDGE_DROP_MALFORMED);
 	return forward6(ctx, &pkt, &p6, bid, vip->id);

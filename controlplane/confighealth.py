@@ -185,6 +185,13 @@ class Weights:
         "added to every RTT before weighting: differences far below it are probe noise", _int(0, MAX_MS), 1
     )
     load_aware: bool = option("scale weights down by queue depth and KV-cache use (needs health.metrics)", _bool, True)
+    load_model: str = option(
+        "with load_aware, how load scales a weight: queue (waiting + running over the engine's slots, "
+        "the most seen running) or capacity (queue, times the backend's share of the largest capacity: "
+        "slots x tokens/s per running request, from the progress counter)",
+        _one_of("queue", "capacity"),
+        "capacity",
+    )
     hung_ms: int = option("work outstanding with no progress this long marks the engine hung", _ms, 2000)
     slow_start_ms: int = option(
         "a recovered backend ramps from the floor to its weight over this long; 0 is off", _int(0, MAX_MS), 5000

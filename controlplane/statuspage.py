@@ -103,7 +103,10 @@ def fmt_conntrack(snap: dict) -> str:
     """'   conntrack entries: N', '   conntrack: >= N entries (the count stopped at its deadline)',
     or '' when not counted."""
     if snap.get("conntrack_entries") is not None:
-        return f"   conntrack entries: {snap['conntrack_entries']}"
+        half_open = snap.get("half_open_entries")
+        return f"   conntrack entries: {snap['conntrack_entries']}" + (
+            f" (+ {half_open} half-open)" if half_open is not None else ""
+        )
     if snap.get("conntrack_partial") is not None:
         return f"   conntrack: >= {snap['conntrack_partial']} entries (the count stopped at its deadline)"
     return ""

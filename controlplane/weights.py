@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
-from controlplane import config, limits, steadyrtt
+from controlplane import config, limits, loadweights, steadyrtt
 from controlplane.samples import Load, Sample
 
 SCALE = 10_000  # weight of the best backend of an idle service
@@ -54,6 +54,7 @@ class Tracker:
     hung: bool = False  # as of the newest good scrape
     ramp_since_ns: Optional[int] = None  # start of the current slow start
     wire_rtt_s: Optional[float] = None  # handshake p50 of real traffic while fresh (edged sets it), else None
+    speed: loadweights.Speed = field(default_factory=loadweights.Speed)  # tokens/s per running request
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ def observe_load(tr: Tracker, l: Load, w: config.Weights) -> None:
     hung = tr.stall_since_ns is not None and l.t_ns - tr.stall_since_ns >= hung_ns
     if tr.hung and not hung:
         tr.ramp_since_ns = l.t_ns
+    loadweights.observe(tr.speed, prev, l)
     tr.hung, tr.load = hung, l
     tr.peak_running = max(tr.peak_running, l.running or 0.0)
     tr.scrape_failures, tr.scrape_error = 0, None
@@ -350,6 +352,11 @@ def decide(
                   kv    = 1 below KV_KNEE, falling linearly to KV_MIN at kv_usage 1.0
                   load  = queue * kv          (1 idle, -> 0 saturated; a signal the
                                                backend doesn't export counts as no pressure)
+                  capacity (load_model capacity, the default): load *= the backend's share of the
+                          largest capacity, slots x tokens/s per running request (the progress
+                          counter's rate, smoothed over about a second: loadweights.py), so
+                          equal relative queues get flows in proportion to capacity; unknown
+                          capacity counts the median of the known ones
                 stale (had a good scrape, now older than stale_ms; failed scrapes don't
                 refresh it): load = NEUTRAL_LOAD, state "unknown-load". Never scraped:
                 NEUTRAL_LOAD too, state "no-metrics" - unless no backend of the service
@@ -480,6 +487,7 @@ def _latency_inverse(
         else:
             computed.append(b)
 
+    share = _shares(w, trs, computed) if scaled else {}
     kind = health.probe.kind if health and health.probe else None
     rtts = {b.name: rtt_input(trs[b.name], kind, w) for b in computed}
     known = [r for r in rtts.values() if r is not None]
@@ -508,6 +516,9 @@ def _latency_inverse(
         if scaled:
             factor, load_state_name, load_words = _load(tr, now_ns, metrics, any_metrics)
             words.append(load_words)
+            if share.get(b.name, 1.0) < 1.0:  # the largest's words stay as they were
+                factor *= share[b.name]
+                words.append(f"capacity x{share[b.name]:.2f}")
             if state == "up" and load_state_name != "up":
                 state = load_state_name
         raw[b.name] = min(MAX_WEIGHT, _round(SCALE * lat[b.name] / best * factor))
@@ -528,6 +539,15 @@ def _latency_inverse(
                 states[b.name] = "slow-start"
                 reasons[b.name] += f", slow start {frac:.0%} of {target}"
     return {b.name: weights[b.name] for b in service.backends}, states, reasons
+
+
+def _shares(w: config.Weights, trs: dict[str, Tracker], computed: list) -> dict[str, float]:
+    """load_model capacity: each computed backend's capacity share (loadweights.shares); queue: none."""
+    if w.load_model != "capacity":
+        return {}
+    return loadweights.shares(
+        {b.name: loadweights.capacity(trs[b.name].speed, trs[b.name].peak_running) for b in computed}
+    )
 
 
 def _load(

@@ -34,17 +34,20 @@ PORT = 8000
 WAIT_MS = 100  # b0's server waits this long before answering
 SLOW_HS_BUCKET = 19  # 2^19 us = 0.52 s <= the client's 1 s SYN retransmission timeout
 WAIT_BUCKET = 16  # 2^16 us = 65.5 ms <= 100 ms
+PORT6 = 8001  # the IPv6 case's plain backends (controlplane.lab.backend, both families)
 # b1's namespace: the first SYN of each (client, port) to the service is dropped, a second one taken
-LOSE_FIRST_SYN = f"""
+LOSE_FIRST_SYN_TEMPLATE = """
 table inet edgetest_wire {{
-  set seen {{ type ipv4_addr . inet_service; timeout 60s; }}
+  set seen {{ type {addr_type} . inet_service; timeout 60s; }}
   chain input {{
     type filter hook input priority 0; policy accept;
-    tcp dport {PORT} tcp flags & (syn | ack) == syn ip saddr . tcp sport @seen accept
-    tcp dport {PORT} tcp flags & (syn | ack) == syn add @seen {{ ip saddr . tcp sport }} drop
+    tcp dport {port} tcp flags & (syn | ack) == syn {ip} saddr . tcp sport @seen accept
+    tcp dport {port} tcp flags & (syn | ack) == syn add @seen {{ {ip} saddr . tcp sport }} drop
   }}
 }}
 """
+LOSE_FIRST_SYN = LOSE_FIRST_SYN_TEMPLATE.format(addr_type="ipv4_addr", port=PORT, ip="ip")
+LOSE_FIRST_SYN6 = LOSE_FIRST_SYN_TEMPLATE.format(addr_type="ipv6_addr", port=PORT6, ip="ip6")
 
 
 @pytest.fixture(scope="module")
@@ -65,20 +68,21 @@ def router(wire_net: Net):
         yield router
 
 
-def slow_handshakes(net: Net, i: int, on: bool) -> None:
+def slow_handshakes(net: Net, i: int, on: bool, rules: str = LOSE_FIRST_SYN) -> None:
     """Backend i loses the first SYN of every connection (on), or no longer (the table goes)."""
     ns = net.backends[i]
     if on:
-        ns.run(["nft", "-f", "-"], input=LOSE_FIRST_SYN, text=True, check=True)
+        ns.run(["nft", "-f", "-"], input=rules, text=True, check=True)
     else:
         ns.run(["nft", "delete", "table", "inet", "edgetest_wire"], check=False)
 
 
-def requests(net: Net, n: int) -> None:
-    """n new connections to the VIP at once (b1's take a second), one request each, closed by the client."""
+def requests(net: Net, n: int, vip=None, port: int = PORT) -> None:
+    """n new connections to the VIP (default the IPv4 one) at once (b1's take a second), one request
+    each, closed by the client."""
 
     def one(_):
-        with connect(net.client, net.vip, PORT, timeout_s=5.0) as conn:
+        with connect(net.client, net.vip if vip is None else vip, port, timeout_s=5.0) as conn:
             conn.request()
 
     with ThreadPoolExecutor(max_workers=n) as pool:
@@ -202,6 +206,50 @@ def test_edged_moves_weight_off_a_backend_whose_handshakes_got_slow_between_prob
             if s.name.endswith("_count")
         }
         assert counts["b1"] > 0 and counts["b0"] > 0
+    finally:
+        slow_handshakes(net, 1, False)
+        assert edged.stop() == 0
+
+
+def test_edged_moves_weight_off_an_ipv6_backend_whose_handshakes_got_slow_between_probes(wire_net, router, tmp_path):
+    """The IPv6 case (wire6.h): a service on the IPv6 VIP whose backends are plain servers on their
+    IPv6 addresses (port PORT6), probes every 60 s. b1 loses the first SYN of each IPv6
+    connection after edged started; real connections through the IPv6 VIP show it, and edged
+    takes weight from b1 for its wire RTT."""
+    net = wire_net
+    net.start_backends(port=PORT6)  # both families; they stop with the module's net
+    service = router.service("chat6", vip=str(net.topo.vip6), port=PORT6, backend_port=PORT6)
+    for entry in service["backends"]:
+        entry["address"] = str(net.topo.backend_addr6(int(entry["name"][1:])).ip)
+    service["health"] = {"probe": {"kind": "tcp", "interval_ms": 60000, "timeout_ms": 1000}}
+    service["weights"] = {
+        "policy": "latency_inverse",
+        "slow_start_ms": 0,
+        "wire": {"window_ms": 2000, "min_samples": 5, "interval_ms": 250},
+    }
+    doc = router.config([service], node={"api_socket": str(tmp_path / "edged.sock")})
+    edged = EdgedProc.start(net.router, doc, router.iface)
+    try:
+        edged.wait_for(lambda e: e["kind"] == "api", 10.0, "the API to listen")
+        slow_handshakes(net, 1, True, LOSE_FIRST_SYN6)
+        for _ in range(10):  # bounded: 20 connections a round, 10 rounds at most
+            requests(net, 20, vip=net.topo.vip6, port=PORT6)
+            w = edged.latest_weights("chat6")
+            if w and w["b1"] * 4 < w["b0"]:
+                break
+        weights = edged.wait_for(
+            lambda e: (
+                e["kind"] == "weights" and e.get("service") == "chat6" and e["weights"]["b1"] * 4 < e["weights"]["b0"]
+            ),
+            5.0,
+            "weight moved off b1",
+        )["weights"]
+        assert weights["b1"] * 4 < weights["b0"]
+
+        b = by_name(edged_status(router, tmp_path))
+        assert "wire rtt" in b["b1"]["edged"]["reason"], b["b1"]["edged"]
+        assert b["b1"]["edged"]["probes_ok"] + b["b1"]["edged"]["probes_failed"] <= 1
+        assert b["b1"]["edged"]["wire"]["handshake_p50_s"] >= 2**SLOW_HS_BUCKET / 1e6
     finally:
         slow_handshakes(net, 1, False)
         assert edged.stop() == 0

@@ -213,6 +213,10 @@ class World:
         backends = self.t[abi.MAP_BACKENDS]
         self._backends = {bid: backends[backends.Key(bid)] for _, ids in self.ids.values() for bid in ids.values()}
         self._backends = {bid: type(v).from_buffer_copy(v) for bid, v in self._backends.items()}
+        cfgs = self.t[abi.MAP_SVC_CFG]  # restored by reset: a row may change a service's flags
+        self._svc_cfg = {
+            vid: type(v).from_buffer_copy(v) for vid, v in ((vid, cfgs[cfgs.Key(vid)]) for vid, _ in self.ids.values())
+        }
         self._hb = [
             (name, type(k).from_buffer_copy(k), type(v).from_buffer_copy(v))
             for name in (abi.MAP_HB, abi.MAP_HB6)
@@ -263,6 +267,11 @@ class World:
         backends = self.t[abi.MAP_BACKENDS]
         for bid, v in self._backends.items():
             backends[backends.Key(bid)] = v
+        cfgs, inflight = self.t[abi.MAP_SVC_CFG], self.t[abi.MAP_INFLIGHT]
+        for vid, v in self._svc_cfg.items():
+            cfgs[cfgs.Key(vid)] = v
+        for bid in self._backends:  # open-connection counts (wire.h): none, as two_choices rows expect
+            inflight[inflight.Key(bid)] = inflight.Leaf(0)
         for name, k, v in self._hb:
             self.t[name][k] = v
         for name in ("h0", "h1", "g0", "g1"):

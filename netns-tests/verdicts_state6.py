@@ -9,6 +9,7 @@ rows(row) builds them with verdicts_v4.py's row()."""
 
 from __future__ import annotations
 
+import struct
 from ipaddress import IPv6Address
 from typing import Callable
 
@@ -30,10 +31,11 @@ from verdicts import (
     _xdp_md,
 )
 from verdicts6 import CLIENT6, E0, E1, VIP6, dnat6, drop, reply6, snat6
+from verdicts_dsr6 import encap6, hop6_cached, syn6
 from verdicts_icmp6 import port_picking6
 
 from controlplane import abi, loader
-from controlplane.maps.records import be16, put_addr
+from controlplane.maps.records import be16, hash_mix, put_addr
 
 ING, RET = abi.PROG_INGRESS, abi.PROG_RETURN
 W = "web6"
@@ -118,14 +120,15 @@ def answered6(seq: int) -> tuple[str, Callable[[World], bool]]:
     return (f"the SYN-ACK's sequence + 1 ({seq}) noted", holds)
 
 
-def replaced_by(backend: str) -> tuple[str, Callable[[World], bool]]:
-    """The half-open entry of the port picking e0 names backend, its answer forgotten."""
+def pinned_half_open(backend: str) -> tuple[str, Callable[[World], bool]]:
+    """The half-open entry of the port picking e0 names backend, its SYN's sequence number noted."""
 
     def holds(w: World) -> bool:
         v = _get(w, abi.MAP_HALF_OPEN6, port_picking6("e0")(w))
-        return v is not None and v.ct.backend_id == w.bid(backend) and not v.flags & abi.HO_F_ANSWERED
+        seq = int.from_bytes((1000).to_bytes(4, "big"), "little")
+        return v is not None and v.ct.backend_id == w.bid(backend) and v.ct.syn_seq == seq
 
-    return (f"edge_half_open6 holds it for {backend}, not answered", holds)
+    return (f"edge_half_open6 holds it for {backend}", holds)
 
 
 def _direct_key(w: World, backend: tuple[IPv6Address, int], sport: int):
@@ -216,6 +219,60 @@ def syn_ack6(src: tuple[IPv6Address, int], ack: int) -> bytes:
     return bytes(Ether(dst=ROUTER_MAC, src=CLIENT_MAC) / IPv6(src=str(src[0]), dst=str(CLIENT6), hlim=1) / seg)
 
 
+TWO_CHOICES_SEED = 0x5BD1E995  # select.h, EDGE_TWO_CHOICES_SEED: the second candidate's hash
+
+
+def _fold(addr: IPv6Address) -> int:
+    a, b, c, d = struct.unpack("<4I", addr.packed)
+    return a ^ b ^ c ^ d
+
+
+def port_two(first: str, second: str) -> Callable[[World], int]:
+    """A client port whose flow to VIP6:80 has first as its Maglev pick and second as two_choices'
+    second candidate (select.h: the service's backend list at hash_mix(hash ^ seed) % n)."""
+
+    def pick(w: World) -> int:
+        t = w.t[abi.MAP_VIPS6]
+        k = t.Key()
+        put_addr(k, "addr", VIP6)
+        k.port, k.proto = be16(80), 6
+        table = w.maps.read_table(w.vid(W), t[k].table)
+        cfg = w.t[abi.MAP_SVC_CFG][w.t[abi.MAP_SVC_CFG].Key(w.vid(W))]
+        for p in range(CLIENT_PORT, CLIENT_PORT + 2000):
+            h = 0x9E3779B9
+            for v in (_fold(CLIENT6), _fold(VIP6), (be16(p) << 16) | be16(80), 6):
+                h = hash_mix(h ^ v)
+            two = cfg.backends[(hash_mix(h ^ TWO_CHOICES_SEED) % cfg.n_backends) & 1023]
+            if table[h % w.maps.m] == w.bid(first) and two == w.bid(second):
+                return p
+        raise AssertionError(f"no port picks {first} then {second}")
+
+    return pick
+
+
+def svc_flags6(flags: int, service: str = W) -> Callable[[World], None]:
+    """The service's edge_svc_cfg flags also hold flags (World.reset restores them)."""
+
+    def setup(w: World) -> None:
+        t = w.t[abi.MAP_SVC_CFG]
+        v = t[t.Key(w.vid(service))]
+        v.flags |= flags
+        t[t.Key(w.vid(service))] = v
+
+    return setup
+
+
+def open_conns(**counts: int) -> Callable[[World], None]:
+    """edge_inflight: backend name -> its open connections (World.reset zeroes them)."""
+
+    def setup(w: World) -> None:
+        t = w.t[abi.MAP_INFLIGHT]
+        for name, n in counts.items():
+            t[t.Key(w.bid(name))] = t.Leaf(n)
+
+    return setup
+
+
 def rows(row) -> list:
     # fmt: off
     return [
@@ -234,10 +291,14 @@ def rows(row) -> list:
         row("IPv6 ACK acknowledging another sequence: the half-open entry stays", ING, seg6("A", ack=7777),
             XDP_REDIRECT, None, {"redirect": 1}, half_open6("e1", answered_seq=5000), svc=W,
             after=[in_half_open6("e1")]),
-        row("IPv6 SYN sent again on a half-open flow: its Maglev pick anew, the entry replaced", ING,
-            picking("e0", "S"), XDP_REDIRECT, dnat6(E0), {"redirect": 1},
+        row("IPv6 SYN sent again on a half-open flow: the entry's backend, as IPv4's", ING,
+            picking("e0", "S"), XDP_REDIRECT, dnat6(E1), {"redirect": 1},
             lambda w: half_open6("e1", answered_seq=5000, sport=port_picking6("e0")(w))(w), svc=W,
-            after=[replaced_by("e0")]),
+            after=[pinned_half_open("e1")]),
+        row("IPv6 SYN sent again on a half-open flow, its backend draining: a new pick, the entry rewritten", ING,
+            picking("e0", "S"), XDP_REDIRECT, dnat6(E0), {"redirect": 1},
+            lambda w: half_open6("e1", answered_seq=5000, sport=port_picking6("e0")(w))(w),
+            lambda w: w.set_flags("e1", UP | abi.BE_F_DRAINING), svc=W, after=[pinned_half_open("e0")]),
         row("IPv6 SYN-ACK of a half-open flow: source back to the VIP, its sequence noted", RET, reply6(hlim=1),
             TC_ACT_OK, snat6, {"return_nat": 1}, half_open6("e0"), svc=W,
             after=[in_half_open6("e0"), answered6(5001)]),
@@ -249,6 +310,21 @@ def rows(row) -> list:
         row("IPv6 ACK, no entry, budget spent, its pick draining: dropped", ING, picking("e1"), XDP_DROP, None,
             drop("untracked"), lambda w: w.spend_budget(), lambda w: w.set_flags("e1", UP | abi.BE_F_DRAINING),
             svc=W),
+        # as IPv4's fast path (select.h): two_choices takes the lesser loaded candidate, DSR encapsulates,
+        # least_loaded (its loop is the slow path's) drops
+        row("IPv6 ACK, no entry, budget spent, two_choices: the lesser loaded candidate, no entry", ING,
+            lambda w: seg6("A", sport=port_two("e1", "e0")(w)), XDP_REDIRECT, dnat6(E0),
+            {"redirect": 1, "stateless": 1}, lambda w: w.spend_budget(), svc_flags6(abi.SVC_F_TWO_CHOICES),
+            open_conns(e1=5, e0=0), svc=W, after=[in_ct6(None)]),
+        row("IPv6 ACK, no entry, budget spent, two_choices, its pick the lesser loaded: the pick", ING,
+            lambda w: seg6("A", sport=port_two("e1", "e0")(w)), XDP_REDIRECT, dnat6(E1),
+            {"redirect": 1, "stateless": 1}, lambda w: w.spend_budget(), svc_flags6(abi.SVC_F_TWO_CHOICES),
+            open_conns(e1=0, e0=5), svc=W, after=[in_ct6(None)]),
+        row("IPv6 ACK, no entry, budget spent, least_loaded: dropped, as IPv4's", ING, picking("e1"), XDP_DROP,
+            None, drop("untracked"), lambda w: w.spend_budget(), svc_flags6(abi.SVC_F_LEAST_LOADED), svc=W),
+        row("IPv6 DSR ACK, no entry, budget spent: its Maglev pick in IPv6-in-IPv6, no entry", ING,
+            syn6(payload=b"data"), XDP_REDIRECT, encap6, {"dsr": 1, "stateless": 1}, hop6_cached,
+            lambda w: w.spend_budget(), svc="dsr6"),
         row("IPv6 reply, no entry, the Maglev slot names the sender: source back to the VIP", RET,
             reply_picking(E1, "e1"), TC_ACT_OK, snat6, {"return_nat": 1, "return_stateless": 1}, svc=W,
             after=[("no edge_ct6 entry made", lambda w: len(list(w.t[abi.MAP_CT6].keys())) == 0)]),

@@ -81,12 +81,14 @@ static __always_inline int bench_reference_body(struct xdp_md *ctx)
 
 /* (e), (f) the floors: the reference plus what a conntrack-based forwarder does
  * at least: look up the VIP and the flow (2 hash lookups), and for a new flow
- * insert it into the conntrack map (the same map, so the same type). */
+ * insert it into the table a SYN goes into: the half-open table (edge_half_open,
+ * the same map, so the same type and size), not edge_ct, which a flow reaches only
+ * once the client acknowledges the backend's SYN-ACK. */
 static __always_inline int bench_floor_body(struct xdp_md *ctx, const int insert)
 {
 	struct vip_key vk = {};
 	struct flow_key fk = {};
-	struct flow_info fi = {};
+	struct half_open ho = {};
 
 	BENCH_PARSE(XDP_DROP, XDP_PASS);
 	vk.addr = iph->daddr;
@@ -100,7 +102,7 @@ static __always_inline int bench_floor_body(struct xdp_md *ctx, const int insert
 	fk.dport = th->dest;
 	fk.proto = IPPROTO_TCP;
 	if (!edge_ct.lookup(&fk) && insert)
-		edge_ct.update(&fk, &fi);
+		edge_half_open.update(&fk, &ho);
 	return bpf_redirect(%(backend_ifindex)d, 0);
 }
 

@@ -119,7 +119,7 @@ def results(cases: dict, measured: dict) -> dict:
     out: dict = {"cases": {key: row(case, case.label, case.samples) for key, case in cases.items()}, "ratios": {}}
     if measured["new_flow_room"]["samples_raw_ns"]:
         out["cases"]["new_flow_room"] = row(
-            cases["new_flow"], "(b) before conntrack is full (info only)", measured["new_flow_room"]["samples_raw_ns"]
+            cases["new_flow"], "(b) before half-open is full (info only)", measured["new_flow_room"]["samples_raw_ns"]
         )
     ref = out["cases"]["reference"]["ns_per_packet"]
     for key, (floor, target) in {**TARGETS, **v6.TARGETS6}.items():
@@ -152,7 +152,7 @@ CASES = (
     ),
     (
         "new_flow",
-        "(b) new flow: Maglev, conntrack insert, NAT, fib, redirect",
+        "(b) new flow: Maglev, half-open insert, NAT, fib, redirect",
         "xdp",
         "new",
         "edge_ingress(ctx)",
@@ -180,7 +180,7 @@ CASES = (
     ),
     (
         "floor_new",
-        "(f) new-flow floor: (e) + conntrack insert",
+        "(f) new-flow floor: (e) + half-open insert",
         "xdp",
         "new",
         "bench_floor_body(ctx, 1)",

@@ -75,6 +75,8 @@ def print_variant(ct_type: str, params: dict, run: dict) -> None:
     print()
     full = measured["conntrack_full_in_round"]
     ct = f"conntrack {ct_type} ({run['ct_flags']}), {params['ct_size']:,} entries"
+    if "half_open_size" in params:  # new flows' SYNs go into the half-open table: that is what fills
+        ct += f", half-open {params['half_open_size']:,}"
     ct += f", full from round {full} on: inserts then evict" if full else ", never full"
     print(f"  Maglev M={params['maglev_m']}, {params['backends']} backends, health {params['health']}, {ct}")
     rows = [("case", "ns/pkt", "raw", "wrapper", "raw min..max")]

@@ -2,7 +2,7 @@
 14 eth + 40 IPv6 + 20 TCP + 10 payload), the C text of its wrappers and floors, and the checks that
 each IPv6 case takes its path. (a6) established, (b6) new flow, (i6) reply through edge_reply (XDP),
 (g6) reply through edge_return (tc), each against a floor program of its own family: (e6) parse
-eth/IPv6/TCP, look up edge_vips6 and edge_ct6, redirect; (f6) (e6) + an edge_ct6 insert; (j6), (h6)
+eth/IPv6/TCP, look up edge_vips6 and edge_ct6, redirect; (f6) (e6) + an edge_half_open6 insert (the table a SYN goes into); (j6), (h6)
 parse, edge_rnat6 and edge_ct6, redirect (XDP, tc). (a6) and (b6) run edge_ingress, which tail-calls
 edge_ingress6 for an IPv6 frame as deployed: the tail call is part of what they pay, not of the floor.
 Addresses from 2001:2::/48 only, in the bench's own namespaces.
@@ -61,7 +61,7 @@ CASES6 = (
     ),
     (
         "new_flow6",
-        "(b6) IPv6 new flow: tail call, Maglev, ct6 insert, NAT, redirect",
+        "(b6) IPv6 new flow: tail call, Maglev, half-open insert, NAT, redirect",
         "xdp6",
         "new6",
         "edge_ingress(ctx)",
@@ -79,7 +79,7 @@ CASES6 = (
     ),
     (
         "floor6_new",
-        "(f6) IPv6 new-flow floor: (e6) + ct6 insert",
+        "(f6) IPv6 new-flow floor: (e6) + half-open6 insert",
         "xdp6",
         "new6",
         "bench_floor6_body(ctx, 1)",
@@ -179,12 +179,12 @@ static __always_inline void bench_next_flow6(void *data)
 		return drop
 
 /* (e6), (f6): parse, look up the VIP (edge_vips6) and the flow (edge_ct6), for a new
- * flow insert it, redirect. */
+ * flow insert it into the table a SYN goes into (edge_half_open6), redirect. */
 static __always_inline int bench_floor6_body(struct xdp_md *ctx, const int insert)
 {
 	struct vip_key6 vk = {};
 	struct flow_key6 fk = {};
-	struct flow_info fi = {};
+	struct half_open ho = {};
 
 	BENCH_PARSE6(XDP_DROP, XDP_PASS);
 	__builtin_memcpy(&vk.addr, &ip6->daddr, 16);
@@ -198,7 +198,7 @@ static __always_inline int bench_floor6_body(struct xdp_md *ctx, const int inser
 	fk.dport = th->dest;
 	fk.proto = IPPROTO_TCP;
 	if (!edge_ct6.lookup(&fk) && insert)
-		edge_ct6.update(&fk, &fi);
+		edge_half_open6.update(&fk, &ho);
 	return bpf_redirect(%(backend_ifindex)d, 0);
 }
 

@@ -420,6 +420,12 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 		fi = edge_ct6.lookup(&p6.key);
 	if (!fi && stage == EDGE_STAGE_SLOW && p6.key.proto == IPPROTO_TCP && !pkt.syn)
 		fi = half_open6(&pkt, &p6.key); /* state6.h: the ACK that completes it moves it to edge_ct6 */
+	/* a SYN sent again on a half-open flow keeps its backend, as IPv4's
+	 * (syn_again6, in the stateless program: verifier, an entry of either
+	 * map here costs a quarter of the budget); not installed: a new pick */
+	if (!fi && stage == EDGE_STAGE_SLOW && p6.key.proto == IPPROTO_TCP && pkt.syn &&
+	    edge_half_open6.lookup(&p6.key))
+		edge_tails.call(ctx, EDGE_TAIL_V6_STATELESS);
 	/* a flood of TCP packets that are no SYN must not push connections
 	 * out of the LRU: as IPv4's budget (flow.h); over it, its stateless
 	 * pick in a program of its own (state6.h; verifier: +4 % here) */
@@ -453,6 +459,78 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	if (dnat6(ctx, &p6, to, be->port) < 0)
 		return count_drop(vip->id, EDGE_DROP_MALFORMED);
 	return forward6(ctx, &pkt, &p6, bid, vip->id);
+}
+
+/* A half-open entry, for a SYN sent again (edge_ingress6_stateless, which
+ * edge_ingress6 tail-calls for it): the step of ingress6 that IPv4's
+ * flow_lookup takes for a SYN, on the half-open entry (its backend kept
+ * while it takes new flows, else a new pick written over it, as select.h
+ * does to any entry), then the rest of ingress6's steps for a SYN. */
+static __always_inline int syn_again6(struct xdp_md *ctx, struct pkt *pkt, struct pkt6 *p6)
+{
+	void *data = (void *)(long)ctx->data;
+	struct ipv6hdr *ip6 = data + (p6->l3_off & 0x1f);
+	struct vip_key6 vk = {};
+	struct vip_info *vip;
+	struct service_cfg *sc;
+	struct backend_info *be;
+	struct half_open *ho;
+	struct addr6 *to;
+	__u32 bid, drop;
+	int new_flow, failover, csum;
+	__u64 now = 0;
+
+	vk.addr = p6->key.dst;
+	vk.port = p6->key.dport;
+	vk.proto = p6->key.proto;
+	vip = edge_vips6.lookup(&vk);
+	if (!vip)
+		return count_verdict(EDGE_NO_SERVICE, EDGE_CNT_PASS, XDP_PASS);
+	if ((void *)(ip6 + 1) > (void *)(long)ctx->data_end)
+		return count_drop(vip->id, EDGE_DROP_MALFORMED);
+	if (ip6->hop_limit <= 1) /* the stack answers with time exceeded */
+		return count_verdict(vip->id, EDGE_CNT_PASS, XDP_PASS);
+	csum = syn_csum6(ctx, pkt, p6);
+	if (!csum)
+		return count_drop(vip->id, EDGE_DROP_BAD_CSUM);
+	pkt->syn_counted = csum > 0;
+	sc = edge_svc_cfg.lookup(&vip->id);
+	if (!sc)
+		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
+	if (sc->flags)
+		now = bpf_ktime_get_ns();
+	/* a DSR service's SYNs go to edge_ct6 (flow_insert): an entry left from
+	 * before the service changed is not used */
+	ho = (sc->flags & EDGE_SVC_F_DSR) ? NULL : edge_half_open6.lookup(&p6->key);
+	be = select_backend(vip, sc, pkt, ho ? &ho->ct : NULL, now, &bid, &new_flow, &failover, &drop,
+			    EDGE_STAGE_SLOW, &p6->key);
+	if (!be) {
+		if (drop == EDGE_TO_NEXT_STAGE) {
+			edge_tails.call(ctx, EDGE_TAIL_V6_SCAN);
+			drop = EDGE_DROP_NO_BACKEND; /* not installed */
+		}
+		return count_drop(vip->id, drop);
+	}
+	to = edge_backends6.lookup(&bid);
+	if (!to)
+		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
+	count_traffic(vip->id, bid, pkt->l3_len, new_flow, failover);
+	if (sc->flags & EDGE_SVC_F_DSR) {
+		dsr6_hand_over(ctx, bid, vip->id, p6->l3_off, pkt->l3_len);
+		edge_tails.call(ctx, EDGE_TAIL_V6_DSR);
+		return count_drop(vip->id, EDGE_DROP_NO_BACKEND); /* not installed */
+	}
+	if (pkt->ct && !new_flow) { /* as ingress6: the wire step, then the SYN marked on the entry */
+		wire6_forward(pkt->ct, bid, pkt, p6->l4_off - p6->l3_off, 1);
+		pkt->ct->syn_seq = pkt->seq;
+		ct_flags_clear(pkt->ct, EDGE_CT_F_SYN_PENDING);
+		ct_flags_set(pkt->ct, syn_flags(pkt));
+	}
+	if (pkt->syn_counted && (sc->flags & EDGE_SVC_F_PASSIVE))
+		note_syn(be, now);
+	if (dnat6(ctx, p6, to, be->port) < 0)
+		return count_drop(vip->id, EDGE_DROP_MALFORMED);
+	return forward6(ctx, pkt, p6, bid, vip->id);
 }
 
 #endif /* EDGE_INGRESS6_H */

@@ -22,6 +22,7 @@
 #include "health.h"
 #include "stats.h"
 #include "stateless.h"
+#include "select.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -70,23 +71,25 @@ static __always_inline struct flow_info *half_open6(const struct pkt *pkt, struc
 /* Over the budget: the backend of a TCP packet (no SYN) without an entry,
  * its first Maglev pick when that is usable for new flows without the walk
  * (as IPv4's fast path judges it), counted EDGE_CNT_STATELESS; no entry is
- * made. NULL with *drop EDGE_DROP_UNTRACKED otherwise, and for services
- * that choose by load or encapsulate (DSR): their flows take no stateless
- * path. */
+ * made. As IPv4's fast path (select.h, pick_new): a two_choices service's
+ * pick is the lesser loaded of it and its second candidate, a DSR service's
+ * goes out encapsulated (the caller), and a least_loaded service's flows
+ * take no stateless path (its loop is the slow path's). NULL with *drop
+ * EDGE_DROP_UNTRACKED otherwise. */
 static __always_inline struct backend_info *stateless6(const struct vip_info *vip, const struct service_cfg *sc,
 						       const struct flow_key6 *key, __u64 now, __u32 *bid,
 						       int *new_flow, int *failover, __u32 *drop)
 {
 	struct backend_info *be;
-	__u32 *id;
+	__u32 *id, hash;
 
 	*new_flow = 0;
 	*failover = 0;
 	*drop = EDGE_DROP_UNTRACKED;
-	if (vip->id >= EDGE_MAX_SERVICES ||
-	    (sc->flags & (EDGE_SVC_F_DSR | EDGE_SVC_F_TWO_CHOICES | EDGE_SVC_F_LEAST_LOADED)))
+	if (vip->id >= EDGE_MAX_SERVICES || (sc->flags & EDGE_SVC_F_LEAST_LOADED))
 		return NULL;
-	id = maglev_slot(maglev_index(maglev_base(vip), hash_flow6(key)));
+	hash = hash_flow6(key);
+	id = maglev_slot(maglev_index(maglev_base(vip), hash));
 	if (!id || *id == EDGE_NO_BACKEND)
 		return NULL;
 	*bid = *id;
@@ -94,6 +97,12 @@ static __always_inline struct backend_info *stateless6(const struct vip_info *vi
 	if (!be || (be->flags & EDGE_BE_F_DRAINING) || !backend_health_ok(be, sc, now, 1, HEALTH_TRIAL) ||
 	    !passive_quiet(be, sc, now))
 		return NULL;
+	if (sc->flags & EDGE_SVC_F_TWO_CHOICES) {
+		*bid = two_choices(hash, *bid, sc, now);
+		be = edge_backends.lookup(bid);
+		if (!be)
+			return NULL;
+	}
 	count_index(vip->id, EDGE_CNT_STATELESS);
 	return be;
 }

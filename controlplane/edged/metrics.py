@@ -186,6 +186,7 @@ class EdgeCollector(Collector):
         self._errors = 0
         self._last_error: str | None = None
         self._ct_entries: int | None = None  # the last complete count, and when it was asked for
+        self._half_open_entries: int | None = None  # the half-open tables' count of that walk
         self._ct_at = -CT_COUNT_EVERY_S
 
     def describe(self) -> Iterator[Metric]:
@@ -225,8 +226,10 @@ class EdgeCollector(Collector):
             snap = self.source.snapshot(count_conntrack=True)
             if snap.get("conntrack_entries") is not None:
                 self._ct_entries = snap["conntrack_entries"]
+                self._half_open_entries = snap.get("half_open_entries")
         if self._ct_entries is not None:
             snap["conntrack_entries"] = self._ct_entries
+            snap["half_open_entries"] = self._half_open_entries
         return snap
 
     def _failed(self, text: str) -> None:
@@ -243,6 +246,8 @@ def _add_conntrack(fams: dict[str, Metric], snap: dict) -> None:
     """How full conntrack is: its entries (when counted) and its capacity."""
     if snap.get("conntrack_entries") is not None:
         fams["edge_conntrack_entries"].add_metric([], snap["conntrack_entries"])
+    if snap.get("half_open_entries") is not None:
+        fams["edge_half_open_entries"].add_metric([], snap["half_open_entries"])
     if snap.get("node", {}).get("ct_size"):
         fams["edge_conntrack_capacity"].add_metric([], snap["node"]["ct_size"])
     # a conntrack count cut short keeps the last complete one (_snapshot): only the backends' walk counts here

@@ -184,6 +184,12 @@ METRICS = (
     ),
     Spec("edge_conntrack_capacity", "gauge", "Entries edge_ct holds before its LRU evicts (node.ct_size)"),
     Spec(
+        "edge_half_open_entries",
+        "gauge",
+        "TCP connections between the SYN and the client's ACK (edge_half_open, edge_half_open6; not in "
+        "edge_conntrack_entries), counted with it",
+    ),
+    Spec(
         "edge_scrape_walk_complete",
         "gauge",
         "1 when this scrape's walk of the maps read them all; 0: it stopped at its deadline "

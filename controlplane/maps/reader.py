@@ -266,7 +266,9 @@ class Reader:
         """Everything status shows, as plain data. Counting conntrack entries
         walks the whole table (seconds when it is full), so it is asked for; past
         deadline_ns (CLOCK_MONOTONIC) the count stops: conntrack_entries is None and
-        conntrack_partial the entries counted before. The walk of the backends stops there too
+        conntrack_partial the entries counted before. half_open_entries (with a complete count):
+        the half-open tables' entries (edge_half_open, edge_half_open6: SYNs whose handshake has not
+        completed), not in conntrack_entries: a SYN flood fills them, not conntrack. The walk of the backends stops there too
         (O(max_backends): a second or more at the largest sizes); stopped_early says what each
         walk cut short, one line each."""
         started = time.monotonic_ns()
@@ -333,6 +335,7 @@ class Reader:
             # not for a VIP, heartbeats): edge_svc_counts' slot after the last VIP id
             "no_service": slot_counts(counts, len(counts) // abi.SVC_COUNTERS - 1),
             "conntrack_entries": None,
+            "half_open_entries": None,
             "stopped_early": stopped,
         }
         if count_conntrack:
@@ -342,6 +345,10 @@ class Reader:
                 n6, complete = count_entries(self.t[abi.MAP_CT6].keys(), deadline_ns)
                 n += n6
             out["conntrack_entries"] = n if complete else None
+            if complete:  # connections between the SYN and the client's ACK, both families: a table apart
+                h4, whole = count_entries(self.t[abi.MAP_HALF_OPEN].keys(), deadline_ns)
+                h6, whole = count_entries(self.t[abi.MAP_HALF_OPEN6].keys(), deadline_ns) if whole else (0, False)
+                out["half_open_entries"] = h4 + h6 if whole else None
             if not complete:
                 out["conntrack_partial"] = n
                 stopped.append(

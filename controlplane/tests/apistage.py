@@ -241,6 +241,7 @@ SNAP = {
         "drops": {name: 3 * i for i, name in enumerate(abi.DROP_NAMES.values())},
     },
     "conntrack_entries": None,
+    "half_open_entries": None,
     "node_drained": True,
     "node_drained_t": 1764540000.5,
     "bgp": {"announced": [], "withdrawn": {"198.18.255.1": "node drained"}},
@@ -279,6 +280,7 @@ class FakeDaemon:
         snap = copy.deepcopy(SNAP)
         if count_conntrack:
             snap["conntrack_entries"] = 12345
+            snap["half_open_entries"] = 77
         return statuspage.apply(snap, view) if view is not None else snap  # as edged.Daemon
 
     async def operate(

@@ -244,5 +244,6 @@ def realistic_snapshot() -> dict:
                 drops={"malformed": 2, "fragment": 1},
             ),
             "conntrack_entries": None,
+            "half_open_entries": None,
         }
     )

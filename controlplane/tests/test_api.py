@@ -86,6 +86,7 @@ def test_get_status_round_trip(edged):
     assert snap == SNAP
     assert info["pid"] == os.getpid() and info["version"] and abs(info["t"] - time.time()) < 60
     assert counted["conntrack_entries"] == 12345
+    assert counted["half_open_entries"] == 77 and snap["half_open_entries"] is None  # a table apart, when counted
     assert edged.daemon.calls == [("snapshot", False), ("snapshot", True)]
 
 

@@ -442,7 +442,7 @@ ERROR_CASES = [
         "weights unknown key",
         {"services[0].weights.ewma": 0.5},
         "services[0].weights.ewma: unknown key (allowed: policy, floor, max_ratio, hysteresis_pct, "
-        "smoothing, decay_ms, spike_filter, steady_window, jump_pct, rtt_offset_ms, load_aware, hung_ms, slow_start_ms, wire)",
+        "smoothing, decay_ms, spike_filter, steady_window, jump_pct, rtt_offset_ms, load_aware, load_model, hung_ms, slow_start_ms, wire)",
     ),
     Case(
         "weights policy random",

@@ -32,6 +32,7 @@ class Source:
         self.fail: Exception | None = None
         self.counted = 0  # snapshots asked with a conntrack count
         self.entries: int | None = None  # what a count finds (None: cut by its deadline)
+        self.half_open = 0  # and in the half-open tables
 
     def snapshot(self, count_conntrack: bool = False) -> dict:
         if self.fail is not None:
@@ -40,6 +41,7 @@ class Source:
         if count_conntrack:
             self.counted += 1
             snap["conntrack_entries"] = self.entries
+            snap["half_open_entries"] = None if self.entries is None else self.half_open
         return snap
 
 
@@ -582,3 +584,26 @@ def test_conntrack_fill_is_counted_at_most_every_30_s_and_the_capacity_always_sh
     source.entries = None  # a walk cut by its deadline keeps the last complete count
     clock[0] += 31
     assert gauges() == ([5000], [262144]) and source.counted == 3
+
+
+def test_half_open_entries_are_a_gauge_of_their_own_counted_with_conntrack(monkeypatch):
+    """SYNs waiting for their handshake (edge_half_open, edge_half_open6) are not conntrack's
+    connections: their own gauge, counted and kept with edge_conntrack_entries."""
+    source = Source()
+    source.entries, source.half_open = 1234, 56
+    collector = metrics.EdgeCollector(source, iface="eth1")
+    clock = [1000.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: clock[0])
+
+    def gauges() -> tuple:
+        fams = {f.name: f for f in collector.collect()}
+        one = lambda name: [s.value for s in fams[name].samples]  # noqa: E731
+        return one("edge_conntrack_entries"), one("edge_half_open_entries")
+
+    assert gauges() == ([1234], [56])
+    source.half_open = 999
+    clock[0] += 10
+    assert gauges() == ([1234], [56])  # not walked again within 30 s
+    source.entries = None  # a walk cut by its deadline keeps the last complete counts
+    clock[0] += 31
+    assert gauges() == ([1234], [56])

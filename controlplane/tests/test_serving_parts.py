@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from controlplane.lab.serving import accounting as acc, jsq, workload as wl
+from controlplane.lab.serving import accounting as acc, jsq, policymodel, workload as wl
 
 
 def test_arrivals_are_poisson_at_the_rate_and_the_burst_doubles_it():
@@ -45,6 +45,20 @@ def test_capacity_is_slots_over_service_time_summed_over_the_fleet():
     assert wl.capacity_rps() == pytest.approx(
         sum(c.max_running / wl.service_s(c, wl.mean_output_tokens()) for c in wl.FLEET)
     )
+
+
+def test_a_slowed_clock_stretches_service_times_and_spreads_the_same_requests_over_k_times_the_gaps():
+    p = wl.plan()
+    nominal = wl.schedule(0.8, p, seed=1)
+    try:
+        fleet = wl.set_clock(2.0)
+        assert [c.tpot_ms for c in fleet] == [2 * c.tpot_ms for c in wl.NOMINAL_FLEET]
+        assert wl.capacity_rps() == pytest.approx(wl.capacity_rps(wl.NOMINAL_FLEET) / 2)
+        slowed = wl.schedule(0.8, p, seed=1)
+        assert 0.4 < len(slowed) / len(nominal) < 0.6  # half the rate over the same run
+    finally:
+        wl.set_clock(1.0)
+    assert wl.FLEET == wl.NOMINAL_FLEET and wl.schedule(0.8, p, seed=1) == nominal
 
 
 def test_the_schedule_is_the_same_for_the_same_seed_and_load():
@@ -126,3 +140,28 @@ def test_jsq_keeps_a_fleet_at_half_load_within_the_slo_through_the_faults():
     r = acc.row("jsq", 0.5, "new", outs, nominal, None)
     assert r.failed == 0 and r.ttft_p50 < 2 * wl.FAST.ttft_ms / 1000
     assert r.goodput > 0.85  # the throttled and the hung server's requests miss, as they should
+
+
+def test_the_models_leastconn_counts_requests_blind_to_a_hang_and_weighted_splits_by_capacity():
+    hang = wl.Fault(0, 0.0, 10.0, {"hang": True}, {"hang": False})
+    reqs = [wl.Req(i, 0.01 * i, 5, 11) for i in range(4)]
+    outs = jsq.simulate(reqs, (ONE, ONE), (hang,), choice="leastconn")
+    assert sorted(o.backend for o in outs) == ["b0", "b0", "b1", "b1"]  # two wait on the hung b0
+    outs = jsq.simulate(reqs, (ONE, ONE), (hang,), choice="weighted")
+    assert {o.backend for o in outs} == {"b1"}  # a hung server has no capacity
+    fast, slow = wl.ServerClass("f", 10, 10, 4), wl.ServerClass("s", 20, 20, 2)  # slow: a quarter of fast's
+    many = [wl.Req(i, 0.001 * i, 5, 2) for i in range(2000)]
+    got = [o.backend for o in jsq.simulate(many, (fast, slow), choice="weighted", seed=3)]
+    assert 0.15 < got.count("b1") / len(got) < 0.25
+
+
+def test_capacity_weights_in_the_model_send_a_slow_server_its_share_where_queue_weights_overload_it():
+    p = wl.plan()
+    reqs = wl.schedule(0.8, p, seed=1)
+    share = {}
+    for model in policymodel.MODELS:
+        outs = jsq.simulate(reqs, wl.FLEET, p.faults, policymodel.chooser(model), seed=1)
+        share[model] = sum(o.backend in ("b6", "b7") for o in outs) / len(outs)
+    capacity = sum(c.max_running / wl.service_s(c, 30) for c in wl.FLEET[6:]) / wl.capacity_rps(out_tokens=30)
+    assert share["capacity"] < share["queue"]
+    assert share["capacity"] < 1.5 * capacity, (share, capacity)

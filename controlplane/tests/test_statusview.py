@@ -60,3 +60,11 @@ def test_each_service_shows_its_drop_reasons_and_the_node_those_before_a_service
     assert under("llama-70b") == "drops: untracked 1.5k, no_backend 4"  # most first
     assert under("embed") == "drops: none"
     assert "  drops before a service was known: malformed 2, fragment 1" in lines
+
+
+def test_the_conntrack_line_shows_half_open_entries_apart():
+    from controlplane import statuspage
+
+    line = statuspage.fmt_conntrack({"conntrack_entries": 30, "half_open_entries": 1024})
+    assert line == "   conntrack entries: 30 (+ 1024 half-open)"
+    assert statuspage.fmt_conntrack({"conntrack_entries": 30}) == "   conntrack entries: 30"

@@ -77,6 +77,8 @@ class Row:
     goodput: float  # share of offered requests within the SLO
     failed: int
     router_cpu_s: Optional[float]  # CPU seconds of the router's process(es) during the run; None: none runs
+    late_ttft: int = 0  # completed, but TTFT over the SLO
+    slow_tpot: int = 0  # completed with TTFT within the SLO, but mean tpot over SLO_TPOT_FACTOR x nominal
 
 
 def row(
@@ -103,6 +105,10 @@ def row(
         goodput=sum(good(o, nominal_tpot_s) for o in outcomes) / n if n else math.nan,
         failed=sum(not o.ok for o in outcomes),
         router_cpu_s=router_cpu_s,
+        late_ttft=sum(o.ok and (o.ttft_s is None or o.ttft_s > SLO_TTFT_S) for o in outcomes),
+        slow_tpot=sum(
+            o.ok and o.ttft_s is not None and o.ttft_s <= SLO_TTFT_S and not good(o, nominal_tpot_s) for o in outcomes
+        ),
     )
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import collections
 import heapq
+import random
 from dataclasses import dataclass, field
+from typing import Callable
 
 from controlplane.lab.serving.accounting import Outcome
 from controlplane.lab.serving.workload import Fault, Req, ServerClass
@@ -69,8 +71,31 @@ def servers(fleet: tuple[ServerClass, ...], faults: tuple[Fault, ...], t0: float
     return out
 
 
-def simulate(reqs: list[Req], fleet: tuple[ServerClass, ...], faults: tuple[Fault, ...] = ()) -> list[Outcome]:
-    """Every request's outcome under ideal JSQ (ties: the server with the smaller tpot, then the lower index)."""
+def _speed(s: _Server, t: float) -> float:
+    """Requests a second s completes with every slot busy at t, as an oracle knows it: 0 while hung."""
+    if s.hung_until(t) > t:
+        return 0.0
+    factor = next((f for a, b, f in s.slows if a <= t < b), 1.0)
+    return s.c.max_running / (s.c.ttft_ms + s.c.tpot_ms * factor)
+
+
+def simulate(
+    reqs: list[Req],
+    fleet: tuple[ServerClass, ...],
+    faults: tuple[Fault, ...] = (),
+    choice: str | Callable[[list[_Server], float, random.Random], int] = "jsq",
+    seed: int = 1,
+) -> list[Outcome]:
+    """Every request's outcome under a dispatcher that sees the fleet exactly and at once:
+    jsq     ideal join-the-shortest-queue by outstanding work per slot, a hung server never
+            (ties: the server with the smaller tpot, then the lower index): the bound;
+    leastconn   the fewest outstanding requests, blind to slots, speed and hangs (HAProxy's view);
+    weighted    a random server with probability in proportion to its capacity now (slots over
+            its current tpot; 0 while hung): the best a weighted split without queue feedback does;
+    or a callable (servers, t, rng) -> index (policymodel.py: weights as edged computes them)."""
+    if not callable(choice) and choice not in ("jsq", "leastconn", "weighted"):
+        raise ValueError(f"choice: {choice!r} is not jsq, leastconn or weighted")
+    rng = random.Random(seed)
     srv = servers(fleet, faults)
     events: list[tuple[float, int, int, object]] = []  # (time, order, server, request or None: a resume)
     seq = 0
@@ -100,7 +125,7 @@ def simulate(reqs: list[Req], fleet: tuple[ServerClass, ...], faults: tuple[Faul
     while pending or events:
         if pending and (not events or pending[0].t_s < events[0][0]):
             r = pending.popleft()
-            k = min(range(len(srv)), key=lambda j: (srv[j].load(r.t_s), srv[j].c.tpot_ms, j))
+            k = choice(srv, r.t_s, rng) if callable(choice) else _choose(srv, r.t_s, choice, rng)
             srv[k].queue.append(r)
             admit(k, r.t_s)
             continue
@@ -109,3 +134,12 @@ def simulate(reqs: list[Req], fleet: tuple[ServerClass, ...], faults: tuple[Faul
             srv[k].running -= 1
         admit(k, t)
     return [out[r.i] for r in reqs]
+
+
+def _choose(srv: list[_Server], t: float, choice: str, rng: random.Random) -> int:
+    if choice == "leastconn":
+        return min(range(len(srv)), key=lambda j: (srv[j].running + len(srv[j].queue), j))
+    if choice == "weighted":
+        speeds = [_speed(s, t) for s in srv]
+        return rng.choices(range(len(srv)), weights=speeds)[0]
+    return min(range(len(srv)), key=lambda j: (srv[j].load(t), srv[j].c.tpot_ms, j))

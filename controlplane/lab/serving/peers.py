@@ -19,6 +19,9 @@ from controlplane.lab.topo import Ns
 PROBE = {"kind": "http", "path": "/health", "interval_ms": 100, "timeout_ms": 80}
 METRICS = {"path": "/metrics", "interval_ms": 100}
 HAPROXY_CHECK_MS = 500  # an HTTP check of /health, as operators configure one
+VARIANTS = {  # edge peers that are the default steering with these weights settings
+    "default_queue": {"load_model": "queue"},  # the default before capacity shares
+}
 
 
 def edge_service(base: dict, steering: str) -> dict:
@@ -27,12 +30,17 @@ def edge_service(base: dict, steering: str) -> dict:
     weight settings, probes and load scrapes) or "two_choices" (default, and each new connection
     takes the less loaded of two Maglev candidates: new_flows two_choices), "least_loaded" (default,
     and the least loaded of up to 8: new_flows least_loaded) or "least_loaded_static" (least_loaded
-    on static weights, probed every HAPROXY_CHECK_MS as HAProxy checks: no scrapes, no weight pushes)."""
+    on static weights, probed every HAPROXY_CHECK_MS as HAProxy checks: no scrapes, no weight pushes)
+    or one of VARIANTS (default with some weights settings changed: "default_queue" is the default
+    as it was before capacity shares)."""
     if steering == "static":
         return {**base, "health": {"probe": dict(PROBE)}, "weights": {"policy": "static"}}
     if steering == "least_loaded_static":  # static weights, probed as HAProxy checks (no scrapes, no pushes)
         probe = {**PROBE, "interval_ms": HAPROXY_CHECK_MS}
         return {**base, "health": {"probe": probe}, "weights": {"policy": "static"}, "new_flows": "least_loaded"}
+    if steering in VARIANTS:  # the default with some weights settings changed (a comparison)
+        d = edge_service(base, "default")
+        return {**d, "weights": {**d["weights"], **VARIANTS[steering]}}
     if steering in ("two_choices", "least_loaded"):
         return {**edge_service(base, "default"), "new_flows": steering}
     if steering == "default":
@@ -41,7 +49,9 @@ def edge_service(base: dict, steering: str) -> dict:
             "health": {"probe": dict(PROBE), "metrics": dict(METRICS)},
             "weights": {"policy": "latency_inverse"},
         }
-    raise ValueError(f"steering: {steering!r} is not static, default, two_choices, least_loaded(_static)")
+    raise ValueError(
+        f"steering: {steering!r} is not static, default, default_queue, two_choices, least_loaded(_static)"
+    )
 
 
 def haproxy_config(bind: str, port: int, balance: str, servers: list[tuple[str, str, int]]) -> str:
@@ -72,10 +82,33 @@ def haproxy_config(bind: str, port: int, balance: str, servers: list[tuple[str, 
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of pid so far (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time so far of pid and of its live descendants (a prober in a child
+    process of edged's counts as edged's), from /proc/PID/stat."""
+    ticks, children = 0, _children()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone since
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+        todo += children.get(p, [])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            out.setdefault(ppid, []).append(int(d))
+    return out
 
 
 class HAProxy:

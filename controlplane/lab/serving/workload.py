@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 SHAREGPT_PROMPT_MEAN = 161.0
 SHAREGPT_OUTPUT_MEAN = 338.0
@@ -34,7 +34,20 @@ class ServerClass:
 
 FAST = ServerClass("fast", ttft_ms=50.0, tpot_ms=25.0, max_running=4)
 SLOW = ServerClass("slow", ttft_ms=100.0, tpot_ms=50.0, max_running=2)  # an older GPU: 2x tpot, half the slots
-FLEET = (FAST,) * 6 + (SLOW,) * 2  # b0..b5 fast, b6 and b7 slow
+NOMINAL_FLEET = (FAST,) * 6 + (SLOW,) * 2  # b0..b5 fast, b6 and b7 slow
+FLEET = NOMINAL_FLEET  # as run: set_clock() slows it
+
+
+def set_clock(k: float) -> tuple[ServerClass, ...]:
+    """Slow the simulated fleet's clock by k: every ttft and tpot x k, so capacity_rps() (and with
+    it every schedule()'s arrival rate) / k. Queues in requests, and the balancers' choices, are
+    those of the nominal fleet; the simulators stream k times fewer tokens a second, so their own
+    CPU and the host's jitter weigh k times less against a token's time. Returns the new FLEET."""
+    global FLEET
+    if not k > 0:
+        raise ValueError(f"clock: {k} is not > 0")
+    FLEET = tuple(replace(c, ttft_ms=c.ttft_ms * k, tpot_ms=c.tpot_ms * k) for c in NOMINAL_FLEET)
+    return FLEET
 
 
 def _mu(mean: float) -> float:
@@ -66,11 +79,11 @@ def service_s(c: ServerClass, out_tokens: float) -> float:
     return (c.ttft_ms + max(out_tokens - 1, 0) * c.tpot_ms) / 1000
 
 
-def capacity_rps(fleet: tuple[ServerClass, ...] = FLEET, out_tokens: float | None = None) -> float:
-    """Requests per second the fleet completes when every slot is always busy:
-    sum over servers of max_running / service time of the mean request."""
+def capacity_rps(fleet: tuple[ServerClass, ...] | None = None, out_tokens: float | None = None) -> float:
+    """Requests per second the fleet (default FLEET, as set_clock() left it) completes when every
+    slot is always busy: sum over servers of max_running / service time of the mean request."""
     out = mean_output_tokens() if out_tokens is None else out_tokens
-    return sum(c.max_running / service_s(c, out) for c in fleet)
+    return sum(c.max_running / service_s(c, out) for c in (FLEET if fleet is None else fleet))
 
 
 @dataclass(frozen=True)
