@@ -1,7 +1,8 @@
 """The probe budget (node.probe_budget) with a real edged: 300 backends probed every 100 ms ask for
 3,000 probes a second against a budget of 300, so every interval runs 10x longer. Every backend is
 still probed (at the stretched interval, none left out), and status, the metrics and a
-probe-budget event report the shortfall; a reload without a budget ends it. (On a busy machine
+probe-budget event report the shortfall; a reload without a budget ends it. The probes run in
+a child process of edged's, which SIGTERM to edged ends too. (On a busy machine
 edged may lower the budget further while its loop runs late: the test holds either way.)
 
         client ──veth── router (XDP + tc, edged, API, :9470) ──veth── b0: 300 addresses 198.19.x.y/32,
@@ -66,6 +67,26 @@ def probes_done(snap: dict) -> dict[str, int]:
         for s in snap["services"]
         for b in s["backends"]
     }
+
+
+def prober_children(pid: int) -> list[int]:
+    """The prober's child processes of process pid (probe.child)."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in f.read().split():
+                with open(f"/proc/{child}/cmdline", "rb") as c:
+                    if b"controlplane.probe.child" in c.read():
+                        out.append(int(child))
+    return out
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def scrape(net: Net) -> dict[str, float]:
@@ -160,3 +181,9 @@ def test_a_budget_too_small_still_probes_every_backend_and_reports_the_shortfall
         budget = c.status()["probe_budget"]
     assert budget["short"] is False and budget["shortfall_ratio"] == 0.0 and budget["configured_per_s"] == 0
     assert scrape(net)["edge_probe_shortfall_ratio"] == 0.0
+
+    # the probes ran in one child process of edged's (probe.child); SIGTERM to edged ends it too
+    children = prober_children(edged.proc.pid)
+    assert len(children) == 1, children
+    assert edged.stop() == 0
+    wait_until(lambda: not running(children[0]), 5.0, "the prober's child to end with edged")

@@ -5,7 +5,7 @@ probe budget node.probe_budget from --budget (absent: the config's default; 0: n
 --seconds it measures: the probes run a second (the backends' accepts, counted by the two
 accept processes per backend address, so edged's own counters are not needed) against the
 configured rate, how evenly they spread (backends probed in the window; the slowest backend's
-and the median backend's probes a second), edged's CPU, and the API's latency meanwhile: a
+and the median backend's probes a second), edged's CPU (and its children's: the prober's), and the API's latency meanwhile: a
 weight pin and its clear (SetWeight) and the health check every second, a status every 5 s
 (--no-status-calls: none in the window; the status calls before and after it are timed too).
 Then status once (outside the window): the budget, the demand and the shortfall edged reports.
@@ -230,6 +230,28 @@ def _stat_ticks(pid: int) -> int:
     return pt.stat_ticks(Path(f"/proc/{pid}/stat").read_text())
 
 
+def _children(pid: int) -> list[int]:
+    """pid's child processes (edged's prober child, probe.child, where it has one)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _ticks_with_children(pid: int) -> dict[int, int]:
+    """CPU ticks of pid and of each of its children, by pid."""
+    out = {}
+    for p in [pid, *_children(pid)]:
+        try:
+            out[p] = _stat_ticks(p)
+        except OSError:
+            continue
+    return out
+
+
 def measure(args, edged, servers: list[Server], sock: str, addresses: list[str], first: str) -> dict:
     from controlplane.api.client import Client
 
@@ -240,12 +262,12 @@ def measure(args, edged, servers: list[Server], sock: str, addresses: list[str],
         done0, ts0 = _probes_done(_status(c)), time.monotonic()
         status_ms = [(ts0 - t) * 1000]
     total0, per0 = merged([s.counts() for s in servers])
-    e0, w0 = _stat_ticks(edged.proc.pid), time.monotonic()
+    e0, w0 = _ticks_with_children(edged.proc.pid), time.monotonic()
     api.start()
     time.sleep(args.seconds)
     latency = api.stop()
     total1, per1 = merged([s.counts() for s in servers])
-    e1, w1 = _stat_ticks(edged.proc.pid), time.monotonic()
+    e1, w1 = _ticks_with_children(edged.proc.pid), time.monotonic()
     wall = w1 - w0
     with Client(sock, timeout_s=120.0) as c:
         t = time.monotonic()
@@ -262,7 +284,9 @@ def measure(args, edged, servers: list[Server], sock: str, addresses: list[str],
         "probes_per_s": (total1 - total0) / wall,
         "edged_probes_per_s": (done1 - done0) / (ts1 - ts0),  # edged's own count, over a longer span
         "spread": spread(per0, per1, addresses, wall),
-        "edged_cpu_pct": 100.0 * (e1 - e0) / clk / wall,
+        "edged_cpu_pct": 100.0 * (e1[edged.proc.pid] - e0[edged.proc.pid]) / clk / wall,
+        # its children (the prober's, probe.child) that ran over the whole window
+        "children_cpu_pct": 100.0 * sum(e1[p] - e0[p] for p in e1 if p in e0 and p != edged.proc.pid) / clk / wall,
         "api": latency,
         "status_outside_ms": status_ms,  # the status calls before and after the window, probes running
         "reported": budget,
@@ -275,7 +299,7 @@ def report(r: dict) -> None:
         f"probes/s {r['probes_per_s']:.0f} (edged counts {r['edged_probes_per_s']:.0f}) of {r['configured_per_s']:.0f} configured "
         f"({100 * r['probes_per_s'] / r['configured_per_s']:.0f}%); backends probed {s['probed']}/{r['backends']}, "
         f"per backend min {s['min_hz']:.2f} p10 {s['p10_hz']:.2f} median {s['median_hz']:.2f} Hz; "
-        f"edged CPU {r['edged_cpu_pct']:.0f}%"
+        f"edged CPU {r['edged_cpu_pct']:.0f}% (+ its children {r.get('children_cpu_pct', 0):.0f}%)"
     )
 
     def ms(x):

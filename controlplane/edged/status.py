@@ -1,6 +1,7 @@
 """What edged shows: the status views (snapshot for `edgectl status` and the metrics,
-backend_view, node_state for the BGP announcement) and the edge_be_probe record written
-once a second, which a restarted edged and `edgectl status` without edged read back.
+backend_view, node_state for the BGP announcement) and the edge_be_probe record, written once
+a second where it changed (and every REFRESH_S regardless), which a restarted edged and
+`edgectl status` without edged read back.
 Reads the State and the prober's windows; changes nothing but the status record. Walks
 of the maps run on a worker thread within a deadline, never on edged's loop; the views of
 thousands of backends and the once-a-second record are built in slices of about SLICE
@@ -11,7 +12,10 @@ are served meanwhile instead of after the whole of it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import sys
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -21,6 +25,7 @@ from controlplane.edged.state import State
 from controlplane.errors import EdgeError
 from controlplane.maps import ProbeStatus
 from controlplane.probe import Prober
+from controlplane.probe.child import ChildProber
 from controlplane.probe.threaded import ThreadedProber
 from controlplane.samples import quantiles
 from controlplane.tasks import within
@@ -36,6 +41,19 @@ _walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
 # Backends whose views (status) or records (edge_be_probe) are built before the loop is given
 # back: whole services, so each service's part is consistent with one state of edged.
 SLICE = 256
+# A walk (and then the status call's conversion, api.server) computes on a thread beside the loop:
+# two busy threads hand the interpreter over every switch interval (5 ms by default), and each of
+# the loop's wake-ups meanwhile waited that long. From the first walk on, the process switches
+# every 0.5 ms (the prober's thread set it before the prober moved to a child process: probe.child).
+SWITCH_S = 0.0005
+# The status loop writes a backend's record only when it differs from what edged wrote last (at
+# 10,000 backends under the probe budget most records change every few seconds, and rewriting all
+# of them held edged's loop and the interpreter every second: tools/bench-probe --scale); an
+# unchanged record is rewritten all the same once it is about this old (spread over the last third
+# of it by backend id, so that the records written together at start are not all due in one second),
+# so that updated_ns says edged looked at it no longer ago than that.
+REFRESH_S = 10.0
+_SPREAD = 32
 
 
 def _leave_until_s(gone: desired.Leaving | None) -> int | None:
@@ -48,9 +66,17 @@ def _leave_until_s(gone: desired.Leaving | None) -> int | None:
 class Status:
     """edged's views of itself, over the State and the prober's windows."""
 
-    def __init__(self, state: State, prober: Prober | ThreadedProber):
+    def __init__(self, state: State, prober: Prober | ThreadedProber | ChildProber):
         self.state = state
         self.prober = prober
+        # what the status loop wrote last: per service, the maps and the Service it was written for
+        # (an apply may reset or clear the records of a service it changes); per backend id, the
+        # backend, its record (updated_ns 0) and when it was written
+        self._written_for: dict[str, tuple[object, object]] = {}
+        self._written: dict[int, tuple[str, ProbeStatus, int]] = {}
+        # a window's RTT quantiles as of its newest sample: most windows get no sample in a second
+        # under the probe budget at 10,000 backends (gone with their window)
+        self._quantiles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def node_state(self) -> announce.NodeState:
         """What announce.decide() judges: data path open, serving (the watch finds the data path
@@ -140,6 +166,8 @@ class Status:
     async def _walk(self, count_conntrack: bool) -> dict:
         """deploy.describe on the walker thread (State.walks holds it while it runs)."""
         state = self.state
+        if sys.getswitchinterval() > SWITCH_S:
+            sys.setswitchinterval(SWITCH_S)
         deadline_ns = time.monotonic_ns() + int(WALK_DEADLINE_S * 1e9)
         walk = asyncio.wrap_future(
             _walker.submit(deploy.describe, state.maps, state.instance, state.pin_path, count_conntrack, deadline_ns)
@@ -219,10 +247,56 @@ class Status:
         elif view.get("fleet_drained"):
             view["state"], view["reason"] = "drained", "drained fleet-wide by the operator"
 
+    def record(self, name: str, backend: str, config_weight: int) -> ProbeStatus:
+        """Backend backend's edge_be_probe record (updated_ns 0): what backend_view says of it,
+        without the rest of the view (the record of every backend is built every second)."""
+        state = self.state
+        st = state.services[name]
+        tracker = st.trackers[backend]
+        load = tracker.load
+        window = self.prober.window((name, backend))
+        p50 = p99 = None
+        if window is not None:
+            samples = window.samples
+            newest, n = (samples[-1] if samples else None), len(samples)
+            seen = self._quantiles.get(window)
+            if seen is not None and seen[0] is newest and seen[1] == n:
+                p50, p99 = seen[2], seen[3]
+            else:
+                p50, p99 = quantiles(window.rtts(), 0.50, 0.99)
+                self._quantiles[window] = (newest, n, p50, p99)
+        ok, failed = state.observer.probes(name, backend)
+        marks = {
+            "state": st.states.get(backend, "static" if not st.computed else ""),
+            "reason": st.reasons.get(backend, ""),
+            "drained": (name, backend) in state.drained,
+            "leaving": (name, backend) in state.leaving,
+        }
+        self._explain(marks, name, backend)
+        return ProbeStatus(
+            updated_ns=0,
+            config_weight=config_weight,
+            rtt_p50_s=p50,
+            rtt_p99_s=p99,
+            rtt_smoothed_s=tracker.rtt_s,
+            # engines export gauges as floats; requests are counted in whole numbers
+            waiting=None if load is None or load.waiting is None else int(load.waiting),
+            running=None if load is None or load.running is None else int(load.running),
+            kv_usage=None if load is None else load.kv_usage,
+            probes_ok=ok,
+            probes_failed=failed,
+            state=marks["state"],
+            reason=marks["reason"],
+            drained=marks["drained"],
+            override=state.overrides.get((name, backend)),
+            leave_until_s=_leave_until_s(state.leaving.get((name, backend))),
+        )
+
     def write_status(self, now_ns: int) -> None:
-        """Every backend's edge_be_probe record: what edged measured and the operator's marks."""
+        """Every backend's edge_be_probe record that changed (or is REFRESH_S old): what edged
+        measured and the operator's marks."""
         for name in list(self.state.services):
-            self.write_service(name, now_ns)
+            self.write_service(name, now_ns, changed_only=True)
 
     async def write_status_sliced(self) -> None:
         """write_status as the status loop runs it: the loop is given back every SLICE backends
@@ -236,37 +310,38 @@ class Status:
                 await state.maps_idle.wait()
                 if state.maps is None:  # stopping
                     return
-            done += self.write_service(name, time.monotonic_ns())
+            done += self.write_service(name, time.monotonic_ns(), changed_only=True)
 
-    def write_service(self, name: str, now_ns: int) -> int:
+    def write_service(self, name: str, now_ns: int, changed_only: bool = False) -> int:
         """The edge_be_probe records of service name's backends (an operator's action changes
-        no other's); how many (0: no such service, or gone meanwhile)."""
+        no other's); changed_only: only those that differ from what was written last, or are due
+        for their refresh (REFRESH_S). How many backends were looked at (0: no such service, or
+        gone meanwhile)."""
         state = self.state
         st = state.services.get(name)
         if st is None:
             return 0
-        _, bids = state.maps.ids(name)
+        maps, written = state.maps, self._written
+        _, bids = maps.ids(name)
+        if changed_only:
+            was = self._written_for.get(name)
+            if was is None or was[0] is not maps or (was[1] is not st.service and was[1] != st.service):
+                for bid in bids.values():  # written for another deployment or config of it: anew
+                    written.pop(bid, None)
+        self._written_for[name] = (maps, st.service)
+        refresh_ns = int(REFRESH_S * 1e9)
         for b in st.service.backends:
-            v = self.backend_view(name, b.name, now_ns, full=False)
-            gone = state.leaving.get((name, b.name))
-            state.maps.write_status(
-                bids[b.name],
-                ProbeStatus(
-                    updated_ns=now_ns,
-                    config_weight=b.weight,
-                    rtt_p50_s=v["rtt_p50_s"],
-                    rtt_p99_s=v["rtt_p99_s"],
-                    rtt_smoothed_s=v.get("rtt_smoothed_s"),
-                    waiting=v.get("waiting"),
-                    running=v.get("running"),
-                    kv_usage=v.get("kv_usage"),
-                    probes_ok=v["probes_ok"],
-                    probes_failed=v["probes_failed"],
-                    state=v["state"],
-                    reason=v["reason"],
-                    drained=v["drained"],
-                    override=v["override"],
-                    leave_until_s=_leave_until_s(gone),
-                ),
-            )
+            bid = bids[b.name]
+            record = self.record(name, b.name, b.weight)
+            last = written.get(bid)
+            if (
+                changed_only
+                and last is not None
+                and last[0] == b.name
+                and last[1] == record
+                and (now_ns - last[2]) * _SPREAD < refresh_ns * (_SPREAD - bid % (_SPREAD // 3))
+            ):
+                continue
+            maps.write_status(bid, dataclasses.replace(record, updated_ns=now_ns))
+            written[bid] = (b.name, record, now_ns)
         return len(st.service.backends)

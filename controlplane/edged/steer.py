@@ -1,5 +1,5 @@
-"""Steering, edged's policy loop: probe results and scrapes in (the prober it owns, on a thread
-of its own: probe.threaded), one decision per service (weights.decide, or the fleet's snapshot)
+"""Steering, edged's policy loop: probe results and scrapes in (the prober it owns, in a child
+process of its own: probe.child), one decision per service (weights.decide, or the fleet's snapshot)
 and, when it says so, the weights into the maps. Owns State.services and State.wire_fresh; reads the operator's marks
 and what a reload left draining, never changes them. Holds no math (weights.py decides).
 """
@@ -17,7 +17,7 @@ from controlplane.edged.status import STATUS_EVERY_S
 from controlplane.errors import EdgeError
 from controlplane.probe import Target
 from controlplane.probe.budget import Budget
-from controlplane.probe.threaded import ThreadedProber
+from controlplane.probe.child import ChildProber
 from controlplane.samples import Load, Sample
 from controlplane.tasks import within
 
@@ -73,8 +73,14 @@ class Steering:
 
     def __init__(self, state: State):
         self.state = state
-        # on a thread and loop of its own: probe rounds never hold edged's loop; results come back in batches
-        self.prober = ThreadedProber(on_sample=self.on_sample, on_load=self.on_load, on_budget=self.on_budget)
+        # in a child process of its own: probe rounds hold neither edged's loop nor its GIL; results come back
+        # in batches; a child that dies is an error event and is started again
+        self.prober = ChildProber(
+            on_sample=self.on_sample,
+            on_load=self.on_load,
+            on_budget=self.on_budget,
+            on_restart=lambda text: state.events.emit("error", text),
+        )
         self.targets = targets  # what set_services() hands the prober (a test may probe nothing)
 
     # ------------------------------------------------------------ the services

@@ -1,4 +1,5 @@
-"""The prober on a thread of its own: a Prober (probe.engine) run on a private asyncio loop in one
+"""The prober on a thread of its own (edged's until probe.child took its place; kept for a caller
+that wants no child process): a Prober (probe.engine) run on a private asyncio loop in one
 thread, so that its timer wheel, epoll batches and socket work never hold the caller's loop
 (edged's, which answers the API). Same calls as Prober; what crosses between the two loops:
 

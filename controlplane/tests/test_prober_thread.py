@@ -1,6 +1,6 @@
-"""edged's prober runs off edged's loop (probe.threaded): a probe round held on the prober's side
-leaves edged's loop free, results still reach the steering on edged's loop, calls cross both
-ways, and a stop ends the prober's thread. Real TCP servers on 127.0.0.1, edged's parts over
+"""The prober on a thread of its own (probe.threaded; edged's before probe.child), as edged's: a
+probe round held on the prober's side leaves edged's loop free, results still reach the steering
+on edged's loop, calls cross both ways, and a stop ends the prober's thread. Real TCP servers on 127.0.0.1, edged's parts over
 FakeMaps (edgedstage), unprivileged."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 from controlplane.edged import steer
 from controlplane.probe import Target, checks
-from controlplane.probe.threaded import THREAD_NAME
+from controlplane.probe.threaded import THREAD_NAME, ThreadedProber
 from controlplane.tests import edgedstage
 from controlplane.tests.proberstage import LOOPBACK, run, wait_for
 
@@ -32,6 +32,8 @@ def _daemon(port: int, backends=("b0", "b1")):
     """edged over FakeMaps whose backends are probed on 127.0.0.1:port."""
     cfg = edgedstage.config(backends, **PROBE)
     d = edgedstage.daemon(cfg)
+    st = d.steering
+    st.prober = d.status.prober = ThreadedProber(on_sample=st.on_sample, on_load=st.on_load, on_budget=st.on_budget)
     d.steering.targets = lambda cfg: [Target(t.key, LOOPBACK, port, t.probe) for t in steer.targets(cfg)]
     d.steering.set_services(cfg)
     return d

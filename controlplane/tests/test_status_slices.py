@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
+import time
+
+import yaml
 
 from controlplane.api import server
 from controlplane.config import Node, parse_config
-from controlplane.edged import status as edged_status
+from controlplane.edged import status as edged_status, steer
+from controlplane.probe import Target
+from controlplane.samples import Sample
 from controlplane.tests.apistage import serving, wait_until
-from controlplane.tests.edgedstage import daemon
+from controlplane.tests.edgedstage import PROBED, daemon
 
 
 def services(n: int, per: int):
@@ -80,13 +86,17 @@ def test_status_views_and_the_record_are_built_a_slice_at_a_time(monkeypatch):
         d = daemon(services(3, 2))
         turns = 0
         seen: list[tuple[str, int]] = []
-        view = d.status.backend_view
+        view, record = d.status.backend_view, d.status.record
 
         def counted(name, backend, now_ns, full=True):
             seen.append((name, turns))
             return view(name, backend, now_ns, full)
 
-        d.status.backend_view = counted
+        def counted_record(name, backend, weight):
+            seen.append((name, turns))
+            return record(name, backend, weight)
+
+        d.status.backend_view, d.status.record = counted, counted_record
 
         async def other_work():
             nonlocal turns
@@ -142,3 +152,134 @@ def test_an_operator_action_writes_the_records_of_its_service_alone():
     assert maps.probe[maps.ids("s1")[1]["b0"]].override == 7
     assert sorted(drained) == sorted(maps.ids("s2")[1].values())
     assert maps.probe[maps.ids("s2")[1]["b1"]].drained
+
+
+def probed_doc(s2_weight: int = 100) -> dict:
+    """Three services of two probed backends; s2's at weight s2_weight"""
+    return {
+        "version": 1,
+        "services": [
+            {
+                "name": f"s{i}",
+                "vip": f"198.18.0.{10 + i}",
+                "port": 8000,
+                **PROBED,
+                "backends": [
+                    {"name": f"b{j}", "address": f"198.18.{i + 1}.{j + 2}", "port": 8000}
+                    | ({"weight": s2_weight} if i == 2 else {})
+                    for j in range(2)
+                ],
+            }
+            for i in range(3)
+        ],
+    }
+
+
+def test_the_status_loop_rewrites_only_the_records_that_changed(monkeypatch):
+    """The once-a-second edge_be_probe record: a backend whose record would be written as it is
+    in the map already is left alone (at 10,000 backends the rewrite of every record held edged's
+    loop and the interpreter every second); one probe result rewrites its backend's record alone;
+    a reload rewrites the records of the services it changed (an apply may have reset them); every
+    record is rewritten again within REFRESH_S, so updated_ns is never older than that."""
+
+    async def go():
+        d = daemon(parse_config(probed_doc()))
+        maps, written = d.state.maps, []
+        write = maps.write_status
+
+        def counted(bid, status):
+            written.append(bid)
+            write(bid, status)
+
+        maps.write_status = counted
+        rounds = []
+        t = time.monotonic_ns()  # the reload writes at the time it runs
+        for step in range(3):
+            if step == 2:  # one probe result of s0/b1
+                d.steering.on_sample(("s0", "b1"), Sample(t_ns=t, ok=True, rtt_s=0.01))
+            d.status.write_status(t + step * 1_000_000_000)
+            rounds.append(sorted(written))
+            written.clear()
+        new = probed_doc(s2_weight=101)
+        await d.reload(yaml.safe_dump(new))  # which writes the records itself
+        d.status.write_status(t + 3 * 1_000_000_000)
+        rounds.append(sorted(written))
+        written.clear()
+        d.status.write_status(t + 3 * 1_000_000_000 + int(edged_status.REFRESH_S * 1e9))
+        rounds.append(sorted(written))
+        return rounds, maps
+
+    monkeypatch.setattr(
+        edged_status.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services for b in s.backends}
+    )
+    rounds, maps = asyncio.run(go())
+    every = sorted(bid for name in ("s0", "s1", "s2") for bid in maps.ids(name)[1].values())
+    assert rounds[0] == every
+    assert rounds[1] == []  # nothing changed
+    assert rounds[2] == [maps.ids("s0")[1]["b1"]]  # its probe count and RTT
+    assert rounds[3] == sorted(maps.ids("s2")[1].values())  # the service the reload changed, once
+    assert rounds[4] == every  # refreshed
+    assert maps.probe[maps.ids("s2")[1]["b0"]].config_weight == 101
+
+
+def test_the_record_says_what_the_backend_view_says(monkeypatch):
+    """Status.record (built for every backend every second) and backend_view (status) agree on
+    every field the record holds, with probe results, loads, an operator's drain and pin and a
+    backend a reload left draining; a result that comes after a record was built is in the next."""
+    from controlplane.samples import Load
+
+    closed = socket.socket()  # bound, not listening: the prober's own probes are refused (no RTT)
+    closed.bind(("127.0.0.1", 0))
+
+    def result(d, key, sample: Sample) -> None:
+        """A probe result as the prober delivers it: into the window, then to the steering."""
+        d.steering.prober.window(key).add(sample)
+        d.steering.on_sample(key, sample)
+
+    async def go():
+        cfg = parse_config(probed_doc())
+        d = daemon(cfg)
+        port = closed.getsockname()[1]
+        d.steering.targets = lambda cfg: [Target(t.key, "127.0.0.1", port, t.probe) for t in steer.targets(cfg)]
+        d.steering.set_services(cfg)  # the windows
+        t = time.monotonic_ns()
+        for j, rtt in enumerate((0.010, 0.020)):
+            for k in range(5):
+                ok = k != 3
+                sample = Sample(t_ns=t + k, ok=ok, rtt_s=rtt if ok else None, error=None if ok else "timeout")
+                result(d, ("s0", f"b{j}"), sample)
+        d.steering.on_load(("s0", "b0"), Load(t_ns=t, ok=True, waiting=3.0, running=7.0, kv_usage=0.25))
+        d.steering.step(d.state.services["s0"], t)
+        await d.operate("drain", "s1", "b0")
+        await d.operate("weight", "s1", "b1", 7)
+        new = probed_doc()
+        new["services"][2]["backends"] = new["services"][2]["backends"][:1]  # s2/b1 drains out
+        await d.reload(yaml.safe_dump(new))
+        await d.steering.prober.close()
+        return d, time.monotonic_ns()
+
+    routes = lambda cfg: {b.address: 1 for s in cfg.services for b in s.backends}  # noqa: E731
+    monkeypatch.setattr(edged_status.deploy, "backend_routes", routes)
+    try:
+        d, now = asyncio.run(go())
+    finally:
+        closed.close()
+    assert ("s2", "b1") in d.state.leaving
+    fields = ("rtt_p50_s", "rtt_p99_s", "rtt_smoothed_s", "waiting", "running", "kv_usage", "probes_ok")
+    fields += ("probes_failed", "state", "reason", "drained", "override")
+
+    def agree() -> None:
+        for name, st in d.state.services.items():
+            for b in st.service.backends:
+                view = d.status.backend_view(name, b.name, now, full=False)
+                rec = d.status.record(name, b.name, b.weight)
+                assert {f: getattr(rec, f) for f in fields} == {f: view.get(f) for f in fields}, (name, b.name)
+                assert rec.leave_until_s == edged_status._leave_until_s(d.state.leaving.get((name, b.name)))
+
+    agree()
+    assert d.status.record("s0", "b0", 100).rtt_p99_s == 0.010
+    assert d.status.record("s0", "b0", 100).waiting == 3 and d.status.record("s1", "b0", 100).drained
+    for k in range(5):  # new results after a record was built: the next one has them
+        result(d, ("s0", "b0"), Sample(t_ns=now + k, ok=True, rtt_s=0.5))
+    assert d.status.record("s0", "b0", 100).rtt_p99_s == 0.5
+    agree()
