@@ -279,6 +279,10 @@ class World:
         for name in ("p0", "p1"):
             self.set_health(name)
         self.percpu(abi.MAP_CT_BUDGET, 0, window_ns=0, used=0)
+        for k, v in getattr(self, "rnat6_saved", None) or ():  # a row's edge_rnat6 change (verdicts6.py)
+            self.t[abi.MAP_RNAT6][k] = v
+            self.maps.rnat_changed()
+        self.rnat6_saved = None
         if getattr(self, "hop6_slot", None) is not None:  # a row's IPv6 reply hop (verdicts6.py, hop6)
             self.percpu(abi.MAP_REPLY_HOP6, self.hop6_slot, expires=0, ifindex=0)
         for bid in self._backends:

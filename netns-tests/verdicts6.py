@@ -128,6 +128,28 @@ def hop6(ifindex: int = CLIENT_IF, vip: IPv6Address = VIP6) -> Callable[[World],
     return setup
 
 
+def rnat6_changed(to_backend: str) -> Callable[[World], None]:
+    """edge_reply copies e0's edge_rnat6 entry (one reply through it: reply6.h, rnat6_cached), then the
+    entry names to_backend under a new node_info.rnat_gen, as the maps writer changes it (reset() puts
+    it back): the copy must not be used."""
+
+    def setup(w: World) -> None:
+        verdict, *_ = w.run(REP, reply6(flags="A"))
+        assert verdict == XDP_REDIRECT  # the copy is made, under the current generation
+        t = w.t[abi.MAP_RNAT6]
+        k = t.Key()
+        put_addr(k, "addr", E0[0])
+        k.port, k.proto = be16(E0[1]), 6
+        old = t[k]
+        w.rnat6_saved = [(type(k).from_buffer_copy(k), type(old).from_buffer_copy(old))]
+        v = type(old).from_buffer_copy(old)
+        v.backend_id = w.bid(to_backend)
+        t[k] = v
+        w.maps.rnat_changed()
+
+    return setup
+
+
 def snat6_xdp(f: bytes) -> bytes:
     """Expected of edge_reply: source VIP6:80 again, hop limit - 1, the cached reply hop's MACs."""
     p = Ether(snat6(f))
@@ -192,5 +214,8 @@ ROWS6 = [
      {"return_xdp": 1}, W, connected6("e0"), hop6()),
     ("IPv6 reply, its cached hop out of another interface: to tc", REP, reply6(flags="A"), XDP_PASS, SAME, {}, "",
      connected6("e0"), hop6(99)),
+    # edge_reply's per-CPU copies of edge_rnat6 entries (reply6.h): used only under the generation they were made in
+    ("IPv6 reply after its edge_rnat6 entry changed: the entry decides, not the copy (to tc)", REP, reply6(flags="A"),
+     XDP_PASS, SAME, {}, "", connected6("e0"), hop6(), rnat6_changed("e1")),
 ]
 # fmt: on

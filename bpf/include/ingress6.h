@@ -414,7 +414,8 @@ static __always_inline int ingress6(struct xdp_md *ctx, const int stage)
 	sc = edge_svc_cfg.lookup(&vip->id);
 	if (!sc)
 		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
-	if (sc->flags)
+	/* health's clock, and a new flow's handshake stamp (flow_insert): one read */
+	if (sc->flags || pkt.syn)
 		now = bpf_ktime_get_ns();
 	if (!looked)
 		fi = edge_ct6.lookup(&p6.key);
@@ -497,8 +498,7 @@ static __always_inline int syn_again6(struct xdp_md *ctx, struct pkt *pkt, struc
 	sc = edge_svc_cfg.lookup(&vip->id);
 	if (!sc)
 		return count_drop(vip->id, EDGE_DROP_NO_BACKEND);
-	if (sc->flags)
-		now = bpf_ktime_get_ns();
+	now = bpf_ktime_get_ns(); /* health's, and a new pick's handshake stamp (flow_insert) */
 	/* a DSR service's SYNs go to edge_ct6 (flow_insert): an entry left from
 	 * before the service changed is not used */
 	ho = (sc->flags & EDGE_SVC_F_DSR) ? NULL : edge_half_open6.lookup(&p6->key);

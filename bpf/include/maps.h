@@ -178,6 +178,17 @@ struct rnat_slot {
 	__u32 pad;
 };
 BPF_PERCPU_ARRAY(edge_rnat_cache, struct rnat_slot, EDGE_RNAT_CACHE_SLOTS);
+/* The same for edge_rnat6 entries (reply6.h, rnat6_cached), under the same
+ * node_info.rnat_gen; kernel only, not pinned. */
+struct rnat6_slot {
+	struct backend_key6 key; /* the endpoint it copies (pad 0) */
+	__u16 csum_l4;		 /* L4 checksum change: source address and port -> the VIP's (folded) */
+	__u16 pad;
+	__u64 gen;		/* node_info.rnat_gen when copied */
+	struct rnat_info6 info; /* the edge_rnat6 entry */
+	__u32 pad2;
+};
+BPF_PERCPU_ARRAY(edge_rnat6_cache, struct rnat6_slot, EDGE_RNAT_CACHE_SLOTS);
 /* hash(client, VIP) -> cached egress interface and MACs of replies (per CPU). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct reply_hop, edge_reply_hop,
 		 EDGE_REPLY_HOP_SLOTS, EDGE_PIN(edge_reply_hop));

@@ -421,7 +421,7 @@ select_backend(const struct vip_info *vip, const struct service_cfg *sc,
 		fi->syn_seq = pkt->seq;
 		return be;
 	}
-	flow_insert(pkt, vip, *bid, sc->flags & EDGE_SVC_F_DSR, flow6);
+	flow_insert(pkt, vip, *bid, sc->flags & EDGE_SVC_F_DSR, flow6, now);
 	return be;
 }
 

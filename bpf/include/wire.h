@@ -137,13 +137,15 @@ static __always_inline int ct_give_open(struct flow_info *fi)
 
 /* flow_info.flags and wire_ns of a new conntrack entry (not yet in a map,
  * so no other CPU sees it): a SYN opens a connection of bid and starts
- * timing its handshake. */
-static __always_inline __u32 wire_open(int syn, __u32 bid, __u64 *wire_ns)
+ * timing its handshake, from now when have_now (a constant: the caller read
+ * bpf_ktime_get_ns for this SYN, not the fast path's cached health_now),
+ * else from a clock read here. */
+static __always_inline __u32 wire_open(int syn, __u32 bid, __u64 *wire_ns, __u64 now, const int have_now)
 {
 	if (!syn)
 		return 0;
 	wire_count(bid, 0);
-	*wire_ns = bpf_ktime_get_ns();
+	*wire_ns = have_now ? now : bpf_ktime_get_ns();
 	return EDGE_CT_F_OPEN | EDGE_CT_F_HS_WAIT;
 }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from controlplane import desired
 from controlplane.config import Config, Service
-from controlplane.maps.records import be16, is6, put_addr
+from controlplane.maps.records import be16, put_addr
 
 
 class Quick:
@@ -92,6 +92,6 @@ class Quick:
             except KeyError:
                 continue
             del rnat[k]
-            dropped = dropped or not is6(k)
+            dropped = True
         if dropped:
             self.rnat_changed()

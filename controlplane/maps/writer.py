@@ -27,7 +27,6 @@ from controlplane.maps.records import (
     be16,
     be32,
     from_be16,
-    is6,
     next_rnat_gen,
     put_addr,
 )
@@ -71,7 +70,9 @@ class Writer(Quick, Family6, Vips):
             else member_plan(self._last, self._last_plan, cfg, oifs, self._dirty, self.max_backends)
         )
         saved_t, saved_ids = self.t, self._ids
-        journal = Journal(saved_t, after_undo={abi.MAP_RNAT: self.rnat_changed})  # putting back is a change too
+        journal = Journal(  # putting back is a change too
+            saved_t, after_undo={abi.MAP_RNAT: self.rnat_changed, abi.MAP_RNAT6: self.rnat_changed}
+        )
         self.t, self._journal = journal.tables, journal
         try:
             if quick is not None:
@@ -265,9 +266,9 @@ class Writer(Quick, Family6, Vips):
             t[t.Key(vid)] = t.Leaf()
         for bid in p.removed_backends.values():
             self._clear_backend(bid)
-        if self._drop_unwanted(abi.MAP_RNAT, self._rnat_keys(cfg)):
+        dropped = self._drop_unwanted(abi.MAP_RNAT, self._rnat_keys(cfg))
+        if self._drop_unwanted(abi.MAP_RNAT6, self._rnat_keys(cfg)) or dropped:
             self.rnat_changed()
-        self._drop_unwanted(abi.MAP_RNAT6, self._rnat_keys(cfg))
         self._drop_unwanted(abi.MAP_HB, self._hb_wanted[abi.MAP_HB])
         self._drop_unwanted(abi.MAP_HB6, self._hb_wanted[abi.MAP_HB6])
         self._drop_unwanted(abi.MAP_HB_PORTS, self._hb_ports_wanted)
@@ -317,10 +318,11 @@ class Writer(Quick, Family6, Vips):
         return bool(unwanted)
 
     def rnat_changed(self) -> None:
-        """edge_reply uses its per-CPU copy of an edge_rnat entry while node_info.rnat_gen is
-        the one it was copied under (bpf/edge_reply.c, rnat_cached), so after every change of
-        edge_rnat, before any other map is written, rnat_gen takes a value it never had. Not
-        journaled: putting edge_rnat back is a change too, so it never goes back."""
+        """edge_reply uses its per-CPU copy of an edge_rnat or edge_rnat6 entry while
+        node_info.rnat_gen is the one it was copied under (bpf/edge_reply.c, rnat_cached;
+        bpf/include/reply6.h, rnat6_cached), so after every change of either, before any other
+        map is written, rnat_gen takes a value it never had. Not journaled: putting an entry back
+        is a change too, so it never goes back."""
         t = self._untracked[abi.MAP_NODE]
         v = t[t.Key(0)]
         v.rnat_gen = next_rnat_gen(v.rnat_gen)
@@ -428,7 +430,7 @@ class Writer(Quick, Family6, Vips):
         """edge_rnat: each backend endpoint -> the VIP its replies come from (only_new: the
         endpoints that have no entry yet)."""
         changed = self._make_room(abi.MAP_RNAT, self._rnat_keys(cfg))
-        self._make_room(abi.MAP_RNAT6, self._rnat_keys(cfg))
+        changed = self._make_room(abi.MAP_RNAT6, self._rnat_keys(cfg)) or changed
         present = set()
         if only_new:
             present = {bytes(k) for name in (abi.MAP_RNAT, abi.MAP_RNAT6) for k in self.t[name].keys()}
@@ -442,8 +444,8 @@ class Writer(Quick, Family6, Vips):
                 v.vip_port = be16(s.port)
                 v.backend_id, v.vip_id = p.be_ids[(s.name, b.name)], vid
                 if bytes(k) not in present:
-                    # edge_reply's copies are of edge_rnat (IPv4) only
-                    changed = (self._put_changed(t, k, v) and not is6(k)) or changed
+                    # edge_reply copies entries of both (edge_reply.c, reply6.h)
+                    changed = self._put_changed(t, k, v) or changed
         if changed:
             self.rnat_changed()
 

@@ -358,34 +358,40 @@ def half_states(mem: MemMaps, target: dict[tuple, str] | None = None) -> list[st
 
 
 class RnatCopies:
-    """What edge_reply's per-CPU copies of edge_rnat entries (bpf/edge_reply.c, rnat_cached)
-    may hold: a copy is used while node_info.rnat_gen is the one it was made under. So a
-    generation never comes back, and edge_rnat changes under one generation only until the
-    writes of edge_rnat are done: the generation moves before any other map is written and
-    before apply() returns or raises. after_write() (Faults.on_write) and settled() note
-    what breaks that in `bad`."""
+    """What edge_reply's per-CPU copies of edge_rnat and edge_rnat6 entries (bpf/edge_reply.c,
+    rnat_cached; bpf/include/reply6.h, rnat6_cached) may hold: a copy is used while
+    node_info.rnat_gen is the one it was made under. So a generation never comes back, and
+    either table changes under one generation only until the writes of the reverse-NAT tables
+    are done: the generation moves before any other map is written and before apply() returns
+    or raises. after_write() (Faults.on_write) and settled() note what breaks that in `bad`."""
+
+    TABLES = (abi.MAP_RNAT, abi.MAP_RNAT6)
 
     def __init__(self, mem: MemMaps):
         self.mem = mem
         self.gen = mem.rnat_gen()
-        self.rnat = mem.tables[abi.MAP_RNAT].dump()  # as under self.gen
+        self.rnat = self._dump()  # as under self.gen
         self.seen = {self.gen}
         self.bad: list[str] = []
 
+    def _dump(self) -> list:
+        return [self.mem.tables[name].dump() for name in self.TABLES]
+
     def after_write(self) -> None:
-        gen, rnat = self.mem.rnat_gen(), self.mem.tables[abi.MAP_RNAT].dump()
+        gen, rnat = self.mem.rnat_gen(), self._dump()
         if gen != self.gen:
             if gen in self.seen:
                 self.bad.append(f"rnat_gen {gen} came back")
             self.seen.add(gen)
             self.gen, self.rnat = gen, rnat
-        elif rnat != self.rnat and self.mem.faults.last != abi.MAP_RNAT:
+        elif rnat != self.rnat and self.mem.faults.last not in self.TABLES:
             self.bad.append(
-                f"{self.mem.faults.last} written while edge_rnat differs from its copies under rnat_gen {gen}"
+                f"{self.mem.faults.last} written while edge_rnat/edge_rnat6 differ from their copies "
+                f"under rnat_gen {gen}"
             )
 
     def settled(self) -> list[str]:
-        """bad, and whether edge_rnat is what copies under the current generation hold."""
-        if self.mem.tables[abi.MAP_RNAT].dump() != self.rnat:
-            return [*self.bad, f"edge_rnat changed under rnat_gen {self.gen}, which is still current"]
+        """bad, and whether edge_rnat and edge_rnat6 are what copies under the current generation hold."""
+        if self._dump() != self.rnat:
+            return [*self.bad, f"edge_rnat/edge_rnat6 changed under rnat_gen {self.gen}, which is still current"]
         return list(self.bad)

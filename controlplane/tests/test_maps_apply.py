@@ -225,3 +225,46 @@ def test_a_failed_apply_leaves_no_copy_of_edge_rnat_in_use_that_it_made_stale(me
     with contextlib.suppress(MapError):
         maps.apply(config(svc("chat-v2", 3, be("b0", 10), be("b2", 12, weight=3)), svc("code", 2, be("c1", 21))))
     assert copies.settled() == []
+
+
+def be6(name, last, port=8000, weight=1, **kw):
+    return {"name": name, "address": f"2001:2:0:1::{last:x}", "port": port, "weight": weight, **kw}
+
+
+def svc6(name, vip_last, *backends, port=80, **kw):
+    return {"name": name, "vip": f"2001:2:0:ff::{vip_last:x}", "port": port, "backends": list(backends), **kw}
+
+
+def test_the_reverse_nat_generation_rises_with_every_change_of_edge_rnat6(mem):
+    """edge_reply's IPv6 side (reply6.h) keeps per-CPU copies of edge_rnat6 entries under the
+    same node_info.rnat_gen: an endpoint that comes, goes or moves to another VIP gives it a new
+    value before any other map is written; an apply that changes nothing leaves it."""
+    maps = mem.maps()
+    maps.write_node(**NODE)
+    copies = RnatCopies(mem)
+    mem.faults.on_write = copies.after_write
+    maps.apply(config(svc6("chat", 1, be6("b0", 10), be6("b1", 11)), svc("code", 2, be("c0", 20))))
+    first = mem.rnat_gen()
+    maps.apply(config(svc6("chat", 1, be6("b0", 10), be6("b1", 11)), svc("code", 2, be("c0", 20))))
+    assert mem.rnat_gen() == first  # nothing changed
+    maps.apply(config(svc6("chat", 1, be6("b0", 10), be6("b2", 12)), svc("code", 2, be("c0", 20))))
+    second = mem.rnat_gen()
+    assert second > first  # b1's entry went, b2's came: IPv6 only
+    maps.apply(config(svc6("chat", 1, be6("b0", 10)), svc("code", 2, be("c0", 20))))
+    assert mem.rnat_gen() > second  # b2's went (the quick path)
+    maps.apply(config(svc6("chat", 3, be6("b0", 10)), svc("code", 2, be("c0", 20))))
+    maps.apply(config(svc("code", 2, be("c0", 20))))
+    assert copies.settled() == []
+
+
+@pytest.mark.parametrize("k", range(1, 40))
+def test_a_failed_apply_leaves_no_copy_of_edge_rnat6_in_use_that_it_made_stale(mem, k):
+    """As for edge_rnat: an IPv6 endpoint's entry put back by a rollback is a change too."""
+    maps = mem.maps()
+    maps.apply(config(svc6("chat", 1, be6("b0", 10), be6("b1", 11)), svc("code", 2, be("c0", 20))))
+    copies = RnatCopies(mem)
+    mem.faults.on_write = copies.after_write
+    mem.faults.writes, mem.faults.fail_at = 0, k
+    with contextlib.suppress(MapError):
+        maps.apply(config(svc6("chat-v2", 3, be6("b0", 10), be6("b2", 12, weight=3)), svc("code", 2, be("c1", 21))))
+    assert copies.settled() == []
