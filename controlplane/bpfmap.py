@@ -262,6 +262,40 @@ class Map:
                 return
             token_in.value, first = token_out.value, False
 
+    def rows(self, chunk: int = 4096):
+        """An array's every value, as a ctypes array of Leaf indexed by key (BPF_MAP_LOOKUP_BATCH:
+        one call per chunk entries instead of one per entry). Entries changed meanwhile may be
+        seen before or after, as with a walk of lookups."""
+        if not self.array:
+            raise self._fail("batch read", None, errno.EINVAL)
+        n, vsz = self.max_entries, ctypes.sizeof(self.Leaf)
+        out = (self.Leaf * n)()
+        keys = (ctypes.c_uint32 * chunk)()
+        token_in, token_out = ctypes.c_uint64(0), ctypes.c_uint64(0)  # an array's token is its u32 index
+        done = 0
+        while done < n:
+            attr = _BatchAttr(
+                in_batch=0 if done == 0 else ctypes.addressof(token_in),
+                out_batch=ctypes.addressof(token_out),
+                keys=ctypes.addressof(keys),
+                values=ctypes.addressof(out) + done * vsz,
+                count=min(chunk, n - done),
+                map_fd=self.map_fd,
+            )
+            rc = _bpf(_LOOKUP_BATCH, attr)
+            if rc < 0 and rc != -errno.ENOENT:
+                raise self._fail("batch read", None, -rc)
+            got = attr.count
+            if got and (keys[0] != done or keys[got - 1] != done + got - 1):  # an array's come in order
+                raise self._fail("batch read", None, errno.EIO)
+            done += got
+            if rc == -errno.ENOENT or not got:
+                break
+            token_in.value = token_out.value
+        if done != n:
+            raise self._fail(f"batch read ({done} of {n})", None, errno.EIO)
+        return out
+
     def items(self):
         """(key, value) of every entry; one deleted during the walk is left out."""
         for k in self.keys():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ctypes as ct
 
-from controlplane import abi, loader
+from controlplane import abi, deploy, loader
 from controlplane.maps import layouts
 
 
@@ -39,6 +39,13 @@ def test_the_layouts_are_bccs_and_read_the_same_entries(net, router):
                 assert len(m) == len(t), name  # walks of what traffic or size make large
                 continue
             assert {bytes(k): bytes(v) for k, v in m.items()} == {bytes(k): bytes(v) for k, v in t.items()}, name
+            if m.array:  # read whole in batches (status's walk: maps/rows.py), the same entries
+                assert bytes(m.rows(chunk=100)) == b"".join(bytes(v) for _, v in t.items()), name
+        maps = deploy.open_maps(ours)  # status's walk over arrays read in batches, and entry by entry
+        try:
+            assert maps.snapshot() == maps._snapshot()
+        finally:
+            maps.close()
         node = mine[abi.MAP_NODE][0]
         assert node.max_backends == loader.pinned_params(pin_path).max_backends and node.n_return >= 1
         backends = [v for _, v in mine[abi.MAP_BACKENDS].items() if v.flags & abi.BE_F_VALID]

@@ -5,6 +5,7 @@ maps package, the only code that knows map layouts; Maps mixes this in."""
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import time
 from typing import Iterable, Sequence
@@ -33,6 +34,7 @@ from controlplane.maps.records import (
     wire_columns,
     wire_from_row,
 )
+from controlplane.maps.rows import Rows
 
 CT_FLAG_NAMES = {
     abi.CT_F_SYN: "syn",
@@ -49,6 +51,20 @@ def _endpoint(address, port: int) -> str:
     [ADDR]:PORT for IPv6."""
     a = addr_of(address)
     return f"{a}:{from_be16(port)}" if a.version == 4 else f"[{a}]:{from_be16(port)}"
+
+
+# The arrays a status walk reads per backend (snapshot): read whole, in batches, before it
+_WALKED = (
+    abi.MAP_BACKENDS,
+    abi.MAP_BACKENDS6,
+    abi.MAP_BE_META,
+    abi.MAP_SVC_CFG,
+    abi.MAP_HEALTH,
+    abi.MAP_BE_PROBE,
+    abi.MAP_BE_STATS,
+    abi.MAP_WIRE,
+    abi.MAP_INFLIGHT,
+)
 
 
 class Reader:
@@ -263,6 +279,13 @@ class Reader:
         return True
 
     def snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
+        """_snapshot over the per-backend arrays read whole first, in batches (maps/rows.py): the
+        same walk, one system call per few thousand entries instead of about nine a backend."""
+        walk = copy.copy(self)
+        walk.t = {**self.t, **{n: Rows(self.t[n]) for n in _WALKED if n in self.t}}  # type: ignore[attr-defined]
+        return walk._snapshot(count_conntrack, deadline_ns)
+
+    def _snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
         """Everything status shows, as plain data. Counting conntrack entries
         walks the whole table (seconds when it is full), so it is asked for; past
         deadline_ns (CLOCK_MONOTONIC) the count stops: conntrack_entries is None and
