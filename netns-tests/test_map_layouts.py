@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import ctypes as ct
 
+import numpy as np
+
 from controlplane import abi, deploy, loader
-from controlplane.maps import layouts
+from controlplane.maps import ProbeStatus, layouts
 
 
 def shape(t: type):
@@ -44,6 +46,18 @@ def test_the_layouts_are_bccs_and_read_the_same_entries(net, router):
         maps = deploy.open_maps(ours)  # status's walk over arrays read in batches, and entry by entry
         try:
             assert maps.snapshot() == maps._snapshot()
+            wire = mine[abi.MAP_WIRE]  # distinct counts in every backend's every CPU's signals
+            words = ct.sizeof(wire.Leaf) // 8
+            for bid in range(len(wire)):
+                wire[wire.Key(bid)] = wire.Leaf.from_buffer_copy(
+                    np.arange(bid * words, (bid + 1) * words, dtype=np.uint64).tobytes()
+                )
+            records = [(bid, ProbeStatus(updated_ns=bid + 1, config_weight=bid, state=f"s{bid}")) for bid in (4, 2, 9)]
+            maps.write_statuses(records)  # one batched write
+            assert [maps.read_status(bid) for bid, _ in records] == [r for _, r in records]
+            for bids in ([3, 1, 2, 0, 7], [5, 9, 6], list(range(40)), [0, len(wire) - 1]):  # ranged or not
+                one_by_one = np.vstack([maps.wire_rows([b]) for b in bids])
+                assert (maps.wire_rows(bids) == one_by_one).all() and one_by_one.any(), bids
         finally:
             maps.close()
         node = mine[abi.MAP_NODE][0]

@@ -53,6 +53,8 @@ def _endpoint(address, port: int) -> str:
     return f"{a}:{from_be16(port)}" if a.version == 4 else f"[{a}]:{from_be16(port)}"
 
 
+RANGE_READ = 4  # wire_rows reads the range of ids in one batched call when it is at most this many times their number
+
 # The arrays a status walk reads per backend (snapshot): read whole, in batches, before it
 _WALKED = (
     abi.MAP_BACKENDS,
@@ -98,6 +100,21 @@ class Reader:
         for name, value in pack_probe(status).items():
             setattr(v, name, value)
         t[t.Key(bid)] = v
+
+    def write_statuses(self, records: Sequence[tuple[int, ProbeStatus]]) -> None:
+        """Whole edge_be_probe records, (backend id, record) each, in one batched write where the
+        table has them (a write each released and took back the interpreter on edged's loop)."""
+        t = self.t[abi.MAP_BE_PROBE]
+        batched = getattr(t, "update_rows", None)
+        if batched is None or len(records) < 2:
+            for bid, status in records:
+                self.write_status(bid, status)
+            return
+        values = (t.Leaf * len(records))()
+        for v, (_, status) in zip(values, records):
+            for name, value in pack_probe(status).items():
+                setattr(v, name, value)
+        batched([bid for bid, _ in records], values)
 
     def _probe_fields(self, bid: int) -> dict:
         t = self.t[abi.MAP_BE_PROBE]
@@ -179,11 +196,20 @@ class Reader:
         words = ctypes.sizeof(t.sLeaf) // 8  # all u64: abi.h asserts the size, a test the fields
         if not bids:
             return np.zeros((0, wiresignals.ROW_LEN), np.int64)
-        raw = np.empty((len(bids), ctypes.sizeof(t.Leaf) // 8), np.uint64)  # every CPU's record
-        at, stride = raw.ctypes.data, raw.strides[0]
-        key, lookup = t.Key, t.lookup_into
-        for i, bid in enumerate(bids):
-            lookup(key(bid), at + i * stride)
+        lo, hi = min(bids), max(bids) + 1
+        ranged = getattr(t, "rows", None)
+        if ranged is not None and len(bids) > 1 and hi - lo <= RANGE_READ * len(bids):
+            # a service's ids are mostly together: their range in one batched read (steering reads
+            # the wire signals of each service it steps; a lookup each released and took back the
+            # interpreter, waiting on a status walk's thread every time: tools/bench-probe --scale)
+            span = np.frombuffer(ranged(start=lo, count=hi - lo), np.uint64).reshape(hi - lo, -1)
+            raw = span[np.asarray(bids, np.int64) - lo]
+        else:
+            raw = np.empty((len(bids), ctypes.sizeof(t.Leaf) // 8), np.uint64)  # every CPU's record
+            at, stride = raw.ctypes.data, raw.strides[0]
+            key, lookup = t.Key, t.lookup_into
+            for i, bid in enumerate(bids):
+                lookup(key(bid), at + i * stride)
         summed = raw.reshape(len(bids), -1, words).sum(axis=1, dtype=np.uint64)
         return summed[:, wire_columns(t.sLeaf)].astype(np.int64)
 
