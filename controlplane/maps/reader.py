@@ -53,6 +53,7 @@ def _endpoint(address, port: int) -> str:
     return f"{a}:{from_be16(port)}" if a.version == 4 else f"[{a}]:{from_be16(port)}"
 
 
+COPY_MAX_BYTES = 16 << 20  # snapshot copies an array whole when it is at most this large
 RANGE_READ = 4  # wire_rows reads the range of ids in one batched call when it is at most this many times their number
 
 # The arrays a status walk reads per backend (snapshot): read whole, in batches, before it
@@ -307,8 +308,10 @@ class Reader:
     def snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
         """_snapshot over the per-backend arrays read whole first, in batches (maps/rows.py): the
         same walk, one system call per few thousand entries instead of about nine a backend."""
-        walk = copy.copy(self)
-        walk.t = {**self.t, **{n: Rows(self.t[n]) for n in _WALKED if n in self.t}}  # type: ignore[attr-defined]
+        walk, t = copy.copy(self), self.t  # type: ignore[attr-defined]
+        # a per-CPU array on a many-CPU node is read a lookup at a time rather than copied whole
+        whole = [n for n in _WALKED if n in t and ctypes.sizeof(t[n].Leaf) * len(t[n]) <= COPY_MAX_BYTES]
+        walk.t = {**t, **{n: Rows(t[n]) for n in whole}}
         return walk._snapshot(count_conntrack, deadline_ns)
 
     def _snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
