@@ -21,6 +21,7 @@ _SYS_BPF = {"x86_64": 321, "aarch64": 280}
 _LOOKUP, _UPDATE, _DELETE, _NEXT_KEY, _OBJ_PIN, _OBJ_GET, _GET_INFO = 1, 2, 3, 4, 6, 7, 15
 _PROG_GET_FD_BY_ID = 13
 _LOOKUP_BATCH = 24
+_UPDATE_BATCH = 26
 
 
 class _ElemAttr(ctypes.Structure):
@@ -261,6 +262,56 @@ class Map:
             if rc == -errno.ENOENT:
                 return
             token_in.value, first = token_out.value, False
+
+    def rows(self, chunk: int = 4096, start: int = 0, count: int | None = None):
+        """An array's values from index start (count of them; default: to the end), as a ctypes
+        array of Leaf (BPF_MAP_LOOKUP_BATCH: one call per chunk entries instead of one per entry).
+        Entries changed meanwhile may be seen before or after, as with a walk of lookups."""
+        n = self.max_entries - start if count is None else count
+        if not self.array or start < 0 or n < 0 or start + n > self.max_entries:
+            raise self._fail(f"batch read {start}+{n}", None, errno.EINVAL)
+        vsz = ctypes.sizeof(self.Leaf)
+        out = (self.Leaf * n)()
+        keys = (ctypes.c_uint32 * min(chunk, max(n, 1)))()
+        token_in, token_out = ctypes.c_uint64(start - 1), ctypes.c_uint64(0)  # an array's token: the last index read
+        done = 0
+        while done < n:
+            attr = _BatchAttr(
+                in_batch=0 if start + done == 0 else ctypes.addressof(token_in),
+                out_batch=ctypes.addressof(token_out),
+                keys=ctypes.addressof(keys),
+                values=ctypes.addressof(out) + done * vsz,
+                count=min(len(keys), n - done),
+                map_fd=self.map_fd,
+            )
+            rc = _bpf(_LOOKUP_BATCH, attr)
+            if rc < 0 and rc != -errno.ENOENT:
+                raise self._fail("batch read", None, -rc)
+            got = attr.count
+            if got and (keys[0] != start + done or keys[got - 1] != start + done + got - 1):  # in order
+                raise self._fail("batch read", None, errno.EIO)
+            done += got
+            if rc == -errno.ENOENT or not got:
+                break
+            token_in.value = token_out.value
+        if done != n:
+            raise self._fail(f"batch read ({done} of {n})", None, errno.EIO)
+        return out
+
+    def update_rows(self, indexes, values) -> None:
+        """An array's entries indexes set to values (a ctypes array of Leaf, one each) in one call
+        (BPF_MAP_UPDATE_BATCH) instead of one a value."""
+        n = len(indexes)
+        if not n:
+            return
+        if not self.array or len(values) != n:
+            raise self._fail("batch update", None, errno.EINVAL)
+        keys = (ctypes.c_uint32 * n)(*indexes)
+        attr = _BatchAttr(keys=ctypes.addressof(keys), values=ctypes.addressof(values), count=n, map_fd=self.map_fd)
+        rc = _bpf(_UPDATE_BATCH, attr)
+        if rc < 0 or attr.count != n:
+            where = keys[attr.count] if attr.count < n else None
+            raise self._fail("batch update", None if where is None else self.Key(where), -rc if rc < 0 else errno.EIO)
 
     def items(self):
         """(key, value) of every entry; one deleted during the walk is left out."""

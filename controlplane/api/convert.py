@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any
 
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from controlplane import abi, statuspage
@@ -53,6 +53,41 @@ def fill(msg: Message, data: dict) -> Message:
         else:
             setattr(msg, f.name, value)
     return msg
+
+
+def _plan(desc: Descriptor) -> tuple[frozenset[str], dict[str, tuple[Descriptor, bool]]]:
+    """desc's field names, and its message fields (not maps) with their type and whether repeated."""
+    plan = _PLANS.get(desc.full_name)
+    if plan is None:
+        names = frozenset(f.name for f in desc.fields)
+        nested = {
+            f.name: (f.message_type, _repeated(f))
+            for f in desc.fields
+            if f.type == FieldDescriptor.TYPE_MESSAGE and not _is_map(f)
+        }
+        plan = _PLANS[desc.full_name] = (names, nested)
+    return plan
+
+
+_PLANS: dict[str, tuple[frozenset[str], dict[str, tuple[Descriptor, bool]]]] = {}
+
+
+def _kwargs(desc: Descriptor, data: dict) -> dict:
+    """data as keyword arguments of desc's message, by fill's rules (keys desc does not name and
+    None left out), nested messages as dicts of their own."""
+    names, nested = _plan(desc)
+    kw = {k: v for k, v in data.items() if v is not None and k in names}
+    for k in nested.keys() & kw.keys():
+        sub, repeated = nested[k]
+        kw[k] = [_kwargs(sub, item) for item in kw[k]] if repeated else _kwargs(sub, kw[k])
+    return kw
+
+
+def build(cls: type[Message], data: dict) -> Message:
+    """As fill(cls(), data), in one call of the message's constructor (C in protobuf's upb): the
+    status of 10,000 backends converts in a fraction of fill's time, which sets one field at a
+    time from Python (tools/bench-probe --scale)."""
+    return cls(**_kwargs(cls.DESCRIPTOR, data))
 
 
 def to_dict(msg: Message) -> dict:
@@ -95,7 +130,7 @@ def _in_order(counts: dict[str, int], names: dict[int, str]) -> dict[str, int]:
 
 def status_to_proto(snap: dict, edged: dict | None = None) -> edge_pb2.GetStatusResponse:
     """A daemon snapshot (one instance) as a GetStatusResponse; edged: version, pid."""
-    msg = fill(edge_pb2.GetStatusResponse(), {k: v for k, v in snap.items() if k != "edged"})
+    msg = build(edge_pb2.GetStatusResponse, {k: v for k, v in snap.items() if k != "edged"})
     if edged:
         msg.edged.version = edged.get("version", "")
         msg.edged.pid = edged.get("pid", 0)

@@ -330,6 +330,7 @@ class Status:
                     written.pop(bid, None)
         self._written_for[name] = (maps, st.service)
         refresh_ns = int(REFRESH_S * 1e9)
+        due: list[tuple[int, str, ProbeStatus]] = []
         for b in st.service.backends:
             bid = bids[b.name]
             record = self.record(name, b.name, b.weight)
@@ -342,6 +343,9 @@ class Status:
                 and (now_ns - last[2]) * _SPREAD < refresh_ns * (_SPREAD - bid % (_SPREAD // 3))
             ):
                 continue
-            maps.write_status(bid, dataclasses.replace(record, updated_ns=now_ns))
-            written[bid] = (b.name, record, now_ns)
+            due.append((bid, b.name, record))
+        # in one call (a write each released the interpreter and waited to take it back)
+        maps.write_statuses([(bid, dataclasses.replace(record, updated_ns=now_ns)) for bid, _, record in due])
+        for bid, backend, record in due:
+            written[bid] = (backend, record, now_ns)
         return len(st.service.backends)

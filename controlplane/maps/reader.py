@@ -5,6 +5,7 @@ maps package, the only code that knows map layouts; Maps mixes this in."""
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import time
 from typing import Iterable, Sequence
@@ -33,6 +34,7 @@ from controlplane.maps.records import (
     wire_columns,
     wire_from_row,
 )
+from controlplane.maps.rows import Rows
 
 CT_FLAG_NAMES = {
     abi.CT_F_SYN: "syn",
@@ -49,6 +51,23 @@ def _endpoint(address, port: int) -> str:
     [ADDR]:PORT for IPv6."""
     a = addr_of(address)
     return f"{a}:{from_be16(port)}" if a.version == 4 else f"[{a}]:{from_be16(port)}"
+
+
+COPY_MAX_BYTES = 16 << 20  # snapshot copies an array whole when it is at most this large
+RANGE_READ = 4  # wire_rows reads the range of ids in one batched call when it is at most this many times their number
+
+# The arrays a status walk reads per backend (snapshot): read whole, in batches, before it
+_WALKED = (
+    abi.MAP_BACKENDS,
+    abi.MAP_BACKENDS6,
+    abi.MAP_BE_META,
+    abi.MAP_SVC_CFG,
+    abi.MAP_HEALTH,
+    abi.MAP_BE_PROBE,
+    abi.MAP_BE_STATS,
+    abi.MAP_WIRE,
+    abi.MAP_INFLIGHT,
+)
 
 
 class Reader:
@@ -82,6 +101,21 @@ class Reader:
         for name, value in pack_probe(status).items():
             setattr(v, name, value)
         t[t.Key(bid)] = v
+
+    def write_statuses(self, records: Sequence[tuple[int, ProbeStatus]]) -> None:
+        """Whole edge_be_probe records, (backend id, record) each, in one batched write where the
+        table has them (a write each released and took back the interpreter on edged's loop)."""
+        t = self.t[abi.MAP_BE_PROBE]
+        batched = getattr(t, "update_rows", None)
+        if batched is None or len(records) < 2:
+            for bid, status in records:
+                self.write_status(bid, status)
+            return
+        values = (t.Leaf * len(records))()
+        for v, (_, status) in zip(values, records):
+            for name, value in pack_probe(status).items():
+                setattr(v, name, value)
+        batched([bid for bid, _ in records], values)
 
     def _probe_fields(self, bid: int) -> dict:
         t = self.t[abi.MAP_BE_PROBE]
@@ -163,11 +197,20 @@ class Reader:
         words = ctypes.sizeof(t.sLeaf) // 8  # all u64: abi.h asserts the size, a test the fields
         if not bids:
             return np.zeros((0, wiresignals.ROW_LEN), np.int64)
-        raw = np.empty((len(bids), ctypes.sizeof(t.Leaf) // 8), np.uint64)  # every CPU's record
-        at, stride = raw.ctypes.data, raw.strides[0]
-        key, lookup = t.Key, t.lookup_into
-        for i, bid in enumerate(bids):
-            lookup(key(bid), at + i * stride)
+        lo, hi = min(bids), max(bids) + 1
+        ranged = getattr(t, "rows", None)
+        if ranged is not None and len(bids) > 1 and hi - lo <= RANGE_READ * len(bids):
+            # a service's ids are mostly together: their range in one batched read (steering reads
+            # the wire signals of each service it steps; a lookup each released and took back the
+            # interpreter, waiting on a status walk's thread every time: tools/bench-probe --scale)
+            span = np.frombuffer(ranged(start=lo, count=hi - lo), np.uint64).reshape(hi - lo, -1)
+            raw = span[np.asarray(bids, np.int64) - lo]
+        else:
+            raw = np.empty((len(bids), ctypes.sizeof(t.Leaf) // 8), np.uint64)  # every CPU's record
+            at, stride = raw.ctypes.data, raw.strides[0]
+            key, lookup = t.Key, t.lookup_into
+            for i, bid in enumerate(bids):
+                lookup(key(bid), at + i * stride)
         summed = raw.reshape(len(bids), -1, words).sum(axis=1, dtype=np.uint64)
         return summed[:, wire_columns(t.sLeaf)].astype(np.int64)
 
@@ -263,6 +306,15 @@ class Reader:
         return True
 
     def snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
+        """_snapshot over the per-backend arrays read whole first, in batches (maps/rows.py): the
+        same walk, one system call per few thousand entries instead of about nine a backend."""
+        walk, t = copy.copy(self), self.t  # type: ignore[attr-defined]
+        # a per-CPU array on a many-CPU node is read a lookup at a time rather than copied whole
+        whole = [n for n in _WALKED if n in t and ctypes.sizeof(t[n].Leaf) * len(t[n]) <= COPY_MAX_BYTES]
+        walk.t = {**t, **{n: Rows(t[n]) for n in whole}}
+        return walk._snapshot(count_conntrack, deadline_ns)
+
+    def _snapshot(self, count_conntrack: bool = False, deadline_ns: int | None = None) -> dict:
         """Everything status shows, as plain data. Counting conntrack entries
         walks the whole table (seconds when it is full), so it is asked for; past
         deadline_ns (CLOCK_MONOTONIC) the count stops: conntrack_entries is None and

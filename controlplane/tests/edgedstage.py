@@ -133,6 +133,10 @@ class FakeMaps:
         self._written(f"write_status {bid}")
         self.probe[bid] = status
 
+    def write_statuses(self, records):
+        for bid, status in records:
+            self.write_status(bid, status)
+
     def read_status(self, bid) -> ProbeStatus:
         return self.probe[bid]
 

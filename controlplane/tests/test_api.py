@@ -37,6 +37,21 @@ def test_status_dict_survives_the_message_unchanged():
     assert list(got["drops"]) == list(abi.DROP_NAMES.values())
 
 
+def test_a_status_message_built_in_one_call_is_the_one_filled_field_by_field():
+    """convert.build (status at 10,000 backends) follows fill's rules: keys the proto does not
+    name and None left out, an empty message set, maps and repeated fields as given."""
+    snap = copy.deepcopy(SNAP)
+    snap["not_a_field"] = {"x": 1}
+    snap["xdp"] = {}  # a message with nothing set is still present
+    snap["conntrack_entries"] = None
+    backend = snap["services"][0]["backends"][0]
+    backend["also_not_a_field"], backend["slots"] = [1, 2], None
+    built = convert.build(edge_pb2.GetStatusResponse, snap)
+    assert built == convert.fill(edge_pb2.GetStatusResponse(), snap)
+    assert built.HasField("xdp") and not built.HasField("conntrack_entries")
+    assert convert.to_dict(built)["services"][0]["backends"][0]["name"] == backend["name"]
+
+
 def test_event_fields_keep_their_json_types():
     event = {
         "t": 1700000000.25,
