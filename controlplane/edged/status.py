@@ -26,7 +26,6 @@ from controlplane.errors import EdgeError
 from controlplane.maps import ProbeStatus
 from controlplane.probe import Prober
 from controlplane.probe.child import ChildProber
-from controlplane.probe.threaded import ThreadedProber
 from controlplane.samples import quantiles
 from controlplane.tasks import within
 
@@ -66,7 +65,7 @@ def _leave_until_s(gone: desired.Leaving | None) -> int | None:
 class Status:
     """edged's views of itself, over the State and the prober's windows."""
 
-    def __init__(self, state: State, prober: Prober | ThreadedProber | ChildProber):
+    def __init__(self, state: State, prober: Prober | ChildProber):
         self.state = state
         self.prober = prober
         # what the status loop wrote last: per service, the maps and the Service it was written for

@@ -23,8 +23,8 @@ from typing import Iterable
 DEFAULT_BUDGET_PER_S = 10_000
 # Below node.probe_budget the budget follows the loop (adapt): the prober may take about
 # SHARE_TARGET of the wall time of its loop (its timer and epoll callbacks, the steering
-# they call included; in edged the prober's own loop on its own thread, its callbacks' waits for
-# the GIL and the results' handling on edged's loop counted in: probe.threaded), so the API, status
+# they call included; in edged the prober's own loop in its child process, with the results' handling
+# on edged's loop counted in: probe.child), so the API, status
 # and the steering steps find the interpreter free half the time whatever a probe costs here: a
 # slower or busier core (other processes preempt the callbacks too) lowers the budget, a quiet
 # one raises it back to the key. Once a

@@ -180,9 +180,9 @@ class Prober:
         add_to_windows: bool = True,
     ):
         self.on_sample = on_sample
-        # False: on_sample's caller adds each Sample to window(key) itself (probe.threaded, on its loop)
+        # False: on_sample's caller adds each Sample to window(key) itself (probe.child, on the caller's loop)
         self.add_to_windows = add_to_windows
-        # on a thread of its own (probe.threaded): busy_elsewhere() is a running total (ns) of the wall
+        # in a process of its own (probe.child): busy_elsewhere() is a running total (ns) of the wall
         # time the results' handling took on the caller's loop, counted into the prober's share
         self.busy_elsewhere: Optional[Callable[[], int]] = None
         self._elsewhere_ns = 0
@@ -384,7 +384,7 @@ class Prober:
         if self._closed:
             return
         now = _perf_ns()
-        if self.busy_elsewhere is not None:  # the results' handling on another loop (probe.threaded)
+        if self.busy_elsewhere is not None:  # the results' handling on another loop (probe.child)
             elsewhere = self.busy_elsewhere()
             self._busy_ns += elsewhere - self._elsewhere_ns
             self._elsewhere_ns = elsewhere

@@ -298,7 +298,7 @@ def test_edged_relaxes_the_fresh_backends_and_puts_the_others_back_at_the_full_r
             for b in ("b0", "b1")
         }  # what status, the API and the metrics show
         d.steering.pace_probes(set(), time.monotonic_ns())  # b0's wire signals went stale
-        # the prober runs on its own thread: the call reaches it a moment later (probe.threaded)
+        # the prober runs in its own process: the call reaches it a moment later (probe.child)
         await wait_for(lambda: not d.steering.prober.relaxed(("web", "b0")), 3, "b0 back at the full rate")
         b0_after = d.steering.prober.relaxed(("web", "b0"))
         shown_after = d.status.backend_view("web", "b0", time.monotonic_ns())["probe_interval_s"]
