@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable, Optional
 
 from controlplane.probe import budget as budgets
-from controlplane.probe.engine import Target
+from controlplane.probe.engine import Target, by_key
 from controlplane.samples import Load, Sample, Window
 
 CALL_WITHIN_S = 30.0  # set_targets of tens of thousands of targets takes well under this
@@ -101,11 +101,7 @@ class ChildProber:
         port keeps its Window (resized) and its last Load, as there."""
         if self._closed:
             raise RuntimeError("prober is closed")
-        wanted: dict[Hashable, Target] = {}
-        for target in targets:
-            if target.key in wanted:
-                raise ValueError(f"target key {target.key!r} given twice")
-            wanted[target.key] = target
+        wanted = by_key(targets)
         if self._proc is None and not wanted:  # no child until there is something to probe
             self._mirror(wanted)
             return

@@ -42,6 +42,17 @@ class Target:
             raise ValueError(f"port {self.port} is out of range {limits.PORTS}")
 
 
+def by_key(targets: Iterable[Target]) -> dict[Hashable, Target]:
+    """targets by key, in their order; ValueError naming a key given twice (set_targets' rule, for
+    the prober here and its child process's caller, probe.child)."""
+    wanted: dict[Hashable, Target] = {}
+    for target in targets:
+        if target.key in wanted:
+            raise ValueError(f"target key {target.key!r} given twice")
+        wanted[target.key] = target
+    return wanted
+
+
 def _intervals_ns(target: Target) -> list[int]:
     """The intervals of a target's schedules at the full rate: its probe's and its scrape's."""
     out = []
@@ -216,11 +227,7 @@ class Prober:
         """Probe exactly these targets from now on; call on the loop."""
         if self._closed:
             raise RuntimeError("prober is closed")
-        wanted: dict[Hashable, Target] = {}
-        for target in targets:
-            if target.key in wanted:
-                raise ValueError(f"target key {target.key!r} given twice")
-            wanted[target.key] = target
+        wanted = by_key(targets)
         self._bind()
         # the stretch before any new check takes its first start (spread over its stretched interval)
         self._plan(budgets.demand(ns for t in wanted.values() for ns in _intervals_ns(t)))
