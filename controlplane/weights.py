@@ -371,10 +371,12 @@ def decide(
                   |weight_b - pushed_b| > hysteresis_pct% of max(pushed_b, max(pushed) / max_ratio)
                 (relative to its own weight, but weights near the floor don't churn: the
                 threshold never drops below that of the smallest weight the bounds allow).
-                A host stall holds such a push (not one for health or new backends): at least
-                half of two or more weighted backends whose newest regular probe is at most two
-                intervals old found it more than jump_pct % over their window's fastest (or the
-                level before their last slowdown; steadyrtt.stalled).
+                A host stall or noise holds such a push (not one for health or new backends):
+                at least half of two or more weighted backends whose newest regular probe is at
+                most two intervals old found it more than jump_pct % over their window's fastest
+                (or the level before their last slowdown; steadyrtt.stalled), or no weight moved
+                more than 3x the service's probe noise (the largest of its windows' lower median
+                over fastest, as log ratios), capped at 1.4x (steadyrtt.within_noise).
                 When no push is due, Decision.weights is pushed unchanged.
 
     operator    forced (see forced(): 0 for a drain or a backend a reload removed, else the
@@ -398,9 +400,9 @@ def decide(
         push
         and judged is not None
         and not _health_moved(computed, judged)
-        and steadyrtt.stalled(service, trackers, computed, now_ns)
+        and steadyrtt.held(service, trackers, computed, judged, now_ns)
     ):
-        push = False  # the host stalls: a change of RTTs waits until its probes are fast again
+        push = False  # the host stalls or the change is noise: a change of RTTs waits
     weights = {**(computed if push or judged is None else judged), **forced}
     push = (push or any(pushed is None or pushed.get(n) != v for n, v in forced.items())) and weights != pushed
     return Decision(
