@@ -364,8 +364,8 @@ def decide(
       bounds    r_b = min(65535, round(raw_b)); lo = max(floor, ceil(max(r) / max_ratio));
                 weight_b = max(lo, r_b).
       slow start after down -> up or hung -> not hung at time t0, while now - t0 < slow_start_ms:
-                weight_b = floor + (weight_b - floor) * (now - t0) / slow_start_ms, state
-                "slow-start" (below lo by design; slow_start_ms 0 turns it off).
+                weight_b = floor + (weight_b - floor) * f, f = (now - t0) / slow_start_ms rounded
+                down to a quarter (4 pushes a ramp), state "slow-start" (below lo; 0 turns it off).
       hysteresis push when pushed is None, the backend names differ, a weight crosses
                 between 0 and non-zero, or for some backend
                   |weight_b - pushed_b| > hysteresis_pct% of max(pushed_b, max(pushed) / max_ratio)
@@ -535,7 +535,7 @@ def _latency_inverse(
         if ramp_ns and tr.ramp_since_ns is not None and not tr.down:
             frac = (now_ns - tr.ramp_since_ns) / ramp_ns
             if frac < 1.0:
-                frac = max(0.0, frac)
+                frac = max(0.0, math.floor(frac * 4) / 4)  # quarter steps: not a push a decision
                 target = weights[b.name]
                 weights[b.name] = _round(w.floor + (target - w.floor) * frac)
                 states[b.name] = "slow-start"

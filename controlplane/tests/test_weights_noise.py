@@ -113,3 +113,24 @@ def test_the_band_is_the_services_largest_noise_and_never_holds_a_large_move():
         tight[n].history = deque([0.005] * 6)
     assert not steadyrtt.within_noise(tight, computed, pushed, w)  # no noise: a 15 % move is one
     assert not steadyrtt.within_noise(trackers, computed, pushed, Weights(policy="latency_inverse", jump_pct=0))
+
+
+def test_a_slow_start_after_a_backend_came_back_costs_a_push_a_quarter_not_one_per_decision():
+    """On a loaded host three probes in a row can time out (recorded in the lab at load average
+    3: b2 9.9, F, F, F, 29.9, 5.5): the backend goes down and comes back with slow start. A linear
+    ramp from the floor to 10,000 over slow_start_ms moved the weight by more than the hysteresis
+    at almost every decision (33 pushes in one recording); in quarter steps it costs four."""
+    svc = service()
+    w = svc.weights
+    rng = random.Random(9)
+    trackers = {n: Tracker() for n in NAMES}
+    quiet = lambda n, k: 0.0055 * rng.uniform(0.99, 1.02)  # noqa: E731
+    pushed, _, _ = feed(svc, trackers, None, 0, 30, quiet)
+    for i in range(3):  # b2 times out three times: down
+        t = T0 + (30 + i) * 100 * MS
+        observe_sample(trackers["b2"], Sample(t_ns=t, ok=False, error="timeout"), w, PROBE)
+        pushed = decide(svc, trackers, pushed, t).weights
+    assert pushed["b2"] == 0
+    pushed, pushes, ds = feed(svc, trackers, pushed, 33, 33 + w.slow_start_ms // 100 + 20, quiet)
+    assert ds[-1].states["b2"] == "up" and pushed["b2"] > 0.9 * max(pushed.values()), pushed
+    assert pushes <= 5, pushes  # back from 0, then a quarter, a half, three quarters, all
