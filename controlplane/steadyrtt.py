@@ -115,15 +115,16 @@ def within_noise(
 ) -> bool:
     """Whether a change of weights is no more than the service's probe noise: every backend
     weighted both before and now moved off its pushed weight by at most NOISE_K x the largest
-    noise() of the service's backends (as a log ratio), never more than NOISE_CAP. A window's
-    noise is itself noisy: a backend's own would swing between tight and loose sample by sample."""
+    noise() of the service's weighted backends (as a log ratio; a down one's timeouts are no
+    noise), never more than NOISE_CAP. A window's noise is itself noisy: a backend's own would
+    swing between tight and loose sample by sample, so the service's largest is the band."""
     if w.jump_pct == 0:
         return False
     moves = [abs(math.log(computed[n] / pushed[n])) for n, v in computed.items() if v > 0 and pushed.get(n, 0) > 0]
     if not moves:
         return False
-    band = min(NOISE_CAP, NOISE_K * max(noise(tr) for n in computed if (tr := trackers.get(n)) is not None))
-    return max(moves) <= band
+    noisiest = max((noise(tr) for n, v in computed.items() if v > 0 and (tr := trackers.get(n))), default=0.0)
+    return max(moves) <= min(NOISE_CAP, NOISE_K * noisiest)
 
 
 def held(

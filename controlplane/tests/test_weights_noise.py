@@ -61,7 +61,7 @@ def test_noise_is_how_far_a_windows_lower_median_sits_over_its_fastest():
     assert abs(steadyrtt.noise(tr) - 0.18232) < 1e-4  # log(6 / 5)
 
 
-def test_a_drift_of_the_steady_rtt_within_a_noisy_windows_own_spread_pushes_nothing():
+def test_a_drift_of_the_steady_rtt_within_the_services_probe_noise_pushes_nothing():
     """The same wander on main's rule (10 % hysteresis) pushed every few seconds."""
     svc = service()
     rng = random.Random(3)
@@ -113,6 +113,10 @@ def test_the_band_is_the_services_largest_noise_and_never_holds_a_large_move():
         tight[n].history = deque([0.005] * 6)
     assert not steadyrtt.within_noise(tight, computed, pushed, w)  # no noise: a 15 % move is one
     assert not steadyrtt.within_noise(trackers, computed, pushed, Weights(policy="latency_inverse", jump_pct=0))
+    assert not steadyrtt.within_noise({}, computed, pushed, w)  # no probes yet: no noise
+    down = {**trackers, "b0": Tracker()}
+    down["b0"].history = deque([0.005, 0.08, 0.08, 0.08])  # timeouts: b0 is down, weight 0
+    assert not steadyrtt.within_noise(down, {**computed, "b0": 0}, {**pushed, "b0": 0}, w)
 
 
 def test_a_slow_start_after_a_backend_came_back_costs_a_push_a_quarter_not_one_per_decision():
