@@ -340,7 +340,6 @@ class ChildProber:
             pass
         except OSError:
             ended = True
-        self._held.extend(self._frames())
         if ended:
             self._deliver_held(sliced=False)  # all of it before the end is reported
             self._lost("its socket ended")
@@ -348,17 +347,20 @@ class ChildProber:
             self._deliver_held()
 
     def _deliver_held(self, sliced: bool = True) -> None:
-        """The frames held, in the order read; sliced: for DELIVER_SLICE_NS, the rest after the loop
-        has run its other callbacks (a batch is cut between two of its results for that)."""
-        held = self._held
+        """The frames held, then those read and not decoded yet, in the order read; sliced: for
+        DELIVER_SLICE_NS, the rest after the loop has run its other callbacks (a batch is cut
+        between two of its results for that; a frame is decoded when its turn comes)."""
+        held, read = self._held, self._frames()
         until = _perf_ns() + DELIVER_SLICE_NS
-        while held:
-            msg = held.popleft()
+        while held or self._inbuf:
+            msg = held.popleft() if held else next(read, None)
+            if msg is None:  # a frame not whole yet
+                return
             if sliced and msg[0] == "batch" and len(msg[1]) > _CHUNK:
                 held.appendleft(("batch", msg[1][_CHUNK:], None))
                 msg = ("batch", msg[1][:_CHUNK], msg[2])
             self._handle(msg)
-            if sliced and held and _perf_ns() >= until:
+            if sliced and (held or self._inbuf) and _perf_ns() >= until:
                 if self._home is not None and not self._home.is_closed():
                     self._home.call_soon(self._deliver_held)
                 return
