@@ -478,7 +478,9 @@ class Table:
         self._guarded("delete", key, self._t.__delitem__, key)
 
     def getvalue(self, key):
-        return self._guarded("lookup", key, self._t.getvalue, key)
+        """key's value; every CPU's for a per-CPU table (bcc's getvalue), the Leaf for the others
+        (bcc's plain tables have no getvalue)."""
+        return self._guarded("lookup", key, getattr(self._t, "getvalue", self._t.__getitem__), key)
 
     def lookup_into(self, key, address: int) -> None:
         """Copies key's value (every CPU's, for a per-CPU map) to memory at address (sizeof(Leaf)

@@ -102,6 +102,22 @@ def sk_buff(ifindex: int) -> bytes:
     return struct.pack("=11I", *([0] * 9), ifindex, ifindex)
 
 
+def net_samples(cases: dict, key: str) -> list[float]:
+    """Case key's ns per packet round by round: each round's sample minus its wrapper's sample of
+    the same round (the rounds run every case in turn, so sample i of every case is round i)."""
+    case = cases[key]
+    if case.wrapper == case.key:
+        return [float(x) for x in case.samples]
+    return [x - w for x, w in zip(case.samples, cases[case.wrapper].samples)]
+
+
+def paired_ratios(case: list[float], floor: list[float]) -> list[float]:
+    """A case's ratio to its floor in each round (pairs measured seconds apart, so what drifts
+    between rounds, e.g. the LRU's state as a full table turns over, moves both alike); rounds
+    whose floor is not above zero are left out."""
+    return [c / f for c, f in zip(case, floor) if f > 0]
+
+
 def results(cases: dict, measured: dict) -> dict:
     """ns per packet (raw minus wrapper) of each case, and the ratios to the reference."""
 
@@ -126,10 +142,14 @@ def results(cases: dict, measured: dict) -> dict:
         if key not in cases:
             continue
         base, ns = out["cases"][floor]["ns_per_packet"], out["cases"][key]["ns_per_packet"]
-        value = ns / base if base > 0 else float("inf")
+        of_medians = ns / base if base > 0 else float("inf")
+        rounds = paired_ratios(net_samples(cases, key), net_samples(cases, floor))
+        value = statistics.median(rounds) if rounds else of_medians
         out["ratios"][key] = {
             "floor": floor,
             "value": round(value, 2),
+            "rounds": [round(r, 2) for r in rounds],
+            "of_medians": round(of_medians, 2),
             "target_max": target,
             "met": value <= target,  # (d) is XDP: no reference for the tc reply
             "to_reference": round(ns / ref, 2) if ref > 0 and cases[key].kind == "xdp" else None,

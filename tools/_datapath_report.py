@@ -42,8 +42,9 @@ def print_table(out: dict) -> None:
         print("  warning: kernel.bpf_stats_enabled=1 adds two clock reads to every run")
     print(
         f"  {params['frame_len']}-byte TCP frames, {params['rounds']} rounds x {params['repeat']:,} "
-        f"repetitions per case ({params['repeat_new']:,} for (b), (f)), median of the rounds"
+        f"repetitions per case ({params['repeat_new']:,} for (b), (f)), median of the rounds;"
     )
+    print("  a ratio is the median of the rounds' ratios (case and floor of one round, seconds apart)")
     for ct_type, run in out["ct_types"].items():
         print_variant(ct_type, params, run)
     print("  ns/pkt = raw - wrapper: the kernel's mean per repetition minus that of a program that")
@@ -132,8 +133,14 @@ def print_variant(ct_type: str, params: dict, run: dict) -> None:
             continue
         r = res["ratios"][key]
         ref = f"   ({r['to_reference']}x the reference (d))" if r["to_reference"] is not None else ""
+        spread = (
+            f"   rounds {min(r['rounds']):.2f}..{max(r['rounds']):.2f}, of medians {r['of_medians']:.2f}x"
+            if r.get("rounds")
+            else ""
+        )
         print(
-            f"  {name:<20} {r['value']:7.2f}x   target <= {r['target_max']}x   {'met' if r['met'] else 'NOT met'}{ref}"
+            f"  {name:<20} {r['value']:7.2f}x   target <= {r['target_max']}x   "
+            f"{'met' if r['met'] else 'NOT met'}{spread}{ref}"
         )
     if "failover" in res["cases"]:
         k, b = res["cases"]["failover"]["ns_per_packet"], res["cases"]["new_flow"]["ns_per_packet"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
@@ -89,3 +90,25 @@ def test_summary_lists_every_ratio_with_its_floor(capsys):
     assert re.search(r"\(a\)/\(e\) established +1\.50x +target <= 1\.3x +NOT met", printed)
     summary = printed.splitlines()[-1].split()
     assert summary[0] == "lru" and summary[3::3] == ["1.50x", "1.10x", "1.25x", "1.80x"]
+
+
+def test_ratio_pairs_each_round_with_its_floor():
+    import _datapath_cases
+
+    @dataclass
+    class C:
+        key: str
+        wrapper: str
+        samples: list
+
+    # the floor drifts between rounds (a full LRU turning over); the case moves with it
+    cases = {
+        "w": C("w", "w", [10, 10, 10]),
+        "b": C("b", "w", [130, 250, 70]),
+        "f": C("f", "w", [110, 210, 60]),
+    }
+    net_b, net_f = _datapath_cases.net_samples(cases, "b"), _datapath_cases.net_samples(cases, "f")
+    assert net_b == [120, 240, 60] and net_f == [100, 200, 50]
+    assert _datapath_cases.paired_ratios(net_b, net_f) == [1.2, 1.2, 1.2]
+    # a round whose floor is not above zero is left out
+    assert _datapath_cases.paired_ratios([5.0, 6.0], [0.0, 3.0]) == [2.0]
