@@ -1,6 +1,7 @@
 """Verdict rows of new_flows least_loaded weighed by slots (select.h, open_cost): a new flow
 takes the candidate with the fewest open connections times its scale (edge_inflight's third
 part, which edged writes from each engine's learned slots), not the fewest connections alone.
+The 5-against-2 row tells a scale of 2 (right) from one of 3 (the extra taken as the scale).
 Rows of the IPv6 service web6 (two backends, e0 and e1), made by verdicts_v4.py's row()
 (test_verdicts.py registers them)."""
 
@@ -15,11 +16,12 @@ from verdicts_state6 import W, open_conns, picking, svc_flags6
 from controlplane import abi
 
 LEAST = svc_flags6(abi.SVC_F_LEAST_LOADED)
-HALF = 2 * abi.OPEN_SCALE_ONE  # an engine with half the largest slots
+HALF = abi.OPEN_SCALE_ONE  # the extra of an engine with half the largest slots: scale 2 x OPEN_SCALE_ONE
 
 
 def scales(**by_name: int) -> Callable[[World], None]:
-    """edge_inflight's scale slot (2 x max_backends + id) of each named backend (World.reset zeroes them)."""
+    """edge_inflight's scale slot (2 x max_backends + id) of each named backend: the extra over
+    abi.OPEN_SCALE_ONE, as edged writes it (loadweights.open_extras; World.reset zeroes them)."""
 
     def setup(w: World) -> None:
         t = w.t[abi.MAP_INFLIGHT]

@@ -248,14 +248,14 @@ static __always_inline __u32 two_choices(__u32 hash, __u32 first, const struct s
  * hash draws (so every backend of a service of at most that many); the one
  * with the fewest open connections per slot (open_cost: the count times the
  * scale edged writes from each engine's learned slots) takes the flow, a
- * tie keeps the Maglev pick. The scan looks only at counts and flags (in service, a primary);
- * the winner alone is judged as two_choices' second (health, passive
- * bookkeeping), and keeps the Maglev pick if it fails. verifier: in the
- * fast path the loop took edge_ingress from 47k to 287k instructions, so
- * it runs in the slow path only (pick_new); edge_ingress6 372k -> 545k;
- * with each candidate's health judged in it, 641k (over the 60 %
- * test_verifier_budget allows). The bound keeps a new
- * flow's cost fixed (docs/benchmarks.md has it); only new flows choose. */
+ * tie keeps the Maglev pick. The scan looks only at counts and flags (in
+ * service, a primary); the winner alone is judged as two_choices' second
+ * (health, passive bookkeeping), and keeps the Maglev pick if it fails.
+ * verifier: in the fast path the loop took edge_ingress from 47k to 287k
+ * instructions, so it runs in the slow path only (pick_new); edge_ingress6
+ * 372k -> 545k; with each candidate's health judged in it, 641k (over the
+ * 60 % test_verifier_budget allows). The bound keeps a new flow's cost
+ * fixed (docs/benchmarks.md has it); only new flows choose. */
 static __always_inline __u32 least_loaded(__u32 hash, __u32 first, const struct service_cfg *sc,
 					  __u64 now)
 {
