@@ -194,7 +194,9 @@ class Weights:
     )
     hung_ms: int = option("work outstanding with no progress this long marks the engine hung", _ms, 2000)
     slow_start_ms: int = option(
-        "a recovered backend ramps from the floor to its weight over this long; 0 is off", _int(0, MAX_MS), 5000
+        "a recovered backend ramps from the floor to its weight over this long, in quarter steps; 0 is off",
+        _int(0, MAX_MS),
+        5000,
     )
     wire: Wire = option("latency from real traffic as the RTT input (latency_inverse)", _section(Wire), Wire())
 

@@ -1,8 +1,9 @@
 """The steady RTT of one backend's probes, which latency_inverse weighs (weights.py): the window
 of regular probe RTTs and the mean of its faster half, jumps that restart it, the window before
-a slowdown that a burst's end brings back, what confirmation probes veto, and host stalls across
-a service's backends. Pure: works on weights.Tracker fields, no clock, no I/O; the rules are in
-weights.decide()'s docstring ("steady")."""
+a slowdown that a burst's end brings back, what confirmation probes veto, and what holds a push
+of RTTs alone (held): host stalls across a service's backends, and moves within the band of the
+service's probe noise. Pure: works on weights.Tracker fields, no clock, no I/O; the rules are in
+weights.decide()'s docstring ("steady", "hysteresis")."""
 
 from __future__ import annotations
 
@@ -95,3 +96,44 @@ def slow(tr: Tracker, x: float, w: config.Weights) -> bool:
     """Whether an RTT is more than jump_pct % over the fastest of tr's window: worth a second
     look (weights.confirm_due)."""
     return bool(tr.history) and x > min(tr.history) * (1 + w.jump_pct / 100)
+
+
+NOISE_K = 3.0  # a move must clear this many times the service's probe noise (noise())
+NOISE_CAP = math.log(1.4)  # the band never holds a move this large: a 2x step (1.89x measured) clears it
+
+
+def noise(tr: Tracker) -> float:
+    """A backend's probe noise, as a log ratio: how far its window's lower median sits above its
+    fastest sample (0 for a tight window; 0.18 when half the samples are 20 % over the floor)."""
+    if len(tr.history) < 2:
+        return 0.0
+    return math.log(lower_median(tr.history) / max(min(tr.history), 1e-9))
+
+
+def within_noise(
+    trackers: Mapping[str, Tracker], computed: Mapping[str, int], pushed: Mapping[str, int], w: config.Weights
+) -> bool:
+    """Whether a change of weights is no more than the service's probe noise: every backend
+    weighted both before and now moved off its pushed weight by at most NOISE_K x the largest
+    noise() of the service's weighted backends (as a log ratio; a down one's timeouts are no
+    noise), never more than NOISE_CAP. A window's noise is itself noisy: a backend's own would
+    swing between tight and loose sample by sample, so the service's largest is the band."""
+    if w.jump_pct == 0:
+        return False
+    moves = [abs(math.log(computed[n] / pushed[n])) for n, v in computed.items() if v > 0 and pushed.get(n, 0) > 0]
+    if not moves:
+        return False
+    noisiest = max((noise(tr) for n, v in computed.items() if v > 0 and (tr := trackers.get(n))), default=0.0)
+    return max(moves) <= min(NOISE_CAP, NOISE_K * noisiest)
+
+
+def held(
+    service: config.Service,
+    trackers: Mapping[str, Tracker],
+    computed: Mapping[str, int],
+    pushed: Mapping[str, int],
+    now_ns: int,
+) -> bool:
+    """Whether a push that only RTTs would make waits: the host stalls (stalled()) or the change is
+    within the service's probe noise (within_noise())."""
+    return stalled(service, trackers, computed, now_ns) or within_noise(trackers, computed, pushed, service.weights)

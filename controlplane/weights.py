@@ -364,17 +364,19 @@ def decide(
       bounds    r_b = min(65535, round(raw_b)); lo = max(floor, ceil(max(r) / max_ratio));
                 weight_b = max(lo, r_b).
       slow start after down -> up or hung -> not hung at time t0, while now - t0 < slow_start_ms:
-                weight_b = floor + (weight_b - floor) * (now - t0) / slow_start_ms, state
-                "slow-start" (below lo by design; slow_start_ms 0 turns it off).
+                weight_b = floor + (weight_b - floor) * f, f = (now - t0) / slow_start_ms rounded
+                down to a quarter (4 pushes a ramp), state "slow-start" (below lo; 0 turns it off).
       hysteresis push when pushed is None, the backend names differ, a weight crosses
                 between 0 and non-zero, or for some backend
                   |weight_b - pushed_b| > hysteresis_pct% of max(pushed_b, max(pushed) / max_ratio)
                 (relative to its own weight, but weights near the floor don't churn: the
                 threshold never drops below that of the smallest weight the bounds allow).
-                A host stall holds such a push (not one for health or new backends): at least
-                half of two or more weighted backends whose newest regular probe is at most two
-                intervals old found it more than jump_pct % over their window's fastest (or the
-                level before their last slowdown; steadyrtt.stalled).
+                A host stall or noise holds such a push (not one for health or new backends):
+                at least half of two or more weighted backends whose newest regular probe is at
+                most two intervals old found it more than jump_pct % over their window's fastest
+                (or the level before their last slowdown; steadyrtt.stalled), or no weight moved
+                more than 3x the service's probe noise (the largest of its windows' lower median
+                over fastest, as log ratios), capped at 1.4x (steadyrtt.within_noise).
                 When no push is due, Decision.weights is pushed unchanged.
 
     operator    forced (see forced(): 0 for a drain or a backend a reload removed, else the
@@ -398,9 +400,9 @@ def decide(
         push
         and judged is not None
         and not _health_moved(computed, judged)
-        and steadyrtt.stalled(service, trackers, computed, now_ns)
+        and steadyrtt.held(service, trackers, computed, judged, now_ns)
     ):
-        push = False  # the host stalls: a change of RTTs waits until its probes are fast again
+        push = False  # the host stalls or the change is noise: a change of RTTs waits
     weights = {**(computed if push or judged is None else judged), **forced}
     push = (push or any(pushed is None or pushed.get(n) != v for n, v in forced.items())) and weights != pushed
     return Decision(
@@ -533,7 +535,7 @@ def _latency_inverse(
         if ramp_ns and tr.ramp_since_ns is not None and not tr.down:
             frac = (now_ns - tr.ramp_since_ns) / ramp_ns
             if frac < 1.0:
-                frac = max(0.0, frac)
+                frac = max(0.0, math.floor(frac * 4) / 4)  # quarter steps: not a push a decision
                 target = weights[b.name]
                 weights[b.name] = _round(w.floor + (target - w.floor) * frac)
                 states[b.name] = "slow-start"

@@ -12,6 +12,11 @@ Then status once (outside the window): the budget, the demand and the shortfall 
 
     client ──veth── router (XDP + tc, edged) ──veth── b0: N addresses 198.19.x.y/32, accept processes
 
+--gc-log times edged's cyclic collections (a gc.callbacks hook in a sitecustomize put first on
+edged's path for the run only, not in the product): the collections of 1 ms and more in the window,
+by generation (count, total and longest ms); and its loop's callbacks of 50 ms and more (wall
+time: waits for the interpreter and collections included), the longest by name.
+
 --package-root DIR runs edged from another checkout (before/after on one lab recipe); edged
 from a checkout without node.probe_budget needs --budget left out. Everything built is removed
 on exit, failure or Ctrl-C; processes are stopped by their pid. This file is also the accept
@@ -36,6 +41,48 @@ PORT = 8000
 SERVERS = 2  # accept processes sharing the backends' port (SO_REUSEPORT)
 HERE = Path(__file__).resolve().parent
 STATUS_EVERY_S = 5.0  # status calls of the API probe (each walks every backend)
+# --gc-log: edged's (and its children's) collections of GC_LOG_MIN_MS and more, a line each:
+# "monotonic_s pid generation ms"
+GC_LOG_MIN_MS = 1.0
+# and with it, edged's loop callbacks (a task's step, a handle) of LOOP_LOG_MIN_MS and more:
+# "monotonic_s pid ms name" (a task's coroutine and the line it waits at after the step)
+LOOP_LOG_MIN_MS = 50.0
+GC_HOOK = """import gc, os, time
+_path = os.environ.get("EDGE_BENCH_GCLOG")
+if _path:
+    _out, _t0 = open(_path, "a", buffering=1), [0]
+
+    def _timed(phase, info):
+        if phase == "start":
+            _t0[0] = time.perf_counter_ns()
+            return
+        ms = (time.perf_counter_ns() - _t0[0]) / 1e6
+        if ms >= %r:
+            _out.write(f"{time.monotonic():.3f} {os.getpid()} {info['generation']} {ms:.1f}\\n")
+
+    gc.callbacks.append(_timed)
+_loop_path = os.environ.get("EDGE_BENCH_LOOPLOG")
+if _loop_path:
+    import asyncio.events
+
+    _loop_out, _run = open(_loop_path, "a", buffering=1), asyncio.events.Handle._run
+
+    def _named(cb):
+        task = getattr(cb, "__self__", None)
+        coro = task.get_coro() if hasattr(task, "get_coro") else None
+        if coro is not None and getattr(coro, "cr_frame", None) is not None:
+            return f"{coro.__qualname__}:{coro.cr_frame.f_lineno}"
+        return getattr(coro, "__qualname__", None) or getattr(cb, "__qualname__", None) or type(cb).__name__
+
+    def _timed_run(self):
+        t0 = time.perf_counter_ns()
+        _run(self)
+        ms = (time.perf_counter_ns() - t0) / 1e6
+        if ms >= %r:
+            _loop_out.write(f"{time.monotonic():.3f} {os.getpid()} {ms:.1f} {_named(self._callback)}\\n")
+
+    asyncio.events.Handle._run = _timed_run
+""" % (GC_LOG_MIN_MS, LOOP_LOG_MIN_MS)
 
 
 # ---------------------------------------------------------------- the accept process (child)
@@ -263,12 +310,15 @@ def measure(args, edged, servers: list[Server], sock: str, addresses: list[str],
         status_ms = [(ts0 - t) * 1000]
     total0, per0 = merged([s.counts() for s in servers])
     e0, w0 = _ticks_with_children(edged.proc.pid), time.monotonic()
+    gc_t0 = w0
     api.start()
     time.sleep(args.seconds)
     latency = api.stop()
     total1, per1 = merged([s.counts() for s in servers])
     e1, w1 = _ticks_with_children(edged.proc.pid), time.monotonic()
     wall = w1 - w0
+    gc_log = gc_summary(args.gc_log_path, edged.proc.pid, gc_t0, w1) if args.gc_log_path else None
+    slow = loop_summary(args.gc_log_path + ".loop", edged.proc.pid, gc_t0, w1) if args.gc_log_path else None
     with Client(sock, timeout_s=120.0) as c:
         t = time.monotonic()
         snap = _status(c)
@@ -290,7 +340,36 @@ def measure(args, edged, servers: list[Server], sock: str, addresses: list[str],
         "api": latency,
         "status_outside_ms": status_ms,  # the status calls before and after the window, probes running
         "reported": budget,
+        "gc": gc_log,
+        "slow_callbacks": slow,
     }
+
+
+def gc_summary(path: str, pid: int, t0: float, t1: float) -> dict:
+    """--gc-log: pid's collections between t0 and t1 (monotonic s), per generation."""
+    out: dict[str, dict] = {}
+    for line in Path(path).read_text().splitlines():
+        t, p, gen, ms = line.split()
+        if int(p) != pid or not t0 <= float(t) <= t1:
+            continue
+        g = out.setdefault(gen, {"n": 0, "total_ms": 0.0, "max_ms": 0.0})
+        g["n"] += 1
+        g["total_ms"] += float(ms)
+        g["max_ms"] = max(g["max_ms"], float(ms))
+    return out
+
+
+def loop_summary(path: str, pid: int, t0: float, t1: float, top: int = 6) -> list[tuple[str, int, float]]:
+    """--gc-log: pid's loop callbacks of LOOP_LOG_MIN_MS and more between t0 and t1, by name:
+    (name, count, longest ms), longest first."""
+    by: dict[str, list[float]] = {}
+    if Path(path).exists():
+        for line in Path(path).read_text().splitlines():
+            t, p, ms, name = line.split(maxsplit=3)
+            if int(p) == pid and t0 <= float(t) <= t1:
+                by.setdefault(name, []).append(float(ms))
+    rows = sorted(((n, len(v), max(v)) for n, v in by.items()), key=lambda r: -r[2])
+    return rows[:top]
 
 
 def report(r: dict) -> None:
@@ -311,6 +390,18 @@ def report(r: dict) -> None:
         + (f"; errors {api['errors']}" if api["errors"] else "")
         + f"; status before/after the window {r['status_outside_ms'][0]:.0f}/{r['status_outside_ms'][1]:.0f}"
     )
+    if r.get("gc") is not None:
+        print(
+            f"edged's collections >= {GC_LOG_MIN_MS:g} ms in the window (generation: n, total/max ms): "
+            + (
+                ", ".join(f"{g}: {v['n']}, {v['total_ms']:.0f}/{v['max_ms']:.0f}" for g, v in sorted(r["gc"].items()))
+                or "none"
+            )
+        )
+        print(
+            f"edged's loop callbacks >= {LOOP_LOG_MIN_MS:g} ms in the window (name: n, longest ms): "
+            + ("; ".join(f"{n}: {c}, {m:.0f}" for n, c, m in r.get("slow_callbacks") or ()) or "none")
+        )
     if rep:
         print(
             f"edged reports: budget {rep['budget_per_s']:.0f}/s, demand {rep['demand_per_s']:.0f}/s, "
@@ -345,6 +436,18 @@ def run(args) -> int:
     )
     env = env_with_package()
     edged_env = {"PYTHONPATH": str(Path(args.package_root).resolve())} if args.package_root else None
+    hook_dir = tempfile.TemporaryDirectory(prefix="bench-probe-gc-") if args.gc_log else None
+    args.gc_log_path = None
+    if hook_dir is not None:  # first on edged's path: imported at its start (site), the product unchanged
+        (Path(hook_dir.name) / "sitecustomize.py").write_text(GC_HOOK)
+        args.gc_log_path = str(Path(hook_dir.name) / "gc.log")
+        edged_env = {
+            "PYTHONPATH": os.pathsep.join(
+                [hook_dir.name, str(Path(args.package_root).resolve()) if args.package_root else env["PYTHONPATH"]]
+            ),
+            "EDGE_BENCH_GCLOG": args.gc_log_path,
+            "EDGE_BENCH_LOOPLOG": args.gc_log_path + ".loop",
+        }
     with Net(Topo(backends=1), prefix=args.prefix) as net:
         net.build()
         _probe_lab.add_backends(net, args.backends)
@@ -394,6 +497,8 @@ def run(args) -> int:
                 router.undeploy(check=False)
             for proc in procs:
                 terminate(proc)
+            if hook_dir is not None:
+                hook_dir.cleanup()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
         text = json.dumps(result, indent=2)
@@ -414,6 +519,11 @@ def add_arguments(parser) -> None:
         dest="status_calls",
         action="store_false",
         help="--scale: no status calls in the measured window (each holds edged's loop for seconds at 5,000+)",
+    )
+    parser.add_argument(
+        "--gc-log",
+        action="store_true",
+        help="--scale: time edged's cyclic collections in the window (a gc hook on edged's path for the run)",
     )
     parser.add_argument(
         "--package-root", default=None, help="--scale: run edged from this checkout (a before/after comparison)"

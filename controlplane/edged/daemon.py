@@ -57,6 +57,7 @@ class Daemon:
         self._metrics: metricsserver.MetricsServer | None = None
         self._adopted: dict = {}  # at start: discovered backends kept from the pinned maps
         self._compile = compilechild.Cancel()  # stop() ends the start's compile with it
+        self._watched_backends: tuple[list, tuple[str, ...]] | None = None  # the services they are of
 
     # ------------------------------------------------------------ what the API and cli.py call
 
@@ -349,7 +350,16 @@ class Daemon:
         state = self.state
         if state.maps is None or state.held is None:  # starting, stopping, or mid-redeploy
             return None
-        backends = tuple(dict.fromkeys(str(b.address) for st in state.services.values() for b in st.service.backends))
+        services = [st.service for st in state.services.values()]
+        memo = self._watched_backends
+        if memo is None or len(memo[0]) != len(services) or any(a is not b for a, b in zip(memo[0], services)):
+            # every second on the loop: the addresses made anew (10,000 str() of an address) only
+            # when a service changed
+            memo = self._watched_backends = (
+                services,
+                tuple(dict.fromkeys(str(b.address) for service in services for b in service.backends)),
+            )
+        backends = memo[1]
         return watch.Watched(
             state.held,
             state.maps,

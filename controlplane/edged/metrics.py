@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from controlplane import __version__, abi, wiresignals
+from controlplane import __version__, abi, gcpause, wiresignals
 from controlplane.edged.metricspecs import METRICS
 from controlplane.errors import EdgeError
 from controlplane.samples import Sample, quantile
@@ -194,6 +194,11 @@ class EdgeCollector(Collector):
             yield spec.family()
 
     def collect(self) -> Iterator[Metric]:
+        # the collector off while the snapshot's objects live, as for a status call (gcpause)
+        with gcpause.paused():
+            yield from self._collect()
+
+    def _collect(self) -> Iterator[Metric]:
         fams = {spec.name: spec.family() for spec in METRICS}
         services: list[str] = []
         try:

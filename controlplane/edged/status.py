@@ -39,7 +39,10 @@ WALK_GRACE_S = 2.0  # past the deadline, a caller stops waiting for a walk that 
 _walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edged-walk")
 # Backends whose views (status) or records (edge_be_probe) are built before the loop is given
 # back: whole services, so each service's part is consistent with one state of edged.
-SLICE = 256
+# 32: a step per service of the fleet's size (63); 256 held the loop up to 177 ms at 10,000 backends
+# on a loaded 2-core machine, a status walk and conversion taking the interpreter meanwhile
+# (tools/bench-probe --scale --gc-log)
+SLICE = 32
 # A walk (and then the status call's conversion, api.server) computes on a thread beside the loop:
 # two busy threads hand the interpreter over every switch interval (5 ms by default), and each of
 # the loop's wake-ups meanwhile waited that long. From the first walk on, the process switches

@@ -50,6 +50,13 @@ def test_a_status_message_built_in_one_call_is_the_one_filled_field_by_field():
     assert built == convert.fill(edge_pb2.GetStatusResponse(), snap)
     assert built.HasField("xdp") and not built.HasField("conntrack_entries")
     assert convert.to_dict(built)["services"][0]["backends"][0]["name"] == backend["name"]
+    # status_to_proto builds a service at a time (one constructor call per service): the same message
+    two = copy.deepcopy(snap)
+    two["services"].append({**copy.deepcopy(two["services"][0]), "name": "other", "id": 7})
+    assert convert.status_to_proto(two) == convert.fill(edge_pb2.GetStatusResponse(), two)
+    assert convert.status_to_proto({**two, "services": []}) == convert.build(
+        edge_pb2.GetStatusResponse, {**two, "services": []}
+    )
 
 
 def test_event_fields_keep_their_json_types():

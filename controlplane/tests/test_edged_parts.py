@@ -104,3 +104,25 @@ def test_a_drain_through_operations_alone_reaches_the_maps_and_the_status_record
     record = state.maps.read_status(bids["b1"])
     assert not record.drained and record.state == "up"  # undrain rewrote edge_be_probe at once
     assert state.drained == set()
+
+
+def test_the_watch_checks_the_backends_of_the_services_edged_has_now():
+    """The backend addresses the watch checks (made anew only when a service changed) follow a
+    service replaced by a reload or discovery."""
+    import dataclasses
+    import ipaddress
+
+    from controlplane.tests import edgedstage
+
+    async def go():
+        d = edgedstage.daemon(edgedstage.config(("b0", "b1")))
+        d.state.held = object()  # as after a deploy
+        first = d._watched().backends
+        assert d._watched().backends is first  # not made anew while nothing changed
+        st = d.state.services["web"]
+        moved = dataclasses.replace(st.service.backends[1], address=ipaddress.ip_address("198.18.3.2"))
+        st.service = dataclasses.replace(st.service, backends=(st.service.backends[0], moved))
+        return first, d._watched().backends
+
+    first, now = asyncio.run(go())
+    assert first == ("198.18.1.2", "198.18.2.2") and now == ("198.18.1.2", "198.18.3.2")

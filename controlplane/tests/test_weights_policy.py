@@ -284,7 +284,7 @@ def test_a_hung_engine_gets_exactly_the_floor(data, stall_ms, waiting, running):
 # ---- examples ----
 
 
-def test_slow_start_ramps_linearly_from_the_floor_after_rise():
+def test_slow_start_ramps_in_quarter_steps_from_the_floor_after_rise():
     w = Weights(policy="latency_inverse", rtt_offset_ms=0, floor=10, max_ratio=20, slow_start_ms=1000)
     svc = service([("a", 1), ("b", 1)], w)
     a, b = Tracker(), Tracker()
