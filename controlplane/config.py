@@ -9,7 +9,7 @@ Pure: no kernel, no network; load_config() only reads the file it is given.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv6Address
 from typing import Optional
 
@@ -211,10 +211,12 @@ class Service:
     )
     new_flows: str = option(
         "how a new connection picks its backend: maglev (the Maglev slot of its hash, by weight), two_choices "
-        "(that backend or a second one drawn uniformly, whichever has fewer open TCP connections) or least_loaded "
-        "(the fewest open TCP connections of that backend and up to 7 others: every backend of a service of 8)",
-        _one_of("maglev", "two_choices", "least_loaded"),
-        "maglev",
+        "(that backend or a second one drawn uniformly, whichever has fewer open TCP connections), least_loaded "
+        "(the fewest open TCP connections per slot, slots as the load scrapes show them, of that backend and up to "
+        "7 others: every backend of a service of 8) or auto: least_loaded for a service with health.metrics on a "
+        "node with neither node.bgp nor node.fleet (no other router shares its VIP), else maglev",
+        _one_of("auto", "maglev", "two_choices", "least_loaded"),
+        "auto",
     )
     health: Optional[Health] = option("health checks; none when absent", _section(Health), None)
     weights: Weights = option("weight policy", _section(Weights), Weights())
@@ -517,6 +519,18 @@ class Config:
                         f"service (its replies say which VIP they belong to)"
                     )
                 endpoints[endpoint] = f"services[{i}]"
+        # new_flows auto, resolved once here: every reader sees maglev, two_choices or least_loaded
+        object.__setattr__(self, "services", tuple(_preset(s, node) for s in self.services))
+
+
+def _preset(s: Service, node: Node) -> Service:
+    """new_flows auto as the node resolves it (docs/design-decisions.md, "least_loaded by slots"):
+    least_loaded where the load scrapes show slots and no other router shares the VIP (no BGP, no
+    fleet: ECMP consistency buys nothing), maglev everywhere else; an explicit value stays."""
+    if s.new_flows != "auto":
+        return s
+    alone = node.bgp is None and node.fleet is None
+    return replace(s, new_flows="least_loaded" if alone and s.health and s.health.metrics else "maglev")
 
 
 def parse_config(doc: object, source: str = "<config>") -> Config:

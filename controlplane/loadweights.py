@@ -21,6 +21,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from controlplane import abi
 from controlplane.samples import Load
 
 SPEED_TAU_NS = 1_000_000_000  # smoothing of the per-slot speed: a throttle shows within a second or two
@@ -70,3 +71,17 @@ def shares(caps: Mapping[str, Optional[float]]) -> dict[str, float]:
     fill = statistics.median(known)
     top = max(known)
     return {n: max(SHARE_MIN, (fill if c is None else c) / top) for n, c in caps.items()}
+
+
+def open_extras(slots: Mapping[str, float]) -> dict[str, int]:
+    """new_flows least_loaded's scale of each backend from its learned slots (Tracker.peak_running;
+    0 = never seen busy): what edged writes in edge_inflight's third part, the scale less
+    abi.OPEN_SCALE_ONE. The data path weighs a backend's open connections by OPEN_SCALE_ONE +
+    this (select.h, open_cost): OPEN_SCALE_ONE x (the largest slots / its own), so the fewest
+    open connections per slot wins, as an ideal join-the-shortest-queue chooses (jsq.py) and as
+    blind least-connections cannot. Slots, not capacity: in the model (policymodel.least_loaded)
+    the capacity share scaled too far (a 2-slot engine at twice the tpot counted as a quarter,
+    its second slot idle while fast engines queued). An unknown backend counts the median of
+    the known (shares), one never below SHARE_MIN of the largest."""
+    sh = shares({n: (s if s > 0 else None) for n, s in slots.items()})
+    return {n: min(abi.OPEN_SCALE_MASK, round(abi.OPEN_SCALE_ONE / x) - abi.OPEN_SCALE_ONE) for n, x in sh.items()}

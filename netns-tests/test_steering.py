@@ -69,6 +69,9 @@ def start_edged(net: Net, router, tmp_path) -> EdgedProc:
     service = router.service("chat")
     service["health"] = {"probe": PROBE, "metrics": METRICS}
     service["weights"] = WEIGHTS
+    # the shares counted here follow the weights: maglev, not new_flows auto's least_loaded (which a
+    # service with metrics on a node without BGP or a fleet gets)
+    service["new_flows"] = "maglev"
     doc = router.config([service], node={"api_socket": str(tmp_path / "edged.sock")})
     return EdgedProc.start(net.router, doc, router.iface)
 

@@ -40,6 +40,7 @@ from verdicts_malformed6 import ROWS_MALFORMED6
 from verdicts_state6 import rows as rows_state6
 from verdicts_v4 import ING, REP, RET, ROWS as ROWS4, SAME, Row, row
 from verdicts_wire6 import rows as rows_wire6
+from verdicts_wlc import rows as rows_wlc
 
 from controlplane import abi
 
@@ -64,6 +65,7 @@ ROWS = [
     *rows_dsr6(row),  # IPv6 DSR (verdicts_dsr6.py)
     *rows_state6(row),  # IPv6 half-open, stateless and direct (verdicts_state6.py)
     *rows_wire6(row),  # IPv6 wire signals (verdicts_wire6.py)
+    *rows_wlc(row),  # least_loaded weighed by slots (verdicts_wlc.py)
 ]
 
 

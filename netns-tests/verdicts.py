@@ -270,8 +270,9 @@ class World:
         cfgs, inflight = self.t[abi.MAP_SVC_CFG], self.t[abi.MAP_INFLIGHT]
         for vid, v in self._svc_cfg.items():
             cfgs[cfgs.Key(vid)] = v
-        for bid in self._backends:  # open-connection counts (wire.h): none, as two_choices rows expect
+        for bid in self._backends:  # open-connection counts (wire.h): none, as two_choices rows expect; no scales
             inflight[inflight.Key(bid)] = inflight.Leaf(0)
+            inflight[inflight.Key(2 * PARAMS.max_backends + bid)] = inflight.Leaf(0)
         for name, k, v in self._hb:
             self.t[name][k] = v
         for name in ("h0", "h1", "g0", "g1"):

@@ -14,7 +14,7 @@
 
 #include <linux/types.h>
 
-#define EDGE_ABI_VERSION 23
+#define EDGE_ABI_VERSION 24
 
 #define EDGE_NAME_LEN	       32	  /* service and backend names, NUL padded */
 #define EDGE_MAX_RETURN_IFACES 16	  /* backend-facing interfaces per router */
@@ -115,6 +115,10 @@ struct service_cfg {
 #define EDGE_SVC_F_TWO_CHOICES	0x10 /* a new flow takes its Maglev pick or a second backend, whichever has fewer open connections (select.h, two_choices) */
 #define EDGE_SVC_F_LEAST_LOADED 0x20 /* a new flow takes the backend with the fewest open connections of its Maglev pick and up to EDGE_LEAST_CANDIDATES - 1 others (select.h, least_loaded) */
 #define EDGE_LEAST_CANDIDATES	8    /* least_loaded's candidates: every backend of a service this small */
+
+/* least_loaded's scales (select.h, open_cost; edge_inflight's third part) */
+#define EDGE_OPEN_SCALE_ONE  1024   /* the scale of a backend with the service's largest slots */
+#define EDGE_OPEN_SCALE_MASK 0x7fff /* the extra scale held, at most (20 x ONE - ONE fits) */
 
 /* Value of edge_health, indexed by health id. Written by the data path
  * (heartbeats, SYN / SYN-ACK tracking); user space reads it, and ends a

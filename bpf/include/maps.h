@@ -204,9 +204,13 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct traffic_stats, edge_be_stats,
  * Slot EDGE_MAX_BACKENDS + id holds what user space found the count of id
  * off by (connections the LRU evicted while open, never counted closed:
  * controlplane/edged/openfix.py compares the count with conntrack's open
- * entries); the data path subtracts it and never writes it. */
+ * entries); the data path subtracts it and never writes it. Slot
+ * 2 * EDGE_MAX_BACKENDS + id holds least_loaded's scale of id (select.h,
+ * open_cost: EDGE_OPEN_SCALE_ONE over the backend's share of the
+ * service's largest slots; 0 counts as EDGE_OPEN_SCALE_ONE), written by
+ * edged only. */
 BPF_TABLE_PINNED("array", __u32, __s64, edge_inflight,
-		 2 * EDGE_MAX_BACKENDS, EDGE_PIN(edge_inflight));
+		 3 * EDGE_MAX_BACKENDS, EDGE_PIN(edge_inflight));
 /* Per-CPU latency histograms and open/close counts per backend id (wire.h). */
 BPF_TABLE_PINNED("percpu_array", __u32, struct wire_stats, edge_wire,
 		 EDGE_MAX_BACKENDS, EDGE_PIN(edge_wire));

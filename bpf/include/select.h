@@ -192,6 +192,26 @@ static __always_inline __u64 open_count(__u32 id)
 	return v > 0 ? (__u64)v : 0;
 }
 
+/* least_loaded's cost of backend id: its open connections (as open_count)
+ * times its scale, EDGE_OPEN_SCALE_ONE plus what edged wrote in
+ * edge_inflight's third part (maps.h: EDGE_OPEN_SCALE_ONE x (the service's
+ * largest slots / this engine's - 1)), so a 2-slot engine's 2 weigh as a
+ * 4-slot one's 4; none written is EDGE_OPEN_SCALE_ONE, every backend
+ * alike. A product, not a division; the extra is masked so that the
+ * verifier knows its range, and a missing slot (never: the ids are in
+ * range) has one way out, so that the candidates add few paths. */
+static __always_inline __u64 open_cost(__u32 id)
+{
+	__u32 fix_id = id + EDGE_MAX_BACKENDS, scale_id = id + 2 * EDGE_MAX_BACKENDS;
+	__s64 *n = edge_inflight.lookup(&id), *fix = edge_inflight.lookup(&fix_id),
+	      *extra = edge_inflight.lookup(&scale_id), v;
+
+	if (!n || !fix || !extra)
+		return 0;
+	v = *n - *fix;
+	return v > 0 ? (__u64)v * (EDGE_OPEN_SCALE_ONE + ((__u64)*extra & EDGE_OPEN_SCALE_MASK)) : 0;
+}
+
 /* Power of two choices (EDGE_SVC_F_TWO_CHOICES): first, the usable Maglev
  * pick of a new flow of this hash, drawn by weight, against a second
  * primary drawn uniformly from the service's backends by an independent
@@ -226,20 +246,21 @@ static __always_inline __u32 two_choices(__u32 hash, __u32 first, const struct s
  * Maglev pick of a new flow and up to EDGE_LEAST_CANDIDATES - 1 more of the
  * service's backends, consecutive in its list from a position this flow's
  * hash draws (so every backend of a service of at most that many); the one
- * with the fewest open connections takes the flow, a tie keeps the Maglev
- * pick. The scan looks only at counts and flags (in service, a primary);
- * the winner alone is judged as two_choices' second (health, passive
- * bookkeeping), and keeps the Maglev pick if it fails. verifier: in the
- * fast path the loop took edge_ingress from 47k to 287k instructions, so
- * it runs in the slow path only (pick_new); edge_ingress6 372k -> 545k;
- * with each candidate's health judged in it, 641k (over the 60 %
- * test_verifier_budget allows). The bound keeps a new
- * flow's cost fixed (docs/benchmarks.md has it); only new flows choose. */
+ * with the fewest open connections per slot (open_cost: the count times the
+ * scale edged writes from each engine's learned slots) takes the flow, a
+ * tie keeps the Maglev pick. The scan looks only at counts and flags (in
+ * service, a primary); the winner alone is judged as two_choices' second
+ * (health, passive bookkeeping), and keeps the Maglev pick if it fails.
+ * verifier: in the fast path the loop took edge_ingress from 47k to 287k
+ * instructions, so it runs in the slow path only (pick_new); edge_ingress6
+ * 372k -> 545k; with each candidate's health judged in it, 641k (over the
+ * 60 % test_verifier_budget allows). The bound keeps a new flow's cost
+ * fixed (docs/benchmarks.md has it); only new flows choose. */
 static __always_inline __u32 least_loaded(__u32 hash, __u32 first, const struct service_cfg *sc,
 					  __u64 now)
 {
 	__u32 n = sc->n_backends, best = first, start, k;
-	__u64 best_n = open_count(first);
+	__u64 best_n = open_cost(first);
 	struct backend_info *be;
 
 	if (n > EDGE_MAX_PER_SERVICE)
@@ -256,7 +277,7 @@ static __always_inline __u32 least_loaded(__u32 hash, __u32 first, const struct 
 		if (i >= n)
 			i -= n;
 		id = sc->backends[i & (EDGE_MAX_PER_SERVICE - 1)];
-		c = open_count(id);
+		c = open_cost(id);
 		if (c >= best_n)
 			continue;
 		be = edge_backends.lookup(&id);

@@ -48,6 +48,7 @@ class Steered:
     wire_read_ns: int = 0
     wire_fresh: set[str] = field(default_factory=set)  # backends whose wire signal was fresh at the last step
     wire_applied: bool = False  # the trackers' wire_rtt_s and wire_fresh follow wire_signals
+    open_extras: dict[int, int] = field(default_factory=dict)  # least_loaded's scales written (backend id -> extra)
 
     @property
     def wire_signals(self) -> dict[str, wiresignals.Signal]:

@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import Collection
 
-from controlplane import weights, wiresignals
+from controlplane import loadweights, weights, wiresignals
 from controlplane.config import Config, Service
 from controlplane.edged.state import State, Steered
 from controlplane.edged.status import STATUS_EVERY_S
@@ -96,6 +96,7 @@ class Steering:
             st.service = s
             st.trackers = {b.name: st.trackers.get(b.name) or _new_tracker(s, s.name in old) for b in s.backends}
             st.wire_applied = False  # new trackers get the wire's RTT at the next step
+            st.open_extras = {}  # an apply may have renumbered: the next step writes every scale
             # what the tables hold now: an apply (reload, discovery) wrote the weights it was given,
             # and a drain or pin it did not know of is pushed again by the next step
             st.pushed = state.maps.weights(s.name)
@@ -213,6 +214,7 @@ class Steering:
             raise EdgeError(f"{s.name}: an apply is writing the maps; the step waits for it")
         self._readmit(st)
         self._read_wire(st, now_ns)
+        self._write_open_scales(st)
         forced = self._operator_weights(s)
         d = weights.decide(s, st.trackers, st.pushed, now_ns, forced=forced)
         # decide() names every backend: with nothing changed the walk below would change nothing
@@ -258,6 +260,19 @@ class Steering:
             previous=previous,
             took_ms=took_ms,
         )
+
+    def _write_open_scales(self, st: Steered) -> None:
+        """new_flows least_loaded: each backend's scale from its learned slots (loadweights.open_extras)
+        into the data path where it changed (edge_inflight's third part; select.h, open_cost)."""
+        s, maps = st.service, self.state.maps
+        if s.new_flows != "least_loaded" or maps is None:
+            return
+        _, bids = maps.ids(s.name)
+        extras = loadweights.open_extras({n: st.trackers[n].peak_running for n in bids if n in st.trackers})
+        for name, extra in extras.items():
+            if st.open_extras.get(bids[name]) != extra:
+                maps.set_open_scale(bids[name], extra)
+                st.open_extras[bids[name]] = extra
 
     def _read_wire(self, st: Steered, now_ns: int) -> None:
         """The data path's wire signals of st's backends into its window (every wire.interval_ms);

@@ -1,7 +1,7 @@
 """The open-connection counts (edge_inflight) and conntrack's open entries, for edged's
-reconciliation (controlplane/openfix.py says why). edge_inflight holds max_backends counts the
-data path adds to atomically, then max_backends fixes only user space writes (maps.h); the data
-path chooses by count minus fix. Part of the maps package (the only code that knows map
+reconciliation (controlplane/openfix.py says why), and least_loaded's scales. edge_inflight holds
+max_backends counts the data path adds to atomically, then max_backends fixes and max_backends
+scales only user space writes (maps.h); least_loaded chooses by (count minus fix) x scale. Part of the maps package (the only code that knows map
 layouts); Maps mixes this in."""
 
 from __future__ import annotations
@@ -20,7 +20,19 @@ class OpenCounts:
     """Read the counts and their fixes, count conntrack's open TCP entries, write a fix."""
 
     def open_fix_slot(self, bid: int) -> int:
-        return bid + len(self.t[abi.MAP_INFLIGHT]) // 2  # type: ignore[attr-defined]
+        return bid + len(self.t[abi.MAP_INFLIGHT]) // 3  # type: ignore[attr-defined]
+
+    def open_scale_slot(self, bid: int) -> int:
+        return bid + 2 * (len(self.t[abi.MAP_INFLIGHT]) // 3)  # type: ignore[attr-defined]
+
+    def open_scales(self, bids) -> dict[int, int]:
+        """Backend id -> least_loaded's scale as the data path reads it (0: unset, counts as abi.OPEN_SCALE_ONE)."""
+        t = self.t[abi.MAP_INFLIGHT]  # type: ignore[attr-defined]
+        return {b: int(t[t.Key(self.open_scale_slot(b))].value) for b in bids}
+
+    def set_open_scale(self, bid: int, scale: int) -> None:
+        t = self.t[abi.MAP_INFLIGHT]  # type: ignore[attr-defined]
+        t[t.Key(self.open_scale_slot(bid))] = t.Leaf(scale)
 
     def open_counts(self, bids) -> dict[int, tuple[int, int]]:
         """Backend id -> (the data path's count, its fix)."""

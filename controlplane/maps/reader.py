@@ -238,7 +238,7 @@ class Reader:
         two_choices and least_loaded: its count (one for all CPUs; below 0 after a restart of the
         count) less the fix edged found (maps/opencounts.py)."""
         t = self.t[abi.MAP_INFLIGHT]
-        return int(t[t.Key(bid)].value) - int(t[t.Key(bid + len(t) // 2)].value)
+        return int(t[t.Key(bid)].value) - int(t[t.Key(bid + len(t) // 3)].value)  # counts, fixes, scales
 
     def usable(self, service: str) -> dict[str, bool]:
         """Backend name -> whether the data path gives it new flows now (up, not draining)."""

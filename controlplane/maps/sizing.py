@@ -84,7 +84,7 @@ SHAPES: dict[str, Shape] = {
     abi.MAP_VIP_STATS: Shape("percpu_array", 4, 48, _services),
     abi.MAP_BE_STATS: Shape("percpu_array", 4, 48, _backends),
     abi.MAP_WIRE: Shape("percpu_array", 4, 416, _backends),
-    abi.MAP_INFLIGHT: Shape("array", 4, 8, lambda n: 2 * n.max_backends),  # counts, then their fixes
+    abi.MAP_INFLIGHT: Shape("array", 4, 8, lambda n: 3 * n.max_backends),  # counts, their fixes, scales
     abi.MAP_SVC_COUNTS: Shape("percpu_array", 4, 8, lambda n: (n.max_services + 1) * abi.SVC_COUNTERS),
     abi.MAP_SVC_META: Shape("array", 4, 40, _services),
     abi.MAP_BE_META: Shape("array", 4, 40, _backends),

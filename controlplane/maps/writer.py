@@ -179,7 +179,9 @@ class Writer(Quick, Family6, Vips):
             self._zero_stats(abi.MAP_NEXTHOP, bid)
             self._zero_stats(abi.MAP_HOP6, bid)  # IPv6 DSR's way out (encap6.h)
             self._zero_stats(abi.MAP_INFLIGHT, bid)  # an id used before: its count starts over
-            self._zero_stats(abi.MAP_INFLIGHT, bid + len(self.t[abi.MAP_INFLIGHT]) // 2)  # and its fix
+            third = len(self.t[abi.MAP_INFLIGHT]) // 3  # counts, fixes, least_loaded's scales (maps.h)
+            self._zero_stats(abi.MAP_INFLIGHT, bid + third)  # and its fix
+            self._zero_stats(abi.MAP_INFLIGHT, bid + 2 * third)  # and its scale, until edged writes one
             probe = self.t[abi.MAP_BE_PROBE]
             v = probe.Leaf()
             v.waiting = v.running = v.kv_permille = abi.UNKNOWN

@@ -65,6 +65,7 @@ class FakeMaps:
         self.walk_gate: threading.Event | None = None  # when set, a walk waits for it (a slow walk)
         self.walk_deadlines: list = []
         self.wire: dict[int, WireStats] = {}  # the data path's wire signals (edge_wire), cumulative
+        self.open_scale: dict[int, int] = {}  # least_loaded's extra scale per backend id (edge_inflight)
         # when set, an apply waits for it (a long apply: 2 s of CPU at 10,000 backends)
         self.apply_gate: threading.Event | None = None
         self.in_apply = threading.Event()  # set while an apply runs
@@ -128,6 +129,10 @@ class FakeMaps:
             self.refusing[self.refusing.Key(0)] = 1
         self.writes += 1
         self.table[s.name] = {b.name: int(weights.get(b.name, b.weight)) for b in s.backends}
+
+    def set_open_scale(self, bid: int, extra: int) -> None:
+        self._written(f"set_open_scale {bid}")
+        self.open_scale[bid] = extra
 
     def write_status(self, bid, status: ProbeStatus):
         self._written(f"write_status {bid}")

@@ -49,6 +49,7 @@ def expected_full_config() -> Config:
                 port=8000,
                 protocol="tcp",
                 existing_flows="keep",
+                new_flows="least_loaded",  # new_flows auto: load scrapes, no BGP, no fleet
                 health=Health(
                     heartbeat=Heartbeat(port=7946, interval_ms=1, timeout_ms=5, rise=3),
                     passive=Passive(syn_timeout_ms=200, consecutive=3, ejection_ms=1000, max_ejected_percent=50),
@@ -68,6 +69,7 @@ def expected_full_config() -> Config:
                 port=8001,
                 protocol="tcp",
                 existing_flows="reselect",
+                new_flows="maglev",  # new_flows auto without load scrapes
                 health=None,
                 weights=Weights(),
                 backends=(Backend("e0", IPv4Address("198.18.1.2"), 8001),),
@@ -78,6 +80,7 @@ def expected_full_config() -> Config:
                 port=8000,
                 protocol="udp",
                 existing_flows="reselect",
+                new_flows="maglev",  # new_flows auto without load scrapes
                 health=None,
                 weights=Weights(),
                 backends=(Backend("r0", IPv4Address("198.18.4.2"), 9000, weight=0),),
@@ -427,3 +430,35 @@ def test_garbage_yaml_files_only_raise_config_error(tmp_path, text):
     path = tmp_path / "edge.yaml"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     _parses_or_config_error(lambda: load_config(path))
+
+
+def _preset(node: dict | None = None, **service: Any) -> str:
+    """new_flows as parse_config resolves it for one service with load scrapes (unless service says)."""
+    svc = {
+        "name": "chat",
+        "vip": "198.18.255.1",
+        "port": 8000,
+        "health": {"metrics": {}},
+        "backends": [{"name": "b0", "address": "198.18.1.2", "port": 8000}],
+        **service,
+    }
+    doc = {"version": 1, "services": [{k: v for k, v in svc.items() if v is not DELETE}]}
+    if node:
+        doc["node"] = node
+    return parse_config(doc).services[0].new_flows
+
+
+BGP = {"bgp": {"local_as": 65001, "peers": [{"address": "198.18.0.1", "remote_as": 65000}]}}
+FLEET = {"fleet": {"etcd": ["127.0.0.1:2379"], "name": "n1"}}
+
+
+def test_new_flows_auto_is_least_loaded_for_a_scraped_service_on_a_lone_router_else_maglev():
+    assert _preset() == "least_loaded"  # load scrapes, no BGP, no fleet: no other router shares the VIP
+    assert _preset(BGP) == "maglev"  # announced: ECMP may spread its flows over routers that must agree
+    assert _preset(FLEET) == "maglev"
+    assert _preset(health=DELETE) == "maglev"  # no scrapes, no slots
+    assert _preset(health={"probe": {}}) == "maglev"
+    assert _preset(new_flows="auto") == "least_loaded"
+    for explicit in ("maglev", "two_choices", "least_loaded"):  # an explicit value stays
+        assert _preset(new_flows=explicit) == explicit
+        assert _preset(BGP, new_flows=explicit) == explicit

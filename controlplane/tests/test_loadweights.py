@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane import loadweights as lw, weights as wp
+from controlplane import abi, loadweights as lw, weights as wp
 from controlplane.config import Weights
 from controlplane.samples import Load
 from controlplane.tests.test_weights_policy import scrape
@@ -89,3 +89,23 @@ def test_without_a_progress_counter_nothing_changes():
             wp.observe_load(trs[n], Load(t_ns=T0 + t * 100 * MS, ok=True, waiting=0, running=2), w)
     d = wp.decide(svc, trs, None, T0 + S)
     assert d.weights["a"] == d.weights["b"] and trs["a"].speed.per_slot is None
+
+
+def test_open_extras_weigh_open_connections_per_slot():
+    """least_loaded's scales (select.h, open_cost): the largest slots get OPEN_SCALE_ONE (extra 0), half
+    the slots twice that, an engine never seen busy the median's, and none beyond SHARE_MIN of the largest."""
+    one = abi.OPEN_SCALE_ONE
+    got = lw.open_extras({"fast": 4.0, "fast2": 4.0, "slow": 2.0, "new": 0.0, "tiny": 0.1})
+    assert got["fast"] == got["fast2"] == 0
+    assert got["slow"] == one  # scale 2 x ONE: its 2 open weigh as a fast one's 4
+    assert got["new"] == round(one * 4 / 3) - one  # the median of the known (4, 4, 2, 0.1) is 3
+    assert got["tiny"] == round(one / lw.SHARE_MIN) - one <= abi.OPEN_SCALE_MASK
+    assert lw.open_extras({"a": 0.0, "b": 0.0}) == {"a": 0, "b": 0}  # nothing known: all alike
+
+
+def test_open_extras_scale_as_the_model_chooses():
+    """2 open on a 2-slot engine weigh more than 3 on a 4-slot one (select.h compares count x scale)."""
+    one = abi.OPEN_SCALE_ONE
+    x = lw.open_extras({"fast": 4.0, "slow": 2.0})
+    assert 2 * (one + x["slow"]) > 3 * (one + x["fast"])
+    assert 2 * (one + x["slow"]) < 5 * (one + x["fast"])

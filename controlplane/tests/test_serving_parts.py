@@ -165,3 +165,34 @@ def test_capacity_weights_in_the_model_send_a_slow_server_its_share_where_queue_
     capacity = sum(c.max_running / wl.service_s(c, 30) for c in wl.FLEET[6:]) / wl.capacity_rps(out_tokens=30)
     assert share["capacity"] < share["queue"]
     assert share["capacity"] < 1.5 * capacity, (share, capacity)
+
+
+def test_least_loaded_per_slot_weighs_open_requests_by_slots_and_a_tie_keeps_the_maglev_pick():
+    """policymodel.least_loaded, as select.h's open_cost chooses: open / slot share, not open alone."""
+    fleet = (wl.FAST, wl.SLOW)  # 4 slots, 2 slots
+    srv = jsq.servers(fleet, ())
+    srv[0].running, srv[1].running = 3, 2  # 3 of 4 against 2 of 2
+    blind, per_slot = policymodel.least_loaded("none"), policymodel.least_loaded("slots")
+    assert blind(srv, 0.0, random.Random(1)) == 1  # fewer open: the full 2-slot server
+    assert per_slot(srv, 0.0, random.Random(1)) == 0  # 3/1 against 2/0.5: the 4-slot one has a slot free
+    srv[0].running = 4  # 4/1 against 4: a tie keeps the Maglev pick, whichever it was
+    picks = {policymodel.least_loaded("slots")(srv, 0.0, random.Random(k)) for k in range(40)}
+    assert picks == {0, 1}
+    with pytest.raises(ValueError, match="share"):
+        policymodel.least_loaded("speed")
+
+
+def test_least_loaded_per_slot_gets_more_of_the_requests_within_the_slo_than_blind_leastconn_in_the_model():
+    """The model behind new_flows least_loaded by slots (docs/design-decisions.md): on the bench's
+    fleet, faults and requests at 80 %, over four seeds together, per-slot least_loaded has more
+    requests within the SLO than blind least-connections, and blind least_loaded is no better."""
+    p = wl.plan()
+    good = {"leastconn": 0, "none": 0, "slots": 0}
+    nominal = {f"b{i}": c.tpot_ms / 1000 for i, c in enumerate(wl.FLEET)}
+    for seed in range(1, 5):
+        reqs = wl.schedule(0.8, p, seed=seed)
+        for kind in good:
+            choice = "leastconn" if kind == "leastconn" else policymodel.least_loaded(kind)
+            outs = jsq.simulate(reqs, wl.FLEET, p.faults, choice, seed)
+            good[kind] += sum(acc.good(o, nominal) for o in outs)
+    assert good["slots"] > good["leastconn"] >= good["none"] * 0.98, good

@@ -28,7 +28,7 @@ def config(*services):
     )
 
 
-def test_new_flows_defaults_to_maglev_and_takes_two_choices():
+def test_new_flows_defaults_to_maglev_without_scrapes_and_takes_two_choices():
     cfg = config(svc("a", 1, be("b0", 10)), svc("b", 2, be("b0", 11), new_flows="two_choices"))
     assert [s.new_flows for s in cfg.services] == ["maglev", "two_choices"]
 
@@ -65,5 +65,28 @@ def test_a_new_backend_id_starts_with_no_open_connections():
         used = set(maps.ids("a")[1].values())
         assert {i: counts[counts.Key(i)].value for i in used} == {i: 0 for i in used}
         assert all(counts[counts.Key(i)].value == 7 for i in set(range(8)) - used)
+    finally:
+        mem.close()
+
+
+def test_a_new_backend_id_starts_without_a_fix_or_a_scale_and_status_subtracts_the_fix():
+    """edge_inflight holds counts, then fixes, then least_loaded's scales (maps.h): a reused id's
+    fix and scale are zeroed, and open_count (status's wire.open) is count less the fix, read at
+    the fix's own slot (a third of the way in), never a scale."""
+    mem = MemMaps(M, 4, 8)
+    try:
+        t = mem.tables[abi.MAP_INFLIGHT]
+        assert len(t) == 3 * 8
+        for i in range(len(t)):
+            t[t.Key(i)] = t.Leaf(7)
+        maps = mem.maps()
+        maps.apply(config(svc("a", 1, be("b0", 10), be("b1", 11), new_flows="least_loaded")))
+        bid = maps.ids("a")[1]["b0"]
+        assert (t[t.Key(bid + 8)].value, t[t.Key(bid + 16)].value) == (0, 0)
+        t[t.Key(bid)] = t.Leaf(10)
+        maps.set_open_fix(bid, 3)
+        maps.set_open_scale(bid, 1024)
+        assert maps.open_count(bid) == 7
+        assert maps.open_counts([bid]) == {bid: (10, 3)} and maps.open_scales([bid]) == {bid: 1024}
     finally:
         mem.close()

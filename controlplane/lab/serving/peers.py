@@ -32,7 +32,8 @@ def edge_service(base: dict, steering: str) -> dict:
     and the least loaded of up to 8: new_flows least_loaded) or "least_loaded_static" (least_loaded
     on static weights, probed every HAPROXY_CHECK_MS as HAProxy checks: no scrapes, no weight pushes)
     or one of VARIANTS (default with some weights settings changed: "default_queue" is the default
-    as it was before capacity shares)."""
+    as it was before capacity shares) or "maglev" (default with new_flows maglev: the default
+    before new_flows auto made it least_loaded for a service like this one)."""
     if steering == "static":
         return {**base, "health": {"probe": dict(PROBE)}, "weights": {"policy": "static"}}
     if steering == "least_loaded_static":  # static weights, probed as HAProxy checks (no scrapes, no pushes)
@@ -41,7 +42,7 @@ def edge_service(base: dict, steering: str) -> dict:
     if steering in VARIANTS:  # the default with some weights settings changed (a comparison)
         d = edge_service(base, "default")
         return {**d, "weights": {**d["weights"], **VARIANTS[steering]}}
-    if steering in ("two_choices", "least_loaded"):
+    if steering in ("two_choices", "least_loaded", "maglev"):
         return {**edge_service(base, "default"), "new_flows": steering}
     if steering == "default":
         return {
@@ -50,7 +51,7 @@ def edge_service(base: dict, steering: str) -> dict:
             "weights": {"policy": "latency_inverse"},
         }
     raise ValueError(
-        f"steering: {steering!r} is not static, default, default_queue, two_choices, least_loaded(_static)"
+        f"steering: {steering!r} is not static, default, default_queue, maglev, two_choices, least_loaded(_static)"
     )
 
 
