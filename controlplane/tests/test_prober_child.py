@@ -21,6 +21,7 @@ from controlplane.edged import steer
 from controlplane.probe import Target
 from controlplane.probe.child import ChildProber
 from controlplane.tests import edgedstage
+from controlplane.tests.loopturns import LoopTurns
 from controlplane.tests.proberstage import LOOPBACK, Recorder, run, wait_for
 
 PROBE = {"health": {"probe": {"kind": "tcp", "interval_ms": 50, "timeout_ms": 50, "fall": 2, "rise": 1}}}
@@ -219,8 +220,9 @@ def test_results_that_piled_up_are_handled_a_slice_at_a_time(monkeypatch):
 
     async def go():
         loop = asyncio.get_running_loop()
-        turns, seen = 0, []
-        prober = ChildProber(on_sample=lambda key, sample: seen.append((key, sample.t_ns, turns)))
+        seen = []
+        other = LoopTurns()
+        prober = ChildProber(on_sample=lambda key, sample: seen.append((key, sample.t_ns, other.n)))
         mine, theirs = socket.socketpair()
         prober._home, prober._sock = loop, mine
         mine.setblocking(False)
@@ -232,21 +234,14 @@ def test_results_that_piled_up_are_handled_a_slice_at_a_time(monkeypatch):
         )
         theirs.sendall(frames)
 
-        async def other_work():
-            nonlocal turns
-            while True:
-                turns += 1
-                await asyncio.sleep(0)
-
-        other = asyncio.ensure_future(other_work())
         loop.add_reader(mine.fileno(), prober._readable)
         try:
-            for _ in range(1000):  # bounded
-                if len(seen) == 600:
-                    break
-                await asyncio.sleep(0.001)
+            with other:
+                for _ in range(1000):  # bounded
+                    if len(seen) == 600:
+                        break
+                    await asyncio.sleep(0.001)
         finally:
-            other.cancel()
             loop.remove_reader(mine.fileno())
             mine.close()
             theirs.close()

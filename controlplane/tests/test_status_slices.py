@@ -22,6 +22,7 @@ from controlplane.probe import Target
 from controlplane.samples import Sample
 from controlplane.tests.apistage import serving, wait_until
 from controlplane.tests.edgedstage import PROBED, daemon
+from controlplane.tests.loopturns import LoopTurns
 
 
 def services(n: int, per: int):
@@ -84,36 +85,27 @@ def test_status_views_and_the_record_are_built_a_slice_at_a_time(monkeypatch):
 
     async def go():
         d = daemon(services(3, 2))
-        turns = 0
+        other = LoopTurns()
         seen: list[tuple[str, int]] = []
         view, record = d.status.backend_view, d.status.record
 
         def counted(name, backend, now_ns, full=True):
-            seen.append((name, turns))
+            seen.append((name, other.n))
             return view(name, backend, now_ns, full)
 
         def counted_record(name, backend, weight):
-            seen.append((name, turns))
+            seen.append((name, other.n))
             return record(name, backend, weight)
 
         d.status.backend_view, d.status.record = counted, counted_record
 
-        async def other_work():
-            nonlocal turns
-            while True:
-                turns += 1
-                await asyncio.sleep(0)
-
-        other = asyncio.ensure_future(other_work())
-        try:
+        with other:
             await asyncio.sleep(0)
             snap = await d.snapshot()
             in_status = list(seen)
             seen.clear()
             await d.status.write_status_sliced()
             in_record = list(seen)
-        finally:
-            other.cancel()
         return snap, in_status, in_record, d
 
     snap, in_status, in_record, d = asyncio.run(go())
