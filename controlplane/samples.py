@@ -69,22 +69,38 @@ class Window:
     def __init__(self, size: int = 10):
         if size < 1:
             raise ValueError("window size must be at least 1")
-        self.samples: deque[Sample] = deque(maxlen=size)
+        # each sample as a plain tuple of its fields (atoms: the collector untracks such a tuple
+        # at the first collection it survives, where it walks a Sample every time; at 10,000
+        # backends the young collection after a status call walked the windows' Samples)
+        self._rows: deque[tuple] = deque(maxlen=size)
         # each sample's RTT if it passed, else None: status reads every window once a second,
         # and a few floats are cheaper to walk than as many Samples (their fields in dicts)
         self._rtts: deque[Optional[float]] = deque(maxlen=size)
 
     @property
     def size(self) -> int:
-        return self.samples.maxlen or 0
+        return self._rows.maxlen or 0
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The samples kept, oldest first (a new list of new Samples)."""
+        return [Sample(*row) for row in self._rows]
+
+    def kept(self) -> int:
+        """How many samples the window holds."""
+        return len(self._rows)
+
+    def newest(self) -> Optional[tuple]:
+        """The newest sample's row (the same object until another sample is added), or None."""
+        return self._rows[-1] if self._rows else None
 
     def add(self, sample: Sample) -> None:
-        self.samples.append(sample)
+        self._rows.append((sample.t_ns, sample.ok, sample.rtt_s, sample.error, sample.extra))
         self._rtts.append(sample.rtt_s if sample.ok else None)
 
     def resize(self, size: int) -> None:
         if size != self.size:
-            self.samples = deque(self.samples, maxlen=size)
+            self._rows = deque(self._rows, maxlen=size)
             self._rtts = deque(self._rtts, maxlen=size)
 
     def rtts(self) -> list[float]:
@@ -98,4 +114,4 @@ class Window:
         return quantile(self.rtts(), 0.99)
 
     def last(self) -> Optional[Sample]:
-        return self.samples[-1] if self.samples else None
+        return Sample(*self._rows[-1]) if self._rows else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import operator
 import sys
 import time
 import weakref
@@ -65,6 +66,9 @@ def _leave_until_s(gone: desired.Leaving | None) -> int | None:
     return abi.UNKNOWN if gone.deadline_ns is None else gone.deadline_ns // 1_000_000_000
 
 
+_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(ProbeStatus)))  # ProbeStatus -> its values
+
+
 class Status:
     """edged's views of itself, over the State and the prober's windows."""
 
@@ -72,10 +76,11 @@ class Status:
         self.state = state
         self.prober = prober
         # what the status loop wrote last: per service, the maps and the Service it was written for
-        # (an apply may reset or clear the records of a service it changes); per backend id, the
-        # backend, its record (updated_ns 0) and when it was written
+        # (an apply may reset or clear the records of a service it changes)
         self._written_for: dict[str, tuple[object, object]] = {}
-        self._written: dict[int, tuple[str, ProbeStatus, int]] = {}
+        # backend id: (backend, when written, the record's fields...): one tuple of atoms, which the
+        # collector untracks (a ProbeStatus kept per backend was walked by every young collection)
+        self._written: dict[int, tuple] = {}
         # a window's RTT quantiles as of its newest sample: most windows get no sample in a second
         # under the probe budget at 10,000 backends (gone with their window)
         self._quantiles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -259,8 +264,7 @@ class Status:
         window = self.prober.window((name, backend))
         p50 = p99 = None
         if window is not None:
-            samples = window.samples
-            newest, n = (samples[-1] if samples else None), len(samples)
+            newest, n = window.newest(), window.kept()
             seen = self._quantiles.get(window)
             if seen is not None and seen[0] is newest and seen[1] == n:
                 p50, p99 = seen[2], seen[3]
@@ -332,22 +336,22 @@ class Status:
                     written.pop(bid, None)
         self._written_for[name] = (maps, st.service)
         refresh_ns = int(REFRESH_S * 1e9)
-        due: list[tuple[int, str, ProbeStatus]] = []
+        due: list[tuple[int, str, ProbeStatus, tuple]] = []
         for b in st.service.backends:
             bid = bids[b.name]
             record = self.record(name, b.name, b.weight)
-            last = written.get(bid)
+            fields, last = _fields(record), written.get(bid)
             if (
                 changed_only
                 and last is not None
                 and last[0] == b.name
-                and last[1] == record
-                and (now_ns - last[2]) * _SPREAD < refresh_ns * (_SPREAD - bid % (_SPREAD // 3))
+                and last[2:] == fields
+                and (now_ns - last[1]) * _SPREAD < refresh_ns * (_SPREAD - bid % (_SPREAD // 3))
             ):
                 continue
-            due.append((bid, b.name, record))
+            due.append((bid, b.name, record, fields))
         # in one call (a write each released the interpreter and waited to take it back)
-        maps.write_statuses([(bid, dataclasses.replace(record, updated_ns=now_ns)) for bid, _, record in due])
-        for bid, backend, record in due:
-            written[bid] = (backend, record, now_ns)
+        maps.write_statuses([(bid, dataclasses.replace(record, updated_ns=now_ns)) for bid, _, record, _ in due])
+        for bid, backend, _, fields in due:
+            written[bid] = (backend, now_ns) + fields
         return len(st.service.backends)

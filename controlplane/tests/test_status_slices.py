@@ -8,6 +8,7 @@ slices (other work on the loop runs in between). Through FakeMaps (edgedstage); 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
 import threading
@@ -212,6 +213,24 @@ def test_the_status_loop_rewrites_only_the_records_that_changed(monkeypatch):
     assert rounds[3] == sorted(maps.ids("s2")[1].values())  # the service the reload changed, once
     assert rounds[4] == every  # refreshed
     assert maps.probe[maps.ids("s2")[1]["b0"]].config_weight == 101
+
+
+def test_what_the_status_loop_keeps_of_the_records_written_is_untracked_by_the_collector(monkeypatch):
+    """What was written last is kept per backend as a tuple of atoms: the collector untracks it at
+    its first collection (a ProbeStatus kept per backend was walked by every young collection)."""
+
+    async def go():
+        d = daemon(parse_config(probed_doc()))
+        d.status.write_status(time.monotonic_ns())
+        return d
+
+    monkeypatch.setattr(
+        edged_status.deploy, "backend_routes", lambda cfg: {b.address: 1 for s in cfg.services for b in s.backends}
+    )
+    d = asyncio.run(go())
+    kept = list(d.status._written.values())
+    gc.collect()
+    assert kept and not any(gc.is_tracked(k) for k in kept)
 
 
 def test_the_record_says_what_the_backend_view_says(monkeypatch):
